@@ -1,0 +1,65 @@
+// vmmshim's settings: VMMSHIM_* environment variables, parsed once.
+//
+// Every option is one row of the table returned by Options() (name, type,
+// default, unit, accepted values, description); docs/configuration.md lists
+// the same rows and a test keeps the two in step.
+//
+// A malformed value never stops the program: ParseConfig keeps the option's
+// default and returns one message naming the variable, the value and what is
+// accepted; the shim logs each message once at start. Unknown VMMSHIM_*
+// variables (likely typos) also get a message.
+//
+// Thread safety: ParseConfig is pure; Config is an immutable value.
+#ifndef VMMSHIM_CONFIG_CONFIG_H_
+#define VMMSHIM_CONFIG_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace vmmshim {
+
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+
+struct Config {
+  // false: every call goes to the driver unchanged (pure pass-through).
+  bool enable = true;
+  LogLevel log_level = LogLevel::kWarn;
+  // Empty: stderr. "%p" in VMMSHIM_LOG_FILE is already replaced by the pid.
+  std::string log_file;
+};
+
+struct OptionInfo {
+  const char* name;           // the environment variable
+  const char* type;           // "bool", "enum", "path"
+  const char* default_value;  // as written in the variable
+  const char* accepted;       // what a value may be
+  const char* description;
+  // Applies `value` to `config`; false when the value is malformed.
+  bool (*apply)(absl::string_view value, int pid, Config* config);
+};
+
+// The options table, in documentation order.
+absl::Span<const OptionInfo> Options();
+
+struct ParseResult {
+  Config config;
+  std::vector<std::string> problems;  // one line each, ready to log
+};
+
+// Reads each option with `getenv` (nullptr = unset); `environ_names` lists
+// the names of all variables present, to report unknown VMMSHIM_* ones.
+ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
+                        absl::Span<const std::string> environ_names, int pid);
+
+// ParseConfig over the process environment.
+ParseResult ParseConfigFromEnvironment();
+
+absl::string_view LogLevelName(LogLevel level);
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CONFIG_CONFIG_H_

@@ -1,0 +1,205 @@
+// The VMM allocator: device memory from cuMemCreate physical handles mapped
+// into reserved virtual address ranges (CUDA Programming Guide section 4.16,
+// "Virtual Memory Management").
+//
+// Shapes and units. Sizes are bytes. Each device's allocation granularity
+// (cuMemGetAllocationGranularity, RECOMMENDED; 2 MiB on H200) is the unit of
+// physical memory and of VA:
+//   - a request of more than `packing_threshold` bytes (default: half a
+//     granule) gets its own physical handle of the request rounded up to the
+//     granularity, mapped at a granularity-aligned address: one handle per
+//     large allocation;
+//   - smaller requests are packed into shared granules (one handle each) in
+//     256-byte units, so every pointer is 256-byte aligned, as cudaMalloc
+//     guarantees. Granules are per (device, context), so that a free can
+//     synchronize the context the memory was allocated in.
+// VA comes from per-device reservations of `reservation_bytes` (default:
+// twice the device's memory), reserved when first needed and grown by
+// another reservation when exhausted; reservations are kept until
+// ReleaseAll().
+//
+// Address ranges. Find() reports for every pointer the range of the physical
+// handle that backs it, which is what the driver itself reports for VMM
+// memory (cuMemGetAddressRange on a VMM pointer gives the mapped handle) and
+// what NCCL's user-buffer registration relies on (retain the handle at the
+// range base, map the range size from offset 0). For a large allocation that
+// is the allocation rounded up to the granularity; for a packed allocation it
+// is its granule.
+//
+// Synchronization. cuMemFree waits for outstanding work of the device before
+// the memory can be reused; cuMemUnmap/cuMemRelease do not. Free() therefore
+// synchronizes the context that was current at allocation before the memory
+// is unmapped or handed out again.
+//
+// Errors. Driver failures come back as absl::Status carrying the exact
+// CUresult (core/cu_status.h). Every multi-step create -> map -> set-access
+// sequence undoes its completed steps on failure, so an error leaves no
+// handle, mapping or VA behind, and a later request can succeed.
+//
+// Thread safety: all methods may be called concurrently. Each device has its
+// own mutex (held across the driver calls of a slow-path allocation); pointer
+// lookups take a shared lock on the reservation map.
+//
+// Process exit: the shim never destroys its Allocator. When the driver is
+// already torn down (CUDA_ERROR_DEINITIALIZED, seen when cudart frees at
+// exit), Free() forgets the allocation without further driver calls and
+// returns that code, as the driver itself would.
+#ifndef VMMSHIM_CORE_ALLOCATOR_H_
+#define VMMSHIM_CORE_ALLOCATOR_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/driver_api.h"
+
+namespace vmmshim {
+
+struct AllocatorOptions {
+  // Requests of at most this many bytes are packed into shared granules.
+  // 0 means half the device's granularity.
+  size_t packing_threshold = 0;
+  // Bytes per VA reservation; 0 means twice the device's total memory. Always
+  // rounded up to the granularity; a larger request gets a reservation of its
+  // own size.
+  size_t reservation_bytes = 0;
+  // Pitch alignment of AllocatePitch, in bytes (a power of two).
+  size_t pitch_alignment = 512;
+};
+
+struct AllocatorStats {
+  uint64_t served_allocations = 0;       // allocations served from VMM
+  uint64_t served_bytes = 0;             // their requested bytes
+  uint64_t passthrough_allocations = 0;  // requests handed to the driver
+  uint64_t passthrough_bytes = 0;
+  uint64_t frees = 0;
+  uint64_t live_allocations = 0;
+  uint64_t live_bytes = 0;               // requested bytes of live allocations
+  uint64_t handles = 0;                  // live physical handles
+  uint64_t handle_bytes = 0;             // their bytes (device memory in use)
+  uint64_t peak_handle_bytes = 0;
+};
+
+// What Find() knows about a pointer inside shim memory.
+struct PointerInfo {
+  CUdeviceptr allocation_base = 0;  // the pointer Allocate returned
+  size_t allocation_size = 0;       // the bytes requested
+  CUdeviceptr range_base = 0;       // the backing handle's mapping
+  size_t range_size = 0;
+  int device = -1;
+  CUcontext context = nullptr;      // current when allocated
+  bool packed = false;
+};
+
+class Allocator {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  // `driver` must outlive the allocator.
+  explicit Allocator(const DriverApi& driver, AllocatorOptions options = {});
+  // Releases everything still held (see ReleaseAll).
+  ~Allocator();
+
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  struct Allocation {
+    CUdeviceptr ptr = 0;
+    // false: not served, and nothing was done; the caller hands the request
+    // to the driver. That happens when no context is current (the driver
+    // then returns its own error) and on devices without VMM support.
+    bool served = false;
+  };
+
+  // `bytes` > 0, on the device of the current context.
+  absl::StatusOr<Allocation> Allocate(size_t bytes);
+
+  // A pitched 2D allocation: pitch = width rounded up to pitch_alignment,
+  // bytes = pitch * height. `width` and `height` > 0. On success *pitch is set.
+  absl::StatusOr<Allocation> AllocatePitch(size_t width, size_t height, size_t* pitch);
+
+  // Frees an allocation made by Allocate. Returns false when `ptr` is not in
+  // shim memory (the caller hands it to the driver). A pointer inside shim
+  // memory that is not the start of a live allocation (interior pointer,
+  // double free) gets CUDA_ERROR_INVALID_VALUE, as the driver gives for a
+  // pointer it did not allocate.
+  absl::StatusOr<bool> Free(CUdeviceptr ptr);
+
+  // The live allocation containing `ptr`, or nullopt.
+  std::optional<PointerInfo> Find(CUdeviceptr ptr) const;
+
+  // True when `ptr` lies in VA reserved by the shim (live or not).
+  bool Owns(CUdeviceptr ptr) const;
+
+  // Bytes the shim holds mapped on `device` that serve no allocation (a kept
+  // empty granule); these count as free memory.
+  size_t IdleBytes(int device) const;
+
+  // Records a request the caller handed to the driver (for statistics).
+  void NotePassThrough(size_t bytes);
+
+  AllocatorStats GetStats() const;
+
+  // Unmaps and releases every handle and frees every reservation, in the
+  // guide's order (unmap -> release -> address free). Live allocations become
+  // invalid. Returns the first driver error; continues past errors.
+  absl::Status ReleaseAll();
+
+ private:
+  struct Block;
+  struct DeviceHeap;
+
+  // The heap of `device`, created on first use; nullptr when the device has
+  // no VMM support (logged once per device).
+  absl::StatusOr<DeviceHeap*> HeapFor(int device);
+  DeviceHeap* HeapOfPointer(CUdeviceptr ptr) const;
+
+  absl::StatusOr<CUdeviceptr> AllocateLarge(DeviceHeap& heap, CUcontext context, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  absl::StatusOr<CUdeviceptr> AllocatePacked(DeviceHeap& heap, CUcontext context,
+                                             size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  // Creates, maps and grants one handle of `size` bytes; undoes itself on
+  // failure. Returns the new block's base.
+  absl::StatusOr<CUdeviceptr> CreateBlock(DeviceHeap& heap, CUcontext context, size_t size,
+                                          bool packed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  absl::Status ReserveMore(DeviceHeap& heap, size_t at_least)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  absl::Status DestroyBlock(DeviceHeap& heap, CUdeviceptr base)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  absl::Status SynchronizeContext(CUcontext context);
+  std::optional<PointerInfo> FindLocked(const DeviceHeap& heap, CUdeviceptr ptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+
+  void AddHandleBytes(int64_t delta);
+
+  const DriverApi& driver_;
+  const AllocatorOptions options_;
+
+  absl::Mutex heaps_mu_;  // serializes heap creation only
+  std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};
+  std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
+
+  mutable absl::Mutex ranges_mu_;
+  absl::btree_map<CUdeviceptr, std::pair<size_t, int>> ranges_
+      ABSL_GUARDED_BY(ranges_mu_);  // reservation base -> (size, device)
+
+  std::atomic<uint64_t> served_allocations_{0}, served_bytes_{0};
+  std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
+  std::atomic<uint64_t> frees_{0}, live_allocations_{0}, live_bytes_{0};
+  std::atomic<uint64_t> handles_{0}, handle_bytes_{0}, peak_handle_bytes_{0};
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_ALLOCATOR_H_

@@ -1,0 +1,78 @@
+#include "core/cu_status.h"
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr absl::string_view kPayloadUrl = "vmmshim/CUresult";
+
+absl::StatusCode CodeFor(CUresult result) {
+  switch (result) {
+    case CUDA_ERROR_INVALID_VALUE:
+      return absl::StatusCode::kInvalidArgument;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return absl::StatusCode::kResourceExhausted;
+    case CUDA_ERROR_NOT_FOUND:
+      return absl::StatusCode::kNotFound;
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_NOT_INITIALIZED:
+      return absl::StatusCode::kFailedPrecondition;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+}  // namespace
+
+std::string CuResultName(CUresult result) {
+  // Names of the codes vmmshim itself produces or meets most often; the
+  // driver's cuGetErrorName is not used here because core/ must also work
+  // when the driver is torn down (process exit).
+  switch (result) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_DEINITIALIZED: return "CUDA_ERROR_DEINITIALIZED";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+    default: return absl::StrCat("CUresult ", static_cast<int>(result));
+  }
+}
+
+absl::Status DriverError(CUresult result, absl::string_view call) {
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  absl::Status status(CodeFor(result),
+                      absl::StrCat(call, " failed: ", CuResultName(result)));
+  status.SetPayload(kPayloadUrl, absl::Cord(absl::StrCat(static_cast<int>(result))));
+  return status;
+}
+
+CUresult ToCuResult(const absl::Status& status) {
+  if (status.ok()) return CUDA_SUCCESS;
+  if (auto payload = status.GetPayload(kPayloadUrl)) {
+    int value;
+    if (absl::SimpleAtoi(std::string(*payload), &value)) return static_cast<CUresult>(value);
+  }
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return CUDA_ERROR_INVALID_VALUE;
+    case absl::StatusCode::kResourceExhausted:
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    case absl::StatusCode::kNotFound:
+      return CUDA_ERROR_NOT_FOUND;
+    default:
+      return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+}  // namespace vmmshim

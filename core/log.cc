@@ -1,0 +1,47 @@
+#include "core/log.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/sinks/basic_file_sink.h"
+#include "spdlog/sinks/stdout_sinks.h"
+
+namespace vmmshim {
+namespace {
+
+std::shared_ptr<spdlog::logger>* MakeLogger(spdlog::sink_ptr sink) {
+  auto* logger = new std::shared_ptr<spdlog::logger>(
+      std::make_shared<spdlog::logger>("vmmshim", std::move(sink)));
+  (*logger)->set_pattern(absl::StrCat("[vmmshim ", getpid(), "] %l: %v"));
+  (*logger)->set_level(spdlog::level::warn);
+  (*logger)->flush_on(spdlog::level::trace);
+  return logger;
+}
+
+std::shared_ptr<spdlog::logger>*& Slot() {
+  // Leaked on purpose (see log.h).
+  static std::shared_ptr<spdlog::logger>* logger =
+      MakeLogger(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  return logger;
+}
+
+}  // namespace
+
+spdlog::logger& Log() { return **Slot(); }
+
+absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& path) {
+  absl::Status status;
+  if (!path.empty()) {
+    try {
+      Slot() = MakeLogger(std::make_shared<spdlog::sinks::basic_file_sink_mt>(path));
+    } catch (const spdlog::spdlog_ex& e) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("VMMSHIM_LOG_FILE: cannot open '", path, "': ", e.what(),
+                       "; logging to stderr"));
+    }
+  }
+  Log().set_level(level);
+  return status;
+}
+
+}  // namespace vmmshim

@@ -1,0 +1,68 @@
+// Bookkeeping of free virtual address space inside VA reservations.
+//
+// A VaArena knows which parts of the reservations it was given
+// (cuMemAddressReserve ranges) are not in use. It never calls the driver:
+// the owner reserves and frees the ranges. Every size and address it handles
+// is a multiple of `alignment` (the device's allocation granularity, so any
+// range it returns can be passed to cuMemMap). Free ranges are coalesced, but
+// never across two reservations, because cuMemMap must map inside one
+// reservation.
+//
+// Allocation is best fit (smallest free range that fits; lowest address on
+// ties), so large reservations do not fragment under mixed sizes.
+// Thread safety: none; the owner serializes calls.
+#ifndef VMMSHIM_CORE_VA_ARENA_H_
+#define VMMSHIM_CORE_VA_ARENA_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <optional>
+#include <utility>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+
+namespace vmmshim {
+
+class VaArena {
+ public:
+  explicit VaArena(size_t alignment) : alignment_(alignment) {}
+
+  // Adds a whole reservation [base, base + size) as free. `base` and `size`
+  // must be multiples of alignment().
+  void AddReservation(CUdeviceptr base, size_t size);
+
+  // A free range of `size` bytes (a multiple of alignment()), or nullopt when
+  // no free range is large enough (the owner then reserves more).
+  std::optional<CUdeviceptr> Allocate(size_t size);
+
+  // Returns [base, base + size) to the free space. It must have come from
+  // Allocate with the same size.
+  void Free(CUdeviceptr base, size_t size);
+
+  // True when `ptr` lies in one of the reservations.
+  bool Contains(CUdeviceptr ptr) const;
+
+  size_t alignment() const { return alignment_; }
+  size_t free_bytes() const { return free_bytes_; }
+  size_t reserved_bytes() const { return reserved_bytes_; }
+  const absl::btree_map<CUdeviceptr, size_t>& reservations() const { return reservations_; }
+
+ private:
+  // The reservation holding `ptr` (which must be inside one).
+  absl::btree_map<CUdeviceptr, size_t>::const_iterator ReservationOf(CUdeviceptr ptr) const;
+  void Insert(CUdeviceptr base, size_t size);
+  void Erase(absl::btree_map<CUdeviceptr, size_t>::iterator it);
+
+  size_t alignment_;
+  size_t free_bytes_ = 0;
+  size_t reserved_bytes_ = 0;
+  absl::btree_map<CUdeviceptr, size_t> reservations_;             // base -> size
+  absl::btree_map<CUdeviceptr, size_t> free_by_address_;          // base -> size
+  absl::btree_set<std::pair<size_t, CUdeviceptr>> free_by_size_;  // (size, base)
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_VA_ARENA_H_

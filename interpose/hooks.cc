@@ -1,0 +1,243 @@
+// Exported driver hooks. Thin on purpose: guard, call core/, translate the
+// status to a CUresult. Arguments the driver would reject (NULL
+// out-pointers, size 0, bad element sizes) go to the real driver, so the
+// application gets exactly the driver's code for them.
+#include "interpose/hooks.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "core/cu_status.h"
+#include "core/log.h"
+#include "interpose/runtime.h"
+
+// cuda.h maps cuGetProcAddress to cuGetProcAddress_v2; the 4-argument
+// cuGetProcAddress is a distinct export of the driver that we hook too.
+#undef cuGetProcAddress
+
+#define VMMSHIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+using vmmshim::GetRuntime;
+using vmmshim::Log;
+using vmmshim::Runtime;
+using vmmshim::ToCuResult;
+
+namespace {
+
+// One-line notices at the first occurrence, not per call.
+void NoticeOnce(std::atomic<bool>& flag, const char* message) {
+  if (!flag.exchange(true, std::memory_order_relaxed)) Log().info("{}", message);
+}
+std::atomic<bool> g_alloc_notice{false};
+std::atomic<bool> g_free_notice{false};
+
+void* Substitute(const Runtime& rt, void* real_fn) {
+  if (!rt.enabled()) {
+    // Pass-through still answers the resolver self-lookup with the real
+    // resolver, so later lookups bypass the shim entirely.
+    return real_fn;
+  }
+  const char* name = rt.driver.NameOf(real_fn);
+  if (name == nullptr) return real_fn;
+  void* hook = vmmshim::HookFor(name);
+  return hook != nullptr ? hook : real_fn;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
+                                            cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult* symbol_status) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuGetProcAddress_v2 == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  // The real resolver first, with the caller's arguments: its errors, NULL
+  // answers and status pass through unchanged; only an answer that is
+  // exactly the address of a hooked export is replaced.
+  CUresult r = rt->driver.cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, symbol_status);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) *pfn = Substitute(*rt, *pfn);
+  return r;
+}
+
+VMMSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version,
+                                         cuuint64_t flags) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuGetProcAddress == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  CUresult r = rt->driver.cuGetProcAddress(symbol, pfn, cuda_version, flags);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) *pfn = Substitute(*rt, *pfn);
+  return r;
+}
+
+VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt->enabled() || dptr == nullptr || bytesize == 0) {
+    return rt->driver.cuMemAlloc_v2(dptr, bytesize);
+  }
+  absl::StatusOr<vmmshim::Allocator::Allocation> a = rt->allocator->Allocate(bytesize);
+  if (!a.ok()) {
+    Log().debug("cuMemAlloc({}) -> {}", bytesize, a.status().ToString());
+    return ToCuResult(a.status());
+  }
+  if (!a->served) {
+    NoticeOnce(g_alloc_notice,
+               "an allocation went to the driver (no current context, or a device without "
+               "VMM support); further ones are counted in the exit report");
+    CUresult r = rt->driver.cuMemAlloc_v2(dptr, bytesize);
+    if (r == CUDA_SUCCESS) rt->allocator->NotePassThrough(bytesize);
+    return r;
+  }
+  *dptr = a->ptr;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
+                                           size_t height, unsigned int element_size) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const bool valid = dptr != nullptr && pitch != nullptr && width != 0 && height != 0 &&
+                     (element_size == 4 || element_size == 8 || element_size == 16);
+  if (!rt->enabled() || !valid) {
+    return rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+  }
+  absl::StatusOr<vmmshim::Allocator::Allocation> a =
+      rt->allocator->AllocatePitch(width, height, pitch);
+  if (!a.ok()) return ToCuResult(a.status());
+  if (!a->served) {
+    CUresult r = rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
+    if (r == CUDA_SUCCESS) rt->allocator->NotePassThrough(*pitch * height);
+    return r;
+  }
+  *dptr = a->ptr;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt->enabled() || dptr == 0) return rt->driver.cuMemFree_v2(dptr);
+  absl::StatusOr<bool> freed = rt->allocator->Free(dptr);
+  if (!freed.ok()) return ToCuResult(freed.status());
+  if (!*freed) {
+    NoticeOnce(g_free_notice,
+               "a pointer not allocated by vmmshim was freed through the driver (allocated "
+               "before the shim took over, or passed through); further ones are not logged");
+    return rt->driver.cuMemFree_v2(dptr);
+  }
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = rt->driver.cuMemGetInfo_v2(free, total);
+  if (r != CUDA_SUCCESS || !rt->enabled() || free == nullptr) return r;
+  // Memory the shim keeps mapped without serving an allocation is free to
+  // the application.
+  CUdevice device = 0;
+  if (rt->driver.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
+    *free += rt->allocator->IdleBytes(device);
+  }
+  return r;
+}
+
+VMMSHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
+                                                CUdeviceptr dptr) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt->enabled() || !rt->allocator->Owns(dptr)) {
+    return rt->driver.cuMemGetAddressRange_v2(pbase, psize, dptr);
+  }
+  std::optional<vmmshim::PointerInfo> info = rt->allocator->Find(dptr);
+  if (!info) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = info->range_base;
+  if (psize != nullptr) *psize = info->range_size;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// Overrides the attributes whose answer the shim defines for its own memory:
+// the range (the backing handle, as for any VMM memory) and the context (the
+// one current at allocation, as for cuMemAlloc memory). Everything else is
+// the driver's answer about the VMM mapping.
+void PatchAttribute(const vmmshim::PointerInfo& info, CUpointer_attribute attribute,
+                    void* data) {
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = info.range_base;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = info.range_size;
+      break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = info.context;
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                              CUdeviceptr ptr) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = rt->driver.cuPointerGetAttribute(data, attribute, ptr);
+  if (r != CUDA_SUCCESS || !rt->enabled() || !rt->allocator->Owns(ptr)) return r;
+  if (std::optional<vmmshim::PointerInfo> info = rt->allocator->Find(ptr)) {
+    PatchAttribute(*info, attribute, data);
+  }
+  return r;
+}
+
+VMMSHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int count,
+                                               CUpointer_attribute* attributes, void** data,
+                                               CUdeviceptr ptr) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = rt->driver.cuPointerGetAttributes(count, attributes, data, ptr);
+  if (r != CUDA_SUCCESS || !rt->enabled() || !rt->allocator->Owns(ptr)) return r;
+  if (std::optional<vmmshim::PointerInfo> info = rt->allocator->Find(ptr)) {
+    for (unsigned int i = 0; i < count; ++i) {
+      if (data[i] != nullptr) PatchAttribute(*info, attributes[i], data[i]);
+    }
+  }
+  return r;
+}
+
+namespace vmmshim {
+namespace {
+
+struct HookEntry {
+  const char* name;  // the driver export whose ABI the hook implements
+  void* hook;
+};
+
+// Keep in step with interpose/vmmshim.map (a test compares the exports).
+const HookEntry kHooks[] = {
+    {"cuGetProcAddress", reinterpret_cast<void*>(&::cuGetProcAddress)},
+    {"cuGetProcAddress_v2", reinterpret_cast<void*>(&::cuGetProcAddress_v2)},
+    {"cuMemAlloc_v2", reinterpret_cast<void*>(&::cuMemAlloc_v2)},
+    {"cuMemAllocPitch_v2", reinterpret_cast<void*>(&::cuMemAllocPitch_v2)},
+    {"cuMemFree_v2", reinterpret_cast<void*>(&::cuMemFree_v2)},
+    {"cuMemGetInfo_v2", reinterpret_cast<void*>(&::cuMemGetInfo_v2)},
+    {"cuMemGetAddressRange_v2", reinterpret_cast<void*>(&::cuMemGetAddressRange_v2)},
+    {"cuPointerGetAttribute", reinterpret_cast<void*>(&::cuPointerGetAttribute)},
+    {"cuPointerGetAttributes", reinterpret_cast<void*>(&::cuPointerGetAttributes)},
+};
+
+}  // namespace
+
+void* HookFor(const char* versioned_name) {
+  for (const HookEntry& e : kHooks) {
+    if (std::strcmp(e.name, versioned_name) == 0) return e.hook;
+  }
+  return nullptr;
+}
+
+}  // namespace vmmshim

@@ -1,0 +1,38 @@
+// The shim's process-wide state, created on the first hooked driver call
+// (never in a constructor and never inside dlsym: DESIGN.md section 2).
+//
+// Initialization parses the VMMSHIM_* settings, configures logging, opens
+// libcuda.so.1 (no DT_NEEDED: a process that never touches CUDA never loads
+// it), fills the DriverApi table with the real dlsym and creates the
+// allocator. Nothing created here is ever destroyed, because hooks can run
+// from other libraries' destructors at exit.
+#ifndef VMMSHIM_INTERPOSE_RUNTIME_H_
+#define VMMSHIM_INTERPOSE_RUNTIME_H_
+
+#include "config/config.h"
+#include "core/allocator.h"
+#include "core/driver_api.h"
+
+namespace vmmshim {
+
+struct Runtime {
+  DriverApi driver;
+  Config config;
+  Allocator* allocator = nullptr;  // nullptr: pass-through
+  bool enabled() const { return allocator != nullptr; }
+};
+
+// The runtime, initialized on first call; nullptr when libcuda.so.1 cannot
+// be opened (then no driver call can have reached us legitimately).
+const Runtime* GetRuntime();
+
+using DlsymFunction = void* (*)(void*, const char*);
+
+// glibc's dlsym, found with dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34") (or
+// GLIBC_2.2.5 on older glibc). Safe to call from inside dlsym: no locks of
+// ours, no allocation.
+DlsymFunction RealDlsym();
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_INTERPOSE_RUNTIME_H_

@@ -1,0 +1,927 @@
+#include "tests/sim/sim_driver.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
+namespace vmmshim::sim {
+namespace {
+
+constexpr CUdeviceptr kLegacyBase = 0x100000000000ull;
+constexpr CUdeviceptr kReserveBase = 0x200000000000ull;
+constexpr size_t kLegacyAlign = 512;
+
+// Simulated memory is anonymous, lazily committed host memory.
+char* MapHostMemory(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+struct Context {
+  int device;
+};
+
+struct PhysicalHandle {
+  int device = 0;
+  size_t size = 0;
+  char* memory = nullptr;
+  int mappings = 0;
+  bool released = false;
+};
+
+struct Mapping {
+  size_t size = 0;
+  size_t offset = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  std::vector<CUmemAccess_flags> access;  // per device
+};
+
+struct LegacyAllocation {
+  int device = 0;
+  size_t size = 0;
+  char* memory = nullptr;
+};
+
+struct Device {
+  size_t used = 0;
+  bool vmm = true;
+  std::unique_ptr<Context> primary;
+  uint64_t syncs = 0;
+};
+
+struct Failure {
+  std::string entry;
+  int remaining;
+  CUresult code;
+};
+
+struct State {
+  std::mutex mu;
+  SimOptions options;
+  bool initialized = false;
+  std::vector<Device> devices;
+  std::map<CUmemGenericAllocationHandle, PhysicalHandle> handles;
+  CUmemGenericAllocationHandle next_handle = 1;
+  std::map<CUdeviceptr, Mapping> mappings;          // by start address
+  std::map<CUdeviceptr, size_t> reservations;       // start -> size
+  CUdeviceptr next_reserve = kReserveBase;
+  std::map<CUdeviceptr, LegacyAllocation> legacy;   // by start address
+  CUdeviceptr next_legacy = kLegacyBase;
+  std::map<std::string, uint64_t> calls;
+  std::vector<Failure> failures;
+};
+
+State& S() {
+  static State* state = [] {
+    auto* s = new State;
+    s->options = OptionsFromEnv();
+    return s;
+  }();
+  return *state;
+}
+
+thread_local std::vector<CUcontext> tls_context_stack;
+
+CUcontext Current() {
+  return tls_context_stack.empty() ? nullptr : tls_context_stack.back();
+}
+
+void FreeHandleMemory(State& s, CUmemGenericAllocationHandle h) {
+  auto it = s.handles.find(h);
+  munmap(it->second.memory, it->second.size);
+  s.devices[it->second.device].used -= it->second.size;
+  s.handles.erase(it);
+}
+
+void ResetLocked(State& s, const SimOptions& options) {
+  for (auto& [h, ph] : s.handles) munmap(ph.memory, ph.size);
+  for (auto& [p, la] : s.legacy) munmap(la.memory, la.size);
+  s.handles.clear();
+  s.mappings.clear();
+  s.reservations.clear();
+  s.legacy.clear();
+  s.calls.clear();
+  s.failures.clear();
+  s.options = options;
+  s.initialized = false;
+  s.devices.clear();
+  s.devices.resize(options.device_count);
+  for (int d = 0; d < options.device_count; ++d) {
+    s.devices[d].primary = std::make_unique<Context>(Context{d});
+    s.devices[d].vmm = std::find(options.devices_without_vmm.begin(),
+                                 options.devices_without_vmm.end(),
+                                 d) == options.devices_without_vmm.end();
+  }
+  s.next_handle = 1;
+  s.next_reserve = kReserveBase;
+  s.next_legacy = kLegacyBase;
+  tls_context_stack.clear();
+}
+
+// Counts the call and applies injected failures; returns CUDA_SUCCESS to go on.
+CUresult Enter(State& s, const char* entry, bool needs_init = true) {
+  ++s.calls[entry];
+  for (auto it = s.failures.begin(); it != s.failures.end(); ++it) {
+    if (it->entry == entry && --it->remaining == 0) {
+      CUresult code = it->code;
+      s.failures.erase(it);
+      return code;
+    }
+  }
+  if (s.devices.empty()) ResetLocked(s, s.options);
+  if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  return CUDA_SUCCESS;
+}
+
+#define SIM_ENTER(entry)                            \
+  State& s = S();                                   \
+  std::lock_guard<std::mutex> lock(s.mu);           \
+  if (CUresult r = Enter(s, entry); r != CUDA_SUCCESS) return r
+
+bool ValidDevice(const State& s, int d) {
+  return d >= 0 && d < static_cast<int>(s.devices.size());
+}
+
+int CurrentDevice() {
+  CUcontext c = Current();
+  return c == nullptr ? -1 : reinterpret_cast<Context*>(c)->device;
+}
+
+// The allocation (legacy or mapping) containing `p`, as a host address and
+// the bytes available from `p` to its end; checks `device`'s access.
+// Returns nullptr on a fault.
+char* Resolve(State& s, int device, CUdeviceptr p, bool write, size_t* avail) {
+  auto lit = s.legacy.upper_bound(p);
+  if (lit != s.legacy.begin()) {
+    --lit;
+    if (p < lit->first + lit->second.size) {
+      if (lit->second.device != device) return nullptr;  // no peer access here
+      *avail = lit->first + lit->second.size - p;
+      return lit->second.memory + (p - lit->first);
+    }
+  }
+  auto mit = s.mappings.upper_bound(p);
+  if (mit == s.mappings.begin()) return nullptr;
+  --mit;
+  const Mapping& m = mit->second;
+  if (p >= mit->first + m.size) return nullptr;
+  if (!ValidDevice(s, device)) return nullptr;
+  CUmemAccess_flags a = m.access[device];
+  if (a == CU_MEM_ACCESS_FLAGS_PROT_NONE ||
+      (write && a != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)) {
+    return nullptr;
+  }
+  *avail = mit->first + m.size - p;
+  return s.handles[m.handle].memory + m.offset + (p - mit->first);
+}
+
+CUresult AccessLocked(State& s, int device, CUdeviceptr p, char* host, size_t n,
+                      bool write) {
+  while (n > 0) {
+    size_t avail = 0;
+    char* mem = Resolve(s, device, p, write, &avail);
+    if (mem == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    size_t chunk = std::min(avail, n);
+    if (write) {
+      std::memcpy(mem, host, chunk);
+    } else {
+      std::memcpy(host, mem, chunk);
+    }
+    p += chunk;
+    host += chunk;
+    n -= chunk;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult LegacyAllocate(State& s, CUdeviceptr* dptr, size_t bytes) {
+  int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  size_t rounded = (bytes + kLegacyAlign - 1) / kLegacyAlign * kLegacyAlign;
+  if (s.devices[d].used + rounded > s.options.memory_per_device) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  char* mem = MapHostMemory(rounded);
+  if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUdeviceptr p = s.next_legacy;
+  s.next_legacy += rounded;
+  s.legacy[p] = LegacyAllocation{d, rounded, mem};
+  s.devices[d].used += rounded;
+  *dptr = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult CheckProp(const State& s, const CUmemAllocationProp* prop) {
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!ValidDevice(s, prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+  if (!s.devices[prop->location.id].vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+
+bool Aligned(size_t v, size_t a) { return v % a == 0; }
+
+CUresult SyncLocked(State& s, CUcontext ctx) {
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  ++s.devices[reinterpret_cast<Context*>(ctx)->device].syncs;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+SimOptions OptionsFromEnv() {
+  SimOptions o;
+  if (const char* v = std::getenv("SIMCUDA_DEVICES")) {
+    int n;
+    if (absl::SimpleAtoi(v, &n) && n > 0) o.device_count = n;
+  }
+  if (const char* v = std::getenv("SIMCUDA_MEMORY_MIB")) {
+    size_t mib;
+    if (absl::SimpleAtoi(v, &mib) && mib > 0) o.memory_per_device = mib << 20;
+  }
+  if (const char* v = std::getenv("SIMCUDA_NO_VMM")) {
+    for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+      int d;
+      if (absl::SimpleAtoi(part, &d)) o.devices_without_vmm.push_back(d);
+    }
+  }
+  return o;
+}
+
+void Reset(const SimOptions& options) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ResetLocked(s, options);
+}
+
+void FailCall(const std::string& entry, int nth, CUresult code) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.failures.push_back(Failure{entry, nth, code});
+}
+
+void ClearFailures() {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.failures.clear();
+}
+
+uint64_t CallCount(const std::string& entry) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.calls.find(entry);
+  return it == s.calls.end() ? 0 : it->second;
+}
+
+void ResetCallCounts() {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.calls.clear();
+}
+
+Usage GetUsage() {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Usage u;
+  u.handles = s.handles.size();
+  for (auto& [h, ph] : s.handles) u.handle_bytes += ph.size;
+  u.mappings = s.mappings.size();
+  u.reservations = s.reservations.size();
+  for (auto& [p, n] : s.reservations) u.reserved_bytes += n;
+  u.legacy_allocations = s.legacy.size();
+  for (auto& [p, la] : s.legacy) u.legacy_bytes += la.size;
+  return u;
+}
+
+size_t DeviceBytesInUse(int device) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return ValidDevice(s, device) ? s.devices[device].used : 0;
+}
+
+uint64_t SyncCount(int device) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return ValidDevice(s, device) ? s.devices[device].syncs : 0;
+}
+
+CUresult DeviceWrite(int device, CUdeviceptr dst, const void* src, size_t bytes) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return AccessLocked(s, device, dst, static_cast<char*>(const_cast<void*>(src)),
+                      bytes, /*write=*/true);
+}
+
+CUresult DeviceRead(int device, void* dst, CUdeviceptr src, size_t bytes) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return AccessLocked(s, device, src, static_cast<char*>(dst), bytes,
+                      /*write=*/false);
+}
+
+// ---- Driver entry points ----
+
+CUresult cuInit(unsigned int flags) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (CUresult r = Enter(s, "cuInit", /*needs_init=*/false); r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  s.initialized = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int* version) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (CUresult r = Enter(s, "cuDriverGetVersion", false); r != CUDA_SUCCESS) return r;
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = 13000;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+const char* ErrorName(CUresult e) {
+  switch (e) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_DEINITIALIZED: return "CUDA_ERROR_DEINITIALIZED";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+    case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
+    default: return nullptr;
+  }
+}
+}  // namespace
+
+CUresult cuGetErrorName(CUresult error, const char** str) {
+  if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *str = ErrorName(error);
+  return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorString(CUresult error, const char** str) {
+  return cuGetErrorName(error, str);
+}
+
+CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  SIM_ENTER("cuDeviceGet");
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int* count) {
+  SIM_ENTER("cuDeviceGetCount");
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *count = static_cast<int>(s.devices.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  SIM_ENTER("cuDeviceGetAttribute");
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *value = s.devices[device].vmm ? 1 : 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT:
+      *value = 32;
+      break;
+    default:
+      *value = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+  SIM_ENTER("cuDeviceTotalMem_v2");
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = s.options.memory_per_device;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
+  SIM_ENTER("cuDevicePrimaryCtxRetain");
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  *ctx = reinterpret_cast<CUcontext>(s.devices[device].primary.get());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  SIM_ENTER("cuDevicePrimaryCtxRelease_v2");
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  SIM_ENTER("cuCtxGetCurrent");
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = Current();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  SIM_ENTER("cuCtxSetCurrent");
+  if (ctx == nullptr) {
+    if (!tls_context_stack.empty()) tls_context_stack.pop_back();
+  } else if (tls_context_stack.empty()) {
+    tls_context_stack.push_back(ctx);
+  } else {
+    tls_context_stack.back() = ctx;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice* device) {
+  SIM_ENTER("cuCtxGetDevice");
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = d;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  SIM_ENTER("cuCtxPushCurrent_v2");
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  tls_context_stack.push_back(ctx);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
+  SIM_ENTER("cuCtxPopCurrent_v2");
+  if (tls_context_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx != nullptr) *ctx = tls_context_stack.back();
+  tls_context_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize() {
+  SIM_ENTER("cuCtxSynchronize");
+  return SyncLocked(s, Current());
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  SIM_ENTER("cuCtxSynchronize_v2");
+  return SyncLocked(s, ctx == nullptr ? Current() : ctx);
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  SIM_ENTER("cuMemAlloc_v2");
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  return LegacyAllocate(s, dptr, bytes);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
+                            size_t height, unsigned int element_size) {
+  SIM_ENTER("cuMemAllocPitch_v2");
+  if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0 ||
+      (element_size != 4 && element_size != 8 && element_size != 16)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t p = (width + 511) / 512 * 512;
+  CUresult r = LegacyAllocate(s, dptr, p * height);
+  if (r == CUDA_SUCCESS) *pitch = p;
+  return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  SIM_ENTER("cuMemFree_v2");
+  auto it = s.legacy.find(dptr);
+  if (it == s.legacy.end()) return CUDA_ERROR_INVALID_VALUE;
+  ++s.devices[it->second.device].syncs;  // cuMemFree synchronizes
+  munmap(it->second.memory, it->second.size);
+  s.devices[it->second.device].used -= it->second.size;
+  s.legacy.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  SIM_ENTER("cuMemGetInfo_v2");
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *total = s.options.memory_per_device;
+  *free = *total - s.devices[d].used;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr dptr) {
+  SIM_ENTER("cuMemGetAddressRange_v2");
+  auto lit = s.legacy.upper_bound(dptr);
+  if (lit != s.legacy.begin() && dptr < std::prev(lit)->first + std::prev(lit)->second.size) {
+    --lit;
+    if (base) *base = lit->first;
+    if (size) *size = lit->second.size;
+    return CUDA_SUCCESS;
+  }
+  auto mit = s.mappings.upper_bound(dptr);
+  if (mit != s.mappings.begin() && dptr < std::prev(mit)->first + std::prev(mit)->second.size) {
+    --mit;
+    if (base) *base = mit->first;
+    if (size) *size = mit->second.size;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+namespace {
+// Fills one pointer attribute; returns false when `ptr` is not device memory.
+CUresult PointerAttributeLocked(State& s, void* data, CUpointer_attribute attribute,
+                                CUdeviceptr ptr, bool* known) {
+  int device = -1;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  bool vmm = false;
+  auto lit = s.legacy.upper_bound(ptr);
+  auto mit = s.mappings.upper_bound(ptr);
+  if (lit != s.legacy.begin() && ptr < std::prev(lit)->first + std::prev(lit)->second.size) {
+    --lit;
+    device = lit->second.device;
+    base = lit->first;
+    size = lit->second.size;
+  } else if (mit != s.mappings.begin() &&
+             ptr < std::prev(mit)->first + std::prev(mit)->second.size) {
+    --mit;
+    device = s.handles[mit->second.handle].device;
+    base = mit->first;
+    size = mit->second.size;
+    vmm = true;
+  }
+  *known = device >= 0;
+  if (!*known) return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) =
+          vmm ? nullptr : reinterpret_cast<CUcontext>(s.devices[device].primary.get());
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned int*>(data) = CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = ptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = device;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = base;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = size;
+      break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<int*>(data) = vmm ? 0 : 1;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  SIM_ENTER("cuPointerGetAttribute");
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  bool known;
+  return PointerAttributeLocked(s, data, attribute, ptr, &known);
+}
+
+CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes,
+                                void** data, CUdeviceptr ptr) {
+  SIM_ENTER("cuPointerGetAttributes");
+  if (attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned int i = 0; i < count; ++i) {
+    if (data[i] == nullptr) continue;
+    bool known;
+    CUresult r = PointerAttributeLocked(s, data[i], attributes[i], ptr, &known);
+    if (!known) {
+      // The driver answers unknown pointers with NULL values and success.
+      std::memset(data[i], 0, attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
+                                      attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+                                      attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_POINTER ||
+                                      attributes[i] == CU_POINTER_ATTRIBUTE_CONTEXT
+                                  ? 8
+                                  : 4);
+    } else if (r != CUDA_SUCCESS) {
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags option) {
+  SIM_ENTER("cuMemGetAllocationGranularity");
+  if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckProp(s, prop); r != CUDA_SUCCESS) return r;
+  (void)option;
+  *granularity = s.options.granularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                             CUdeviceptr addr, unsigned long long flags) {
+  SIM_ENTER("cuMemAddressReserve");
+  (void)addr;  // a hint; the simulation never honours it
+  if (ptr == nullptr || size == 0 || flags != 0 || !Aligned(size, s.options.granularity)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t align = std::max(alignment, s.options.granularity);
+  CUdeviceptr p = (s.next_reserve + align - 1) / align * align;
+  s.next_reserve = p + size;
+  s.reservations[p] = size;
+  *ptr = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  SIM_ENTER("cuMemAddressFree");
+  auto it = s.reservations.find(ptr);
+  if (it == s.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  auto mit = s.mappings.lower_bound(ptr);
+  if (mit != s.mappings.end() && mit->first < ptr + size) {
+    return CUDA_ERROR_INVALID_VALUE;  // still mapped: the guide's order is violated
+  }
+  s.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  SIM_ENTER("cuMemCreate");
+  if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckProp(s, prop); r != CUDA_SUCCESS) return r;
+  if (size == 0 || !Aligned(size, s.options.granularity)) return CUDA_ERROR_INVALID_VALUE;
+  Device& d = s.devices[prop->location.id];
+  if (d.used + size > s.options.memory_per_device) return CUDA_ERROR_OUT_OF_MEMORY;
+  char* mem = MapHostMemory(size);
+  if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  d.used += size;
+  CUmemGenericAllocationHandle h = s.next_handle++;
+  s.handles[h] = PhysicalHandle{prop->location.id, size, mem, 0, false};
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  SIM_ENTER("cuMemRelease");
+  auto it = s.handles.find(handle);
+  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  it->second.released = true;
+  if (it->second.mappings == 0) FreeHandleMemory(s, handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                  CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  SIM_ENTER("cuMemMap");
+  const size_t g = s.options.granularity;
+  auto hit = s.handles.find(handle);
+  if (hit == s.handles.end() || hit->second.released) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags != 0 || size == 0 || !Aligned(ptr, g) || !Aligned(size, g) ||
+      !Aligned(offset, g) || offset + size > hit->second.size) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto rit = s.reservations.upper_bound(ptr);
+  if (rit == s.reservations.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --rit;
+  if (ptr + size > rit->first + rit->second) return CUDA_ERROR_INVALID_VALUE;
+  auto mit = s.mappings.lower_bound(ptr);
+  if (mit != s.mappings.end() && mit->first < ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  if (mit != s.mappings.begin() && std::prev(mit)->first + std::prev(mit)->second.size > ptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Mapping m;
+  m.size = size;
+  m.offset = offset;
+  m.handle = handle;
+  m.access.assign(s.devices.size(), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  s.mappings[ptr] = m;
+  ++hit->second.mappings;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// The mappings exactly covering [ptr, ptr + size), or empty when the range
+// has a hole or cuts a mapping.
+std::vector<std::map<CUdeviceptr, Mapping>::iterator> WholeMappings(State& s, CUdeviceptr ptr,
+                                                                     size_t size) {
+  std::vector<std::map<CUdeviceptr, Mapping>::iterator> out;
+  CUdeviceptr at = ptr;
+  auto it = s.mappings.find(ptr);
+  while (it != s.mappings.end() && it->first == at && at < ptr + size) {
+    out.push_back(it);
+    at += it->second.size;
+    ++it;
+  }
+  if (at != ptr + size) out.clear();
+  return out;
+}
+}  // namespace
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  SIM_ENTER("cuMemUnmap");
+  auto whole = WholeMappings(s, ptr, size);
+  if (whole.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (auto it : whole) {
+    CUmemGenericAllocationHandle h = it->second.handle;
+    s.mappings.erase(it);
+    PhysicalHandle& ph = s.handles[h];
+    if (--ph.mappings == 0 && ph.released) FreeHandleMemory(s, h);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                        size_t count) {
+  SIM_ENTER("cuMemSetAccess");
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!ValidDevice(s, desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  auto whole = WholeMappings(s, ptr, size);
+  if (whole.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (auto it : whole) {
+    for (size_t i = 0; i < count; ++i) it->second.access[desc[i].location.id] = desc[i].flags;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+  SIM_ENTER("cuMemcpyHtoD_v2");
+  if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return AccessLocked(s, CurrentDevice(), dst, static_cast<char*>(const_cast<void*>(src)),
+                      bytes, true);
+}
+
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t bytes) {
+  {
+    State& s = S();
+    std::lock_guard<std::mutex> lock(s.mu);
+    ++s.calls["cuMemcpyHtoD_v2_ptds"];
+  }
+  return cuMemcpyHtoD_v2(dst, src, bytes);
+}
+
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
+  SIM_ENTER("cuMemcpyDtoH_v2");
+  if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return AccessLocked(s, CurrentDevice(), src, static_cast<char*>(dst), bytes, false);
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
+  SIM_ENTER("cuMemsetD8_v2");
+  int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  std::vector<char> fill(count, static_cast<char>(value));
+  return AccessLocked(s, d, dst, fill.data(), count, true);
+}
+
+// ---- Resolver ----
+
+namespace {
+struct ProcEntry {
+  const char* base;
+  int min_version;  // CUDA version that introduced `versioned`
+  const char* versioned;
+  const char* per_thread;  // with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+};
+
+// Newest first per base name: the resolver answers with the newest ABI not
+// newer than the caller's cudaVersion, as the real driver does.
+constexpr ProcEntry kProcTable[] = {
+    {"cuInit", 2000, "cuInit", nullptr},
+    {"cuDriverGetVersion", 2020, "cuDriverGetVersion", nullptr},
+    {"cuGetErrorName", 6000, "cuGetErrorName", nullptr},
+    {"cuGetErrorString", 6000, "cuGetErrorString", nullptr},
+    {"cuDeviceGet", 2000, "cuDeviceGet", nullptr},
+    {"cuDeviceGetCount", 2000, "cuDeviceGetCount", nullptr},
+    {"cuDeviceGetAttribute", 2000, "cuDeviceGetAttribute", nullptr},
+    {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", nullptr},
+    {"cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain", nullptr},
+    {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2", nullptr},
+    {"cuCtxGetCurrent", 4000, "cuCtxGetCurrent", nullptr},
+    {"cuCtxSetCurrent", 4000, "cuCtxSetCurrent", nullptr},
+    {"cuCtxGetDevice", 2000, "cuCtxGetDevice", nullptr},
+    {"cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2", nullptr},
+    {"cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2", nullptr},
+    {"cuCtxSynchronize", 13000, "cuCtxSynchronize_v2", nullptr},
+    {"cuCtxSynchronize", 2000, "cuCtxSynchronize", nullptr},
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2", nullptr},
+    {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", nullptr},
+    {"cuMemFree", 3020, "cuMemFree_v2", nullptr},
+    {"cuMemGetInfo", 3020, "cuMemGetInfo_v2", nullptr},
+    {"cuMemGetAddressRange", 3020, "cuMemGetAddressRange_v2", nullptr},
+    {"cuPointerGetAttribute", 4000, "cuPointerGetAttribute", nullptr},
+    {"cuPointerGetAttributes", 7000, "cuPointerGetAttributes", nullptr},
+    {"cuMemGetAllocationGranularity", 10020, "cuMemGetAllocationGranularity", nullptr},
+    {"cuMemAddressReserve", 10020, "cuMemAddressReserve", nullptr},
+    {"cuMemAddressFree", 10020, "cuMemAddressFree", nullptr},
+    {"cuMemCreate", 10020, "cuMemCreate", nullptr},
+    {"cuMemRelease", 10020, "cuMemRelease", nullptr},
+    {"cuMemMap", 10020, "cuMemMap", nullptr},
+    {"cuMemUnmap", 10020, "cuMemUnmap", nullptr},
+    {"cuMemSetAccess", 10020, "cuMemSetAccess", nullptr},
+    {"cuMemcpyHtoD", 3020, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"},
+    {"cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2", nullptr},
+    {"cuMemsetD8", 3020, "cuMemsetD8_v2", nullptr},
+    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", nullptr},
+    {"cuGetProcAddress", 11030, "cuGetProcAddress", nullptr},
+};
+}  // namespace
+
+CUresult GetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult* status, ExportLookup lookup) {
+  {
+    State& s = S();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (CUresult r = Enter(s, "cuGetProcAddress", false); r != CUDA_SUCCESS) return r;
+  }
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  bool known = false;
+  for (const ProcEntry& e : kProcTable) {
+    if (std::strcmp(e.base, symbol) != 0) continue;
+    known = true;
+    if (cuda_version < e.min_version) continue;
+    const char* name = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && e.per_thread
+                           ? e.per_thread
+                           : e.versioned;
+    *pfn = lookup(name);
+    break;
+  }
+  if (status != nullptr) {
+    *status = *pfn != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS
+              : known         ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                              : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  }
+  return *pfn != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+namespace {
+void* NamespaceLookup(const char* name) {
+#define VMMSHIM_SIM_MATCH(fn, params, args) \
+  if (std::strcmp(name, #fn) == 0) return reinterpret_cast<void*>(&fn);
+  VMMSHIM_SIM_ENTRY_POINTS(VMMSHIM_SIM_MATCH)
+#undef VMMSHIM_SIM_MATCH
+  return nullptr;
+}
+
+CUresult ApiGetProcAddressV2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* status) {
+  if (symbol != nullptr && std::strcmp(symbol, "cuGetProcAddress") == 0 && pfn != nullptr) {
+    *pfn = reinterpret_cast<void*>(&ApiGetProcAddressV2);
+    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+  }
+  return GetProcAddress(symbol, pfn, version, flags, status, &NamespaceLookup);
+}
+}  // namespace
+
+DriverApi Api() {
+  DriverApi api = LoadDriverApi(nullptr, [](void*, const char* name) -> void* {
+    return NamespaceLookup(name);
+  });
+  api.cuGetProcAddress_v2 = &ApiGetProcAddressV2;
+  return api;
+}
+
+}  // namespace vmmshim::sim

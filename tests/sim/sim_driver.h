@@ -1,0 +1,161 @@
+// A simulated multi-GPU CUDA driver, in host memory, for tests without a GPU.
+//
+// It implements the subset of the driver API that vmmshim and its test
+// programs use, and enforces the Virtual Memory Management rules of the CUDA
+// Programming Guide section 4.16 as strictly as the real driver or more so:
+//   - cuMemCreate/cuMemMap/cuMemAddressReserve sizes and addresses are
+//     multiples of the allocation granularity;
+//   - cuMemMap only maps into reserved, unmapped ranges;
+//   - every simulated device access (cuMemcpy*, cuMemsetD8, DeviceRead/Write)
+//     checks the accessing device's rights set by cuMemSetAccess, and faults
+//     with CUDA_ERROR_ILLEGAL_ADDRESS otherwise;
+//   - release order: cuMemAddressFree of a range that still has mappings
+//     fails (the guide's order is unmap -> release -> address free); physical
+//     memory of a released handle lives until its last mapping goes.
+// It counts every call per entry point and can fail the N-th call of a chosen
+// entry point with a chosen CUresult (fault injection).
+//
+// Two builds use it: the static library `vmmshim_simcuda` (unit tests take a
+// DriverApi from Api()) and `libcuda.so.1` (end-to-end preload tests), which
+// exports the same functions under their driver names and configures itself
+// from SIMCUDA_* variables (see OptionsFromEnv).
+//
+// Thread safety: all functions may be called from any thread (one mutex).
+#ifndef VMMSHIM_TESTS_SIM_SIM_DRIVER_H_
+#define VMMSHIM_TESTS_SIM_SIM_DRIVER_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/driver_api.h"
+
+namespace vmmshim::sim {
+
+struct SimOptions {
+  int device_count = 2;
+  size_t memory_per_device = size_t{16} << 30;  // bytes
+  size_t granularity = size_t{2} << 20;         // bytes, minimum == recommended
+  std::vector<int> devices_without_vmm;         // ordinals
+};
+
+// SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
+// (comma-separated ordinals), SIMCUDA_FAIL (entry:nth:code[,...]).
+SimOptions OptionsFromEnv();
+
+// Drops every allocation, handle, reservation, context and counter, and
+// starts over with `options`. cuInit must be called again afterwards.
+void Reset(const SimOptions& options);
+
+// Fault injection: the nth call (1 = the next) of `entry` from now returns
+// `code` without doing anything.
+void FailCall(const std::string& entry, int nth, CUresult code);
+void ClearFailures();
+
+uint64_t CallCount(const std::string& entry);
+void ResetCallCounts();
+
+struct Usage {
+  size_t handles = 0;        // physical handles not yet freed
+  size_t handle_bytes = 0;   // their bytes
+  size_t mappings = 0;
+  size_t reservations = 0;
+  size_t reserved_bytes = 0;
+  size_t legacy_allocations = 0;  // cuMemAlloc/cuMemAllocPitch memory
+  size_t legacy_bytes = 0;
+};
+Usage GetUsage();
+// Bytes of device `device`'s memory in use (handles plus legacy allocations).
+size_t DeviceBytesInUse(int device);
+// cuCtxSynchronize calls that reached device `device`'s contexts.
+uint64_t SyncCount(int device);
+
+// Simulated kernel accesses by `device`: CUDA_SUCCESS, or
+// CUDA_ERROR_ILLEGAL_ADDRESS when any byte is unmapped or not accessible.
+CUresult DeviceWrite(int device, CUdeviceptr dst, const void* src, size_t bytes);
+CUresult DeviceRead(int device, void* dst, CUdeviceptr src, size_t bytes);
+
+// A DriverApi whose entries are the simulated functions.
+DriverApi Api();
+
+// The simulated entry points, under their driver names, for the exported
+// libcuda.so.1 build: X(name, (parameters), (arguments)).
+#define VMMSHIM_SIM_ENTRY_POINTS(X)                                                  \
+  X(cuInit, (unsigned int flags), (flags))                                           \
+  X(cuDriverGetVersion, (int* version), (version))                                   \
+  X(cuGetErrorName, (CUresult error, const char** str), (error, str))                \
+  X(cuGetErrorString, (CUresult error, const char** str), (error, str))              \
+  X(cuDeviceGet, (CUdevice * device, int ordinal), (device, ordinal))                \
+  X(cuDeviceGetCount, (int* count), (count))                                         \
+  X(cuDeviceGetAttribute, (int* value, CUdevice_attribute attribute, CUdevice device), \
+    (value, attribute, device))                                                      \
+  X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice device), (bytes, device))         \
+  X(cuDevicePrimaryCtxRetain, (CUcontext * ctx, CUdevice device), (ctx, device))     \
+  X(cuDevicePrimaryCtxRelease_v2, (CUdevice device), (device))                       \
+  X(cuCtxGetCurrent, (CUcontext * ctx), (ctx))                                       \
+  X(cuCtxSetCurrent, (CUcontext ctx), (ctx))                                         \
+  X(cuCtxGetDevice, (CUdevice * device), (device))                                   \
+  X(cuCtxPushCurrent_v2, (CUcontext ctx), (ctx))                                     \
+  X(cuCtxPopCurrent_v2, (CUcontext * ctx), (ctx))                                    \
+  X(cuCtxSynchronize, (void), ())                                                    \
+  X(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))                                     \
+  X(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes), (dptr, bytes))                \
+  X(cuMemAllocPitch_v2,                                                              \
+    (CUdeviceptr * dptr, size_t* pitch, size_t width, size_t height,                 \
+     unsigned int element_size),                                                     \
+    (dptr, pitch, width, height, element_size))                                      \
+  X(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                        \
+  X(cuMemGetInfo_v2, (size_t * free, size_t* total), (free, total))                  \
+  X(cuMemGetAddressRange_v2, (CUdeviceptr * base, size_t* size, CUdeviceptr dptr),   \
+    (base, size, dptr))                                                              \
+  X(cuPointerGetAttribute, (void* data, CUpointer_attribute attribute, CUdeviceptr ptr), \
+    (data, attribute, ptr))                                                          \
+  X(cuPointerGetAttributes,                                                          \
+    (unsigned int count, CUpointer_attribute* attributes, void** data, CUdeviceptr ptr), \
+    (count, attributes, data, ptr))                                                  \
+  X(cuMemGetAllocationGranularity,                                                   \
+    (size_t * granularity, const CUmemAllocationProp* prop,                          \
+     CUmemAllocationGranularity_flags option),                                       \
+    (granularity, prop, option))                                                     \
+  X(cuMemAddressReserve,                                                             \
+    (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr,             \
+     unsigned long long flags),                                                      \
+    (ptr, size, alignment, addr, flags))                                             \
+  X(cuMemAddressFree, (CUdeviceptr ptr, size_t size), (ptr, size))                   \
+  X(cuMemCreate,                                                                     \
+    (CUmemGenericAllocationHandle * handle, size_t size,                             \
+     const CUmemAllocationProp* prop, unsigned long long flags),                     \
+    (handle, size, prop, flags))                                                     \
+  X(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle))                   \
+  X(cuMemMap,                                                                        \
+    (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, \
+     unsigned long long flags),                                                      \
+    (ptr, size, offset, handle, flags))                                              \
+  X(cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size))                         \
+  X(cuMemSetAccess,                                                                  \
+    (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count),       \
+    (ptr, size, desc, count))                                                        \
+  X(cuMemcpyHtoD_v2, (CUdeviceptr dst, const void* src, size_t bytes), (dst, src, bytes)) \
+  X(cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void* src, size_t bytes),          \
+    (dst, src, bytes))                                                               \
+  X(cuMemcpyDtoH_v2, (void* dst, CUdeviceptr src, size_t bytes), (dst, src, bytes))  \
+  X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t count),             \
+    (dst, value, count))
+
+#define VMMSHIM_SIM_DECLARE(name, params, args) CUresult name params;
+VMMSHIM_SIM_ENTRY_POINTS(VMMSHIM_SIM_DECLARE)
+#undef VMMSHIM_SIM_DECLARE
+
+// The resolver, shared by both builds: `lookup` maps a versioned symbol name
+// to the function that implements it in the calling build.
+using ExportLookup = void* (*)(const char* versioned_name);
+CUresult GetProcAddress(const char* symbol, void** pfn, int cuda_version,
+                        cuuint64_t flags, CUdriverProcAddressQueryResult* status,
+                        ExportLookup lookup);
+
+}  // namespace vmmshim::sim
+
+#endif  // VMMSHIM_TESTS_SIM_SIM_DRIVER_H_
