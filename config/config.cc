@@ -48,7 +48,7 @@ bool ApplyLogFile(absl::string_view value, int pid, Config* config) {
 }
 
 constexpr OptionInfo kOptions[] = {
-    {"VMMSHIM_ENABLE", "bool", "1", "1/0, true/false, yes/no, on/off (any case)",
+    {"VMMSHIM_ENABLE", "bool", "1", "1/0, true/false, yes/no (any case)",
      "0 turns the shim into a pure pass-through: every call reaches the driver unchanged.",
      &ApplyEnable},
     {"VMMSHIM_LOG_LEVEL", "enum", "warn", "trace, debug, info, warn, error, off",

@@ -381,7 +381,7 @@ CUresult cuGetErrorName(CUresult error, const char** str) {
 }
 
 CUresult cuGetErrorString(CUresult error, const char** str) {
-  return cuGetErrorName(error, str);
+  return vmmshim::sim::cuGetErrorName(error, str);
 }
 
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
@@ -798,7 +798,7 @@ CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t bytes) {
     std::lock_guard<std::mutex> lock(s.mu);
     ++s.calls["cuMemcpyHtoD_v2_ptds"];
   }
-  return cuMemcpyHtoD_v2(dst, src, bytes);
+  return vmmshim::sim::cuMemcpyHtoD_v2(dst, src, bytes);
 }
 
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {

@@ -1,0 +1,392 @@
+// Contract tests of the VMM allocator on the simulated driver.
+#include "core/allocator.h"
+
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/cu_status.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kGran = 2 * kMiB;
+
+class AllocatorTest : public ::testing::Test {
+ protected:
+  void SetUpSim(sim::SimOptions options) {
+    sim::Reset(options);
+    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+    MakeCurrent(0);
+    api_ = sim::Api();
+  }
+  void SetUp() override {
+    sim::SimOptions o;
+    o.device_count = 4;
+    o.memory_per_device = 1024 * kMiB;
+    SetUpSim(o);
+  }
+  void MakeCurrent(int device) {
+    CUcontext ctx;
+    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  }
+  CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r.ok() && r->served);
+    return r.ok() ? r->ptr : 0;
+  }
+  static void ExpectNoHandlesOrMappings() {
+    sim::Usage u = sim::GetUsage();
+    EXPECT_EQ(u.handles, 0u);
+    EXPECT_EQ(u.mappings, 0u);
+  }
+  static void ExpectDriverClean() {
+    ExpectNoHandlesOrMappings();
+    EXPECT_EQ(sim::GetUsage().reservations, 0u);
+  }
+
+  DriverApi api_;
+};
+
+TEST_F(AllocatorTest, DataRoundTripsThroughOwnerDevice) {
+  Allocator a(api_);
+  for (size_t bytes : {size_t{1}, size_t{256}, size_t{64 * 1024 + 3}, kGran, 3 * kMiB, 64 * kMiB}) {
+    CUdeviceptr p = MustAllocate(a, bytes);
+    std::vector<unsigned char> in(bytes), out(bytes);
+    for (size_t i = 0; i < bytes; ++i) in[i] = static_cast<unsigned char>(i * 31 + bytes);
+    ASSERT_EQ(sim::DeviceWrite(0, p, in.data(), bytes), CUDA_SUCCESS) << bytes;
+    ASSERT_EQ(sim::DeviceRead(0, out.data(), p, bytes), CUDA_SUCCESS);
+    EXPECT_EQ(in, out);
+    ASSERT_TRUE(a.Free(p).value());
+  }
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  ExpectDriverClean();
+}
+
+TEST_F(AllocatorTest, PointersAre256ByteAlignedAndNeverOverlap) {
+  Allocator a(api_);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<size_t> size(1, 3 * kMiB);
+  std::vector<std::pair<CUdeviceptr, size_t>> live;
+  for (int i = 0; i < 400; ++i) {
+    size_t bytes = size(rng);
+    CUdeviceptr p = MustAllocate(a, bytes);
+    EXPECT_EQ(p % 256, 0u);
+    // Tag every allocation; a later overlap would corrupt a tag.
+    ASSERT_EQ(sim::DeviceWrite(0, p, &i, sizeof i), CUDA_SUCCESS);
+    live.push_back({p, bytes});
+  }
+  for (size_t i = 0; i < live.size(); ++i) {
+    int tag = -1;
+    ASSERT_EQ(sim::DeviceRead(0, &tag, live[i].first, sizeof tag), CUDA_SUCCESS);
+    EXPECT_EQ(tag, static_cast<int>(i));
+    std::optional<PointerInfo> info = a.Find(live[i].first + live[i].second - 1);
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->allocation_base, live[i].first);
+    EXPECT_EQ(info->allocation_size, live[i].second);
+  }
+  for (auto [p, n] : live) ASSERT_TRUE(a.Free(p).value());
+  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+}
+
+TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
+  Allocator a(api_);
+  std::vector<CUdeviceptr> ptrs;
+  for (int i = 0; i < 10000; ++i) ptrs.push_back(MustAllocate(a, 256));
+  // 10,000 x 256 B = 2.44 MiB of units: two granules. Native (H200): 6 MiB.
+  EXPECT_LE(sim::DeviceBytesInUse(0), 4 * kMiB);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 2u);
+  for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).value());
+  // One empty granule is kept mapped as a spare and reported as idle.
+  EXPECT_EQ(a.IdleBytes(0), kGran);
+  EXPECT_EQ(sim::DeviceBytesInUse(0), kGran);
+}
+
+TEST_F(AllocatorTest, LargeAllocationsGetOneHandleEach) {
+  Allocator a(api_);
+  sim::ResetCallCounts();
+  CUdeviceptr p1 = MustAllocate(a, 3 * kMiB);
+  CUdeviceptr p2 = MustAllocate(a, 4 * kMiB);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 2u);
+  EXPECT_EQ(sim::CallCount("cuMemMap"), 2u);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 2u);
+  EXPECT_EQ(sim::CallCount("cuMemAddressReserve"), 1u);
+  std::optional<PointerInfo> info = a.Find(p1 + 12345);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->range_base, p1);
+  EXPECT_EQ(info->range_size, 4 * kMiB);  // rounded up to the granularity
+  EXPECT_EQ(info->allocation_size, 3 * kMiB);
+  EXPECT_FALSE(info->packed);
+  // Past the requested size (inside the rounded handle) is not an allocation.
+  EXPECT_FALSE(a.Find(p1 + 3 * kMiB));
+  ASSERT_TRUE(a.Free(p1).value());
+  ASSERT_TRUE(a.Free(p2).value());
+  ExpectNoHandlesOrMappings();
+}
+
+TEST_F(AllocatorTest, PackedAllocationsReportTheirGranuleAsRange) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 1000);
+  CUdeviceptr q = MustAllocate(a, 1000);
+  std::optional<PointerInfo> info = a.Find(q + 10);
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->packed);
+  EXPECT_EQ(info->allocation_base, q);
+  EXPECT_EQ(info->range_size, kGran);
+  EXPECT_LE(info->range_base, p);
+  EXPECT_LT(q, info->range_base + kGran);
+  // The range agrees with what the driver says about the mapping.
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  ASSERT_EQ(api_.cuMemGetAddressRange_v2(&base, &size, q + 10), CUDA_SUCCESS);
+  EXPECT_EQ(base, info->range_base);
+  EXPECT_EQ(size, info->range_size);
+}
+
+TEST_F(AllocatorTest, FreeParityWithTheDriver) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 4096);
+  CUdeviceptr big = MustAllocate(a, 8 * kMiB);
+  // Interior pointers and double frees inside shim memory: INVALID_VALUE.
+  EXPECT_EQ(ToCuResult(a.Free(p + 256).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ToCuResult(a.Free(big + kGran).status()), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_TRUE(a.Free(p).value());
+  EXPECT_EQ(ToCuResult(a.Free(p).status()), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_TRUE(a.Free(big).value());
+  EXPECT_EQ(ToCuResult(a.Free(big).status()), CUDA_ERROR_INVALID_VALUE);
+  // Pointers outside shim memory are not ours: the caller asks the driver.
+  absl::StatusOr<bool> other = a.Free(0x1234);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(*other);
+}
+
+TEST_F(AllocatorTest, OutOfMemoryLeaksNothingAndRecovers) {
+  Allocator a(api_);
+  CUdeviceptr keep = MustAllocate(a, 800 * kMiB);
+  absl::StatusOr<Allocator::Allocation> r = a.Allocate(300 * kMiB);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(ToCuResult(r.status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(sim::GetUsage().handles, 1u);
+  EXPECT_EQ(sim::GetUsage().mappings, 1u);
+  ASSERT_TRUE(a.Free(keep).value());
+  CUdeviceptr again = MustAllocate(a, 300 * kMiB);
+  ASSERT_TRUE(a.Free(again).value());
+  ExpectNoHandlesOrMappings();
+}
+
+TEST_F(AllocatorTest, HugeRequestsFailWithOutOfMemory) {
+  Allocator a(api_);
+  absl::StatusOr<Allocator::Allocation> r = a.Allocate(~size_t{0} - 5);
+  EXPECT_EQ(ToCuResult(r.status()), CUDA_ERROR_OUT_OF_MEMORY);
+  size_t pitch = 0;
+  r = a.AllocatePitch(~size_t{0} / 2, 4, &pitch);
+  EXPECT_EQ(ToCuResult(r.status()), CUDA_ERROR_OUT_OF_MEMORY);
+  ExpectNoHandlesOrMappings();
+}
+
+struct FaultCase {
+  const char* entry;
+  size_t bytes;
+};
+
+class AllocatorFaultTest : public AllocatorTest,
+                           public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(AllocatorFaultTest, FailureAtAnyStepUndoesItself) {
+  const FaultCase& c = GetParam();
+  Allocator a(api_);
+  sim::FailCall(c.entry, 1, CUDA_ERROR_UNKNOWN);
+  absl::StatusOr<Allocator::Allocation> r = a.Allocate(c.bytes);
+  ASSERT_FALSE(r.ok()) << c.entry;
+  EXPECT_EQ(ToCuResult(r.status()), CUDA_ERROR_UNKNOWN);
+  ExpectNoHandlesOrMappings();
+  EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
+  // The next request succeeds and the memory works.
+  CUdeviceptr p = MustAllocate(a, c.bytes);
+  int v = 5;
+  EXPECT_EQ(sim::DeviceWrite(0, p, &v, sizeof v), CUDA_SUCCESS);
+  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  ExpectDriverClean();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryStep, AllocatorFaultTest,
+    ::testing::Values(FaultCase{"cuMemAddressReserve", 256}, FaultCase{"cuMemCreate", 256},
+                      FaultCase{"cuMemMap", 256}, FaultCase{"cuMemSetAccess", 256},
+                      FaultCase{"cuMemAddressReserve", 8 * kMiB},
+                      FaultCase{"cuMemCreate", 8 * kMiB}, FaultCase{"cuMemMap", 8 * kMiB},
+                      FaultCase{"cuMemSetAccess", 8 * kMiB},
+                      FaultCase{"cuDeviceGetAttribute", 8 * kMiB},
+                      FaultCase{"cuMemGetAllocationGranularity", 8 * kMiB}),
+    [](const ::testing::TestParamInfo<FaultCase>& info) {
+      return std::string(info.param.entry) + "_" + std::to_string(info.param.bytes);
+    });
+
+TEST_F(AllocatorTest, FailedUnmapKeepsTheAllocationUsable) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(ToCuResult(a.Free(p).status()), CUDA_ERROR_UNKNOWN);
+  int v = 1;
+  EXPECT_EQ(sim::DeviceWrite(0, p, &v, sizeof v), CUDA_SUCCESS);
+  ASSERT_TRUE(a.Free(p).value());
+  ExpectNoHandlesOrMappings();
+}
+
+TEST_F(AllocatorTest, FreeSynchronizesTheOwningContext) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 4096);
+  MakeCurrent(2);
+  const uint64_t before0 = sim::SyncCount(0), before2 = sim::SyncCount(2);
+  ASSERT_TRUE(a.Free(p).value());
+  EXPECT_EQ(sim::SyncCount(0), before0 + 1);
+  EXPECT_EQ(sim::SyncCount(2), before2);
+}
+
+TEST_F(AllocatorTest, FreeSynchronizesOwnerWithoutCtxSynchronizeV2) {
+  api_.cuCtxSynchronize_v2 = nullptr;  // drivers before 13.0
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  MakeCurrent(1);
+  const uint64_t before0 = sim::SyncCount(0), before1 = sim::SyncCount(1);
+  ASSERT_TRUE(a.Free(p).value());
+  EXPECT_EQ(sim::SyncCount(0), before0 + 1);
+  EXPECT_EQ(sim::SyncCount(1), before1);
+  // The caller's context is current again afterwards.
+  CUdevice d;
+  ASSERT_EQ(sim::cuCtxGetDevice(&d), CUDA_SUCCESS);
+  EXPECT_EQ(d, 1);
+}
+
+TEST_F(AllocatorTest, DeinitializedDriverMakesFreeForget) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  sim::FailCall("cuCtxSynchronize_v2", 1, CUDA_ERROR_DEINITIALIZED);
+  sim::ResetCallCounts();
+  EXPECT_EQ(ToCuResult(a.Free(p).status()), CUDA_ERROR_DEINITIALIZED);
+  EXPECT_EQ(sim::CallCount("cuMemUnmap"), 0u);  // no driver calls after teardown
+  EXPECT_FALSE(a.Find(p));
+  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+}
+
+TEST_F(AllocatorTest, DevicesWithoutVmmAndMissingContextPassThrough) {
+  sim::SimOptions o;
+  o.device_count = 2;
+  o.devices_without_vmm = {1};
+  SetUpSim(o);
+  Allocator a(api_);
+  MakeCurrent(1);
+  absl::StatusOr<Allocator::Allocation> r = a.Allocate(4096);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->served);
+  ASSERT_EQ(sim::cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+  r = a.Allocate(4096);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->served);
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+}
+
+TEST_F(AllocatorTest, EachDeviceOwnsItsMemoryAndOnlyItCanAccessIt) {
+  Allocator a(api_);
+  std::vector<CUdeviceptr> ptrs;
+  for (int d = 0; d < 4; ++d) {
+    MakeCurrent(d);
+    ptrs.push_back(MustAllocate(a, 1000));
+    ptrs.push_back(MustAllocate(a, 6 * kMiB));
+  }
+  for (int d = 0; d < 4; ++d) {
+    for (int k = 0; k < 2; ++k) {
+      CUdeviceptr p = ptrs[2 * d + k];
+      EXPECT_EQ(a.Find(p)->device, d);
+      int v = d;
+      for (int other = 0; other < 4; ++other) {
+        EXPECT_EQ(sim::DeviceWrite(other, p, &v, sizeof v),
+                  other == d ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS);
+      }
+    }
+  }
+  for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).value());
+}
+
+TEST_F(AllocatorTest, VaGrowsWithAnotherReservation) {
+  AllocatorOptions options;
+  options.reservation_bytes = 8 * kMiB;
+  Allocator a(api_, options);
+  std::vector<CUdeviceptr> ptrs;
+  for (int i = 0; i < 6; ++i) ptrs.push_back(MustAllocate(a, 3 * kMiB));  // 4 MiB each
+  EXPECT_EQ(sim::GetUsage().reservations, 3u);
+  CUdeviceptr huge = MustAllocate(a, 20 * kMiB);  // larger than a reservation
+  EXPECT_EQ(sim::GetUsage().reservations, 4u);
+  ptrs.push_back(huge);
+  for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  ExpectDriverClean();
+}
+
+TEST_F(AllocatorTest, PitchedAllocations) {
+  Allocator a(api_);
+  size_t pitch = 0;
+  absl::StatusOr<Allocator::Allocation> r = a.AllocatePitch(1000, 10, &pitch);
+  ASSERT_TRUE(r.ok() && r->served);
+  EXPECT_EQ(pitch, 1024u);
+  EXPECT_EQ(r->ptr % 256, 0u);
+  EXPECT_EQ(a.Find(r->ptr)->allocation_size, 10240u);
+}
+
+TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {
+  // Golden record of driver calls per operation on the packed fast path:
+  // only the two context queries that identify the device.
+  Allocator a(api_);
+  CUdeviceptr warm = MustAllocate(a, 512);
+  sim::ResetCallCounts();
+  CUdeviceptr p = MustAllocate(a, 512);
+  EXPECT_EQ(sim::CallCount("cuCtxGetCurrent"), 1u);
+  EXPECT_EQ(sim::CallCount("cuCtxGetDevice"), 1u);
+  for (const char* e : {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemAddressReserve",
+                        "cuDeviceGetAttribute", "cuMemGetAllocationGranularity"}) {
+    EXPECT_EQ(sim::CallCount(e), 0u) << e;
+  }
+  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(warm).value());
+}
+
+TEST_F(AllocatorTest, ConcurrentAllocateAndFree) {
+  Allocator a(api_);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      CUcontext ctx;
+      sim::cuDevicePrimaryCtxRetain(&ctx, t % 2);
+      sim::cuCtxSetCurrent(ctx);
+      std::mt19937 rng(t);
+      std::vector<CUdeviceptr> mine;
+      for (int i = 0; i < 1500; ++i) {
+        size_t bytes = rng() % 2 ? 1 + rng() % 4096 : 1 + rng() % (3 * kMiB);
+        absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
+        ASSERT_TRUE(r.ok() && r->served);
+        mine.push_back(r->ptr);
+        if (mine.size() > 16 || rng() % 3 == 0) {
+          size_t k = rng() % mine.size();
+          ASSERT_TRUE(a.Free(mine[k]).value());
+          mine.erase(mine.begin() + k);
+        }
+      }
+      for (CUdeviceptr p : mine) ASSERT_TRUE(a.Free(p).value());
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+  EXPECT_EQ(a.GetStats().live_bytes, 0u);
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  ExpectDriverClean();
+}
+
+}  // namespace
+}  // namespace vmmshim
