@@ -1,0 +1,1 @@
+__attribute__((visibility("default"))) const char* probe_symbol(void) { return "b"; }
