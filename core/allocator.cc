@@ -214,17 +214,19 @@ absl::Status Allocator::ReserveMore(DeviceHeap& heap, size_t at_least) {
 
 absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap, CUcontext context,
                                                    size_t size, bool packed) {
-  std::optional<CUdeviceptr> va = heap.arena.Allocate(size);
-  if (!va) {
-    if (absl::Status s = ReserveMore(heap, size); !s.ok()) return s;
-    va = heap.arena.Allocate(size);
-  }
+  // Physical memory first: it is what runs out, and a request the device
+  // cannot hold must not leave a (possibly huge) VA reservation behind.
   const CUmemAllocationProp prop = DeviceProp(heap.device);
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = driver_.cuMemCreate(&handle, size, &prop, 0);
-  if (r != CUDA_SUCCESS) {
-    heap.arena.Free(*va, size);
-    return DriverError(r, "cuMemCreate");
+  if (r != CUDA_SUCCESS) return DriverError(r, "cuMemCreate");
+  std::optional<CUdeviceptr> va = heap.arena.Allocate(size);
+  if (!va) {
+    if (absl::Status s = ReserveMore(heap, size); !s.ok()) {
+      driver_.cuMemRelease(handle);
+      return s;
+    }
+    va = heap.arena.Allocate(size);
   }
   r = driver_.cuMemMap(*va, size, 0, handle, 0);
   if (r != CUDA_SUCCESS) {
