@@ -39,7 +39,10 @@ int main() {
     if (r == CUDA_SUCCESS) cuMemFree(q);
   }
   size_t pitch = 7;
-  CUdeviceptr q = 0;
+  CUdeviceptr q = 0x5a5a5a5a;
+  r = cuMemAllocPitch(&q, &pitch, size_t{1} << 30, size_t{1} << 22, 4);
+  P("cuMemAllocPitch(4 PiB) = %d, p %s, pitch %zu", r,
+    q == 0x5a5a5a5a ? "unchanged" : q == 0 ? "= 0" : "changed", pitch);
   P("cuMemAllocPitch(element size 3) = %d", cuMemAllocPitch(&q, &pitch, 100, 4, 3));
   P("cuMemAllocPitch(width 0) = %d", cuMemAllocPitch(&q, &pitch, 0, 4, 4));
   P("cuMemAllocPitch(NULL pitch) = %d", cuMemAllocPitch(&q, nullptr, 100, 4, 4));

@@ -80,6 +80,7 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   absl::StatusOr<vmmshim::Allocator::Allocation> a = rt->allocator->Allocate(bytesize);
   if (!a.ok()) {
     Log().debug("cuMemAlloc({}) -> {}", bytesize, a.status().ToString());
+    *dptr = 0;  // as the driver does on failure (seen on H200: OOM leaves 0)
     return ToCuResult(a.status());
   }
   if (!a->served) {
@@ -105,7 +106,10 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   }
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
       rt->allocator->AllocatePitch(width, height, pitch);
-  if (!a.ok()) return ToCuResult(a.status());
+  if (!a.ok()) {
+    *dptr = 0;
+    return ToCuResult(a.status());
+  }
   if (!a->served) {
     CUresult r = rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
     if (r == CUDA_SUCCESS) rt->allocator->NotePassThrough(*pitch * height);

@@ -22,10 +22,12 @@ b=$built_at/build
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } 2>&1 | tee "$out/host.txt"
 
-(cd "$b" && ctest -LE gpu 2>&1) | tail -5 | tee "$out/ctest-sim.txt"
+(cd "$b" && ctest -LE gpu --output-on-failure 2>&1) > "$out/ctest-sim.txt"
+grep -E "tests passed|Failed|\*\*\*" "$out/ctest-sim.txt"
 (cd "$b" && ctest -L gpu -V 2>&1) | grep -vE '^(UpdateCTestConfiguration|Parse|Test project|Constructing|Checking|Updating|Add|Test command|Environment)' \
   | tee "$out/ctest-gpu.txt" | tail -80
 
+echo "/bin/true under the shim: [$(LD_PRELOAD=$b/libvmmshim.so /bin/true 2>&1)] rc=$?"
 "$b/examples/parity_probe" > "$out/parity-native.txt" 2>&1
 LD_PRELOAD=$b/libvmmshim.so "$b/examples/parity_probe" > "$out/parity-shim.txt" 2>&1
 for i in 1 2 3; do

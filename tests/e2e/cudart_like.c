@@ -87,8 +87,9 @@ int main(int argc, char** argv) {
 
   unsigned long long (*count)(const char*) =
       (unsigned long long (*)(const char*))dlsym(h, "simcuCallCount");
-  CHECK(count != NULL);
+  /* On the simulated driver, count the VMM calls; the real driver has no
+   * such counter (the gpu-labelled test runs this program there too). */
   if (count) CHECK((count("cuMemCreate") > 0) == vmm);
-  printf("%s\n", failures ? "FAILED" : "OK");
+  printf("%s (%s driver)\n", failures ? "FAILED" : "OK", count ? "simulated" : "real");
   return failures != 0;
 }

@@ -29,8 +29,20 @@ case $check in
     shimmed=$(under_shim "$bin" 2 2>&1) || fail "shim run: $shimmed"
     echo "native: $native"; echo "shim:   $shimmed"
     [ "$(grep alloc_mix: <<<"$native")" = "$(grep alloc_mix: <<<"$shimmed")" ] || fail "results differ"
-    n=$(served "$shimmed"); [ "${n:-0}" -gt 7000 ] || fail "only ${n:-0} allocations served from VMM"
+    want=$(grep -oE 'alloc_mix: [0-9]+ allocations' <<<"$shimmed" | grep -oE '[0-9]+')
+    n=$(served "$shimmed"); [ "${n:-0}" = "$want" ] || fail "${n:-0} of $want allocations served from VMM"
     [ "$(passed_through "$shimmed")" = 0 ] || fail "allocations were passed through"
+    off=$(LD_PRELOAD=$shim VMMSHIM_ENABLE=0 VMMSHIM_LOG_LEVEL=info "$bin" 1 2>&1) || fail "$off"
+    echo "VMMSHIM_ENABLE=0: $off"
+    grep -q "exit report" <<<"$off" && fail "VMMSHIM_ENABLE=0 still served allocations"
+    ;;
+  cudart_like)
+    bin=$build/tests/e2e/cudart_like; need "$bin"
+    out=$(LD_PRELOAD=$shim "$bin" vmm 2>&1) || fail "$out"
+    echo "shim: $out"
+    grep -q "real driver" <<<"$out" || fail "did not run on the real driver"
+    out=$(LD_PRELOAD=$shim VMMSHIM_ENABLE=0 "$bin" native 2>&1) || fail "$out"
+    echo "VMMSHIM_ENABLE=0: $out"
     ;;
   parity)
     bin=$build/examples/parity_probe; need "$bin"

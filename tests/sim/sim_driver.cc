@@ -493,8 +493,14 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   SIM_ENTER("cuMemAlloc_v2");
-  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  return LegacyAllocate(s, dptr, bytes);
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes == 0) {
+    *dptr = 0;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult r = LegacyAllocate(s, dptr, bytes);
+  if (r != CUDA_SUCCESS) *dptr = 0;
+  return r;
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
@@ -512,6 +518,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
   SIM_ENTER("cuMemFree_v2");
+  if (dptr == 0) return CUDA_SUCCESS;  // as the driver (H200, driver 580)
   auto it = s.legacy.find(dptr);
   if (it == s.legacy.end()) return CUDA_ERROR_INVALID_VALUE;
   ++s.devices[it->second.device].syncs;  // cuMemFree synchronizes
@@ -523,11 +530,11 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   SIM_ENTER("cuMemGetInfo_v2");
-  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
   int d = CurrentDevice();
   if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-  *total = s.options.memory_per_device;
-  *free = *total - s.devices[d].used;
+  // NULL out-pointers are accepted and skipped, as by the driver.
+  if (total != nullptr) *total = s.options.memory_per_device;
+  if (free != nullptr) *free = s.options.memory_per_device - s.devices[d].used;
   return CUDA_SUCCESS;
 }
 
