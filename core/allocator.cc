@@ -171,9 +171,10 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, siz
   if (height > std::numeric_limits<size_t>::max() / p) {
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocPitch");
   }
-  absl::StatusOr<Allocation> allocation = Allocate(p * height);
-  if (allocation.ok() && allocation->served) *pitch = p;
-  return allocation;
+  // The driver reports the pitch even when the allocation then fails
+  // (seen on H200: cuMemAllocPitch(1 GiB x 4 Mi) gives OOM and pitch 1 GiB).
+  *pitch = p;
+  return Allocate(p * height);
 }
 
 absl::StatusOr<CUdeviceptr> Allocator::AllocateLarge(DeviceHeap& heap, CUcontext context,

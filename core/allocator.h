@@ -125,7 +125,9 @@ class Allocator {
   absl::StatusOr<Allocation> Allocate(size_t bytes);
 
   // A pitched 2D allocation: pitch = width rounded up to pitch_alignment,
-  // bytes = pitch * height. `width` and `height` > 0. On success *pitch is set.
+  // bytes = pitch * height. `width` and `height` > 0. *pitch is set whenever
+  // the pitch could be computed, also when the allocation then fails, as the
+  // driver does.
   absl::StatusOr<Allocation> AllocatePitch(size_t width, size_t height, size_t* pitch);
 
   // Frees an allocation made by Allocate. Returns false when `ptr` is not in
