@@ -900,7 +900,11 @@ CUresult GetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint
               : known         ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                               : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   }
-  return *pfn != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+  if (*pfn != nullptr) return CUDA_SUCCESS;
+  // Seen on H200 (driver 580): cuGetProcAddress_v2 answers an unknown symbol
+  // with CUDA_SUCCESS, *pfn = NULL and the status saying why. The
+  // 4-argument resolver has no status to say it with.
+  return status != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 namespace {

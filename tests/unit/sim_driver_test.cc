@@ -125,9 +125,11 @@ TEST_F(SimDriverTest, ResolverAnswersVersionedAndPerThreadFunctions) {
                                     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
             CUDA_SUCCESS);
   EXPECT_EQ(fn, reinterpret_cast<void*>(&sim::cuMemcpyHtoD_v2_ptds));
-  EXPECT_EQ(api.cuGetProcAddress_v2("cuNoSuchThing", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(api.cuGetProcAddress_v2("cuNoSuchThing", &fn, 13000, 0, &st), CUDA_SUCCESS);
+  EXPECT_EQ(fn, nullptr);
   EXPECT_EQ(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
-  EXPECT_EQ(api.cuGetProcAddress_v2("cuMemCreate", &fn, 10000, 0, &st), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(api.cuGetProcAddress_v2("cuMemCreate", &fn, 10000, 0, &st), CUDA_SUCCESS);
+  EXPECT_EQ(fn, nullptr);
   EXPECT_EQ(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
 
