@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages vmmshim builds with (idempotent: installs only
+# what is missing). The CUDA Toolkit (13.0) is expected to be preinstalled;
+# CMake's FindCUDAToolkit finds it under /usr/local/cuda.
+set -euo pipefail
+packages=(cmake g++ make libabsl-dev libspdlog-dev libfmt-dev libgtest-dev file binutils)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "note: no CUDA Toolkit found (nvcc); install CUDA 13.0 for the CUDA examples and headers" >&2
+fi
