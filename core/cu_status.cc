@@ -29,10 +29,9 @@ absl::StatusCode CodeFor(CUresult result) {
 
 }  // namespace
 
-std::string CuResultName(CUresult result) {
-  // Names of the codes vmmshim itself produces or meets most often; the
-  // driver's cuGetErrorName is not used here because core/ must also work
-  // when the driver is torn down (process exit).
+const char* KnownCuResultName(CUresult result) {
+  // Not the driver's cuGetErrorName: core/ must also name codes when the
+  // driver is torn down (process exit).
   switch (result) {
     case CUDA_SUCCESS: return "CUDA_SUCCESS";
     case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
@@ -45,8 +44,14 @@ std::string CuResultName(CUresult result) {
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
     case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
-    default: return absl::StrCat("CUresult ", static_cast<int>(result));
+    case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
+    default: return nullptr;
   }
+}
+
+std::string CuResultName(CUresult result) {
+  const char* name = KnownCuResultName(result);
+  return name != nullptr ? name : absl::StrCat("CUresult ", static_cast<int>(result));
 }
 
 absl::Status DriverError(CUresult result, absl::string_view call) {

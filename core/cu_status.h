@@ -25,7 +25,11 @@ absl::Status DriverError(CUresult result, absl::string_view call);
 // CUDA_ERROR_NOT_FOUND, anything else -> CUDA_ERROR_UNKNOWN).
 CUresult ToCuResult(const absl::Status& status);
 
-// The name of `result` ("CUDA_ERROR_OUT_OF_MEMORY"), or its number.
+// The name of `result` ("CUDA_ERROR_OUT_OF_MEMORY") for the codes vmmshim
+// produces or meets most often, or nullptr. Static strings.
+const char* KnownCuResultName(CUresult result);
+
+// KnownCuResultName, or "CUresult <number>".
 std::string CuResultName(CUresult result);
 
 }  // namespace vmmshim

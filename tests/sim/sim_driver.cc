@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "core/cu_status.h"
 
 namespace vmmshim::sim {
 namespace {
@@ -354,29 +355,9 @@ CUresult cuDriverGetVersion(int* version) {
   return CUDA_SUCCESS;
 }
 
-namespace {
-const char* ErrorName(CUresult e) {
-  switch (e) {
-    case CUDA_SUCCESS: return "CUDA_SUCCESS";
-    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
-    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
-    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
-    case CUDA_ERROR_DEINITIALIZED: return "CUDA_ERROR_DEINITIALIZED";
-    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
-    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
-    case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
-    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
-    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
-    case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
-    case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
-    default: return nullptr;
-  }
-}
-}  // namespace
-
 CUresult cuGetErrorName(CUresult error, const char** str) {
   if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *str = ErrorName(error);
+  *str = KnownCuResultName(error);
   return *str == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 

@@ -30,6 +30,12 @@ class SimDriverTest : public ::testing::Test {
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id = 0;
   }
+  // One granule created, reserved and mapped (no access granted yet).
+  void MapOneGranule(CUmemGenericAllocationHandle* h, CUdeviceptr* va) {
+    ASSERT_EQ(sim::cuMemCreate(h, kGran, &prop_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuMemAddressReserve(va, kGran, 0, 0, 0), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuMemMap(*va, kGran, 0, *h, 0), CUDA_SUCCESS);
+  }
   CUmemAllocationProp prop_ = {};
 };
 
@@ -70,9 +76,7 @@ TEST_F(SimDriverTest, MapOnlyIntoReservedUnmappedRanges) {
 TEST_F(SimDriverTest, AccessIsCheckedPerDevice) {
   CUmemGenericAllocationHandle h;
   CUdeviceptr va;
-  ASSERT_EQ(sim::cuMemCreate(&h, kGran, &prop_, 0), CUDA_SUCCESS);
-  ASSERT_EQ(sim::cuMemAddressReserve(&va, kGran, 0, 0, 0), CUDA_SUCCESS);
-  ASSERT_EQ(sim::cuMemMap(va, kGran, 0, h, 0), CUDA_SUCCESS);
+  MapOneGranule(&h, &va);
   int value = 42;
   EXPECT_EQ(DeviceWrite(0, va, &value, sizeof value), CUDA_ERROR_ILLEGAL_ADDRESS);
   CUmemAccessDesc d = {};
@@ -94,9 +98,7 @@ TEST_F(SimDriverTest, AccessIsCheckedPerDevice) {
 TEST_F(SimDriverTest, ReleasedHandleLivesUntilUnmapped) {
   CUmemGenericAllocationHandle h;
   CUdeviceptr va;
-  ASSERT_EQ(sim::cuMemCreate(&h, kGran, &prop_, 0), CUDA_SUCCESS);
-  ASSERT_EQ(sim::cuMemAddressReserve(&va, kGran, 0, 0, 0), CUDA_SUCCESS);
-  ASSERT_EQ(sim::cuMemMap(va, kGran, 0, h, 0), CUDA_SUCCESS);
+  MapOneGranule(&h, &va);
   ASSERT_EQ(sim::cuMemRelease(h), CUDA_SUCCESS);
   EXPECT_EQ(DeviceBytesInUse(0), kGran);
   ASSERT_EQ(sim::cuMemUnmap(va, kGran), CUDA_SUCCESS);
