@@ -48,15 +48,19 @@ bool ApplyLogFile(absl::string_view value, int pid, Config* config) {
 }
 
 constexpr OptionInfo kOptions[] = {
-    {"VMMSHIM_ENABLE", "bool", "1", "1/0, true/false, yes/no (any case)",
+    {"VMMSHIM_ENABLE", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "0 turns the shim into a pure pass-through: every call reaches the driver unchanged.",
      &ApplyEnable},
-    {"VMMSHIM_LOG_LEVEL", "enum", "warn", "trace, debug, info, warn, error, off",
+    {"VMMSHIM_LOG_LEVEL", "enum", "warn",
+     "trace, debug, info, warn (or warning), error, off (any case)",
      "Least severe message logged. At info the shim logs its start and an exit report "
      "(allocations and bytes served from VMM and passed through).",
      &ApplyLogLevel},
-    {"VMMSHIM_LOG_FILE", "path", "(stderr)", "a writable file path; %p becomes the pid",
-     "Where log lines go, appended. Unset: standard error.", &ApplyLogFile},
+    {"VMMSHIM_LOG_FILE", "path", "stderr",
+     "a file path in an existing directory; %p becomes the pid",
+     "Where log lines go, appended. A file that cannot be opened, or whose directory does not "
+     "exist, gets one warning and logging stays on standard error.",
+     &ApplyLogFile},
 };
 
 }  // namespace

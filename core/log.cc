@@ -1,5 +1,6 @@
 #include "core/log.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +32,15 @@ spdlog::logger& Log() { return **Slot(); }
 
 absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& path) {
   absl::Status status;
-  if (!path.empty()) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  struct stat st;
+  if (!path.empty() && (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+    // spdlog would create missing directories; a typo in a path should not.
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "VMMSHIM_LOG_FILE: cannot open '", path, "': directory '", dir,
+        "' does not exist; logging to stderr"));
+  } else if (!path.empty()) {
     try {
       Slot() = MakeLogger(std::make_shared<spdlog::sinks::basic_file_sink_mt>(path));
     } catch (const spdlog::spdlog_ex& e) {

@@ -20,8 +20,10 @@ namespace vmmshim {
 
 spdlog::logger& Log();
 
-// Replaces the sink: `path` empty means stderr. Returns an error naming the
-// path when the file cannot be opened (the logger keeps stderr then).
+// Replaces the sink: `path` empty means stderr; otherwise the file is opened
+// for appending. Returns an error naming the path when the file cannot be
+// opened or its directory does not exist (never created); the logger keeps
+// stderr then.
 absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& path);
 
 }  // namespace vmmshim

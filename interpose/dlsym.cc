@@ -1,6 +1,7 @@
 // The dlsym override. cudart (static and shared) finds the driver with
 // dlopen("libcuda.so.1") + dlsym(handle, "cuGetProcAddress_v2") and then asks
-// that resolver for everything else (DESIGN.md section 2); answering the
+// that resolver for everything else (measured with an LD_PRELOAD logger on
+// cudart 13, static and shared; docs/architecture.md); answering the
 // resolver names here is what lets the shim see a static-cudart program.
 //
 // Rules kept (from other interposers' bug reports):

@@ -1,5 +1,6 @@
 // The shim's process-wide state, created on the first hooked driver call
-// (never in a constructor and never inside dlsym: DESIGN.md section 2).
+// (never in a constructor and never inside dlsym, where other interposers
+// have hung: docs/architecture.md).
 //
 // Initialization parses the VMMSHIM_* settings, configures logging, opens
 // libcuda.so.1 (no DT_NEEDED: a process that never touches CUDA never loads

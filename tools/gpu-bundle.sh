@@ -2,7 +2,7 @@
 # Packs the build tree for a GPU host that lacks the build's dependencies
 # (abseil): a copy of BUILD_DIR without object files, stripped of debug info,
 # in .gpu/build, with the non-system shared libraries its programs need copied
-# next to libvmmshim.so (found through its RUNPATH $ORIGIN).
+# next to libvmmshim.so (found through its DT_RPATH $ORIGIN).
 # tools/gpu-validate.sh runs the checks from there.
 # usage: tools/gpu-bundle.sh [BUILD_DIR]   (default: build)
 set -euo pipefail

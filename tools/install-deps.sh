@@ -16,5 +16,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
-  echo "note: no CUDA Toolkit found (nvcc); install CUDA 13.0 for the CUDA examples and headers" >&2
+  echo "error: no CUDA Toolkit under /usr/local/cuda or on PATH; vmmshim needs its headers" \
+       "(CUDA 13.0) to build" >&2
+  exit 1
 fi
