@@ -330,8 +330,11 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
     if (block.slab->empty() && !driver_gone) {
       if (heap->spare_granule == 0) {
         heap->spare_granule = base;
-      } else {
-        status = DestroyBlock(*heap, base);
+      } else if (absl::Status released = DestroyBlock(*heap, base); !released.ok()) {
+        // The application's free succeeded; an empty granule that could not
+        // be released stays mapped and serves later requests.
+        Log().warn("keeping an empty granule on device {}: {}", heap->device,
+                   released.ToString());
       }
     }
   }

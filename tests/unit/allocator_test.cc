@@ -240,6 +240,21 @@ TEST_F(AllocatorTest, FailedUnmapKeepsTheAllocationUsable) {
   ExpectNoHandlesOrMappings();
 }
 
+TEST_F(AllocatorTest, FailedGranuleReleaseDoesNotFailTheFree) {
+  Allocator a(api_);
+  std::vector<CUdeviceptr> ptrs;
+  for (int i = 0; i < 2 * 2048; ++i) ptrs.push_back(MustAllocate(a, 1024));  // two granules
+  ASSERT_EQ(sim::GetUsage().handles, 2u);
+  for (int i = 0; i < 2048; ++i) ASSERT_TRUE(a.Free(ptrs[i]).value());  // first: spare
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  for (int i = 2048; i < 4096; ++i) ASSERT_TRUE(a.Free(ptrs[i]).value()) << i;
+  EXPECT_EQ(sim::GetUsage().handles, 2u);  // the second stayed mapped
+  CUdeviceptr again = MustAllocate(a, 1024);
+  ASSERT_TRUE(a.Free(again).value());
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  ExpectDriverClean();
+}
+
 TEST_F(AllocatorTest, FreeSynchronizesTheOwningContext) {
   Allocator a(api_);
   CUdeviceptr p = MustAllocate(a, 4096);
