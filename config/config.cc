@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "config/rules_file.h"
 
 extern char** environ;
 
@@ -47,20 +48,111 @@ bool ApplyLogFile(absl::string_view value, int pid, Config* config) {
   return true;
 }
 
+bool ApplyPeerPolicy(absl::string_view value, int, Config* config) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (v != "all" && v != "none" && v != "min-size" && v != "rules") return false;
+  config->peer_policy_name = v;
+  return true;
+}
+
+bool ApplyPeerMinBytes(absl::string_view value, int, Config* config) {
+  config->peer_min_bytes = ParseBytes(value);
+  return config->peer_min_bytes.has_value();
+}
+
+bool ApplyConfigFile(absl::string_view value, int, Config* config) {
+  if (value.empty()) return false;
+  config->rules_file = std::string(value);
+  return true;
+}
+
+bool ApplyPeerEnableDriver(absl::string_view value, int, Config* config) {
+  return absl::SimpleAtob(value, &config->peer_enable_driver);
+}
+
+bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
+  if (value.empty()) return false;
+  config->stats_file = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
+  return true;
+}
+
+// Resolves the peer policy from the options; problems are fatal.
+void ResolvePeerPolicy(ParseResult* result) {
+  Config& c = result->config;
+  std::string name = c.peer_policy_name;
+  if (name.empty()) name = c.rules_file.empty() ? "all" : "rules";
+  if (name == "all") {
+    c.peer_policy.kind = PeerPolicy::Kind::kAll;
+  } else if (name == "none") {
+    c.peer_policy.kind = PeerPolicy::Kind::kNone;
+  } else if (name == "min-size") {
+    if (!c.peer_min_bytes) {
+      result->fatal_problems.push_back(
+          "VMMSHIM_PEER_POLICY=min-size needs VMMSHIM_PEER_MIN_BYTES (for example 1M)");
+      return;
+    }
+    c.peer_policy.kind = PeerPolicy::Kind::kMinSize;
+    c.peer_policy.min_bytes = *c.peer_min_bytes;
+  } else if (name == "rules") {
+    if (c.rules_file.empty()) {
+      result->fatal_problems.push_back(
+          "VMMSHIM_PEER_POLICY=rules needs VMMSHIM_CONFIG (the rules file)");
+      return;
+    }
+    absl::StatusOr<PeerPolicy> loaded = LoadRulesFile(c.rules_file);
+    if (!loaded.ok()) {
+      result->fatal_problems.push_back(std::string(loaded.status().message()));
+      return;
+    }
+    c.peer_policy = *std::move(loaded);
+  }
+  if (name != "min-size" && c.peer_min_bytes) {
+    result->problems.push_back(absl::StrCat("VMMSHIM_PEER_MIN_BYTES is ignored: the policy is ",
+                                            name, ", not min-size"));
+  }
+  if (name != "rules" && !c.rules_file.empty()) {
+    result->problems.push_back(absl::StrCat("VMMSHIM_CONFIG is ignored: the policy is ", name,
+                                            ", not rules"));
+  }
+}
+
 constexpr OptionInfo kOptions[] = {
     {"VMMSHIM_ENABLE", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "0 turns the shim into a pure pass-through: every call reaches the driver unchanged.",
-     &ApplyEnable},
+     &ApplyEnable, false},
     {"VMMSHIM_LOG_LEVEL", "enum", "warn",
      "trace, debug, info, warn (or warning), error, off (any case)",
      "Least severe message logged. At info the shim logs its start and an exit report "
      "(allocations and bytes served from VMM and passed through).",
-     &ApplyLogLevel},
+     &ApplyLogLevel, false},
     {"VMMSHIM_LOG_FILE", "path", "stderr",
      "a file path in an existing directory; %p becomes the pid",
      "Where log lines go, appended. A file that cannot be opened, or whose directory does not "
      "exist, gets one warning and logging stays on standard error.",
-     &ApplyLogFile},
+     &ApplyLogFile, false},
+    {"VMMSHIM_PEER_POLICY", "enum", "all (rules when VMMSHIM_CONFIG is set)",
+     "all, none, min-size, rules",
+     "Which allocations peers that enable peer access may map: all (as "
+     "cudaDeviceEnablePeerAccess), none, those of at least VMMSHIM_PEER_MIN_BYTES, or the "
+     "rules of VMMSHIM_CONFIG. Malformed: the program stops with one message.",
+     &ApplyPeerPolicy, true},
+    {"VMMSHIM_PEER_MIN_BYTES", "bytes", "(none)",
+     "a byte count: digits with an optional K, M, G or T[iB] (powers of 1024)",
+     "The threshold of the min-size policy. Malformed: the program stops with one message.",
+     &ApplyPeerMinBytes, true},
+    {"VMMSHIM_CONFIG", "path", "(none)", "a TOML rules file (docs/peer-access.md)",
+     "Peer-access rules for the rules policy. A file that cannot be read or parsed stops the "
+     "program with one message naming the file, line and problem.",
+     &ApplyConfigFile, true},
+    {"VMMSHIM_PEER_ENABLE_DRIVER", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
+     "1: cuCtxEnablePeerAccess also reaches the driver, so memory the shim does not serve "
+     "(stream-ordered pools, library buffers) stays reachable by peers; 0: only shim "
+     "allocations are granted, by the policy.",
+     &ApplyPeerEnableDriver, false},
+    {"VMMSHIM_STATS_FILE", "path", "(none)", "a file path; %p becomes the pid",
+     "Writes a JSON report at exit: per device allocations, bytes, peak, grants and denials "
+     "per peer, bytes mapped into each peer, driver calls and time by entry point.",
+     &ApplyStatsFile, false},
 };
 
 }  // namespace
@@ -81,11 +173,17 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
     const char* value = getenv(option.name);
     if (value == nullptr) continue;
     if (!option.apply(value, pid, &result.config)) {
-      result.problems.push_back(absl::StrCat(option.name, "='", value, "' is not valid (",
-                                             option.accepted, "); using the default ",
-                                             option.default_value));
+      if (option.fatal) {
+        result.fatal_problems.push_back(absl::StrCat(option.name, "='", value,
+                                                     "' is not valid (", option.accepted, ")"));
+      } else {
+        result.problems.push_back(absl::StrCat(option.name, "='", value, "' is not valid (",
+                                               option.accepted, "); using the default ",
+                                               option.default_value));
+      }
     }
   }
+  if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
   for (const std::string& name : environ_names) {
     if (!absl::StartsWith(name, kPrefix)) continue;
     bool known = false;

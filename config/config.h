@@ -13,12 +13,14 @@
 #ifndef VMMSHIM_CONFIG_CONFIG_H_
 #define VMMSHIM_CONFIG_CONFIG_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/peer_policy.h"
 
 namespace vmmshim {
 
@@ -30,6 +32,18 @@ struct Config {
   LogLevel log_level = LogLevel::kWarn;
   // Empty: stderr. "%p" in VMMSHIM_LOG_FILE is already replaced by the pid.
   std::string log_file;
+
+  // Peer access (docs/peer-access.md). The policy is resolved from
+  // VMMSHIM_PEER_POLICY, VMMSHIM_PEER_MIN_BYTES and VMMSHIM_CONFIG.
+  PeerPolicy peer_policy;
+  std::string peer_policy_name;      // as given; empty = unset
+  std::optional<size_t> peer_min_bytes;
+  std::string rules_file;            // VMMSHIM_CONFIG
+  // Whether cuCtxEnablePeerAccess/cuCtxDisablePeerAccess also reach the
+  // driver, so memory the shim does not own stays reachable by peers.
+  bool peer_enable_driver = true;
+  // JSON statistics written at exit; empty = none. "%p" already replaced.
+  std::string stats_file;
 };
 
 struct OptionInfo {
@@ -40,6 +54,10 @@ struct OptionInfo {
   const char* description;
   // Applies `value` to `config`; false when the value is malformed.
   bool (*apply)(absl::string_view value, int pid, Config* config);
+  // A malformed value of a fatal option stops the program before any
+  // allocation is served (a silently different peer policy can hang NVLink
+  // collectives); other options fall back to their default.
+  bool fatal;
 };
 
 // The options table, in documentation order.
@@ -48,6 +66,9 @@ absl::Span<const OptionInfo> Options();
 struct ParseResult {
   Config config;
   std::vector<std::string> problems;  // one line each, ready to log
+  // Problems that must stop the program (malformed peer policy, size or
+  // rules file), one line each naming the variable or FILE:LINE.
+  std::vector<std::string> fatal_problems;
 };
 
 // Reads each option with `getenv` (nullptr = unset); `environ_names` lists

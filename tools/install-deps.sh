@@ -3,7 +3,8 @@
 # what is missing). The CUDA Toolkit (13.0) is expected to be preinstalled;
 # CMake's FindCUDAToolkit finds it under /usr/local/cuda.
 set -euo pipefail
-packages=(cmake g++ make libabsl-dev libspdlog-dev libfmt-dev libgtest-dev file binutils)
+packages=(cmake g++ make libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
+          nlohmann-json3-dev file binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

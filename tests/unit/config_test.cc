@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "config/rules_file.h"
 #include "gtest/gtest.h"
 
 namespace vmmshim {
@@ -88,6 +89,113 @@ TEST(ConfigTest, EveryOptionIsDocumented) {
     }
   }
   EXPECT_EQ(rows, static_cast<int>(Options().size()));
+}
+
+TEST(ConfigTest, ParseBytesAcceptsUnits) {
+  EXPECT_EQ(ParseBytes("4096"), 4096u);
+  EXPECT_EQ(ParseBytes("1K"), 1024u);
+  EXPECT_EQ(ParseBytes("1 MiB"), size_t{1} << 20);
+  EXPECT_EQ(ParseBytes("2g"), size_t{2} << 30);
+  EXPECT_EQ(ParseBytes("3GB"), size_t{3} << 30);
+  EXPECT_EQ(ParseBytes("1T"), size_t{1} << 40);
+  for (const char* bad : {"", "M", "1.5M", "1X", "-1", "1 MiBs", "99999999999999999999",
+                          "99999999999T"}) {
+    EXPECT_FALSE(ParseBytes(bad)) << bad;
+  }
+}
+
+TEST(ConfigTest, PeerPolicyFromVariables) {
+  EXPECT_EQ(Parse({}).config.peer_policy.kind, PeerPolicy::Kind::kAll);
+  EXPECT_EQ(Parse({{"VMMSHIM_PEER_POLICY", "none"}}).config.peer_policy.kind,
+            PeerPolicy::Kind::kNone);
+  ParseResult r = Parse({{"VMMSHIM_PEER_POLICY", "min-size"}, {"VMMSHIM_PEER_MIN_BYTES", "2M"}});
+  EXPECT_TRUE(r.fatal_problems.empty());
+  EXPECT_EQ(r.config.peer_policy.kind, PeerPolicy::Kind::kMinSize);
+  EXPECT_EQ(r.config.peer_policy.min_bytes, size_t{2} << 20);
+}
+
+TEST(ConfigTest, MalformedPeerSettingsAreFatalWithOneLine) {
+  ParseResult r = Parse({{"VMMSHIM_PEER_POLICY", "some"}});
+  ASSERT_EQ(r.fatal_problems.size(), 1u);
+  EXPECT_NE(r.fatal_problems[0].find("VMMSHIM_PEER_POLICY='some'"), std::string::npos);
+  EXPECT_NE(r.fatal_problems[0].find("all, none, min-size, rules"), std::string::npos);
+  r = Parse({{"VMMSHIM_PEER_POLICY", "min-size"}, {"VMMSHIM_PEER_MIN_BYTES", "lots"}});
+  ASSERT_EQ(r.fatal_problems.size(), 1u);
+  EXPECT_NE(r.fatal_problems[0].find("VMMSHIM_PEER_MIN_BYTES='lots'"), std::string::npos);
+  r = Parse({{"VMMSHIM_PEER_POLICY", "min-size"}});
+  ASSERT_EQ(r.fatal_problems.size(), 1u);
+  EXPECT_NE(r.fatal_problems[0].find("needs VMMSHIM_PEER_MIN_BYTES"), std::string::npos);
+  r = Parse({{"VMMSHIM_PEER_POLICY", "rules"}});
+  ASSERT_EQ(r.fatal_problems.size(), 1u);
+  EXPECT_NE(r.fatal_problems[0].find("needs VMMSHIM_CONFIG"), std::string::npos);
+  r = Parse({{"VMMSHIM_CONFIG", "/nonexistent/rules.toml"}});
+  ASSERT_EQ(r.fatal_problems.size(), 1u);
+  EXPECT_NE(r.fatal_problems[0].find("/nonexistent/rules.toml"), std::string::npos);
+}
+
+class RulesFileTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& text) {
+    path_ = ::testing::TempDir() + "/rules_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".toml";
+    std::ofstream(path_) << text;
+    return path_;
+  }
+  std::string path_;
+};
+
+TEST_F(RulesFileTest, ParsesRulesInOrder) {
+  absl::StatusOr<PeerPolicy> p = LoadRulesFile(Write(R"(# comment
+default = "allow"
+
+[[rule]]
+owner = 0
+peer = [1, 2]
+max_size = "64K"
+action = "deny"
+
+[[rule]]
+tag = "kv"
+min_size = 1048576
+action = "allow"
+)"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->rules.size(), 2u);
+  EXPECT_EQ(p->rules[0].line, 4);
+  EXPECT_EQ(p->rules[1].line, 10);
+  EXPECT_TRUE(p->default_allow);
+  EXPECT_FALSE(p->Allows(0, 1, 4096, ""));    // rule 1
+  EXPECT_TRUE(p->Allows(0, 3, 4096, ""));     // peer 3 not in rule 1: default
+  EXPECT_TRUE(p->Allows(1, 0, 4096, ""));     // owner 1: default
+  EXPECT_TRUE(p->Allows(0, 1, 1 << 20, "kv"));
+  EXPECT_TRUE(p->Allows(0, 0, 1, ""));        // the owner always
+  EXPECT_EQ(p->AllowedMask(0, 4, 4096, ""), 0b1001u);
+  EXPECT_NE(p->DenialReason(0, 1, 4096, "").find(":4"), std::string::npos);
+}
+
+TEST_F(RulesFileTest, ProblemsNameFileLineAndProblem) {
+  struct Case {
+    const char* text;
+    const char* want;
+  } cases[] = {
+      {"default = \"deny\"\n[[rule]]\npeer = 1\nactoin = \"allow\"\n", ":4: unknown key 'actoin'"},
+      {"[[rule]]\npeer = 1\n", ":1: action must be"},
+      {"[[rule]]\naction = \"allow\"\n\n[[rule]]\nmin_size = \"lots\"\naction = \"deny\"\n",
+       ":5: min_size must be a byte count"},
+      {"[[rule]]\nowner = 99\naction = \"allow\"\n", ":2: owner must be"},
+      {"[[rule]]\nmin_size = \"2M\"\nmax_size = \"1M\"\naction = \"allow\"\n",
+       ":3: max_size is below min_size"},
+      {"default = \"maybe\"\n", ":1: default must be"},
+      {"polcy = \"all\"\n", ":1: unknown key 'polcy'"},
+      {"[[rule]\naction = \"allow\"\n", "line 1"},  // syntax error from cpptoml
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<PeerPolicy> p = LoadRulesFile(Write(c.text));
+    ASSERT_FALSE(p.ok()) << c.text;
+    EXPECT_NE(p.status().message().find(path_), absl::string_view::npos) << p.status();
+    EXPECT_NE(p.status().message().find(c.want), absl::string_view::npos)
+        << p.status() << " lacks " << c.want;
+  }
 }
 
 }  // namespace
