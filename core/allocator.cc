@@ -33,7 +33,25 @@ struct Allocator::Block {
   CUcontext context = nullptr;
   size_t requested = 0;         // large blocks: the bytes asked for
   std::unique_ptr<Slab> slab;   // packed granules only
+  uint64_t allowed = 0;         // devices the policy allows (owner included)
+  std::string tag;              // the allocations' tag ("" = none)
+  uint64_t explicit_grant = 0;  // GrantPeer: peers granted whatever the policy says
+  uint64_t explicit_revoke = 0; // RevokePeer: peers denied whatever the policy says
+  uint64_t access = 0;          // devices with read-write access now
+  bool sealed = false;          // packed: takes no new allocations
+
+  size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
+  bool has_explicit() const { return (explicit_grant | explicit_revoke) != 0; }
+  // The devices that should have access, given the peers that enabled it.
+  uint64_t Target(int owner, uint64_t enabled) const {
+    const uint64_t self = uint64_t{1} << owner;
+    return (((allowed & enabled) | explicit_grant) & ~explicit_revoke) | self;
+  }
 };
+
+namespace {
+int Popcount(uint64_t v) { return __builtin_popcountll(v); }
+}  // namespace
 
 struct Allocator::DeviceHeap {
   DeviceHeap(int device, size_t granularity, size_t reservation_bytes)
@@ -56,6 +74,8 @@ struct Allocator::DeviceHeap {
   // An empty granule kept mapped so that alternating alloc/free of one small
   // buffer does not create and release a handle each time; 0 when none.
   CUdeviceptr spare_granule ABSL_GUARDED_BY(mu) = 0;
+  DeviceStats stats ABSL_GUARDED_BY(mu);
+  std::array<int, kMaxDevices> denials_logged ABSL_GUARDED_BY(mu){};
 
   // The block containing `ptr` and its base, or {0, nullptr}.
   std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
@@ -113,6 +133,7 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   }
   reservation = RoundUp(std::max(reservation, granularity), granularity);
   auto* heap = new DeviceHeap(device, granularity, reservation);
+  heap->stats.device = device;
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               granularity, reservation);
   heaps_[device].store(heap, std::memory_order_release);
@@ -130,7 +151,16 @@ Allocator::DeviceHeap* Allocator::HeapOfPointer(CUdeviceptr ptr) const {
 
 bool Allocator::Owns(CUdeviceptr ptr) const { return HeapOfPointer(ptr) != nullptr; }
 
-absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes) {
+int Allocator::DeviceCount() {
+  int n = device_count_.load(std::memory_order_relaxed);
+  if (n == 0 && driver_.cuDeviceGetCount(&n) == CUDA_SUCCESS) {
+    n = std::min(n, kMaxDevices);
+    device_count_.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::string_view tag) {
   CUcontext context = nullptr;
   CUdevice device = 0;
   if (driver_.cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr ||
@@ -147,11 +177,22 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes) {
   }
   const size_t threshold =
       options_.packing_threshold != 0 ? options_.packing_threshold : heap->granularity / 2;
+  const Placement placement{
+      context, options_.peer_policy.AllowedMask(device, DeviceCount(), bytes, tag),
+      std::string(tag)};
   absl::StatusOr<CUdeviceptr> ptr;
   {
     absl::MutexLock lock(&heap->mu);
-    ptr = bytes <= threshold ? AllocatePacked(*heap, context, bytes)
-                             : AllocateLarge(*heap, context, bytes);
+    ptr = bytes <= threshold ? AllocatePacked(*heap, placement, bytes)
+                             : AllocateLarge(*heap, placement, bytes);
+    if (ptr.ok()) {
+      DeviceStats& st = heap->stats;
+      ++st.allocations;
+      st.bytes += bytes;
+      st.live_bytes += bytes;
+      st.peak_live_bytes = std::max(st.peak_live_bytes, st.live_bytes);
+      NotePeerDecisions(*heap, placement.allowed, EnabledPeers(device), 1, bytes, tag);
+    }
   }
   if (!ptr.ok()) return ptr.status();
   served_allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -162,7 +203,8 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes) {
 }
 
 absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, size_t height,
-                                                               size_t* pitch) {
+                                                               size_t* pitch,
+                                                               absl::string_view tag) {
   const size_t a = options_.pitch_alignment;
   if (width > std::numeric_limits<size_t>::max() - a) {
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocPitch");
@@ -174,28 +216,33 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, siz
   // The driver reports the pitch even when the allocation then fails
   // (seen on H200: cuMemAllocPitch(1 GiB x 4 Mi) gives OOM and pitch 1 GiB).
   *pitch = p;
-  return Allocate(p * height);
+  return Allocate(p * height, tag);
 }
 
-absl::StatusOr<CUdeviceptr> Allocator::AllocateLarge(DeviceHeap& heap, CUcontext context,
-                                                     size_t bytes) {
+absl::StatusOr<CUdeviceptr> Allocator::AllocateLarge(DeviceHeap& heap,
+                                                     const Placement& placement, size_t bytes) {
   absl::StatusOr<CUdeviceptr> base =
-      CreateBlock(heap, context, RoundUp(bytes, heap.granularity), /*packed=*/false);
+      CreateBlock(heap, placement, RoundUp(bytes, heap.granularity), /*packed=*/false);
   if (base.ok()) heap.blocks[*base]->requested = bytes;
   return base;
 }
 
-absl::StatusOr<CUdeviceptr> Allocator::AllocatePacked(DeviceHeap& heap, CUcontext context,
-                                                      size_t bytes) {
+absl::StatusOr<CUdeviceptr> Allocator::AllocatePacked(DeviceHeap& heap,
+                                                      const Placement& placement, size_t bytes) {
+  // Only granules of the same context, allowed set and tag: access rights
+  // belong to the whole granule.
   for (CUdeviceptr base : heap.open_granules) {
     Block& block = *heap.blocks[base];
-    if (block.context != context) continue;
+    if (block.context != placement.context || block.allowed != placement.allowed ||
+        block.tag != placement.tag || block.sealed) {
+      continue;
+    }
     if (std::optional<size_t> offset = block.slab->Allocate(bytes)) {
       if (base == heap.spare_granule) heap.spare_granule = 0;
       return base + *offset;
     }
   }
-  absl::StatusOr<CUdeviceptr> base = CreateBlock(heap, context, heap.granularity, true);
+  absl::StatusOr<CUdeviceptr> base = CreateBlock(heap, placement, heap.granularity, true);
   if (!base.ok()) return base.status();
   Block& block = *heap.blocks[*base];
   heap.open_granules.insert(*base);
@@ -213,8 +260,9 @@ absl::Status Allocator::ReserveMore(DeviceHeap& heap, size_t at_least) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap, CUcontext context,
-                                                   size_t size, bool packed) {
+absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
+                                                   const Placement& placement, size_t size,
+                                                   bool packed) {
   // Physical memory first: it is what runs out, and a request the device
   // cannot hold must not leave a (possibly huge) VA reservation behind.
   const CUmemAllocationProp prop = DeviceProp(heap.device);
@@ -235,11 +283,20 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap, CUcontext c
     heap.arena.Free(*va, size);
     return DriverError(r, "cuMemMap");
   }
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = heap.device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = driver_.cuMemSetAccess(*va, size, &access, 1);
+  // The owner and every peer the placement allows now, in one call.
+  const uint64_t self = uint64_t{1} << heap.device;
+  const uint64_t target = (placement.allowed & EnabledPeers(heap.device)) | self;
+  std::vector<CUmemAccessDesc> access;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if ((target >> d & 1) == 0) continue;
+    CUmemAccessDesc desc = {};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = d;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(desc);
+  }
+  r = driver_.cuMemSetAccess(*va, size, access.data(), access.size());
+  ++heap.stats.set_access_calls;
   if (r != CUDA_SUCCESS) {
     driver_.cuMemUnmap(*va, size);
     driver_.cuMemRelease(handle);
@@ -251,8 +308,16 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap, CUcontext c
   heap.blocks[*va] = std::move(owned);
   block.size = size;
   block.handle = handle;
-  block.context = context;
+  block.context = placement.context;
+  block.allowed = placement.allowed;
+  block.tag = placement.tag;
+  block.access = target;
   if (packed) block.slab = std::make_unique<Slab>(size);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if ((target & ~self) >> d & 1) heap.stats.peers[d].mapped_bytes += size;
+  }
+  heap.stats.handle_bytes += size;
+  heap.stats.peak_handle_bytes = std::max(heap.stats.peak_handle_bytes, heap.stats.handle_bytes);
   handles_.fetch_add(1, std::memory_order_relaxed);
   AddHandleBytes(static_cast<int64_t>(size));
   return *va;
@@ -265,6 +330,11 @@ absl::Status Allocator::DestroyBlock(DeviceHeap& heap, CUdeviceptr base) {
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemUnmap");
   // The mapping is gone; whatever cuMemRelease says, the VA is free again.
   r = driver_.cuMemRelease(it->second->handle);
+  const uint64_t peers = it->second->access & ~(uint64_t{1} << heap.device);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (peers >> d & 1) heap.stats.peers[d].mapped_bytes -= size;
+  }
+  heap.stats.handle_bytes -= size;
   heap.arena.Free(base, size);
   heap.open_granules.erase(base);
   if (heap.spare_granule == base) heap.spare_granule = 0;
@@ -328,7 +398,7 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
     block.slab->Free(ptr - base);
     heap->open_granules.insert(base);
     if (block.slab->empty() && !driver_gone) {
-      if (heap->spare_granule == 0) {
+      if (heap->spare_granule == 0 && !block.sealed && !block.has_explicit()) {
         heap->spare_granule = base;
       } else if (absl::Status released = DestroyBlock(*heap, base); !released.ok()) {
         // The application's free succeeded; an empty granule that could not
@@ -338,6 +408,7 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
       }
     }
   }
+  heap->stats.live_bytes -= info->allocation_size;
   frees_.fetch_add(1, std::memory_order_relaxed);
   live_allocations_.fetch_sub(1, std::memory_order_relaxed);
   live_bytes_.fetch_sub(info->allocation_size, std::memory_order_relaxed);
@@ -373,6 +444,222 @@ std::optional<PointerInfo> Allocator::Find(CUdeviceptr ptr) const {
   if (heap == nullptr) return std::nullopt;
   absl::MutexLock lock(&heap->mu);
   return FindLocked(*heap, ptr);
+}
+
+void Allocator::NotePeerDecisions(DeviceHeap& heap, uint64_t allowed, uint64_t enabled,
+                                  uint64_t allocations, size_t bytes, absl::string_view tag) {
+  for (int p = 0; p < kMaxDevices; ++p) {
+    if ((enabled >> p & 1) == 0 || p == heap.device) continue;
+    PeerCounters& c = heap.stats.peers[p];
+    if (allowed >> p & 1) {
+      c.grants += allocations;
+      continue;
+    }
+    c.denials += allocations;
+    // Rate-limited: a missing grant can hang NVLink collectives instead of
+    // faulting, so the first denial of each pair is a warning.
+    int& logged = heap.denials_logged[p];
+    if (logged < 100) {
+      const std::string reason =
+          options_.peer_policy.DenialReason(heap.device, p, bytes, tag);
+      if (logged++ == 0) {
+        Log().warn("peer {} denied access to {} allocation(s) of {} bytes on device {} ({}); "
+                   "further denials for this pair are logged at info level, up to 100",
+                   p, allocations, bytes, heap.device, reason);
+      } else {
+        Log().info("peer {} denied access to {} allocation(s) of {} bytes on device {} ({})",
+                   p, allocations, bytes, heap.device, reason);
+      }
+    }
+  }
+}
+
+absl::Status Allocator::ApplyAccess(DeviceHeap& heap) {
+  const uint64_t enabled = EnabledPeers(heap.device);
+  absl::Status first;
+  // A run: adjacent blocks in one reservation that change the same way.
+  struct Run {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    uint64_t add = 0, remove = 0;
+    std::vector<Block*> blocks;
+  } run;
+  auto flush = [&] {
+    if (run.blocks.empty()) return;
+    std::vector<CUmemAccessDesc> descs;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (((run.add | run.remove) >> d & 1) == 0) continue;
+      CUmemAccessDesc desc = {};
+      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc.location.id = d;
+      desc.flags = (run.add >> d & 1) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                      : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      descs.push_back(desc);
+    }
+    CUresult r = driver_.cuMemSetAccess(run.base, run.size, descs.data(), descs.size());
+    ++heap.stats.set_access_calls;
+    if (r == CUDA_SUCCESS) {
+      for (Block* b : run.blocks) {
+        b->access = (b->access | run.add) & ~run.remove;
+        for (int d = 0; d < kMaxDevices; ++d) {
+          if (run.add >> d & 1) heap.stats.peers[d].mapped_bytes += b->size;
+          if (run.remove >> d & 1) heap.stats.peers[d].mapped_bytes -= b->size;
+        }
+      }
+    } else {
+      first.Update(DriverError(r, "cuMemSetAccess"));
+    }
+    run = Run{};
+  };
+  for (auto& [base, owned] : heap.blocks) {
+    Block& b = *owned;
+    const uint64_t target = b.Target(heap.device, enabled);
+    const uint64_t add = target & ~b.access, remove = b.access & ~target;
+    const bool contiguous = !run.blocks.empty() && run.base + run.size == base &&
+                            heap.arena.ReservationBase(run.base) == heap.arena.ReservationBase(base);
+    if (add == 0 && remove == 0) {
+      flush();
+      continue;
+    }
+    if (!contiguous || add != run.add || remove != run.remove) flush();
+    if (run.blocks.empty()) {
+      run.base = base;
+      run.add = add;
+      run.remove = remove;
+    }
+    run.size += b.size;
+    run.blocks.push_back(&b);
+  }
+  flush();
+  return first;
+}
+
+absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
+  if (peer_device < 0 || peer_device >= kMaxDevices || owner_device < 0 ||
+      owner_device >= kMaxDevices) {
+    return DriverError(CUDA_ERROR_INVALID_DEVICE, "EnablePeer");
+  }
+  absl::MutexLock peers_lock(&peers_mu_);
+  if (enable_counts_[owner_device][peer_device]++ > 0) return absl::OkStatus();
+  const uint64_t bit = uint64_t{1} << peer_device;
+  enabled_mask_[owner_device].fetch_or(bit, std::memory_order_acq_rel);
+  DeviceHeap* heap = heaps_[owner_device].load(std::memory_order_acquire);
+  if (heap == nullptr) return absl::OkStatus();  // future allocations see the bit
+  absl::MutexLock lock(&heap->mu);
+  uint64_t granted = 0, denied = 0, granted_bytes = 0;
+  for (const auto& [base, b] : heap->blocks) {
+    NotePeerDecisions(*heap, b->allowed, bit, b->allocations(), b->requested, b->tag);
+    if (b->allowed & bit) {
+      granted += b->allocations();
+      granted_bytes += b->size;
+    } else {
+      denied += b->allocations();
+    }
+  }
+  absl::Status applied = ApplyAccess(*heap);
+  if (!applied.ok()) {
+    // Undo: the peer is not enabled, and no run keeps a partial grant.
+    enable_counts_[owner_device][peer_device] = 0;
+    enabled_mask_[owner_device].fetch_and(~bit, std::memory_order_acq_rel);
+    ApplyAccess(*heap).IgnoreError();
+    return applied;
+  }
+  Log().info("peer {} enabled access to device {}: {} allocation(s) granted ({} bytes mapped), "
+             "{} denied by policy {}",
+             peer_device, owner_device, granted, granted_bytes, denied,
+             options_.peer_policy.Describe());
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
+  if (peer_device < 0 || peer_device >= kMaxDevices || owner_device < 0 ||
+      owner_device >= kMaxDevices) {
+    return DriverError(CUDA_ERROR_INVALID_DEVICE, "DisablePeer");
+  }
+  absl::MutexLock peers_lock(&peers_mu_);
+  int& count = enable_counts_[owner_device][peer_device];
+  if (count == 0) return DriverError(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "DisablePeer");
+  if (--count > 0) return absl::OkStatus();
+  enabled_mask_[owner_device].fetch_and(~(uint64_t{1} << peer_device),
+                                        std::memory_order_acq_rel);
+  DeviceHeap* heap = heaps_[owner_device].load(std::memory_order_acquire);
+  if (heap == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&heap->mu);
+  return ApplyAccess(*heap);
+}
+
+absl::Status Allocator::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
+  DeviceHeap* heap = HeapOfPointer(ptr);
+  if (heap == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  if (peer < 0 || peer >= DeviceCount()) {
+    return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
+  }
+  if (peer == heap->device) {
+    return Find(ptr) ? absl::OkStatus()
+                     : DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  }
+  int can = 0;
+  CUresult r = driver_.cuDeviceCanAccessPeer(&can, peer, heap->device);
+  if (r != CUDA_SUCCESS) return DriverError(r, "cuDeviceCanAccessPeer");
+  if (grant && can == 0) return DriverError(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "GrantPeer");
+  absl::MutexLock lock(&heap->mu);
+  std::optional<PointerInfo> info = FindLocked(*heap, ptr);
+  if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  Block& block = *heap->blocks[info->range_base];
+  const uint64_t bit = uint64_t{1} << peer;
+  if (info->packed && block.tag.empty() && block.allocations() > 1) {
+    // The documented rule: explicit access acts on the whole granule, so an
+    // untagged granule must hold only this allocation.
+    Log().warn("refused to {} peer {} access to the {}-byte allocation at {:#x} on device {}: "
+               "its granule holds {} other untagged allocation(s); tag allocations meant for "
+               "explicit grants (vmmshim_set_allocation_tag)",
+               grant ? "grant" : "revoke", peer, info->allocation_size, ptr, heap->device,
+               block.allocations() - 1);
+    return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim peer access");
+  }
+  if (grant) {
+    block.explicit_grant |= bit;
+    block.explicit_revoke &= ~bit;
+  } else {
+    block.explicit_revoke |= bit;
+    block.explicit_grant &= ~bit;
+  }
+  // An untagged granule with explicit state takes no new allocations, which
+  // would inherit it.
+  if (info->packed && block.tag.empty()) {
+    block.sealed = true;
+    heap->open_granules.erase(info->range_base);
+    if (heap->spare_granule == info->range_base) heap->spare_granule = 0;
+  }
+  return ApplyAccess(*heap);
+}
+
+absl::Status Allocator::GrantPeer(CUdeviceptr ptr, int peer) { return SetExplicit(ptr, peer, true); }
+absl::Status Allocator::RevokePeer(CUdeviceptr ptr, int peer) {
+  return SetExplicit(ptr, peer, false);
+}
+
+absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
+  DeviceHeap* heap = HeapOfPointer(ptr);
+  if (heap == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  if (peer < 0 || peer >= kMaxDevices) {
+    return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
+  }
+  absl::MutexLock lock(&heap->mu);
+  std::optional<PointerInfo> info = FindLocked(*heap, ptr);
+  if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  return (heap->blocks.at(info->range_base)->access >> peer & 1) != 0;
+}
+
+std::vector<DeviceStats> Allocator::GetDeviceStats() const {
+  std::vector<DeviceStats> out;
+  for (const auto& slot : heaps_) {
+    DeviceHeap* heap = slot.load(std::memory_order_acquire);
+    if (heap == nullptr) continue;
+    absl::MutexLock lock(&heap->mu);
+    out.push_back(heap->stats);
+  }
+  return out;
 }
 
 size_t Allocator::IdleBytes(int device) const {

@@ -36,6 +36,22 @@
 // sequence undoes its completed steps on failure, so an error leaves no
 // handle, mapping or VA behind, and a later request can succeed.
 //
+// Peer access (docs/peer-access.md). Each allocation carries the set of
+// devices its PeerPolicy allows (decided once, at allocation, from owner,
+// size and tag). A peer that enabled access to the owner (EnablePeer, where
+// cuCtxEnablePeerAccess arrives) gets a cuMemSetAccess grant on exactly the
+// allowed allocations, existing and future; DisablePeer revokes them.
+// Access rights belong to a mapping, so packed allocations share granules
+// only with allocations of the same (context, allowed set, tag): granting a
+// granule never exposes an allocation whose policy denies that peer.
+// Changes are batched: one cuMemSetAccess per contiguous run of mappings that
+// change the same way, with every changed device in one descriptor array.
+// Explicit grants and revokes (GrantPeer/RevokePeer) override the policy for
+// one allocation; on a packed allocation they act on its whole granule and
+// are refused (CUDA_ERROR_NOT_PERMITTED) when that would change the access of
+// another live allocation that is neither in the same state nor tagged (the
+// rule is spelled out at GrantPeer).
+//
 // Thread safety: all methods may be called concurrently. Each device has its
 // own mutex (held across the driver calls of a slow-path allocation); pointer
 // lookups take a shared lock on the reservation map.
@@ -55,6 +71,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
@@ -62,6 +80,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/driver_api.h"
+#include "core/peer_policy.h"
 
 namespace vmmshim {
 
@@ -75,6 +94,27 @@ struct AllocatorOptions {
   size_t reservation_bytes = 0;
   // Pitch alignment of AllocatePitch, in bytes (a power of two).
   size_t pitch_alignment = 512;
+  // Which peers may map which allocations.
+  PeerPolicy peer_policy;
+};
+
+// Per-device statistics (DeviceStats) and per-peer counters.
+struct PeerCounters {
+  uint64_t grants = 0;        // allocation grants made to this peer
+  uint64_t denials = 0;       // allocations denied to this peer while it had access enabled
+  uint64_t mapped_bytes = 0;  // bytes of this device's memory now mapped into the peer
+};
+
+struct DeviceStats {
+  int device = -1;
+  uint64_t allocations = 0;  // served from VMM
+  uint64_t bytes = 0;        // their requested bytes
+  uint64_t live_bytes = 0;
+  uint64_t peak_live_bytes = 0;
+  uint64_t handle_bytes = 0;  // physical memory held
+  uint64_t peak_handle_bytes = 0;
+  uint64_t set_access_calls = 0;
+  std::array<PeerCounters, 64> peers{};  // indexed by peer device
 };
 
 struct AllocatorStats {
@@ -121,14 +161,16 @@ class Allocator {
     bool served = false;
   };
 
-  // `bytes` > 0, on the device of the current context.
-  absl::StatusOr<Allocation> Allocate(size_t bytes);
+  // `bytes` > 0, on the device of the current context. `tag` ("" = none)
+  // is matched by rules policies and groups packed allocations.
+  absl::StatusOr<Allocation> Allocate(size_t bytes, absl::string_view tag = "");
 
   // A pitched 2D allocation: pitch = width rounded up to pitch_alignment,
   // bytes = pitch * height. `width` and `height` > 0. *pitch is set whenever
   // the pitch could be computed, also when the allocation then fails, as the
   // driver does.
-  absl::StatusOr<Allocation> AllocatePitch(size_t width, size_t height, size_t* pitch);
+  absl::StatusOr<Allocation> AllocatePitch(size_t width, size_t height, size_t* pitch,
+                                           absl::string_view tag = "");
 
   // Frees an allocation made by Allocate. Returns false when `ptr` is not in
   // shim memory (the caller hands it to the driver). A pointer inside shim
@@ -150,7 +192,34 @@ class Allocator {
   // Records a request the caller handed to the driver (for statistics).
   void NotePassThrough(size_t bytes);
 
+  // `peer_device` has enabled peer access to `owner_device`'s memory (after
+  // the driver accepted cuCtxEnablePeerAccess, or instead of it). Grants the
+  // policy-allowed allocations of the owner, existing and future. Calls nest:
+  // each EnablePeer needs one DisablePeer.
+  absl::Status EnablePeer(int peer_device, int owner_device);
+  // Undoes one EnablePeer; the last one revokes the policy grants (explicit
+  // grants stay).
+  absl::Status DisablePeer(int peer_device, int owner_device);
+
+  // Explicit per-allocation control, combined with any policy: `peer` may
+  // (GrantPeer) or may not (RevokePeer) map the allocation containing `ptr`,
+  // whether or not it enabled peer access. Errors: CUDA_ERROR_INVALID_VALUE
+  // (not shim memory), CUDA_ERROR_INVALID_DEVICE (bad ordinal),
+  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (cuDeviceCanAccessPeer says no),
+  // CUDA_ERROR_NOT_PERMITTED (a packed allocation whose granule holds other
+  // live allocations that would change state and carry no tag: tag
+  // allocations meant for explicit grants, vmmshim_set_allocation_tag, so
+  // they get granules of their own), or the driver's cuMemSetAccess error.
+  // Granting or revoking the owner itself is a no-op.
+  absl::Status GrantPeer(CUdeviceptr ptr, int peer);
+  absl::Status RevokePeer(CUdeviceptr ptr, int peer);
+  // Whether `peer` can access the allocation containing `ptr` now.
+  absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const;
+
   AllocatorStats GetStats() const;
+  // One entry per device the shim served, in device order.
+  std::vector<DeviceStats> GetDeviceStats() const;
+  const PeerPolicy& peer_policy() const { return options_.peer_policy; }
 
   // Unmaps and releases every handle and frees every reservation, in the
   // guide's order (unmap -> release -> address free). Live allocations become
@@ -166,15 +235,35 @@ class Allocator {
   absl::StatusOr<DeviceHeap*> HeapFor(int device);
   DeviceHeap* HeapOfPointer(CUdeviceptr ptr) const;
 
-  absl::StatusOr<CUdeviceptr> AllocateLarge(DeviceHeap& heap, CUcontext context, size_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  absl::StatusOr<CUdeviceptr> AllocatePacked(DeviceHeap& heap, CUcontext context,
+  // What a new allocation will be: its context, allowed peers and tag.
+  struct Placement {
+    CUcontext context;
+    uint64_t allowed;
+    std::string tag;
+  };
+  absl::StatusOr<CUdeviceptr> AllocateLarge(DeviceHeap& heap, const Placement& placement,
+                                            size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  absl::StatusOr<CUdeviceptr> AllocatePacked(DeviceHeap& heap, const Placement& placement,
                                              size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  // Creates, maps and grants one handle of `size` bytes; undoes itself on
-  // failure. Returns the new block's base.
-  absl::StatusOr<CUdeviceptr> CreateBlock(DeviceHeap& heap, CUcontext context, size_t size,
-                                          bool packed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  // Creates and maps one handle of `size` bytes and grants it to the owner
+  // and the peers its placement allows now, in one cuMemSetAccess; undoes
+  // itself on failure. Returns the new block's base.
+  absl::StatusOr<CUdeviceptr> CreateBlock(DeviceHeap& heap, const Placement& placement,
+                                          size_t size, bool packed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  // Brings every block's access to its target, batched.
+  absl::Status ApplyAccess(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  // Counts (and logs, rate-limited) the grants and denials of `allocations`
+  // allocations allowed `allowed` while `enabled` peers have access enabled.
+  void NotePeerDecisions(DeviceHeap& heap, uint64_t allowed, uint64_t enabled,
+                         uint64_t allocations, size_t bytes, absl::string_view tag)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
+  uint64_t EnabledPeers(int owner) const {
+    return enabled_mask_[owner].load(std::memory_order_acquire);
+  }
+  int DeviceCount();
   absl::Status ReserveMore(DeviceHeap& heap, size_t at_least)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   absl::Status DestroyBlock(DeviceHeap& heap, CUdeviceptr base)
@@ -200,6 +289,14 @@ class Allocator {
   std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
   std::atomic<uint64_t> frees_{0}, live_allocations_{0}, live_bytes_{0};
   std::atomic<uint64_t> handles_{0}, handle_bytes_{0}, peak_handle_bytes_{0};
+
+  // Peer enables: peers_mu_ orders EnablePeer/DisablePeer; a heap's mutex is
+  // taken after it, never before.
+  absl::Mutex peers_mu_;
+  std::array<std::array<int, kMaxDevices>, kMaxDevices> enable_counts_
+      ABSL_GUARDED_BY(peers_mu_){};  // [owner][peer]
+  std::array<std::atomic<uint64_t>, kMaxDevices> enabled_mask_{};  // owner -> peers
+  std::atomic<int> device_count_{0};
 };
 
 }  // namespace vmmshim

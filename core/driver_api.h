@@ -45,12 +45,16 @@ namespace vmmshim {
   X(cuDeviceGetCount, "cuDeviceGetCount", PFN_cuDeviceGetCount_v2000, true)            \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute", PFN_cuDeviceGetAttribute_v2000, true) \
   X(cuDeviceTotalMem_v2, "cuDeviceTotalMem_v2", PFN_cuDeviceTotalMem_v3020, true)      \
+  X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", PFN_cuDeviceCanAccessPeer_v4000, true) \
   X(cuCtxGetCurrent, "cuCtxGetCurrent", PFN_cuCtxGetCurrent_v4000, true)               \
   X(cuCtxGetDevice, "cuCtxGetDevice", PFN_cuCtxGetDevice_v2000, true)                  \
   X(cuCtxPushCurrent_v2, "cuCtxPushCurrent_v2", PFN_cuCtxPushCurrent_v4000, true)      \
   X(cuCtxPopCurrent_v2, "cuCtxPopCurrent_v2", PFN_cuCtxPopCurrent_v4000, true)         \
   X(cuCtxSynchronize, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, true)            \
   X(cuCtxSynchronize_v2, "cuCtxSynchronize_v2", PFN_cuCtxSynchronize_v13000, false)    \
+  X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", PFN_cuCtxEnablePeerAccess_v4000, true) \
+  X(cuCtxDisablePeerAccess, "cuCtxDisablePeerAccess", PFN_cuCtxDisablePeerAccess_v4000,  \
+    true)                                                                              \
   X(cuMemAlloc_v2, "cuMemAlloc_v2", PFN_cuMemAlloc_v3020, true)                        \
   X(cuMemAllocPitch_v2, "cuMemAllocPitch_v2", PFN_cuMemAllocPitch_v3020, true)         \
   X(cuMemFree_v2, "cuMemFree_v2", PFN_cuMemFree_v3020, true)                           \

@@ -43,6 +43,8 @@ class VaArena {
 
   // True when `ptr` lies in one of the reservations.
   bool Contains(CUdeviceptr ptr) const;
+  // The base of the reservation holding `ptr` (which must be inside one).
+  CUdeviceptr ReservationBase(CUdeviceptr ptr) const { return ReservationOf(ptr)->first; }
 
   size_t alignment() const { return alignment_; }
   size_t free_bytes() const { return free_bytes_; }

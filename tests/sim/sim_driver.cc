@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,8 @@ struct State {
   CUdeviceptr next_legacy = kLegacyBase;
   std::map<std::string, uint64_t> calls;
   std::vector<Failure> failures;
+  // cuCtxEnablePeerAccess state: (current context, peer context) pairs.
+  std::set<std::pair<CUcontext, CUcontext>> peer_enabled;
 };
 
 State& S() {
@@ -114,6 +117,7 @@ void ResetLocked(State& s, const SimOptions& options) {
   s.legacy.clear();
   s.calls.clear();
   s.failures.clear();
+  s.peer_enabled.clear();
   s.options = options;
   s.initialized = false;
   s.devices.clear();
@@ -167,7 +171,16 @@ char* Resolve(State& s, int device, CUdeviceptr p, bool write, size_t* avail) {
   if (lit != s.legacy.begin()) {
     --lit;
     if (p < lit->first + lit->second.size) {
-      if (lit->second.device != device) return nullptr;  // no peer access here
+      // Ordinary allocations: the owner, or a device whose context enabled
+      // peer access to the owner's primary context (cuCtxEnablePeerAccess).
+      if (lit->second.device != device) {
+        bool enabled = false;
+        for (const auto& [from, to] : s.peer_enabled) {
+          enabled |= reinterpret_cast<Context*>(from)->device == device &&
+                     reinterpret_cast<Context*>(to)->device == lit->second.device;
+        }
+        if (!enabled) return nullptr;
+      }
       *avail = lit->first + lit->second.size - p;
       return lit->second.memory + (p - lit->first);
     }
@@ -313,6 +326,27 @@ size_t DeviceBytesInUse(int device) {
   return ValidDevice(s, device) ? s.devices[device].used : 0;
 }
 
+size_t PeerMappedBytes(int peer) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  size_t bytes = 0;
+  for (const auto& [va, m] : s.mappings) {
+    if (ValidDevice(s, peer) && s.handles[m.handle].device != peer &&
+        m.access[peer] != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+      bytes += m.size;
+    }
+  }
+  return bytes;
+}
+
+size_t MappingsOwnedBy(int device) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  size_t n = 0;
+  for (const auto& [va, m] : s.mappings) n += s.handles[m.handle].device == device;
+  return n;
+}
+
 uint64_t SyncCount(int device) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -402,6 +436,47 @@ CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = s.options.memory_per_device;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+bool CanAccessPeer(const State& s, int device, int peer) {
+  if (device == peer || !ValidDevice(s, device) || !ValidDevice(s, peer)) return false;
+  for (const auto& [a, b] : s.options.pairs_without_p2p) {
+    if ((a == device && b == peer) || (a == peer && b == device)) return false;
+  }
+  return true;
+}
+}  // namespace
+
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice device, CUdevice peer) {
+  SIM_ENTER("cuDeviceCanAccessPeer");
+  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device) || !ValidDevice(s, peer)) return CUDA_ERROR_INVALID_DEVICE;
+  *can = CanAccessPeer(s, device, peer) ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  SIM_ENTER("cuCtxEnablePeerAccess");
+  CUcontext current = Current();
+  if (current == nullptr || peer == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!CanAccessPeer(s, reinterpret_cast<Context*>(current)->device,
+                     reinterpret_cast<Context*>(peer)->device)) {
+    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  }
+  if (!s.peer_enabled.insert({current, peer}).second) {
+    return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+  SIM_ENTER("cuCtxDisablePeerAccess");
+  CUcontext current = Current();
+  if (current == nullptr || peer == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (s.peer_enabled.erase({current, peer}) == 0) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
   return CUDA_SUCCESS;
 }
 
@@ -824,6 +899,9 @@ constexpr ProcEntry kProcTable[] = {
     {"cuDeviceGetCount", 2000, "cuDeviceGetCount", nullptr},
     {"cuDeviceGetAttribute", 2000, "cuDeviceGetAttribute", nullptr},
     {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", nullptr},
+    {"cuDeviceCanAccessPeer", 4000, "cuDeviceCanAccessPeer", nullptr},
+    {"cuCtxEnablePeerAccess", 4000, "cuCtxEnablePeerAccess", nullptr},
+    {"cuCtxDisablePeerAccess", 4000, "cuCtxDisablePeerAccess", nullptr},
     {"cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain", nullptr},
     {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2", nullptr},
     {"cuCtxGetCurrent", 4000, "cuCtxGetCurrent", nullptr},

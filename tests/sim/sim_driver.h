@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/driver_api.h"
@@ -40,6 +41,9 @@ struct SimOptions {
   size_t memory_per_device = size_t{16} << 30;  // bytes
   size_t granularity = size_t{2} << 20;         // bytes, minimum == recommended
   std::vector<int> devices_without_vmm;         // ordinals
+  // Device pairs (either order) without peer-to-peer capability; every other
+  // pair of distinct devices can access each other.
+  std::vector<std::pair<int, int>> pairs_without_p2p;
 };
 
 // SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
@@ -67,6 +71,12 @@ struct Usage {
   size_t legacy_allocations = 0;  // cuMemAlloc/cuMemAllocPitch memory
   size_t legacy_bytes = 0;
 };
+
+// Mapped VMM bytes that device `peer` may access but does not own (its
+// "bytes mapped into the peer"), and the number of mappings owned by
+// `device`.
+size_t PeerMappedBytes(int peer);
+size_t MappingsOwnedBy(int device);
 Usage GetUsage();
 // Bytes of device `device`'s memory in use (handles plus legacy allocations).
 size_t DeviceBytesInUse(int device);
@@ -93,6 +103,9 @@ DriverApi Api();
   X(cuDeviceGetAttribute, (int* value, CUdevice_attribute attribute, CUdevice device), \
     (value, attribute, device))                                                      \
   X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice device), (bytes, device))         \
+  X(cuDeviceCanAccessPeer, (int* can, CUdevice device, CUdevice peer), (can, device, peer)) \
+  X(cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags), (peer, flags))      \
+  X(cuCtxDisablePeerAccess, (CUcontext peer), (peer))                                \
   X(cuDevicePrimaryCtxRetain, (CUcontext * ctx, CUdevice device), (ctx, device))     \
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice device), (device))                       \
   X(cuCtxGetCurrent, (CUcontext * ctx), (ctx))                                       \

@@ -1,0 +1,254 @@
+// Per-allocation peer access on the simulated driver: policies, granules
+// grouped by access set, batching, explicit grants, nesting, statistics.
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/cu_status.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+class PeerAccessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sim::SimOptions o;
+    o.device_count = 4;
+    o.memory_per_device = 1024 * kMiB;
+    sim::Reset(o);
+    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+    api_ = sim::Api();
+  }
+  void MakeCurrent(int device) {
+    CUcontext ctx;
+    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  }
+  std::unique_ptr<Allocator> Make(PeerPolicy policy) {
+    AllocatorOptions o;
+    o.peer_policy = std::move(policy);
+    return std::make_unique<Allocator>(api_, o);
+  }
+  static PeerPolicy Kind(PeerPolicy::Kind k, size_t min_bytes = 0) {
+    PeerPolicy p;
+    p.kind = k;
+    p.min_bytes = min_bytes;
+    return p;
+  }
+  CUdeviceptr Alloc(Allocator& a, size_t bytes, const std::string& tag = "") {
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes, tag);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+  // A simulated kernel on `device` reads the first and last byte.
+  static bool CanRead(int device, CUdeviceptr p, size_t bytes) {
+    char c;
+    return sim::DeviceRead(device, &c, p, 1) == CUDA_SUCCESS &&
+           sim::DeviceRead(device, &c, p + bytes - 1, 1) == CUDA_SUCCESS;
+  }
+  DriverApi api_;
+};
+
+TEST_F(PeerAccessTest, AllGrantsExistingAndFutureAllocationsOnEnable) {
+  auto a = Make(Kind(PeerPolicy::Kind::kAll));
+  MakeCurrent(1);
+  CUdeviceptr small = Alloc(*a, 4096), large = Alloc(*a, 8 * kMiB);
+  EXPECT_FALSE(CanRead(0, small, 4096));  // nothing before the enable
+  EXPECT_FALSE(CanRead(0, large, 8 * kMiB));
+  ASSERT_TRUE(a->EnablePeer(0, 1).ok());
+  EXPECT_TRUE(CanRead(0, small, 4096));
+  EXPECT_TRUE(CanRead(0, large, 8 * kMiB));
+  EXPECT_FALSE(CanRead(2, large, 8 * kMiB));  // only the peer that enabled
+  CUdeviceptr later = Alloc(*a, 3 * kMiB);
+  EXPECT_TRUE(CanRead(0, later, 3 * kMiB));
+  ASSERT_TRUE(a->DisablePeer(0, 1).ok());
+  for (auto [p, n] : {std::pair{small, size_t{4096}}, {large, 8 * kMiB}, {later, 3 * kMiB}}) {
+    EXPECT_FALSE(CanRead(0, p, n));
+    EXPECT_TRUE(CanRead(1, p, n));  // the owner keeps access
+  }
+  EXPECT_EQ(sim::PeerMappedBytes(0), 0u);
+}
+
+TEST_F(PeerAccessTest, NoneGrantsNothing) {
+  auto a = Make(Kind(PeerPolicy::Kind::kNone));
+  MakeCurrent(1);
+  CUdeviceptr small = Alloc(*a, 4096), large = Alloc(*a, 8 * kMiB);
+  ASSERT_TRUE(a->EnablePeer(0, 1).ok());
+  EXPECT_FALSE(CanRead(0, small, 4096));
+  EXPECT_FALSE(CanRead(0, large, 8 * kMiB));
+  EXPECT_EQ(sim::PeerMappedBytes(0), 0u);
+  const DeviceStats st = a->GetDeviceStats()[0];
+  EXPECT_EQ(st.device, 1);
+  EXPECT_EQ(st.peers[0].denials, 2u);
+  EXPECT_EQ(st.peers[0].grants, 0u);
+}
+
+TEST_F(PeerAccessTest, MinSizeSeparatesGranulesByAccessSet) {
+  auto a = Make(Kind(PeerPolicy::Kind::kMinSize, 64 * 1024));
+  MakeCurrent(2);
+  ASSERT_TRUE(a->EnablePeer(3, 2).ok());
+  std::vector<std::pair<CUdeviceptr, size_t>> allowed, denied;
+  for (int i = 0; i < 200; ++i) {  // interleaved small and not-so-small packed requests
+    size_t bytes = i % 2 ? 1000 + i : 64 * 1024 + i;
+    CUdeviceptr p = Alloc(*a, bytes);
+    (bytes >= 64 * 1024 ? allowed : denied).push_back({p, bytes});
+  }
+  CUdeviceptr big = Alloc(*a, 16 * kMiB);
+  allowed.push_back({big, 16 * kMiB});
+  for (auto [p, n] : allowed) EXPECT_TRUE(CanRead(3, p, n)) << n;
+  for (auto [p, n] : denied) EXPECT_FALSE(CanRead(3, p, n)) << n;
+  // No granule mixes the two sets.
+  for (auto [p, n] : denied) {
+    for (auto [q, m] : allowed) {
+      EXPECT_NE(a->Find(p)->range_base, a->Find(q)->range_base);
+    }
+  }
+}
+
+TEST_F(PeerAccessTest, RulesMatchOwnerPeerSizeAndTag) {
+  PeerPolicy p;
+  p.kind = PeerPolicy::Kind::kRules;
+  PeerRule kv;
+  kv.owner = 0;
+  kv.peers = {1};
+  kv.tag = "kv";
+  kv.allow = true;
+  PeerRule big;
+  big.min_bytes = 32 * kMiB;
+  big.allow = true;
+  p.rules = {kv, big};
+  p.default_allow = false;
+  p.rules_file = "test.toml";
+  auto a = Make(p);
+  MakeCurrent(0);
+  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->EnablePeer(2, 0).ok());
+  CUdeviceptr tagged = Alloc(*a, 4096, "kv"), plain = Alloc(*a, 4096);
+  CUdeviceptr huge = Alloc(*a, 32 * kMiB);
+  EXPECT_TRUE(CanRead(1, tagged, 4096));
+  EXPECT_FALSE(CanRead(2, tagged, 4096));  // the kv rule names peer 1 only
+  EXPECT_FALSE(CanRead(1, plain, 4096));
+  EXPECT_TRUE(CanRead(1, huge, 32 * kMiB));
+  EXPECT_TRUE(CanRead(2, huge, 32 * kMiB));
+  EXPECT_NE(a->Find(tagged)->range_base, a->Find(plain)->range_base);
+}
+
+TEST_F(PeerAccessTest, EnableIsBatchedIntoContiguousRuns) {
+  auto a = Make(Kind(PeerPolicy::Kind::kAll));
+  MakeCurrent(0);
+  std::vector<CUdeviceptr> ptrs;
+  for (int i = 0; i < 50; ++i) ptrs.push_back(Alloc(*a, 3 * kMiB));
+  for (int i = 0; i < 2000; ++i) ptrs.push_back(Alloc(*a, 512));
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
+  // 50 large blocks and one granule, adjacent in one reservation: one call.
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 1u);
+  ASSERT_TRUE(a->EnablePeer(2, 0).ok());
+  ASSERT_TRUE(a->EnablePeer(3, 0).ok());
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 3u);
+  // A new block is granted to the owner and all three peers in one call.
+  sim::ResetCallCounts();
+  CUdeviceptr p = Alloc(*a, 5 * kMiB);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 1u);
+  for (int d = 0; d < 4; ++d) EXPECT_TRUE(CanRead(d, p, 5 * kMiB));
+  // A hole (a freed block) splits the run in two.
+  ASSERT_TRUE(a->Free(ptrs[10]).value());
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a->DisablePeer(2, 0).ok());
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 2u);
+  EXPECT_FALSE(CanRead(2, ptrs[0], 3 * kMiB));
+  EXPECT_TRUE(CanRead(3, ptrs[0], 3 * kMiB));
+}
+
+TEST_F(PeerAccessTest, EnablesNestAndDisableWithoutEnableFails) {
+  auto a = Make(Kind(PeerPolicy::Kind::kAll));
+  MakeCurrent(0);
+  CUdeviceptr p = Alloc(*a, 4 * kMiB);
+  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->DisablePeer(1, 0).ok());
+  EXPECT_TRUE(CanRead(1, p, 4 * kMiB));
+  ASSERT_TRUE(a->DisablePeer(1, 0).ok());
+  EXPECT_FALSE(CanRead(1, p, 4 * kMiB));
+  EXPECT_EQ(ToCuResult(a->DisablePeer(1, 0)), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+}
+
+TEST_F(PeerAccessTest, FailedGrantDuringEnableLeavesNothingGranted) {
+  auto a = Make(Kind(PeerPolicy::Kind::kAll));
+  MakeCurrent(0);
+  CUdeviceptr p = Alloc(*a, 4 * kMiB);
+  sim::FailCall("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(ToCuResult(a->EnablePeer(1, 0)), CUDA_ERROR_UNKNOWN);
+  EXPECT_FALSE(CanRead(1, p, 4 * kMiB));
+  CUdeviceptr q = Alloc(*a, 4 * kMiB);  // not enabled: not granted
+  EXPECT_FALSE(CanRead(1, q, 4 * kMiB));
+  ASSERT_TRUE(a->EnablePeer(1, 0).ok());  // a retry works
+  EXPECT_TRUE(CanRead(1, p, 4 * kMiB));
+  EXPECT_TRUE(CanRead(1, q, 4 * kMiB));
+}
+
+TEST_F(PeerAccessTest, ExplicitGrantAndRevokeOverrideThePolicy) {
+  auto a = Make(Kind(PeerPolicy::Kind::kNone));
+  MakeCurrent(0);
+  CUdeviceptr large = Alloc(*a, 4 * kMiB);
+  ASSERT_TRUE(a->GrantPeer(large + 100, 2).ok());  // interior pointers name the allocation
+  EXPECT_TRUE(CanRead(2, large, 4 * kMiB));        // no enable needed
+  EXPECT_TRUE(a->PeerHasAccess(large, 2).value());
+  EXPECT_FALSE(a->PeerHasAccess(large, 1).value());
+  ASSERT_TRUE(a->RevokePeer(large, 2).ok());
+  EXPECT_FALSE(CanRead(2, large, 4 * kMiB));
+  // Under "all", a revoke holds across enables.
+  auto b = Make(Kind(PeerPolicy::Kind::kAll));
+  CUdeviceptr other = Alloc(*b, 4 * kMiB);
+  ASSERT_TRUE(b->RevokePeer(other, 1).ok());
+  ASSERT_TRUE(b->EnablePeer(1, 0).ok());
+  EXPECT_FALSE(CanRead(1, other, 4 * kMiB));
+  EXPECT_TRUE(a->GrantPeer(large, 0).ok());  // the owner: a no-op
+  EXPECT_EQ(ToCuResult(a->GrantPeer(large, 9)), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(ToCuResult(a->GrantPeer(0x1234, 1)), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
+  auto a = Make(Kind(PeerPolicy::Kind::kNone));
+  MakeCurrent(0);
+  CUdeviceptr first = Alloc(*a, 4096), neighbour = Alloc(*a, 4096);
+  ASSERT_EQ(a->Find(first)->range_base, a->Find(neighbour)->range_base);
+  // Granting `first` would expose `neighbour`: refused.
+  EXPECT_EQ(ToCuResult(a->GrantPeer(first, 1)), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_FALSE(CanRead(1, first, 4096));
+  // Alone in its granule: granted, and the granule is sealed.
+  ASSERT_TRUE(a->Free(neighbour).value());
+  ASSERT_TRUE(a->GrantPeer(first, 1).ok());
+  EXPECT_TRUE(CanRead(1, first, 4096));
+  CUdeviceptr next = Alloc(*a, 4096);
+  EXPECT_NE(a->Find(next)->range_base, a->Find(first)->range_base);
+  EXPECT_FALSE(CanRead(1, next, 4096));
+  // Tagged allocations share their granule's explicit grants, by design.
+  CUdeviceptr t1 = Alloc(*a, 4096, "shared"), t2 = Alloc(*a, 4096, "shared");
+  ASSERT_TRUE(a->GrantPeer(t1, 3).ok());
+  EXPECT_TRUE(CanRead(3, t2, 4096));
+  EXPECT_FALSE(CanRead(3, next, 4096));
+}
+
+TEST_F(PeerAccessTest, StatisticsCountGrantsDenialsAndMappedBytes) {
+  auto a = Make(Kind(PeerPolicy::Kind::kMinSize, 2 * kMiB));
+  MakeCurrent(1);
+  ASSERT_TRUE(a->EnablePeer(0, 1).ok());
+  Alloc(*a, 4096);
+  Alloc(*a, 4 * kMiB);
+  Alloc(*a, 6 * kMiB);
+  const DeviceStats st = a->GetDeviceStats()[0];
+  EXPECT_EQ(st.allocations, 3u);
+  EXPECT_EQ(st.peers[0].grants, 2u);
+  EXPECT_EQ(st.peers[0].denials, 1u);
+  EXPECT_EQ(st.peers[0].mapped_bytes, 10 * kMiB);
+  EXPECT_EQ(st.peers[0].mapped_bytes, sim::PeerMappedBytes(0));
+  EXPECT_EQ(st.handle_bytes, 12 * kMiB);
+}
+
+}  // namespace
+}  // namespace vmmshim
