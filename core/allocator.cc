@@ -463,11 +463,11 @@ void Allocator::NotePeerDecisions(DeviceHeap& heap, uint64_t allowed, uint64_t e
       const std::string reason =
           options_.peer_policy.DenialReason(heap.device, p, bytes, tag);
       if (logged++ == 0) {
-        Log().warn("peer {} denied access to {} allocation(s) of {} bytes on device {} ({}); "
+        Log().warn("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
                    "further denials for this pair are logged at info level, up to 100",
                    p, allocations, bytes, heap.device, reason);
       } else {
-        Log().info("peer {} denied access to {} allocation(s) of {} bytes on device {} ({})",
+        Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({})",
                    p, allocations, bytes, heap.device, reason);
       }
     }
@@ -548,7 +548,8 @@ absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
   absl::MutexLock lock(&heap->mu);
   uint64_t granted = 0, denied = 0, granted_bytes = 0;
   for (const auto& [base, b] : heap->blocks) {
-    NotePeerDecisions(*heap, b->allowed, bit, b->allocations(), b->requested, b->tag);
+    NotePeerDecisions(*heap, b->allowed, bit, b->allocations(),
+                      b->slab != nullptr ? b->slab->used_bytes() : b->requested, b->tag);
     if (b->allowed & bit) {
       granted += b->allocations();
       granted_bytes += b->size;

@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "core/cu_status.h"
 #include "core/log.h"
 #include "interpose/runtime.h"
+#include "vmmshim/vmmshim.h"
 
 // cuda.h maps cuGetProcAddress to cuGetProcAddress_v2; the 4-argument
 // cuGetProcAddress is a distinct export of the driver that we hook too.
@@ -30,6 +32,19 @@ void NoticeOnce(std::atomic<bool>& flag, const char* message) {
 }
 std::atomic<bool> g_alloc_notice{false};
 std::atomic<bool> g_free_notice{false};
+
+// vmmshim_set_allocation_tag: this thread's tag for its next allocations.
+thread_local std::string t_allocation_tag;
+
+// The device of `ctx` (cuCtxGetDevice on it, made current for the query).
+CUresult ContextDevice(const Runtime& rt, CUcontext ctx, CUdevice* device) {
+  CUresult r = rt.driver.cuCtxPushCurrent_v2(ctx);
+  if (r != CUDA_SUCCESS) return r;
+  r = rt.driver.cuCtxGetDevice(device);
+  CUcontext popped;
+  rt.driver.cuCtxPopCurrent_v2(&popped);
+  return r;
+}
 
 void* Substitute(const Runtime& rt, void* real_fn) {
   if (!rt.enabled()) {
@@ -77,7 +92,8 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (!rt->enabled() || dptr == nullptr || bytesize == 0) {
     return rt->driver.cuMemAlloc_v2(dptr, bytesize);
   }
-  absl::StatusOr<vmmshim::Allocator::Allocation> a = rt->allocator->Allocate(bytesize);
+  absl::StatusOr<vmmshim::Allocator::Allocation> a =
+      rt->allocator->Allocate(bytesize, t_allocation_tag);
   if (!a.ok()) {
     Log().debug("cuMemAlloc({}) -> {}", bytesize, a.status().ToString());
     *dptr = 0;  // as the driver does on failure (seen on H200: OOM leaves 0)
@@ -105,7 +121,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
     return rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
   }
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
-      rt->allocator->AllocatePitch(width, height, pitch);
+      rt->allocator->AllocatePitch(width, height, pitch, t_allocation_tag);
   if (!a.ok()) {
     *dptr = 0;
     return ToCuResult(a.status());
@@ -214,6 +230,114 @@ VMMSHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int count,
   return r;
 }
 
+// cudaDeviceEnablePeerAccess arrives here: the current context asks for
+// access to `peer`'s memory. With VMMSHIM_PEER_ENABLE_DRIVER=1 (default) the
+// driver decides and its code is returned unchanged; only then are the
+// policy's VMM grants made (and undone again if they fail). With 0, the shim
+// keeps the driver's per-pair state and codes itself.
+VMMSHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt->enabled()) return rt->driver.cuCtxEnablePeerAccess(peer, flags);
+  CUcontext current = nullptr;
+  CUdevice me = 0, owner = 0;
+  if (rt->config.peer_enable_driver) {
+    CUresult r = rt->driver.cuCtxEnablePeerAccess(peer, flags);
+    if (r != CUDA_SUCCESS) return r;
+    if (rt->driver.cuCtxGetDevice(&me) != CUDA_SUCCESS ||
+        ContextDevice(*rt, peer, &owner) != CUDA_SUCCESS) {
+      return CUDA_SUCCESS;  // the driver accepted it; nothing of ours to grant
+    }
+    absl::Status granted = rt->allocator->EnablePeer(me, owner);
+    if (!granted.ok()) {
+      Log().error("granting peer {} access to device {} failed: {}", me, owner,
+                  granted.ToString());
+      rt->driver.cuCtxDisablePeerAccess(peer);
+      return ToCuResult(granted);
+    }
+    return CUDA_SUCCESS;
+  }
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (rt->driver.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr ||
+      peer == nullptr) {
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (CUresult r = rt->driver.cuCtxGetDevice(&me); r != CUDA_SUCCESS) return r;
+  if (CUresult r = ContextDevice(*rt, peer, &owner); r != CUDA_SUCCESS) return r;
+  int can = 0;
+  if (CUresult r = rt->driver.cuDeviceCanAccessPeer(&can, me, owner); r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (can == 0) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  if (CUresult r = rt->peer_contexts.Enable(current, peer); r != CUDA_SUCCESS) return r;
+  absl::Status granted = rt->allocator->EnablePeer(me, owner);
+  if (!granted.ok()) rt->peer_contexts.Disable(current, peer);
+  return ToCuResult(granted);
+}
+
+VMMSHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt->enabled()) return rt->driver.cuCtxDisablePeerAccess(peer);
+  CUcontext current = nullptr;
+  CUdevice me = 0, owner = 0;
+  if (rt->config.peer_enable_driver) {
+    CUresult r = rt->driver.cuCtxDisablePeerAccess(peer);
+    if (r != CUDA_SUCCESS) return r;
+  } else {
+    if (rt->driver.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr ||
+        peer == nullptr) {
+      return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    CUresult r = rt->peer_contexts.Disable(current, peer);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  if (rt->driver.cuCtxGetDevice(&me) == CUDA_SUCCESS &&
+      ContextDevice(*rt, peer, &owner) == CUDA_SUCCESS) {
+    absl::Status revoked = rt->allocator->DisablePeer(me, owner);
+    if (!revoked.ok()) Log().warn("revoking peer {} access to device {}: {}", me, owner,
+                                  revoked.ToString());
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- Public API (include/vmmshim/vmmshim.h) ----
+
+namespace {
+CUresult ExplicitAccess(const void* ptr, int peer, bool grant) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  return ToCuResult(grant ? rt->allocator->GrantPeer(p, peer) : rt->allocator->RevokePeer(p, peer));
+}
+}  // namespace
+
+VMMSHIM_EXPORT int vmmshim_grant_peer_access(const void* ptr, int peer_device) {
+  return ExplicitAccess(ptr, peer_device, true);
+}
+
+VMMSHIM_EXPORT int vmmshim_revoke_peer_access(const void* ptr, int peer_device) {
+  return ExplicitAccess(ptr, peer_device, false);
+}
+
+VMMSHIM_EXPORT int vmmshim_query_peer_access(const void* ptr, int peer_device,
+                                             int* has_access) {
+  if (has_access == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  absl::StatusOr<bool> has =
+      rt->allocator->PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
+  if (!has.ok()) return ToCuResult(has.status());
+  *has_access = *has ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
+  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
+  t_allocation_tag = tag != nullptr ? tag : "";
+  return CUDA_SUCCESS;
+}
+
 namespace vmmshim {
 namespace {
 
@@ -233,6 +357,8 @@ const HookEntry kHooks[] = {
     {"cuMemGetAddressRange_v2", reinterpret_cast<void*>(&::cuMemGetAddressRange_v2)},
     {"cuPointerGetAttribute", reinterpret_cast<void*>(&::cuPointerGetAttribute)},
     {"cuPointerGetAttributes", reinterpret_cast<void*>(&::cuPointerGetAttributes)},
+    {"cuCtxEnablePeerAccess", reinterpret_cast<void*>(&::cuCtxEnablePeerAccess)},
+    {"cuCtxDisablePeerAccess", reinterpret_cast<void*>(&::cuCtxDisablePeerAccess)},
 };
 
 }  // namespace

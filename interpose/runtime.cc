@@ -5,8 +5,14 @@
 #include <atomic>
 #include <cstdlib>
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "core/cu_status.h"
+#include "core/driver_stats.h"
 #include "core/log.h"
+#include "core/stats_report.h"
 
 namespace vmmshim {
 namespace {
@@ -28,13 +34,15 @@ const Runtime* g_runtime_for_exit = nullptr;
 void ExitReport() {
   const Runtime* rt = g_runtime_for_exit;
   if (rt == nullptr || rt->allocator == nullptr) return;
-  const AllocatorStats s = rt->allocator->GetStats();
-  Log().info(
-      "exit report: served {} allocations ({} bytes) from VMM, {} frees, {} still live "
-      "({} bytes); passed {} allocations ({} bytes) through to the driver; peak physical "
-      "memory {} bytes",
-      s.served_allocations, s.served_bytes, s.frees, s.live_allocations, s.live_bytes,
-      s.passthrough_allocations, s.passthrough_bytes, s.peak_handle_bytes);
+  Log().info("exit report: {}", ExitSummary(*rt->allocator));
+  if (!rt->config.stats_file.empty()) {
+    absl::Status written = WriteStatsFile(*rt->allocator, rt->pid, rt->config.stats_file);
+    if (written.ok()) {
+      Log().info("statistics written to {}", rt->config.stats_file);
+    } else {
+      Log().warn("{}", std::string(written.message()));
+    }
+  }
 }
 
 const Runtime* Initialize() {
@@ -43,6 +51,16 @@ const Runtime* Initialize() {
       ConfigureLog(SpdlogLevel(parsed.config.log_level), parsed.config.log_file);
   if (!log_status.ok()) Log().warn("{}", std::string(log_status.message()));
   for (const std::string& problem : parsed.problems) Log().warn("{}", problem);
+  if (!parsed.fatal_problems.empty()) {
+    // Running on with another peer policy than intended can make NVLink
+    // collectives hang silently; stop before serving any allocation.
+    for (const std::string& problem : parsed.fatal_problems) {
+      std::fprintf(stderr, "[vmmshim %d] error: %s; stopping before any allocation is served\n",
+                   getpid(), problem.c_str());
+    }
+    std::fflush(stderr);
+    _exit(1);
+  }
 
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (libcuda == nullptr) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -52,6 +70,7 @@ const Runtime* Initialize() {
     return nullptr;
   }
   auto* rt = new Runtime;
+  rt->pid = getpid();
   rt->config = parsed.config;
   rt->driver = LoadDriverApi(libcuda, RealDlsym());
   absl::Status complete = CheckRequired(rt->driver);
@@ -62,9 +81,19 @@ const Runtime* Initialize() {
   } else if (!rt->config.enable) {
     Log().info("VMMSHIM_ENABLE=0: pass-through, driver {}", version);
   } else {
-    rt->allocator = new Allocator(rt->driver);
+    // Driver calls are counted and timed only for a statistics file.
+    rt->allocator_driver =
+        rt->config.stats_file.empty() ? rt->driver : InstrumentDriverApi(rt->driver);
+    AllocatorOptions options;
+    options.peer_policy = rt->config.peer_policy;
+    rt->allocator = new Allocator(rt->allocator_driver, options);
     Log().info("serving device allocations from VMM (driver {}, log level {})", version,
                std::string(LogLevelName(rt->config.log_level)));
+    // The policy in force, once: visible by default when it is selective.
+    const bool selective = rt->config.peer_policy.kind != PeerPolicy::Kind::kAll;
+    Log().log(selective ? spdlog::level::warn : spdlog::level::info,
+              "peer-access policy: {}{}", rt->config.peer_policy.Describe(),
+              rt->config.peer_enable_driver ? "" : "; cuCtxEnablePeerAccess does not reach the driver");
   }
   g_runtime_for_exit = rt;
   std::atexit(&ExitReport);

@@ -2,7 +2,9 @@
 // (never in a constructor and never inside dlsym, where other interposers
 // have hung: docs/architecture.md).
 //
-// Initialization parses the VMMSHIM_* settings, configures logging, opens
+// Initialization parses the VMMSHIM_* settings (a malformed peer-access
+// setting stops the program here, with one line on stderr and exit status 1,
+// before any allocation is served), configures logging, opens
 // libcuda.so.1 (no DT_NEEDED: a process that never touches CUDA never loads
 // it), fills the DriverApi table with the real dlsym and creates the
 // allocator. Nothing created here is ever destroyed, because hooks can run
@@ -13,13 +15,17 @@
 #include "config/config.h"
 #include "core/allocator.h"
 #include "core/driver_api.h"
+#include "core/peer_contexts.h"
 
 namespace vmmshim {
 
 struct Runtime {
-  DriverApi driver;
+  DriverApi driver;            // the real entry points (routing, pass-through)
+  DriverApi allocator_driver;  // what the allocator calls (counted when stats are on)
   Config config;
   Allocator* allocator = nullptr;  // nullptr: pass-through
+  mutable PeerContexts peer_contexts;  // used when VMMSHIM_PEER_ENABLE_DRIVER=0
+  int pid = 0;
   bool enabled() const { return allocator != nullptr; }
 };
 

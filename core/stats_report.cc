@@ -1,0 +1,86 @@
+#include "core/stats_report.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/driver_stats.h"
+#include "nlohmann/json.hpp"
+
+namespace vmmshim {
+
+std::string StatsJson(const Allocator& allocator, int pid) {
+  const AllocatorStats t = allocator.GetStats();
+  nlohmann::json doc;
+  doc["pid"] = pid;
+  doc["policy"] = allocator.peer_policy().Describe();
+  doc["totals"] = {{"served_allocations", t.served_allocations},
+                   {"served_bytes", t.served_bytes},
+                   {"passthrough_allocations", t.passthrough_allocations},
+                   {"passthrough_bytes", t.passthrough_bytes},
+                   {"frees", t.frees},
+                   {"live_allocations", t.live_allocations},
+                   {"live_bytes", t.live_bytes},
+                   {"peak_physical_bytes", t.peak_handle_bytes}};
+  doc["devices"] = nlohmann::json::array();
+  for (const DeviceStats& d : allocator.GetDeviceStats()) {
+    nlohmann::json peers = nlohmann::json::array();
+    for (size_t p = 0; p < d.peers.size(); ++p) {
+      const PeerCounters& c = d.peers[p];
+      if (c.grants == 0 && c.denials == 0 && c.mapped_bytes == 0) continue;
+      peers.push_back({{"peer", p},
+                       {"grants", c.grants},
+                       {"denials", c.denials},
+                       {"mapped_bytes", c.mapped_bytes}});
+    }
+    doc["devices"].push_back({{"device", d.device},
+                              {"allocations", d.allocations},
+                              {"bytes", d.bytes},
+                              {"live_bytes", d.live_bytes},
+                              {"peak_live_bytes", d.peak_live_bytes},
+                              {"physical_bytes", d.handle_bytes},
+                              {"peak_physical_bytes", d.peak_handle_bytes},
+                              {"set_access_calls", d.set_access_calls},
+                              {"peers", peers}});
+  }
+  doc["driver_calls"] = nlohmann::json::array();
+  for (const DriverCallCount& c : DriverCallCounts()) {
+    doc["driver_calls"].push_back(
+        {{"entry", c.entry}, {"calls", c.calls}, {"seconds", c.seconds}});
+  }
+  return doc.dump(2);
+}
+
+absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("VMMSHIM_STATS_FILE: cannot open '", path, "': ", std::strerror(errno)));
+  }
+  out << StatsJson(allocator, pid) << "\n";
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("VMMSHIM_STATS_FILE: writing '", path, "' failed"));
+  return absl::OkStatus();
+}
+
+std::string ExitSummary(const Allocator& allocator) {
+  const AllocatorStats s = allocator.GetStats();
+  uint64_t grants = 0, denials = 0, mapped = 0;
+  for (const DeviceStats& d : allocator.GetDeviceStats()) {
+    for (const PeerCounters& c : d.peers) {
+      grants += c.grants;
+      denials += c.denials;
+      mapped += c.mapped_bytes;
+    }
+  }
+  return absl::StrCat("served ", s.served_allocations, " allocations (", s.served_bytes,
+                      " bytes) from VMM, ", s.frees, " frees, ", s.live_allocations,
+                      " still live (", s.live_bytes, " bytes); passed ",
+                      s.passthrough_allocations, " allocations (", s.passthrough_bytes,
+                      " bytes) through to the driver; peak physical memory ",
+                      s.peak_handle_bytes, " bytes; peers: ", grants, " grants, ", denials,
+                      " denials, ", mapped, " bytes mapped into peers at exit");
+}
+
+}  // namespace vmmshim

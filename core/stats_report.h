@@ -1,0 +1,37 @@
+// The statistics report: a JSON document (nlohmann::json) written at exit
+// when VMMSHIM_STATS_FILE is set, and the one-line exit summary.
+//
+// JSON shape (units: bytes, seconds):
+//   { "pid": int, "policy": str,
+//     "totals": {"served_allocations", "served_bytes", "passthrough_allocations",
+//                "passthrough_bytes", "frees", "live_allocations", "live_bytes",
+//                "peak_physical_bytes"},
+//     "devices": [ {"device", "allocations", "bytes", "live_bytes", "peak_live_bytes",
+//                   "physical_bytes", "peak_physical_bytes", "set_access_calls",
+//                   "peers": [ {"peer", "grants", "denials", "mapped_bytes"} ] } ],
+//     "driver_calls": [ {"entry", "calls", "seconds"} ] }
+// "peers" lists the peers with any grant, denial or mapped byte;
+// "driver_calls" is empty unless the allocator's driver table was
+// instrumented (core/driver_stats.h).
+#ifndef VMMSHIM_CORE_STATS_REPORT_H_
+#define VMMSHIM_CORE_STATS_REPORT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/allocator.h"
+
+namespace vmmshim {
+
+std::string StatsJson(const Allocator& allocator, int pid);
+
+// Writes StatsJson to `path` (replacing it). Errors name the path.
+absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path);
+
+// "served N allocations (B bytes) from VMM, ...; peers: G grants, D denials,
+// M bytes mapped into peers".
+std::string ExitSummary(const Allocator& allocator);
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_STATS_REPORT_H_

@@ -1,0 +1,61 @@
+/* vmmshim's public C API: explicit per-allocation peer access and allocation
+ * tags, for programs running under LD_PRELOAD=libvmmshim.so.
+ *
+ * Find the functions at run time, so that the program runs unchanged without
+ * the shim (then the lookup returns NULL and there is nothing to control):
+ *
+ *   #include <dlfcn.h>
+ *   #include <vmmshim/vmmshim.h>
+ *   vmmshim_grant_peer_access_fn grant =
+ *       (vmmshim_grant_peer_access_fn)dlsym(RTLD_DEFAULT, "vmmshim_grant_peer_access");
+ *   if (grant != NULL) grant(ptr, 1);
+ *
+ * Return values are CUresult codes (0 = CUDA_SUCCESS):
+ *   1   CUDA_ERROR_INVALID_VALUE: `ptr` is not inside memory the shim
+ *       allocated (e.g. stream-ordered pools), a NULL out-pointer, or a tag
+ *       longer than 255 bytes;
+ *   101 CUDA_ERROR_INVALID_DEVICE: no such device;
+ *   217 CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: cuDeviceCanAccessPeer says the
+ *       peer cannot reach the owner;
+ *   800 CUDA_ERROR_NOT_PERMITTED: `ptr` is a small allocation packed into a
+ *       2 MiB granule shared with other untagged allocations; granting it
+ *       would grant them too (docs/peer-access.md, "The granule rule");
+ *   801 CUDA_ERROR_NOT_SUPPORTED: the shim is loaded but disabled
+ *       (VMMSHIM_ENABLE=0);
+ *   or the driver's error from cuMemSetAccess.
+ *
+ * Semantics: explicit calls override the policy (VMMSHIM_PEER_POLICY) for
+ * the allocation containing `ptr` (any interior pointer names it), whether or
+ * not the peer called cuCtxEnablePeerAccess, until the allocation is freed.
+ * For a large allocation (one physical handle) exactly that allocation is
+ * affected; for a packed one, its whole granule. Thread safety: all functions
+ * may be called from any thread. All sizes are bytes.
+ */
+#ifndef VMMSHIM_VMMSHIM_H_
+#define VMMSHIM_VMMSHIM_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Lets `peer_device` read and write the allocation containing `ptr`. */
+int vmmshim_grant_peer_access(const void* ptr, int peer_device);
+/* Removes `peer_device`'s access to it, whatever the policy says. */
+int vmmshim_revoke_peer_access(const void* ptr, int peer_device);
+/* Sets *has_access to 1 when `peer_device` can access it now, else 0. */
+int vmmshim_query_peer_access(const void* ptr, int peer_device, int* has_access);
+/* Tags the calling thread's following allocations with `tag` (NULL or ""
+ * clears it; at most 255 bytes; copied). Rules files match tags, and packed
+ * allocations share granules only with allocations of the same tag. */
+int vmmshim_set_allocation_tag(const char* tag);
+
+typedef int (*vmmshim_grant_peer_access_fn)(const void*, int);
+typedef int (*vmmshim_revoke_peer_access_fn)(const void*, int);
+typedef int (*vmmshim_query_peer_access_fn)(const void*, int, int*);
+typedef int (*vmmshim_set_allocation_tag_fn)(const char*);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VMMSHIM_VMMSHIM_H_ */
