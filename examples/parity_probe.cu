@@ -103,5 +103,26 @@ int main() {
   cudaFree(d2);
   P("cudaMemGetInfo(NULL, NULL) = %d", cudaMemGetInfo(nullptr, nullptr));
   cudaGetLastError();
+
+  // Peer access: where cudaDeviceEnablePeerAccess arrives (cuCtxEnablePeerAccess).
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  e = cudaDeviceEnablePeerAccess(0, 0);
+  P("cudaDeviceEnablePeerAccess(self) = %d", e);
+  cudaGetLastError();
+  e = cudaDeviceEnablePeerAccess(devices + 3, 0);
+  P("cudaDeviceEnablePeerAccess(no such device) = %d", e);
+  cudaGetLastError();
+  e = cudaDeviceEnablePeerAccess(0, 7);
+  P("cudaDeviceEnablePeerAccess(self, flags 7) = %d", e);
+  cudaGetLastError();
+  e = cudaDeviceDisablePeerAccess(0);
+  P("cudaDeviceDisablePeerAccess(self) = %d", e);
+  cudaGetLastError();
+  P("cuCtxEnablePeerAccess(current, 0) = %d", cuCtxEnablePeerAccess(ctx, 0));
+  P("cuCtxEnablePeerAccess(current, 1) = %d", cuCtxEnablePeerAccess(ctx, 1));
+  P("cuCtxEnablePeerAccess(NULL, 0) = %d", cuCtxEnablePeerAccess(nullptr, 0));
+  P("cuCtxDisablePeerAccess(current) = %d", cuCtxDisablePeerAccess(ctx));
+  P("cuCtxDisablePeerAccess(NULL) = %d", cuCtxDisablePeerAccess(nullptr));
   return 0;
 }

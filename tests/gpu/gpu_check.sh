@@ -91,6 +91,57 @@ case $check in
     echo "native ($rn): $native"; echo "shim   ($rs): $shimmed"
     [ "$native" = "$shimmed" ] && [ $rn = $rs ] || fail "CPU-only import torch behaves differently"
     ;;
+  policies)
+    # The foundation examples under every peer policy give the native results.
+    bin=$build/examples/alloc_mix; need "$bin"
+    native=$("$bin" 1 2>&1 | grep alloc_mix:) || fail "native alloc_mix"
+    torch_native=""
+    if python3 -c "import torch" 2>/dev/null; then
+      torch_native=$(python3 "$src/examples/train_mlp.py" --steps 100 2>&1 | grep train_mlp:)
+    fi
+    for policy in all none min-size rules; do
+      env=(VMMSHIM_PEER_POLICY=$policy)
+      [ $policy = min-size ] && env+=(VMMSHIM_PEER_MIN_BYTES=1M)
+      [ $policy = rules ] && env+=(VMMSHIM_CONFIG=$src/tests/e2e/rules_kv.toml)
+      out=$(env "${env[@]}" LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info "$bin" 1 2>&1) ||
+        fail "alloc_mix under $policy: $out"
+      [ "$(grep alloc_mix: <<<"$out")" = "$native" ] || fail "alloc_mix differs under $policy"
+      echo "$policy: $(grep -m1 'peer-access policy' <<<"$out" | sed 's/.*policy: //')"
+      echo "  alloc_mix: $(grep alloc_mix: <<<"$out")"
+      if [ -n "$torch_native" ]; then
+        t=$(env "${env[@]}" LD_PRELOAD=$shim python3 "$src/examples/train_mlp.py" --steps 100 2>&1 | grep train_mlp:)
+        [ "$t" = "$torch_native" ] || fail "train_mlp differs under $policy: $t vs $torch_native"
+        echo "  $t"
+      fi
+    done
+    ;;
+  stats)
+    bin=$build/examples/alloc_mix; need "$bin"
+    dir=$(mktemp -d)
+    out=$(LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info VMMSHIM_STATS_FILE=$dir/stats.%p.json "$bin" 1 2>&1) ||
+      fail "$out"
+    grep 'exit report' <<<"$out"
+    python3 - "$dir" <<'PY' || fail "bad statistics file"
+import json, os, sys
+d = sys.argv[1]
+(name,) = os.listdir(d)
+doc = json.load(open(os.path.join(d, name)))
+dev = doc["devices"][0]
+calls = {c["entry"]: c for c in doc["driver_calls"]}
+print(name, "devices", len(doc["devices"]), "allocations", dev["allocations"],
+      "peak physical", dev["peak_physical_bytes"], "cuMemCreate", calls["cuMemCreate"],
+      "cuMemSetAccess", calls["cuMemSetAccess"])
+assert dev["allocations"] == doc["totals"]["served_allocations"] > 3000
+PY
+    rm -rf "$dir"
+    ;;
+  peer_example)
+    bin=$build/examples/peer_access; need "$bin"
+    native=$("$bin" 2>&1) || fail "native: $native"
+    shimmed=$(LD_PRELOAD=$shim VMMSHIM_PEER_POLICY=min-size VMMSHIM_PEER_MIN_BYTES=1M "$bin" 2>&1) ||
+      fail "shim: $shimmed"
+    echo "native: $native"; echo "shim:   $shimmed"
+    ;;
   *) fail "unknown check $check" ;;
 esac
 echo "PASS: $check"
