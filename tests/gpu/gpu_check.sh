@@ -142,6 +142,10 @@ PY
       fail "shim: $shimmed"
     echo "native: $native"; echo "shim:   $shimmed"
     ;;
+  batched_set_access)
+    bin=$build/tests/gpu/set_access_probe; need "$bin"
+    "$bin" || fail "the driver refused one cuMemSetAccess over adjacent mappings"
+    ;;
   *) fail "unknown check $check" ;;
 esac
 echo "PASS: $check"
