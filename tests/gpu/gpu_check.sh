@@ -52,6 +52,12 @@ case $check in
       fail "return codes or out-parameters differ (left: native, right: shim)"
     fi
     echo "$(grep -c ^PARITY <<<"$native") PARITY lines identical"
+    # The shim's own peer-access state machine (the driver not called).
+    emulated=$(LD_PRELOAD=$shim VMMSHIM_PEER_ENABLE_DRIVER=0 "$bin" 2>&1)
+    if ! diff <(grep ^PARITY <<<"$native") <(grep ^PARITY <<<"$emulated"); then
+      fail "codes differ with VMMSHIM_PEER_ENABLE_DRIVER=0 (left: native, right: shim)"
+    fi
+    echo "identical with VMMSHIM_PEER_ENABLE_DRIVER=0 too"
     ;;
   footprint)
     bin=$build/examples/footprint; need "$bin"
