@@ -11,15 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK_CUDA(call)                                                         \
-  do {                                                                           \
-    cudaError_t e_ = (call);                                                     \
-    if (e_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call,       \
-                   cudaGetErrorString(e_));                                      \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+#include "cuda_check.h"
 
 // Fills words with a pattern that depends on the buffer's id and the index.
 __global__ void Fill(uint32_t* data, size_t words, uint32_t id) {

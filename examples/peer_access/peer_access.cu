@@ -18,15 +18,7 @@
 
 #include "vmmshim/vmmshim.h"
 
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call,            \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "../cuda_check.h"
 
 __global__ void Sum(const unsigned int* data, size_t words, unsigned long long* out) {
   unsigned long long s = 0;
