@@ -184,6 +184,13 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
     }
   }
   if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
+  if (!result.config.enable) {
+    // Pure pass-through: peer settings do not matter, so nothing is fatal.
+    for (std::string& p : result.fatal_problems) {
+      result.problems.push_back(absl::StrCat(p, " (ignored: VMMSHIM_ENABLE=0)"));
+    }
+    result.fatal_problems.clear();
+  }
   for (const std::string& name : environ_names) {
     if (!absl::StartsWith(name, kPrefix)) continue;
     bool known = false;
@@ -191,8 +198,11 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
     if (!known) {
       std::string names;
       for (const OptionInfo& option : kOptions) absl::StrAppend(&names, " ", option.name);
-      result.problems.push_back(
-          absl::StrCat(name, " is not a vmmshim option and is ignored; options are:", names));
+      // A misspelt peer setting would silently run another policy: fatal.
+      (absl::StartsWith(name, "VMMSHIM_PEER") || absl::StartsWith(name, "VMMSHIM_CONF")
+           ? result.fatal_problems
+           : result.problems)
+          .push_back(absl::StrCat(name, " is not a vmmshim option; options are:", names));
     }
   }
   return result;

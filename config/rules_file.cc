@@ -1,6 +1,11 @@
 #include "config/rules_file.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -37,17 +42,24 @@ class LineFinder {
     return 0;
   }
   // The line assigning `key` inside the table starting at `header` (1-based;
-  // 0 = top level), or `header` when not found.
+  // 0 = top level, where a [key] or [[key]] table header also counts), or
+  // `header` (at least 1) when not found.
   int Key(int header, absl::string_view key) const {
     for (size_t i = header; i < lines_.size(); ++i) {
       absl::string_view l = absl::StripLeadingAsciiWhitespace(lines_[i]);
-      if (absl::StartsWith(l, "[")) break;
+      if (absl::StartsWith(l, "[")) {
+        if (header != 0) break;
+        absl::string_view name = absl::StripAsciiWhitespace(absl::StripPrefix(
+            absl::StripPrefix(l.substr(0, l.find(']')), "["), "["));
+        if (name == key) return static_cast<int>(i) + 1;
+        continue;
+      }
       if (absl::ConsumePrefix(&l, key) &&
           absl::StartsWith(absl::StripLeadingAsciiWhitespace(l), "=")) {
         return static_cast<int>(i) + 1;
       }
     }
-    return header;
+    return std::max(header, 1);
   }
 
  private:
@@ -68,7 +80,7 @@ std::optional<size_t> ParseBytes(absl::string_view text) {
   if (digits == 0 || !absl::SimpleAtoi(text.substr(0, digits), &value)) return std::nullopt;
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text.substr(digits)));
   int shift = 0;
-  if (!unit.empty()) {
+  if (!unit.empty() && unit != "b") {
     switch (unit[0]) {
       case 'k': shift = 10; break;
       case 'm': shift = 20; break;
@@ -84,12 +96,29 @@ std::optional<size_t> ParseBytes(absl::string_view text) {
 }
 
 absl::StatusOr<PeerPolicy> LoadRulesFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open the rules file: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
   std::shared_ptr<cpptoml::table> root;
   try {
     root = cpptoml::parse_file(path);
   } catch (const cpptoml::parse_exception& e) {
-    // cpptoml's message ends with "at line N" when it knows the line.
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+    // cpptoml says "PROBLEM at line N"; report it as FILE:N: PROBLEM.
+    std::string what = e.what();
+    const size_t at = what.rfind(" at line ");
+    int line = 0;
+    if (at != std::string::npos && absl::SimpleAtoi(what.substr(at + 9), &line)) {
+      return Problem(path, line, what.substr(0, at));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read the rules file: ", e.what()));
   }
   LineFinder lines(path);
   PeerPolicy policy;
@@ -104,10 +133,11 @@ absl::StatusOr<PeerPolicy> LoadRulesFile(const std::string& path) {
   }
   if (root->contains("default")) {
     auto d = root->get_as<std::string>("default");
-    if (!d || (*d != "allow" && *d != "deny")) {
+    const std::string v = d ? absl::AsciiStrToLower(*d) : "";
+    if (v != "allow" && v != "deny") {
       return Problem(path, lines.Key(0, "default"), "default must be \"allow\" or \"deny\"");
     }
-    policy.default_allow = *d == "allow";
+    policy.default_allow = v == "allow";
   }
   if (root->contains("rule") && !root->get_table_array("rule")) {
     return Problem(path, lines.Key(0, "rule"), "rule must be written as [[rule]] tables");
@@ -144,6 +174,10 @@ absl::StatusOr<PeerPolicy> LoadRulesFile(const std::string& path) {
         if (!device(*one)) return Problem(path, where("peer"), "peer must be 0..63");
         rule.peers.push_back(static_cast<int>(*one));
       } else if (auto many = t->get_array_of<int64_t>("peer")) {
+        if (many->empty()) {
+          return Problem(path, where("peer"),
+                         "peer list is empty (omit peer to match every peer)");
+        }
         for (int64_t p : *many) {
           if (!device(p)) return Problem(path, where("peer"), "peer must be 0..63");
           rule.peers.push_back(static_cast<int>(p));
@@ -175,11 +209,15 @@ absl::StatusOr<PeerPolicy> LoadRulesFile(const std::string& path) {
       if (!tag) return Problem(path, where("tag"), "tag must be a string");
       rule.tag = *tag;
     }
+    if (!t->contains("action")) {
+      return Problem(path, header, "this [[rule]] has no action (\"allow\" or \"deny\")");
+    }
     auto action = t->get_as<std::string>("action");
-    if (!action || (*action != "allow" && *action != "deny")) {
+    const std::string a = action ? absl::AsciiStrToLower(*action) : "";
+    if (a != "allow" && a != "deny") {
       return Problem(path, where("action"), "action must be \"allow\" or \"deny\"");
     }
-    rule.allow = *action == "allow";
+    rule.allow = a == "allow";
     policy.rules.push_back(std::move(rule));
   }
   return policy;

@@ -8,8 +8,11 @@
 //   peer = [1, 2]               # peer device or list; omitted = any
 //   min_size = "1MiB"           # inclusive; bytes or K/M/G/T[iB]; omitted = 0
 //   max_size = "1GiB"           # inclusive; omitted = no limit
-//   tag = "kv-cache"            # allocation tag (vmmshim_set_allocation_tag)
-//   action = "allow"            # required: "allow" or "deny"
+//   tag = "kv-cache"            # allocation tag (vmmshim_set_allocation_tag);
+//                               # "" matches untagged allocations only
+//   action = "allow"            # required: "allow" or "deny" (any case)
+//
+// A rule naming a device the machine does not have never matches.
 //
 // Every problem (syntax, unknown key, wrong type, bad size, missing action)
 // is reported as "FILE:LINE: problem".
@@ -25,10 +28,10 @@
 
 namespace vmmshim {
 
-// Parses a byte count: digits, optionally followed by K, M, G or T, each
-// optionally followed by "iB" or "B" (all powers of 1024; any case, spaces
-// allowed before the unit): "1048576", "1M", "1 MiB", "2g". nullopt when
-// malformed or out of range.
+// Parses a byte count: digits, optionally followed by B, or by K, M, G or T
+// each optionally followed by "iB" or "B" (all powers of 1024; any case,
+// spaces allowed before the unit): "1048576", "512B", "1M", "1 MiB", "2g".
+// nullopt when malformed or out of range.
 std::optional<size_t> ParseBytes(absl::string_view text);
 
 // Reads a rules file into a PeerPolicy of kind kRules.

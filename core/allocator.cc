@@ -49,9 +49,7 @@ struct Allocator::Block {
   }
 };
 
-namespace {
-int Popcount(uint64_t v) { return __builtin_popcountll(v); }
-}  // namespace
+
 
 struct Allocator::DeviceHeap {
   DeviceHeap(int device, size_t granularity, size_t reservation_bytes)
@@ -314,7 +312,11 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
   block.access = target;
   if (packed) block.slab = std::make_unique<Slab>(size);
   for (int d = 0; d < kMaxDevices; ++d) {
-    if ((target & ~self) >> d & 1) heap.stats.peers[d].mapped_bytes += size;
+    if ((target & ~self) >> d & 1) {
+      PeerCounters& c = heap.stats.peers[d];
+      c.mapped_bytes += size;
+      c.peak_mapped_bytes = std::max(c.peak_mapped_bytes, c.mapped_bytes);
+    }
   }
   heap.stats.handle_bytes += size;
   heap.stats.peak_handle_bytes = std::max(heap.stats.peak_handle_bytes, heap.stats.handle_bytes);
@@ -459,7 +461,7 @@ void Allocator::NotePeerDecisions(DeviceHeap& heap, uint64_t allowed, uint64_t e
     // Rate-limited: a missing grant can hang NVLink collectives instead of
     // faulting, so the first denial of each pair is a warning.
     int& logged = heap.denials_logged[p];
-    if (logged < 100) {
+    if (logged < 101) {  // one warning, then up to 100 info lines
       const std::string reason =
           options_.peer_policy.DenialReason(heap.device, p, bytes, tag);
       if (logged++ == 0) {
@@ -502,7 +504,11 @@ absl::Status Allocator::ApplyAccess(DeviceHeap& heap) {
       for (Block* b : run.blocks) {
         b->access = (b->access | run.add) & ~run.remove;
         for (int d = 0; d < kMaxDevices; ++d) {
-          if (run.add >> d & 1) heap.stats.peers[d].mapped_bytes += b->size;
+          if (run.add >> d & 1) {
+            PeerCounters& c = heap.stats.peers[d];
+            c.mapped_bytes += b->size;
+            c.peak_mapped_bytes = std::max(c.peak_mapped_bytes, c.mapped_bytes);
+          }
           if (run.remove >> d & 1) heap.stats.peers[d].mapped_bytes -= b->size;
         }
       }
@@ -619,6 +625,7 @@ absl::Status Allocator::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
     return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim peer access");
   }
   if (grant) {
+    if ((block.access & bit) == 0) heap->stats.peers[peer].grants += block.allocations();
     block.explicit_grant |= bit;
     block.explicit_revoke &= ~bit;
   } else {

@@ -100,9 +100,10 @@ struct AllocatorOptions {
 
 // Per-device statistics (DeviceStats) and per-peer counters.
 struct PeerCounters {
-  uint64_t grants = 0;        // allocation grants made to this peer
-  uint64_t denials = 0;       // allocations denied to this peer while it had access enabled
-  uint64_t mapped_bytes = 0;  // bytes of this device's memory now mapped into the peer
+  uint64_t grants = 0;   // allocations granted to this peer (by policy or explicitly)
+  uint64_t denials = 0;  // allocations denied to this peer while it had access enabled
+  uint64_t mapped_bytes = 0;       // bytes of this device's memory mapped into the peer now
+  uint64_t peak_mapped_bytes = 0;  // the most mapped into it at any time
 };
 
 struct DeviceStats {

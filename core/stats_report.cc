@@ -28,11 +28,12 @@ std::string StatsJson(const Allocator& allocator, int pid) {
     nlohmann::json peers = nlohmann::json::array();
     for (size_t p = 0; p < d.peers.size(); ++p) {
       const PeerCounters& c = d.peers[p];
-      if (c.grants == 0 && c.denials == 0 && c.mapped_bytes == 0) continue;
+      if (c.grants == 0 && c.denials == 0 && c.peak_mapped_bytes == 0) continue;
       peers.push_back({{"peer", p},
                        {"grants", c.grants},
                        {"denials", c.denials},
-                       {"mapped_bytes", c.mapped_bytes}});
+                       {"mapped_bytes", c.mapped_bytes},
+                       {"peak_mapped_bytes", c.peak_mapped_bytes}});
     }
     doc["devices"].push_back({{"device", d.device},
                               {"allocations", d.allocations},
@@ -66,12 +67,12 @@ absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::stri
 
 std::string ExitSummary(const Allocator& allocator) {
   const AllocatorStats s = allocator.GetStats();
-  uint64_t grants = 0, denials = 0, mapped = 0;
+  uint64_t grants = 0, denials = 0, peak = 0;
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
     for (const PeerCounters& c : d.peers) {
       grants += c.grants;
       denials += c.denials;
-      mapped += c.mapped_bytes;
+      peak += c.peak_mapped_bytes;
     }
   }
   return absl::StrCat("served ", s.served_allocations, " allocations (", s.served_bytes,
@@ -80,7 +81,7 @@ std::string ExitSummary(const Allocator& allocator) {
                       s.passthrough_allocations, " allocations (", s.passthrough_bytes,
                       " bytes) through to the driver; peak physical memory ",
                       s.peak_handle_bytes, " bytes; peers: ", grants, " grants, ", denials,
-                      " denials, ", mapped, " bytes mapped into peers at exit");
+                      " denials, at most ", peak, " bytes mapped into peers");
 }
 
 }  // namespace vmmshim

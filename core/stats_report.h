@@ -8,7 +8,8 @@
 //                "peak_physical_bytes"},
 //     "devices": [ {"device", "allocations", "bytes", "live_bytes", "peak_live_bytes",
 //                   "physical_bytes", "peak_physical_bytes", "set_access_calls",
-//                   "peers": [ {"peer", "grants", "denials", "mapped_bytes"} ] } ],
+//                   "peers": [ {"peer", "grants", "denials", "mapped_bytes" (at exit),
+//                               "peak_mapped_bytes"} ] } ],
 //     "driver_calls": [ {"entry", "calls", "seconds"} ] }
 // "peers" lists the peers with any grant, denial or mapped byte;
 // "driver_calls" is empty unless the allocator's driver table was
@@ -29,7 +30,7 @@ std::string StatsJson(const Allocator& allocator, int pid);
 absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path);
 
 // "served N allocations (B bytes) from VMM, ...; peers: G grants, D denials,
-// M bytes mapped into peers".
+// at most M bytes mapped into peers" (M: the per-peer peaks, added up).
 std::string ExitSummary(const Allocator& allocator);
 
 }  // namespace vmmshim

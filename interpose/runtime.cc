@@ -47,10 +47,6 @@ void ExitReport() {
 
 const Runtime* Initialize() {
   ParseResult parsed = ParseConfigFromEnvironment();
-  absl::Status log_status =
-      ConfigureLog(SpdlogLevel(parsed.config.log_level), parsed.config.log_file);
-  if (!log_status.ok()) Log().warn("{}", std::string(log_status.message()));
-  for (const std::string& problem : parsed.problems) Log().warn("{}", problem);
   if (!parsed.fatal_problems.empty()) {
     // Running on with another peer policy than intended can make NVLink
     // collectives hang silently; stop before serving any allocation.
@@ -61,6 +57,10 @@ const Runtime* Initialize() {
     std::fflush(stderr);
     _exit(1);
   }
+  absl::Status log_status =
+      ConfigureLog(SpdlogLevel(parsed.config.log_level), parsed.config.log_file);
+  if (!log_status.ok()) Log().warn("{}", std::string(log_status.message()));
+  for (const std::string& problem : parsed.problems) Log().warn("{}", problem);
 
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (libcuda == nullptr) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

@@ -21,8 +21,10 @@
  *       2 MiB granule shared with other untagged allocations; granting it
  *       would grant them too (docs/peer-access.md, "The granule rule");
  *   801 CUDA_ERROR_NOT_SUPPORTED: the shim is loaded but disabled
- *       (VMMSHIM_ENABLE=0);
+ *       (VMMSHIM_ENABLE=0; vmmshim_set_allocation_tag still returns 0, and the
+ *       tag is ignored);
  *   or the driver's error from cuMemSetAccess.
+ * Granting or revoking the owner device itself is a no-op that returns 0.
  *
  * Semantics: explicit calls override the policy (VMMSHIM_PEER_POLICY) for
  * the allocation containing `ptr` (any interior pointer names it), whether or

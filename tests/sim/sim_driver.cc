@@ -266,6 +266,15 @@ SimOptions OptionsFromEnv() {
     size_t mib;
     if (absl::SimpleAtoi(v, &mib) && mib > 0) o.memory_per_device = mib << 20;
   }
+  if (const char* v = std::getenv("SIMCUDA_NO_P2P")) {  // "0-3,1-2"
+    for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> ab = absl::StrSplit(part, '-');
+      int a, b;
+      if (absl::SimpleAtoi(ab.first, &a) && absl::SimpleAtoi(ab.second, &b)) {
+        o.pairs_without_p2p.push_back({a, b});
+      }
+    }
+  }
   if (const char* v = std::getenv("SIMCUDA_NO_VMM")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
       int d;

@@ -47,7 +47,8 @@ struct SimOptions {
 };
 
 // SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
-// (comma-separated ordinals), SIMCUDA_FAIL (entry:nth:code[,...]).
+// (comma-separated ordinals), SIMCUDA_NO_P2P (pairs without peer capability,
+// "0-3,1-2"), SIMCUDA_FAIL (entry:nth:code[,...], libcuda.so.1 only).
 SimOptions OptionsFromEnv();
 
 // Drops every allocation, handle, reservation, context and counter, and

@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -65,8 +66,20 @@ TEST(ConfigTest, MalformedValueGetsOneLineNamingVariableValueAndAccepted) {
 TEST(ConfigTest, UnknownVariableIsReported) {
   ParseResult r = Parse({{"VMMSHIM_ENABEL", "0"}});
   ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_TRUE(r.fatal_problems.empty());
   EXPECT_NE(r.problems[0].find("VMMSHIM_ENABEL"), std::string::npos);
   EXPECT_NE(r.problems[0].find("VMMSHIM_ENABLE"), std::string::npos);
+  // A misspelt peer setting would silently run another policy: fatal.
+  r = Parse({{"VMMSHIM_PEER_POLCY", "none"}});
+  ASSERT_EQ(r.fatal_problems.size(), 1u);
+  EXPECT_NE(r.fatal_problems[0].find("VMMSHIM_PEER_POLCY"), std::string::npos);
+}
+
+TEST(ConfigTest, DisabledShimIgnoresPeerSettings) {
+  ParseResult r = Parse({{"VMMSHIM_ENABLE", "0"}, {"VMMSHIM_PEER_POLICY", "bogus"}});
+  EXPECT_TRUE(r.fatal_problems.empty());
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_NE(r.problems[0].find("ignored: VMMSHIM_ENABLE=0"), std::string::npos);
 }
 
 TEST(ConfigTest, EveryOptionIsDocumented) {
@@ -97,9 +110,10 @@ TEST(ConfigTest, ParseBytesAcceptsUnits) {
   EXPECT_EQ(ParseBytes("1 MiB"), size_t{1} << 20);
   EXPECT_EQ(ParseBytes("2g"), size_t{2} << 30);
   EXPECT_EQ(ParseBytes("3GB"), size_t{3} << 30);
+  EXPECT_EQ(ParseBytes("512B"), 512u);
   EXPECT_EQ(ParseBytes("1T"), size_t{1} << 40);
   for (const char* bad : {"", "M", "1.5M", "1X", "-1", "1 MiBs", "99999999999999999999",
-                          "99999999999T"}) {
+                          "99999999999T", "1Ki", "1BB"}) {
     EXPECT_FALSE(ParseBytes(bad)) << bad;
   }
 }
@@ -135,6 +149,9 @@ TEST(ConfigTest, MalformedPeerSettingsAreFatalWithOneLine) {
 
 class RulesFileTest : public ::testing::Test {
  protected:
+  void TearDown() override {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
   std::string Write(const std::string& text) {
     path_ = ::testing::TempDir() + "/rules_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".toml";
@@ -173,13 +190,27 @@ action = "allow"
   EXPECT_NE(p->DenialReason(0, 1, 4096, "").find(":4"), std::string::npos);
 }
 
+TEST_F(RulesFileTest, UnreadableFilesAreReportedNotThrown) {
+  absl::StatusOr<PeerPolicy> p = LoadRulesFile(::testing::TempDir());  // a directory
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("not a regular file"), absl::string_view::npos);
+  p = LoadRulesFile("/nonexistent/rules.toml");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("cannot open the rules file: No such file"),
+            absl::string_view::npos)
+      << p.status();
+}
+
 TEST_F(RulesFileTest, ProblemsNameFileLineAndProblem) {
   struct Case {
     const char* text;
     const char* want;
   } cases[] = {
       {"default = \"deny\"\n[[rule]]\npeer = 1\nactoin = \"allow\"\n", ":4: unknown key 'actoin'"},
-      {"[[rule]]\npeer = 1\n", ":1: action must be"},
+      {"[[rule]]\npeer = 1\n", ":1: this [[rule]] has no action"},
+      {"[[rule]]\npeer = []\naction = \"allow\"\n", ":2: peer list is empty"},
+      {"[[rule]]\naction = \"allow\"\n[other]\nx = 1\n", ":3: unknown key 'other'"},
+      {"[rule]\naction = \"allow\"\n", ":1: rule must be written as [[rule]] tables"},
       {"[[rule]]\naction = \"allow\"\n\n[[rule]]\nmin_size = \"lots\"\naction = \"deny\"\n",
        ":5: min_size must be a byte count"},
       {"[[rule]]\nowner = 99\naction = \"allow\"\n", ":2: owner must be"},
@@ -187,7 +218,8 @@ TEST_F(RulesFileTest, ProblemsNameFileLineAndProblem) {
        ":3: max_size is below min_size"},
       {"default = \"maybe\"\n", ":1: default must be"},
       {"polcy = \"all\"\n", ":1: unknown key 'polcy'"},
-      {"[[rule]\naction = \"allow\"\n", "line 1"},  // syntax error from cpptoml
+      {"[[rule]\naction = \"allow\"\n", ":1: "},  // syntax error from cpptoml
+      {"[[rule]]\naction = \"allow\"\naction = \"deny\"\n", ":3: "},  // duplicate key
   };
   for (const Case& c : cases) {
     absl::StatusOr<PeerPolicy> p = LoadRulesFile(Write(c.text));

@@ -234,6 +234,23 @@ TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
   EXPECT_FALSE(CanRead(3, next, 4096));
 }
 
+TEST_F(PeerAccessTest, ExplicitGrantNeedsPeerCapability) {
+  sim::SimOptions o;
+  o.device_count = 4;
+  o.pairs_without_p2p = {{0, 3}};
+  sim::Reset(o);
+  ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+  auto a = Make(Kind(PeerPolicy::Kind::kNone));
+  MakeCurrent(0);
+  CUdeviceptr p = Alloc(*a, 4 * kMiB);
+  EXPECT_EQ(ToCuResult(a->GrantPeer(p, 3)), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+  EXPECT_FALSE(CanRead(3, p, 4 * kMiB));
+  EXPECT_TRUE(a->GrantPeer(p, 2).ok());
+  const DeviceStats st = a->GetDeviceStats()[0];
+  EXPECT_EQ(st.peers[2].grants, 1u);  // explicit grants are counted too
+  EXPECT_EQ(st.peers[2].peak_mapped_bytes, 4 * kMiB);
+}
+
 TEST_F(PeerAccessTest, StatisticsCountGrantsDenialsAndMappedBytes) {
   auto a = Make(Kind(PeerPolicy::Kind::kMinSize, 2 * kMiB));
   MakeCurrent(1);

@@ -99,7 +99,9 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
   const uint64_t before_enables = sim::CallCount("cuMemSetAccess");
   for (int owner = 0; owner < gpus; ++owner) {
     for (int peer = 0; peer < gpus; ++peer) {
-      if (peer != owner) ASSERT_TRUE(a.EnablePeer(peer, owner).ok());
+      if (peer != owner) {
+        ASSERT_TRUE(a.EnablePeer(peer, owner).ok());
+      }
     }
   }
   const uint64_t enable_calls = sim::CallCount("cuMemSetAccess") - before_enables;
@@ -131,8 +133,12 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
     for (int p = 0; p < gpus; ++p) expected_bytes += st.peers[p].mapped_bytes;
   }
   EXPECT_EQ(row->peer_bytes, expected_bytes);
-  if (policy_name == "none") EXPECT_EQ(row->peer_bytes, 0u);
-  if (policy_name == "all") EXPECT_EQ(row->peer_readable, row->pairs);
+  if (policy_name == "none") {
+    EXPECT_EQ(row->peer_bytes, 0u);
+  }
+  if (policy_name == "all") {
+    EXPECT_EQ(row->peer_readable, row->pairs);
+  }
 }
 
 TEST(PeerOverheadTest, TableOn4And8Gpus) {
