@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "config/rules_file.h"
 
 extern char** environ;
@@ -68,6 +69,21 @@ bool ApplyConfigFile(absl::string_view value, int, Config* config) {
 
 bool ApplyPeerEnableDriver(absl::string_view value, int, Config* config) {
   return absl::SimpleAtob(value, &config->peer_enable_driver);
+}
+
+bool ApplyCacheLimit(absl::string_view value, int, Config* config) {
+  absl::string_view v = absl::StripAsciiWhitespace(value);
+  if (absl::ConsumeSuffix(&v, "%")) {
+    double percent;
+    if (!absl::SimpleAtod(v, &percent) || percent < 0 || percent > 100) return false;
+    config->cache_limit_percent = percent;
+    return true;
+  }
+  std::optional<size_t> bytes = ParseBytes(v);
+  if (!bytes) return false;
+  config->cache_limit_percent = -1;
+  config->cache_limit_bytes = *bytes;
+  return true;
 }
 
 bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
@@ -149,6 +165,12 @@ constexpr OptionInfo kOptions[] = {
      "(stream-ordered pools, library buffers) stays reachable by peers; 0: only shim "
      "allocations are granted, by the policy.",
      &ApplyPeerEnableDriver, false},
+    {"VMMSHIM_CACHE_LIMIT", "bytes or percent", "10%",
+     "a byte count (K, M, G, T[iB]) or a percentage of device memory such as 25%",
+     "The most each device keeps mapped for reuse after frees. Cached memory counts as free "
+     "in cudaMemGetInfo and is released before an allocation would fail for lack of memory. "
+     "0 turns the cache off.",
+     &ApplyCacheLimit, false},
     {"VMMSHIM_STATS_FILE", "path", "(none)", "a file path; %p becomes the pid",
      "Writes a JSON report at exit: per device allocations, bytes, peak, grants and denials "
      "per peer, bytes mapped into each peer, driver calls and time by entry point.",

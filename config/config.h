@@ -44,6 +44,10 @@ struct Config {
   bool peer_enable_driver = true;
   // JSON statistics written at exit; empty = none. "%p" already replaced.
   std::string stats_file;
+  // VMMSHIM_CACHE_LIMIT: a percentage of each device's memory when
+  // cache_limit_percent >= 0, else cache_limit_bytes.
+  double cache_limit_percent = 10;
+  size_t cache_limit_bytes = 0;
 };
 
 struct OptionInfo {

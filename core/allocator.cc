@@ -39,6 +39,7 @@ struct Allocator::Block {
   uint64_t explicit_revoke = 0; // RevokePeer: peers denied whatever the policy says
   uint64_t access = 0;          // devices with read-write access now
   bool sealed = false;          // packed: takes no new allocations
+  bool cached = false;          // large: freed, kept mapped for reuse
 
   size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
   bool has_explicit() const { return (explicit_grant | explicit_revoke) != 0; }
@@ -69,9 +70,13 @@ struct Allocator::DeviceHeap {
   absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks ABSL_GUARDED_BY(mu);
   // Packed granules with free units, by base address.
   absl::btree_set<CUdeviceptr> open_granules ABSL_GUARDED_BY(mu);
-  // An empty granule kept mapped so that alternating alloc/free of one small
-  // buffer does not create and release a handle each time; 0 when none.
-  CUdeviceptr spare_granule ABSL_GUARDED_BY(mu) = 0;
+  // The cache: freed large blocks and empty granules stay mapped, with their
+  // access set, and serve later requests without any driver call, up to
+  // `cache_limit` bytes per device.
+  size_t cache_limit = 0;
+  size_t cached_bytes ABSL_GUARDED_BY(mu) = 0;
+  absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large ABSL_GUARDED_BY(mu);
+  absl::btree_set<CUdeviceptr> empty_granules ABSL_GUARDED_BY(mu);
   DeviceStats stats ABSL_GUARDED_BY(mu);
   std::array<int, kMaxDevices> denials_logged ABSL_GUARDED_BY(mu){};
 
@@ -132,6 +137,14 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   reservation = RoundUp(std::max(reservation, granularity), granularity);
   auto* heap = new DeviceHeap(device, granularity, reservation);
   heap->stats.device = device;
+  if (options_.cache_limit_percent >= 0) {
+    size_t total = 0;
+    if (driver_.cuDeviceTotalMem_v2(&total, device) == CUDA_SUCCESS) {
+      heap->cache_limit = static_cast<size_t>(total * (options_.cache_limit_percent / 100.0));
+    }
+  } else {
+    heap->cache_limit = options_.cache_limit_bytes;
+  }
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               granularity, reservation);
   heaps_[device].store(heap, std::memory_order_release);
@@ -219,8 +232,26 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, siz
 
 absl::StatusOr<CUdeviceptr> Allocator::AllocateLarge(DeviceHeap& heap,
                                                      const Placement& placement, size_t bytes) {
-  absl::StatusOr<CUdeviceptr> base =
-      CreateBlock(heap, placement, RoundUp(bytes, heap.granularity), /*packed=*/false);
+  const size_t rounded = RoundUp(bytes, heap.granularity);
+  // The cache first: the smallest cached block of this access set that fits
+  // and wastes at most a quarter of the request. No driver call.
+  for (auto it = heap.cached_large.lower_bound({rounded, 0});
+       it != heap.cached_large.end() && it->first <= rounded + rounded / 4; ++it) {
+    Block& b = *heap.blocks[it->second];
+    if (b.context != placement.context || b.allowed != placement.allowed ||
+        b.tag != placement.tag) {
+      continue;
+    }
+    const CUdeviceptr base = it->second;
+    heap.cached_bytes -= b.size;
+    heap.cached_large.erase(it);
+    b.cached = false;
+    b.requested = bytes;
+    ++heap.stats.cache_hits;
+    return base;
+  }
+  ++heap.stats.cache_misses;
+  absl::StatusOr<CUdeviceptr> base = CreateBlock(heap, placement, rounded, /*packed=*/false);
   if (base.ok()) heap.blocks[*base]->requested = bytes;
   return base;
 }
@@ -235,8 +266,9 @@ absl::StatusOr<CUdeviceptr> Allocator::AllocatePacked(DeviceHeap& heap,
         block.tag != placement.tag || block.sealed) {
       continue;
     }
+    const bool was_empty = block.slab->empty();
     if (std::optional<size_t> offset = block.slab->Allocate(bytes)) {
-      if (base == heap.spare_granule) heap.spare_granule = 0;
+      if (was_empty && heap.empty_granules.erase(base) > 0) heap.cached_bytes -= block.size;
       return base + *offset;
     }
   }
@@ -266,6 +298,11 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
   const CUmemAllocationProp prop = DeviceProp(heap.device);
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = driver_.cuMemCreate(&handle, size, &prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && heap.cached_bytes > 0) {
+    // Cached memory is free memory to the application: give it back first.
+    TrimLocked(heap);
+    r = driver_.cuMemCreate(&handle, size, &prop, 0);
+  }
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemCreate");
   std::optional<CUdeviceptr> va = heap.arena.Allocate(size);
   if (!va) {
@@ -339,7 +376,11 @@ absl::Status Allocator::DestroyBlock(DeviceHeap& heap, CUdeviceptr base) {
   heap.stats.handle_bytes -= size;
   heap.arena.Free(base, size);
   heap.open_granules.erase(base);
-  if (heap.spare_granule == base) heap.spare_granule = 0;
+  if (heap.empty_granules.erase(base) > 0) heap.cached_bytes -= size;
+  if (it->second->cached) {
+    heap.cached_large.erase({size, base});
+    heap.cached_bytes -= size;
+  }
   heap.blocks.erase(it);
   handles_.fetch_sub(1, std::memory_order_relaxed);
   AddHandleBytes(-static_cast<int64_t>(size));
@@ -392,6 +433,13 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
       heap->blocks.erase(base);
       handles_.fetch_sub(1, std::memory_order_relaxed);
       AddHandleBytes(-static_cast<int64_t>(info->range_size));
+    } else if (!block.has_explicit() &&
+               heap->cached_bytes + block.size <= heap->cache_limit) {
+      // Keep it mapped, with its access set, for the next request that fits.
+      block.cached = true;
+      block.requested = 0;
+      heap->cached_large.insert({block.size, base});
+      heap->cached_bytes += block.size;
     } else {
       status = DestroyBlock(*heap, base);
       if (!status.ok() && heap->blocks.contains(base)) return status;  // still mapped
@@ -400,8 +448,10 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
     block.slab->Free(ptr - base);
     heap->open_granules.insert(base);
     if (block.slab->empty() && !driver_gone) {
-      if (heap->spare_granule == 0 && !block.sealed && !block.has_explicit()) {
-        heap->spare_granule = base;
+      if (!block.sealed && !block.has_explicit() &&
+          heap->cached_bytes + block.size <= heap->cache_limit) {
+        heap->empty_granules.insert(base);
+        heap->cached_bytes += block.size;
       } else if (absl::Status released = DestroyBlock(*heap, base); !released.ok()) {
         // The application's free succeeded; an empty granule that could not
         // be released stays mapped and serves later requests.
@@ -421,7 +471,7 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
 
 std::optional<PointerInfo> Allocator::FindLocked(const DeviceHeap& heap, CUdeviceptr ptr) const {
   const auto [base, block] = heap.BlockAt(ptr);
-  if (block == nullptr) return std::nullopt;
+  if (block == nullptr || block->cached) return std::nullopt;
   PointerInfo info;
   info.range_base = base;
   info.range_size = block->size;
@@ -637,7 +687,7 @@ absl::Status Allocator::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   if (info->packed && block.tag.empty()) {
     block.sealed = true;
     heap->open_granules.erase(info->range_base);
-    if (heap->spare_granule == info->range_base) heap->spare_granule = 0;
+    if (heap->empty_granules.erase(info->range_base) > 0) heap->cached_bytes -= block.size;
   }
   return ApplyAccess(*heap);
 }
@@ -659,6 +709,31 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   return (heap->blocks.at(info->range_base)->access >> peer & 1) != 0;
 }
 
+void Allocator::TrimLocked(DeviceHeap& heap) {
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [size, base] : heap.cached_large) bases.push_back(base);
+  for (CUdeviceptr base : heap.empty_granules) bases.push_back(base);
+  for (CUdeviceptr base : bases) {
+    if (absl::Status s = DestroyBlock(heap, base); !s.ok()) {
+      Log().warn("device {}: releasing cached memory: {}", heap.device, s.ToString());
+    }
+  }
+}
+
+size_t Allocator::Trim(int device) {
+  size_t released = 0;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (device >= 0 && d != device) continue;
+    DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
+    if (heap == nullptr) continue;
+    absl::MutexLock lock(&heap->mu);
+    const size_t before = heap->cached_bytes;
+    TrimLocked(*heap);
+    released += before - heap->cached_bytes;
+  }
+  return released;
+}
+
 std::vector<DeviceStats> Allocator::GetDeviceStats() const {
   std::vector<DeviceStats> out;
   for (const auto& slot : heaps_) {
@@ -666,6 +741,7 @@ std::vector<DeviceStats> Allocator::GetDeviceStats() const {
     if (heap == nullptr) continue;
     absl::MutexLock lock(&heap->mu);
     out.push_back(heap->stats);
+    out.back().cached_bytes = heap->cached_bytes;
   }
   return out;
 }
@@ -675,7 +751,7 @@ size_t Allocator::IdleBytes(int device) const {
   DeviceHeap* heap = heaps_[device].load(std::memory_order_acquire);
   if (heap == nullptr) return 0;
   absl::MutexLock lock(&heap->mu);
-  return heap->spare_granule != 0 ? heap->granularity : 0;
+  return heap->cached_bytes;
 }
 
 void Allocator::NotePassThrough(size_t bytes) {
@@ -725,7 +801,9 @@ absl::Status Allocator::ReleaseAll() {
     for (const auto& [base, size] : heap->arena.reservations()) ranges_.erase(base);
     heap->arena = VaArena(heap->granularity);
     heap->open_granules.clear();
-    heap->spare_granule = 0;
+    heap->empty_granules.clear();
+    heap->cached_large.clear();
+    heap->cached_bytes = 0;
   }
   live_allocations_.store(0);
   live_bytes_.store(0);

@@ -26,6 +26,15 @@
 // is the allocation rounded up to the granularity; for a packed allocation it
 // is its granule.
 //
+// Caching. A freed large block stays mapped, with its access set, and serves
+// the next request of the same (context, allowed peers, tag) whose rounded
+// size it fits within a quarter, with no driver call; empty granules stay
+// mapped too. The cache of each device is bounded (cache_limit_*); cached
+// bytes count as free in IdleBytes (cuMemGetInfo); when cuMemCreate reports
+// CUDA_ERROR_OUT_OF_MEMORY the device's cache is released and the call
+// retried once; Trim() releases it on request. VA is never returned to the
+// driver before ReleaseAll, so reservations are cached as well.
+//
 // Synchronization. cuMemFree waits for outstanding work of the device before
 // the memory can be reused; cuMemUnmap/cuMemRelease do not. Free() therefore
 // synchronizes the context that was current at allocation before the memory
@@ -96,6 +105,11 @@ struct AllocatorOptions {
   size_t pitch_alignment = 512;
   // Which peers may map which allocations.
   PeerPolicy peer_policy;
+  // The most each device keeps mapped for reuse after frees (freed large
+  // blocks and empty granules): a percentage of the device's memory when
+  // cache_limit_percent >= 0, else cache_limit_bytes.
+  double cache_limit_percent = 10;
+  size_t cache_limit_bytes = 0;
 };
 
 // Per-device statistics (DeviceStats) and per-peer counters.
@@ -115,6 +129,9 @@ struct DeviceStats {
   uint64_t handle_bytes = 0;  // physical memory held
   uint64_t peak_handle_bytes = 0;
   uint64_t set_access_calls = 0;
+  uint64_t cache_hits = 0;    // large requests served from the cache
+  uint64_t cache_misses = 0;  // large requests that made a new handle
+  uint64_t cached_bytes = 0;  // mapped for reuse now
   std::array<PeerCounters, 64> peers{};  // indexed by peer device
 };
 
@@ -186,9 +203,14 @@ class Allocator {
   // True when `ptr` lies in VA reserved by the shim (live or not).
   bool Owns(CUdeviceptr ptr) const;
 
-  // Bytes the shim holds mapped on `device` that serve no allocation (a kept
-  // empty granule); these count as free memory.
+  // Bytes the shim holds mapped on `device` that serve no allocation (its
+  // cache); these count as free memory.
   size_t IdleBytes(int device) const;
+
+  // Releases the cache of `device` (-1: every device) to the driver; returns
+  // the bytes released. Allocation also does this by itself, once, before
+  // reporting CUDA_ERROR_OUT_OF_MEMORY.
+  size_t Trim(int device = -1);
 
   // Records a request the caller handed to the driver (for statistics).
   void NotePassThrough(size_t bytes);
@@ -261,6 +283,7 @@ class Allocator {
                          uint64_t allocations, size_t bytes, absl::string_view tag)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
+  void TrimLocked(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   uint64_t EnabledPeers(int owner) const {
     return enabled_mask_[owner].load(std::memory_order_acquire);
   }

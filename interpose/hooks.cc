@@ -332,6 +332,15 @@ VMMSHIM_EXPORT int vmmshim_query_peer_access(const void* ptr, int peer_device,
   return CUDA_SUCCESS;
 }
 
+VMMSHIM_EXPORT int vmmshim_release_cached_memory(int device, size_t* released_bytes) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (device < -1 || device >= vmmshim::Allocator::kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
+  const size_t released = rt->allocator->Trim(device);
+  if (released_bytes != nullptr) *released_bytes = released;
+  return CUDA_SUCCESS;
+}
+
 VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
   if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
   t_allocation_tag = tag != nullptr ? tag : "";

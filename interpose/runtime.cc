@@ -86,6 +86,8 @@ const Runtime* Initialize() {
         rt->config.stats_file.empty() ? rt->driver : InstrumentDriverApi(rt->driver);
     AllocatorOptions options;
     options.peer_policy = rt->config.peer_policy;
+    options.cache_limit_percent = rt->config.cache_limit_percent;
+    options.cache_limit_bytes = rt->config.cache_limit_bytes;
     rt->allocator = new Allocator(rt->allocator_driver, options);
     Log().info("serving device allocations from VMM (driver {}, log level {})", version,
                std::string(LogLevelName(rt->config.log_level)));

@@ -36,6 +36,8 @@
 #ifndef VMMSHIM_VMMSHIM_H_
 #define VMMSHIM_VMMSHIM_H_
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -51,10 +53,17 @@ int vmmshim_query_peer_access(const void* ptr, int peer_device, int* has_access)
  * allocations share granules only with allocations of the same tag. */
 int vmmshim_set_allocation_tag(const char* tag);
 
+/* Releases the memory the shim keeps mapped for reuse after frees (its
+ * cache) on `device`, or on every device when `device` is -1, back to the
+ * driver. *released_bytes (may be NULL) receives the bytes released. The
+ * shim also does this by itself before reporting out of memory. */
+int vmmshim_release_cached_memory(int device, size_t* released_bytes);
+
 typedef int (*vmmshim_grant_peer_access_fn)(const void*, int);
 typedef int (*vmmshim_revoke_peer_access_fn)(const void*, int);
 typedef int (*vmmshim_query_peer_access_fn)(const void*, int, int*);
 typedef int (*vmmshim_set_allocation_tag_fn)(const char*);
+typedef int (*vmmshim_release_cached_memory_fn)(int, size_t*);
 
 #ifdef __cplusplus
 }

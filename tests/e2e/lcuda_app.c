@@ -4,7 +4,9 @@
  * from VMM memory or (mode "native") reach the driver unchanged.
  * Mode "inject": run with SIMCUDA_FAIL=cuMemCreate:1:2; the first allocation
  * fails with CUDA_ERROR_OUT_OF_MEMORY and the next one succeeds. */
+#define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,9 @@ int main(int argc, char** argv) {
     printf(failures ? "FAILED\n" : "OK\n");
     return failures != 0;
   }
+
+  size_t free_at_start = 0, total_at_start = 0;
+  EXPECT_EQ(cuMemGetInfo(&free_at_start, &total_at_start), CUDA_SUCCESS);
 
   /* Driver parity on bad input: the shim hands these to the driver. */
   CUdeviceptr p = 0;
@@ -131,7 +136,19 @@ int main(int argc, char** argv) {
   unsigned long long creates = simcuCallCount("cuMemCreate");
   if (vmm) {
     EXPECT_EQ(creates > 0, 1);
-    EXPECT_EQ(simcuLiveHandles() <= 1, 1); /* at most the kept spare granule */
+    /* Freed memory stays cached, and counts as free memory. */
+    size_t free_after = 0;
+    EXPECT_EQ(cuMemGetInfo(&free_after, &total_bytes), CUDA_SUCCESS);
+    EXPECT_EQ(free_after, free_at_start);
+    int (*release)(int, size_t*) = (int (*)(int, size_t*))dlsym(RTLD_DEFAULT,
+                                                                 "vmmshim_release_cached_memory");
+    size_t released = 0;
+    EXPECT_EQ(release != NULL, 1);
+    if (release) EXPECT_EQ(release(-1, &released), CUDA_SUCCESS);
+    EXPECT_EQ(released > 0, 1);
+    EXPECT_EQ(simcuLiveHandles(), 0);
+    EXPECT_EQ(cuMemGetInfo(&free_after, &total_bytes), CUDA_SUCCESS);
+    EXPECT_EQ(free_after, free_at_start);
   } else {
     EXPECT_EQ(creates, 0);
   }

@@ -103,9 +103,11 @@ TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
   EXPECT_LE(sim::DeviceBytesInUse(0), 4 * kMiB);
   EXPECT_EQ(sim::CallCount("cuMemCreate"), 2u);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).value());
-  // One empty granule is kept mapped as a spare and reported as idle.
-  EXPECT_EQ(a.IdleBytes(0), kGran);
-  EXPECT_EQ(sim::DeviceBytesInUse(0), kGran);
+  // The empty granules stay mapped in the cache and count as idle.
+  EXPECT_EQ(a.IdleBytes(0), 2 * kGran);
+  EXPECT_EQ(a.Trim(), 2 * kGran);
+  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
 }
 
 TEST_F(AllocatorTest, LargeAllocationsGetOneHandleEach) {
@@ -127,6 +129,7 @@ TEST_F(AllocatorTest, LargeAllocationsGetOneHandleEach) {
   EXPECT_FALSE(a.Find(p1 + 3 * kMiB));
   ASSERT_TRUE(a.Free(p1).value());
   ASSERT_TRUE(a.Free(p2).value());
+  EXPECT_EQ(a.Trim(), 8 * kMiB);  // both were cached
   ExpectNoHandlesOrMappings();
 }
 
@@ -229,8 +232,15 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.entry) + "_" + std::to_string(info.param.bytes);
     });
 
+AllocatorOptions NoCache() {
+  AllocatorOptions o;
+  o.cache_limit_percent = -1;
+  o.cache_limit_bytes = 0;
+  return o;
+}
+
 TEST_F(AllocatorTest, FailedUnmapKeepsTheAllocationUsable) {
-  Allocator a(api_);
+  Allocator a(api_, NoCache());
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   EXPECT_EQ(ToCuResult(a.Free(p).status()), CUDA_ERROR_UNKNOWN);
@@ -241,14 +251,13 @@ TEST_F(AllocatorTest, FailedUnmapKeepsTheAllocationUsable) {
 }
 
 TEST_F(AllocatorTest, FailedGranuleReleaseDoesNotFailTheFree) {
-  Allocator a(api_);
+  Allocator a(api_, NoCache());
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 2 * 2048; ++i) ptrs.push_back(MustAllocate(a, 1024));  // two granules
   ASSERT_EQ(sim::GetUsage().handles, 2u);
-  for (int i = 0; i < 2048; ++i) ASSERT_TRUE(a.Free(ptrs[i]).value());  // first: spare
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
-  for (int i = 2048; i < 4096; ++i) ASSERT_TRUE(a.Free(ptrs[i]).value()) << i;
-  EXPECT_EQ(sim::GetUsage().handles, 2u);  // the second stayed mapped
+  for (int i = 0; i < 4096; ++i) ASSERT_TRUE(a.Free(ptrs[i]).value()) << i;
+  EXPECT_EQ(sim::GetUsage().handles, 1u);  // the first stayed mapped
   CUdeviceptr again = MustAllocate(a, 1024);
   ASSERT_TRUE(a.Free(again).value());
   ASSERT_TRUE(a.ReleaseAll().ok());
@@ -353,6 +362,74 @@ TEST_F(AllocatorTest, PitchedAllocations) {
   EXPECT_EQ(pitch, 1024u);
   EXPECT_EQ(r->ptr % 256, 0u);
   EXPECT_EQ(a.Find(r->ptr)->allocation_size, 10240u);
+}
+
+TEST_F(AllocatorTest, CachedLargeBlockIsReusedWithoutDriverCalls) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  ASSERT_TRUE(a.Free(p).value());
+  EXPECT_EQ(a.IdleBytes(0), 8 * kMiB);
+  sim::ResetCallCounts();
+  CUdeviceptr q = MustAllocate(a, 7 * kMiB);  // fits within a quarter: reused
+  EXPECT_EQ(q, p);
+  for (const char* e : {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemAddressReserve",
+                        "cuMemUnmap", "cuMemRelease"}) {
+    EXPECT_EQ(sim::CallCount(e), 0u) << e;
+  }
+  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(a.Find(q + 1)->allocation_size, 7 * kMiB);
+  int v = 3;
+  EXPECT_EQ(sim::DeviceWrite(0, q, &v, sizeof v), CUDA_SUCCESS);
+  // Too small a request for the cached block: a new handle instead.
+  ASSERT_TRUE(a.Free(q).value());
+  CUdeviceptr small = MustAllocate(a, 2 * kMiB);
+  EXPECT_NE(small, p);
+  const DeviceStats st = a.GetDeviceStats()[0];
+  EXPECT_EQ(st.cache_hits, 1u);
+  EXPECT_EQ(st.cache_misses, 2u);
+  // A cached block is not an allocation: freeing it again is a double free.
+  EXPECT_EQ(ToCuResult(a.Free(p).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_FALSE(a.Find(p));
+}
+
+TEST_F(AllocatorTest, CacheIsBoundedPerDevice) {
+  AllocatorOptions o;
+  o.cache_limit_percent = -1;
+  o.cache_limit_bytes = 8 * kMiB;
+  Allocator a(api_, o);
+  CUdeviceptr p[3];
+  for (auto& x : p) x = MustAllocate(a, 4 * kMiB);
+  for (auto& x : p) ASSERT_TRUE(a.Free(x).value());
+  EXPECT_EQ(a.IdleBytes(0), 8 * kMiB);
+  EXPECT_EQ(sim::GetUsage().handles, 2u);  // the third went back to the driver
+}
+
+TEST_F(AllocatorTest, OutOfMemoryReleasesTheCacheAndRetries) {
+  AllocatorOptions o;
+  o.cache_limit_percent = 100;
+  Allocator a(api_, o);
+  CUdeviceptr big = MustAllocate(a, 700 * kMiB);
+  ASSERT_TRUE(a.Free(big).value());
+  EXPECT_EQ(a.IdleBytes(0), 700 * kMiB);
+  // 500 MiB does not fit next to the cached 700 MiB in 1 GiB, and the cached
+  // block is too large to serve it: the cache goes, then the request succeeds.
+  CUdeviceptr p = MustAllocate(a, 500 * kMiB);
+  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(sim::GetUsage().handles, 1u);
+  ASSERT_TRUE(a.Free(p).value());
+}
+
+TEST_F(AllocatorTest, CachedBlocksKeepTheirAccessSet) {
+  Allocator a(api_);
+  CUdeviceptr p = MustAllocate(a, 4 * kMiB);
+  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // granted to the cached block too
+  sim::ResetCallCounts();
+  CUdeviceptr q = MustAllocate(a, 4 * kMiB);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 0u);
+  char c;
+  EXPECT_EQ(sim::DeviceRead(1, &c, q, 1), CUDA_SUCCESS);
 }
 
 TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {

@@ -118,6 +118,22 @@ TEST(ConfigTest, ParseBytesAcceptsUnits) {
   }
 }
 
+TEST(ConfigTest, CacheLimitInBytesOrPercent) {
+  EXPECT_EQ(Parse({}).config.cache_limit_percent, 10);
+  ParseResult r = Parse({{"VMMSHIM_CACHE_LIMIT", "25%"}});
+  EXPECT_EQ(r.config.cache_limit_percent, 25);
+  r = Parse({{"VMMSHIM_CACHE_LIMIT", "4G"}});
+  EXPECT_LT(r.config.cache_limit_percent, 0);
+  EXPECT_EQ(r.config.cache_limit_bytes, size_t{4} << 30);
+  r = Parse({{"VMMSHIM_CACHE_LIMIT", "0"}});
+  EXPECT_EQ(r.config.cache_limit_bytes, 0u);
+  for (const char* bad : {"150%", "-1%", "lots", "%"}) {
+    r = Parse({{"VMMSHIM_CACHE_LIMIT", bad}});
+    EXPECT_EQ(r.problems.size(), 1u) << bad;
+    EXPECT_EQ(r.config.cache_limit_percent, 10) << bad;
+  }
+}
+
 TEST(ConfigTest, PeerPolicyFromVariables) {
   EXPECT_EQ(Parse({}).config.peer_policy.kind, PeerPolicy::Kind::kAll);
   EXPECT_EQ(Parse({{"VMMSHIM_PEER_POLICY", "none"}}).config.peer_policy.kind,

@@ -155,8 +155,9 @@ TEST_F(PeerAccessTest, EnableIsBatchedIntoContiguousRuns) {
   CUdeviceptr p = Alloc(*a, 5 * kMiB);
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 1u);
   for (int d = 0; d < 4; ++d) EXPECT_TRUE(CanRead(d, p, 5 * kMiB));
-  // A hole (a freed block) splits the run in two.
+  // A hole (a freed and released block) splits the run in two.
   ASSERT_TRUE(a->Free(ptrs[10]).value());
+  ASSERT_EQ(a->Trim(), 4 * kMiB);
   sim::ResetCallCounts();
   ASSERT_TRUE(a->DisablePeer(2, 0).ok());
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 2u);
