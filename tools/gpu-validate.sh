@@ -17,20 +17,28 @@ fi
 ln -sfn .gpu/build build
 export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 b=$built_at/build
-{
-  nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-} 2>&1 | tee "$out/host.txt"
+exec > >(tee "$out/validate.log") 2>&1
+nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 (cd "$b" && ctest -LE gpu --output-on-failure 2>&1) > "$out/ctest-sim.txt"
 grep -E "tests passed|Failed|\*\*\*" "$out/ctest-sim.txt"
 (cd "$b" && ctest -L gpu -V 2>&1) | grep -vE '^(UpdateCTestConfiguration|Parse|Test project|Constructing|Checking|Updating|Add|Test command|Environment)' \
-  | tee "$out/ctest-gpu.txt" | tail -80
+  > "$out/ctest-gpu.txt"
+grep -E "^[0-9]+: |tests passed|Failed" "$out/ctest-gpu.txt" | tail -150
 
-echo "/bin/true under the shim: [$(LD_PRELOAD=$b/libvmmshim.so /bin/true 2>&1)] rc=$?"
-"$b/examples/parity_probe" > "$out/parity-native.txt" 2>&1
-LD_PRELOAD=$b/libvmmshim.so "$b/examples/parity_probe" > "$out/parity-shim.txt" 2>&1
+echo "== parity probe, native vs shim"
+"$b/examples/parity_probe" > /tmp/parity-native.txt 2>&1
+LD_PRELOAD=$b/libvmmshim.so "$b/examples/parity_probe" > /tmp/parity-shim.txt 2>&1
+diff /tmp/parity-native.txt /tmp/parity-shim.txt
+echo "== footprint, three times each"
 for i in 1 2 3; do
   echo "native $("$b/examples/footprint" 10000 256)"
   echo "shim   $(LD_PRELOAD=$b/libvmmshim.so "$b/examples/footprint" 10000 256)"
-done | tee "$out/footprint.txt"
+done
+if [ -x "$b/bench/alloc_bench" ]; then
+  echo "== benchmark: bench/run_bench.sh build/bench/alloc_bench build/libvmmshim.so OUT"
+  bash "$root/bench/run_bench.sh" "$b/bench/alloc_bench" "$b/libvmmshim.so" /tmp/bench
+  cp /tmp/bench/results.csv "$out/bench-results.csv"
+  [ -f /tmp/bench/chart.png ] && cp /tmp/bench/chart.png "$out/bench-chart.png"
+fi

@@ -1,0 +1,187 @@
+// Allocation benchmark: latency of cudaMalloc/cudaFree (median and p99, warm
+// and cold), a multi-threaded churn of random sizes, and the device memory
+// used by 10,000 small allocations. It measures whatever process it runs in;
+// bench/run_bench.sh runs it natively and under LD_PRELOAD=libvmmshim.so and
+// prints both side by side.
+//
+// Built twice from this file: with cudart (alloc_bench, for GPUs) and with
+// the driver API (alloc_bench_driver, BENCH_DRIVER_API), which also runs on
+// the simulated driver for CI's smoke run.
+//
+//   alloc_bench [--quick] [--label NAME]   -> CSV rows on stdout:
+//   label,metric,bytes,threads,median_us,p99_us,value
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dlfcn.h>
+
+#ifdef BENCH_DRIVER_API
+#include <cuda.h>
+namespace {
+CUcontext g_ctx = nullptr;
+bool Init() {
+  CUdevice dev;
+  return cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS &&
+         cuDevicePrimaryCtxRetain(&g_ctx, dev) == CUDA_SUCCESS &&
+         cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS;
+}
+void ThreadInit() { cuCtxSetCurrent(g_ctx); }
+bool Malloc(void** p, size_t n) {
+  CUdeviceptr d;
+  if (cuMemAlloc(&d, n) != CUDA_SUCCESS) return false;
+  *p = reinterpret_cast<void*>(d);
+  return true;
+}
+bool Free(void* p) { return cuMemFree(reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS; }
+bool MemInfo(size_t* free, size_t* total) { return cuMemGetInfo(free, total) == CUDA_SUCCESS; }
+}  // namespace
+#else
+#include <cuda_runtime.h>
+namespace {
+bool Init() { return cudaFree(nullptr) == cudaSuccess; }
+void ThreadInit() { cudaSetDevice(0); }
+bool Malloc(void** p, size_t n) { return cudaMalloc(p, n) == cudaSuccess; }
+bool Free(void* p) { return cudaFree(p) == cudaSuccess; }
+bool MemInfo(size_t* free, size_t* total) { return cudaMemGetInfo(free, total) == cudaSuccess; }
+}  // namespace
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+std::string g_label = "run";
+
+double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+struct Summary {
+  double median, p99;
+};
+Summary Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+}
+
+void Row(const char* metric, size_t bytes, int threads, Summary s, double value = 0) {
+  std::printf("%s,%s,%zu,%d,%.3f,%.3f,%.3f\n", g_label.c_str(), metric, bytes, threads,
+              s.median, s.p99, value);
+  std::fflush(stdout);
+}
+
+void Fail(const char* what, size_t bytes) {
+  std::fprintf(stderr, "alloc_bench: %s of %zu bytes failed\n", what, bytes);
+  std::exit(1);
+}
+
+// The shim's cache release, when running under it (cold measurements).
+using ReleaseFn = int (*)(int, size_t*);
+ReleaseFn Release() {
+  static ReleaseFn fn =
+      reinterpret_cast<ReleaseFn>(dlsym(RTLD_DEFAULT, "vmmshim_release_cached_memory"));
+  return fn;
+}
+
+void Latency(size_t bytes, int iterations, bool cold) {
+  std::vector<double> alloc_us, free_us, pair_us;
+  for (int i = 0; i < iterations + 3; ++i) {
+    if (cold && Release() != nullptr) Release()(-1, nullptr);
+    void* p = nullptr;
+    const auto t0 = Clock::now();
+    if (!Malloc(&p, bytes)) Fail("malloc", bytes);
+    const auto t1 = Clock::now();
+    if (!Free(p)) Fail("free", bytes);
+    const auto t2 = Clock::now();
+    if (i < 3) continue;  // warm-up
+    alloc_us.push_back(Us(t1 - t0));
+    free_us.push_back(Us(t2 - t1));
+    pair_us.push_back(Us(t2 - t0));
+  }
+  const char* w = cold ? "cold" : "warm";
+  Row((std::string(w) + "_malloc").c_str(), bytes, 1, Summarize(alloc_us));
+  Row((std::string(w) + "_free").c_str(), bytes, 1, Summarize(free_us));
+  Row((std::string(w) + "_pair").c_str(), bytes, 1, Summarize(pair_us));
+}
+
+// Each thread keeps up to 32 live allocations of random sizes (log-uniform,
+// 256 B .. 8 MiB) and allocates or frees at random; ops per second.
+void Churn(int threads, int ops_per_thread) {
+  std::atomic<bool> failed{false};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  std::vector<std::vector<double>> lat(threads);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ThreadInit();
+      std::mt19937_64 rng(1234 + t);
+      std::uniform_real_distribution<double> logsize(8, 23);  // 2^8 .. 2^23
+      std::vector<void*> live;
+      for (int i = 0; i < ops_per_thread; ++i) {
+        if (live.size() < 32 && (live.empty() || rng() % 2)) {
+          const size_t bytes = static_cast<size_t>(std::exp2(logsize(rng)));
+          void* p = nullptr;
+          const auto s = Clock::now();
+          if (!Malloc(&p, bytes)) failed = true;
+          lat[t].push_back(Us(Clock::now() - s));
+          live.push_back(p);
+        } else {
+          const size_t k = rng() % live.size();
+          const auto s = Clock::now();
+          if (!Free(live[k])) failed = true;
+          lat[t].push_back(Us(Clock::now() - s));
+          live.erase(live.begin() + k);
+        }
+      }
+      for (void* p : live) Free(p);
+    });
+  }
+  for (auto& th : pool) th.join();
+  if (failed) Fail("churn", 0);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  Row("churn_op", 0, threads, Summarize(all), threads * ops_per_thread / seconds);
+}
+
+void Footprint(int count) {
+  size_t free_before = 0, free_after = 0, total = 0;
+  if (Release() != nullptr) Release()(-1, nullptr);
+  MemInfo(&free_before, &total);
+  std::vector<void*> ptrs(count);
+  for (auto& p : ptrs) {
+    if (!Malloc(&p, 256)) Fail("footprint malloc", 256);
+  }
+  MemInfo(&free_after, &total);
+  for (void* p : ptrs) Free(p);
+  Row("footprint_10000x256B_MiB", 256, 1, {0, 0}, (free_before - free_after) / 1048576.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--label") == 0 && i + 1 < argc) g_label = argv[++i];
+  }
+  if (!Init()) {
+    std::fprintf(stderr, "alloc_bench: no usable CUDA device\n");
+    return 1;
+  }
+  std::printf("label,metric,bytes,threads,median_us,p99_us,value\n");
+  const size_t sizes[] = {256, 64 << 10, 2 << 20, 64 << 20, size_t{1} << 30};
+  for (size_t bytes : sizes) {
+    const int n = quick ? 5 : (bytes >= (size_t{64} << 20) ? 60 : 400);
+    Latency(bytes, n, /*cold=*/false);
+    Latency(bytes, quick ? 3 : std::max(20, n / 4), /*cold=*/true);
+  }
+  for (int threads : {1, 2, 4, 8}) Churn(threads, quick ? 200 : 4000);
+  Footprint(10000);
+  return 0;
+}
