@@ -109,6 +109,26 @@ void Latency(size_t bytes, int iterations, bool cold) {
   Row((std::string(w) + "_pair").c_str(), bytes, 1, Summarize(pair_us));
 }
 
+// `count` allocations in a row, then all freed: per-call latency while many
+// buffers are live (the driver keeps its small-allocation chunks then; the
+// warm pair above frees the only buffer, and the driver its chunk, each time).
+void Batch(size_t bytes, int count) {
+  std::vector<void*> ptrs(count);
+  std::vector<double> alloc_us, free_us;
+  for (auto& p : ptrs) {
+    const auto t0 = Clock::now();
+    if (!Malloc(&p, bytes)) Fail("batch malloc", bytes);
+    alloc_us.push_back(Us(Clock::now() - t0));
+  }
+  for (void* p : ptrs) {
+    const auto t0 = Clock::now();
+    if (!Free(p)) Fail("batch free", bytes);
+    free_us.push_back(Us(Clock::now() - t0));
+  }
+  Row("batch_malloc", bytes, 1, Summarize(alloc_us));
+  Row("batch_free", bytes, 1, Summarize(free_us));
+}
+
 // Each thread keeps up to 32 live allocations of random sizes (log-uniform,
 // 256 B .. 8 MiB) and allocates or frees at random; ops per second.
 void Churn(int threads, int ops_per_thread) {
@@ -180,6 +200,10 @@ int main(int argc, char** argv) {
     const int n = quick ? 5 : (bytes >= (size_t{64} << 20) ? 60 : 400);
     Latency(bytes, n, /*cold=*/false);
     Latency(bytes, quick ? 3 : std::max(20, n / 4), /*cold=*/true);
+  }
+  for (size_t bytes : sizes) {
+    const int count = bytes >= (size_t{1} << 30) ? 8 : bytes >= (size_t{64} << 20) ? 100 : 1000;
+    Batch(bytes, quick ? 4 : count);
   }
   for (int threads : {1, 2, 4, 8}) Churn(threads, quick ? 200 : 4000);
   Footprint(10000);
