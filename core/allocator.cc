@@ -269,14 +269,17 @@ absl::StatusOr<CUdeviceptr> Allocator::AllocatePacked(DeviceHeap& heap,
     const bool was_empty = block.slab->empty();
     if (std::optional<size_t> offset = block.slab->Allocate(bytes)) {
       if (was_empty && heap.empty_granules.erase(base) > 0) heap.cached_bytes -= block.size;
+      // A full granule leaves the search until a free in it (Free re-adds).
+      if (block.slab->used_bytes() == block.size) heap.open_granules.erase(base);
       return base + *offset;
     }
   }
   absl::StatusOr<CUdeviceptr> base = CreateBlock(heap, placement, heap.granularity, true);
   if (!base.ok()) return base.status();
   Block& block = *heap.blocks[*base];
-  heap.open_granules.insert(*base);
-  return *base + *block.slab->Allocate(bytes);  // a fresh granule always fits
+  const size_t offset = *block.slab->Allocate(bytes);  // a fresh granule always fits
+  if (block.slab->used_bytes() < block.size) heap.open_granules.insert(*base);
+  return *base + offset;
 }
 
 absl::Status Allocator::ReserveMore(DeviceHeap& heap, size_t at_least) {
