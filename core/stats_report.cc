@@ -43,6 +43,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                               {"physical_bytes", d.handle_bytes},
                               {"peak_physical_bytes", d.peak_handle_bytes},
                               {"set_access_calls", d.set_access_calls},
+                              {"cache_hits", d.cache_hits},
+                              {"cache_misses", d.cache_misses},
+                              {"cached_bytes", d.cached_bytes},
                               {"peers", peers}});
   }
   doc["driver_calls"] = nlohmann::json::array();

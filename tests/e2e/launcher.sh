@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The vmmshim launcher: `run` preloads the shim with the chosen settings and
+# keeps the program's exit status; `report` prints the statistics file;
+# malformed options and files get one clear message.
+# usage: launcher.sh VMMSHIM_BINARY PEER_APP   (LD_LIBRARY_PATH: the simulated driver)
+set -uo pipefail
+cli=$1 app=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+unset LD_PRELOAD
+out=$(SIMCUDA_DEVICES=4 "$cli" run --policy min-size --min-bytes 1M --stats "$dir/s.%p.json" \
+      --log-level info -- "$app" 2>&1) || fail "run: $out"
+echo "$out"
+grep -q "small=fault large=ok tagged=fault later=ok explicit=ok" <<<"$out" || fail "policy not applied"
+files=("$dir"/s.*.json)
+[ -f "${files[0]}" ] || fail "no statistics file"
+rep=$("$cli" report "${files[0]}") || fail "report: $rep"
+echo "$rep"
+grep -q "policy: min-size" <<<"$rep" || fail "report lacks the policy"
+grep -qE "^1 +0 +[0-9]+ +[0-9]+" <<<"$rep" || fail "report lacks device 1 -> peer 0"
+"$cli" run -- /bin/sh -c 'exit 7'; [ $? = 7 ] || fail "exit status not kept"
+msg=$("$cli" run --policy bogus -- /bin/true 2>&1); [ $? != 0 ] || fail "bad policy accepted"
+grep -q "bogus" <<<"$msg" || fail "bad policy message: $msg"
+echo "not json" > "$dir/bad.json"
+msg=$("$cli" report "$dir/bad.json" 2>&1); [ $? = 1 ] || fail "bad file accepted"
+grep -q "is not a vmmshim statistics file" <<<"$msg" || fail "bad file message: $msg"
+echo "PASS: launcher"
