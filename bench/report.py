@@ -40,7 +40,11 @@ def main():
         if s is None:
             continue
         metric, b, threads = key
-        if metric.startswith("churn"):
+        if metric == "replay_total_ms":
+            nv, sv, unit = float(n["value"]), float(s["value"]), "ms"
+            ratio = sv / nv if nv else float("nan")
+            np99 = sp99 = ""
+        elif metric.startswith("churn"):
             nv, sv, unit = float(n["value"]), float(s["value"]), "ops/s"
             ratio = sv / nv if nv else float("nan")
             np99 = sp99 = ""

@@ -86,6 +86,12 @@ bool ApplyCacheLimit(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyTraceFile(absl::string_view value, int pid, Config* config) {
+  if (value.empty()) return false;
+  config->trace_file = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
+  return true;
+}
+
 bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
   if (value.empty()) return false;
   config->stats_file = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
@@ -175,6 +181,10 @@ constexpr OptionInfo kOptions[] = {
      "Writes a JSON report at exit: per device allocations, bytes, peak, grants and denials "
      "per peer, bytes mapped into each peer, driver calls and time by entry point.",
      &ApplyStatsFile, false},
+    {"VMMSHIM_TRACE_FILE", "path", "(none)", "a file path; %p becomes the pid",
+     "Records every allocation and free as CSV (time, thread, device, op, size, pointer) for "
+     "replay with bench/replay; written at exit.",
+     &ApplyTraceFile, false},
 };
 
 }  // namespace

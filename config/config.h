@@ -44,6 +44,8 @@ struct Config {
   bool peer_enable_driver = true;
   // JSON statistics written at exit; empty = none. "%p" already replaced.
   std::string stats_file;
+  // Allocation trace (core/trace.h); empty = none. "%p" already replaced.
+  std::string trace_file;
   // VMMSHIM_CACHE_LIMIT: a percentage of each device's memory when
   // cache_limit_percent >= 0, else cache_limit_bytes.
   double cache_limit_percent = 10;

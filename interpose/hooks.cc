@@ -36,6 +36,14 @@ std::atomic<bool> g_free_notice{false};
 // vmmshim_set_allocation_tag: this thread's tag for its next allocations.
 thread_local std::string t_allocation_tag;
 
+// VMMSHIM_TRACE_FILE: records a successful allocation or free.
+void Trace(const Runtime& rt, const char* op, size_t bytes, CUdeviceptr ptr) {
+  if (rt.trace == nullptr) return;
+  CUdevice device = -1;
+  rt.driver.cuCtxGetDevice(&device);
+  rt.trace->Record(device, op, bytes, ptr);
+}
+
 // The device of `ctx` (cuCtxGetDevice on it, made current for the query).
 CUresult ContextDevice(const Runtime& rt, CUcontext ctx, CUdevice* device) {
   CUresult r = rt.driver.cuCtxPushCurrent_v2(ctx);
@@ -104,10 +112,14 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
                "an allocation went to the driver (no current context, or a device without "
                "VMM support); further ones are counted in the exit report");
     CUresult r = rt->driver.cuMemAlloc_v2(dptr, bytesize);
-    if (r == CUDA_SUCCESS) rt->allocator->NotePassThrough(bytesize);
+    if (r == CUDA_SUCCESS) {
+      rt->allocator->NotePassThrough(bytesize);
+      Trace(*rt, "alloc", bytesize, *dptr);
+    }
     return r;
   }
   *dptr = a->ptr;
+  Trace(*rt, "alloc", bytesize, a->ptr);
   return CUDA_SUCCESS;
 }
 
@@ -145,8 +157,11 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     NoticeOnce(g_free_notice,
                "a pointer not allocated by vmmshim was freed through the driver (allocated "
                "before the shim took over, or passed through); further ones are not logged");
-    return rt->driver.cuMemFree_v2(dptr);
+    CUresult r = rt->driver.cuMemFree_v2(dptr);
+    if (r == CUDA_SUCCESS) Trace(*rt, "free", 0, dptr);
+    return r;
   }
+  Trace(*rt, "free", 0, dptr);
   return CUDA_SUCCESS;
 }
 

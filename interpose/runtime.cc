@@ -35,6 +35,7 @@ void ExitReport() {
   const Runtime* rt = g_runtime_for_exit;
   if (rt == nullptr || rt->allocator == nullptr) return;
   Log().info("exit report: {}", ExitSummary(*rt->allocator));
+  if (rt->trace != nullptr) rt->trace->Flush();
   if (!rt->config.stats_file.empty()) {
     absl::Status written = WriteStatsFile(*rt->allocator, rt->pid, rt->config.stats_file);
     if (written.ok()) {
@@ -89,6 +90,16 @@ const Runtime* Initialize() {
     options.cache_limit_percent = rt->config.cache_limit_percent;
     options.cache_limit_bytes = rt->config.cache_limit_bytes;
     rt->allocator = new Allocator(rt->allocator_driver, options);
+    if (!rt->config.trace_file.empty()) {
+      auto* trace = new TraceWriter;
+      absl::Status opened = trace->Open(rt->config.trace_file);
+      if (opened.ok()) {
+        rt->trace = trace;
+      } else {
+        Log().warn("{}", std::string(opened.message()));
+        delete trace;
+      }
+    }
     Log().info("serving device allocations from VMM (driver {}, log level {})", version,
                std::string(LogLevelName(rt->config.log_level)));
     // The policy in force, once: visible by default when it is selective.

@@ -16,6 +16,7 @@
 #include "core/allocator.h"
 #include "core/driver_api.h"
 #include "core/peer_contexts.h"
+#include "core/trace.h"
 
 namespace vmmshim {
 
@@ -25,6 +26,7 @@ struct Runtime {
   Config config;
   Allocator* allocator = nullptr;  // nullptr: pass-through
   mutable PeerContexts peer_contexts;  // used when VMMSHIM_PEER_ENABLE_DRIVER=0
+  TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
   int pid = 0;
   bool enabled() const { return allocator != nullptr; }
 };

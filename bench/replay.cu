@@ -1,0 +1,2 @@
+// The cudart build of the replay benchmark.
+#include "replay.cc"
