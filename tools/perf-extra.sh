@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# End-to-end timings for docs/performance.md, native and under the shim, in
+# one call on a GPU host (after tools/gpu-bundle.sh): a recorded allocation
+# trace of alloc_mix replayed, PyTorch training steps, CuPy without its pool;
+# then the gpu-labelled checks. Log: $OUT/perf-extra.log.
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+root=$PWD
+built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' .gpu/build/CMakeCache.txt)
+if [ "$built_at" != "$root" ]; then mkdir -p "$(dirname "$built_at")" && ln -sfn "$root" "$built_at"; fi
+ln -sfn .gpu/build build
+export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+b=$built_at/build
+shim=$b/libvmmshim.so
+exec > >(tee "$out/perf-extra.log") 2>&1
+echo "== trace of alloc_mix (1 round) under the shim, replayed natively and under the shim"
+LD_PRELOAD=$shim VMMSHIM_TRACE_FILE=/tmp/alloc_mix.trace.csv "$b/examples/alloc_mix" 1 | tail -1
+wc -l /tmp/alloc_mix.trace.csv
+bash "$root/bench/run_replay.sh" "$b/bench/replay" "$shim" /tmp/alloc_mix.trace.csv /tmp/replay
+echo "== PyTorch training step"
+for i in 1 2; do
+  echo "native: $(python3 "$root/examples/torch_step_time.py")"
+  echo "shim:   $(LD_PRELOAD=$shim python3 "$root/examples/torch_step_time.py")"
+done
+echo "== CuPy without its memory pool"
+for i in 1 2; do
+  echo "native: $(python3 "$root/examples/cupy_nopool.py")"
+  echo "shim:   $(LD_PRELOAD=$shim python3 "$root/examples/cupy_nopool.py")"
+done
+echo "== gpu-labelled checks"
+(cd "$b" && ctest -L gpu 2>&1 | tail -4)
