@@ -43,10 +43,15 @@ bool ApplyLogLevel(absl::string_view value, int, Config* config) {
   return false;
 }
 
-bool ApplyLogFile(absl::string_view value, int pid, Config* config) {
+// A file path option: non-empty, "%p" replaced by the pid.
+bool ApplyPidPath(absl::string_view value, int pid, std::string* path) {
   if (value.empty()) return false;
-  config->log_file = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
+  *path = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
   return true;
+}
+
+bool ApplyLogFile(absl::string_view value, int pid, Config* config) {
+  return ApplyPidPath(value, pid, &config->log_file);
 }
 
 bool ApplyPeerPolicy(absl::string_view value, int, Config* config) {
@@ -87,15 +92,11 @@ bool ApplyCacheLimit(absl::string_view value, int, Config* config) {
 }
 
 bool ApplyTraceFile(absl::string_view value, int pid, Config* config) {
-  if (value.empty()) return false;
-  config->trace_file = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
-  return true;
+  return ApplyPidPath(value, pid, &config->trace_file);
 }
 
 bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
-  if (value.empty()) return false;
-  config->stats_file = absl::StrReplaceAll(value, {{"%p", absl::StrCat(pid)}});
-  return true;
+  return ApplyPidPath(value, pid, &config->stats_file);
 }
 
 // Resolves the peer policy from the options; problems are fatal.

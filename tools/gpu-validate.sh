@@ -6,17 +6,7 @@
 #     static-cudart program, parity probe, footprint, driver API, PyTorch)
 #   - the full outputs of the parity probe and the footprint runs
 set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-root=$PWD
-# The build tree records absolute paths of the build machine (/work/main).
-built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' .gpu/build/CMakeCache.txt)
-if [ "$built_at" != "$root" ]; then
-  mkdir -p "$(dirname "$built_at")" && ln -sfn "$root" "$built_at"
-fi
-ln -sfn .gpu/build build
-export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-b=$built_at/build
+source "$(dirname "$0")/gpu-host-env.sh"
 exec > >(tee "$out/validate.log") 2>&1
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
@@ -29,16 +19,16 @@ grep -E "^[0-9]+: |tests passed|Failed" "$out/ctest-gpu.txt" | tail -150
 
 echo "== parity probe, native vs shim"
 "$b/examples/parity_probe" > /tmp/parity-native.txt 2>&1
-LD_PRELOAD=$b/libvmmshim.so "$b/examples/parity_probe" > /tmp/parity-shim.txt 2>&1
+LD_PRELOAD=$shim "$b/examples/parity_probe" > /tmp/parity-shim.txt 2>&1
 diff /tmp/parity-native.txt /tmp/parity-shim.txt
 echo "== footprint, three times each"
 for i in 1 2 3; do
   echo "native $("$b/examples/footprint" 10000 256)"
-  echo "shim   $(LD_PRELOAD=$b/libvmmshim.so "$b/examples/footprint" 10000 256)"
+  echo "shim   $(LD_PRELOAD=$shim "$b/examples/footprint" 10000 256)"
 done
 if [ -x "$b/bench/alloc_bench" ]; then
   echo "== benchmark: bench/run_bench.sh build/bench/alloc_bench build/libvmmshim.so OUT"
-  bash "$root/bench/run_bench.sh" "$b/bench/alloc_bench" "$b/libvmmshim.so" /tmp/bench
+  bash "$root/bench/run_bench.sh" "$b/bench/alloc_bench" "$shim" /tmp/bench
   cp /tmp/bench/results.csv "$out/bench-results.csv"
   [ -f /tmp/bench/chart.png ] && cp /tmp/bench/chart.png "$out/bench-chart.png"
 fi

@@ -4,16 +4,8 @@
 # tools/gpu-bundle.sh on the build machine. Logs to $OUT/multi-gpu.log.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-root=$PWD
-built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' .gpu/build/CMakeCache.txt)
-if [ "$built_at" != "$root" ]; then mkdir -p "$(dirname "$built_at")" && ln -sfn "$root" "$built_at"; fi
-ln -sfn .gpu/build build
-export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-b=$built_at/build
+source "$(dirname "$0")/gpu-host-env.sh"
 bin=$b/bench/multi_gpu
-shim=$b/libvmmshim.so
 exec > >(tee "$out/multi-gpu.log") 2>&1
 nvidia-smi -L; nvidia-smi topo -m
 

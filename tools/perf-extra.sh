@@ -4,15 +4,7 @@
 # trace of alloc_mix replayed, PyTorch training steps, CuPy without its pool;
 # then the gpu-labelled checks. Log: $OUT/perf-extra.log.
 set -uo pipefail
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-root=$PWD
-built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' .gpu/build/CMakeCache.txt)
-if [ "$built_at" != "$root" ]; then mkdir -p "$(dirname "$built_at")" && ln -sfn "$root" "$built_at"; fi
-ln -sfn .gpu/build build
-export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-b=$built_at/build
-shim=$b/libvmmshim.so
+source "$(dirname "$0")/gpu-host-env.sh"
 exec > >(tee "$out/perf-extra.log") 2>&1
 echo "== trace of alloc_mix (1 round) under the shim, replayed natively and under the shim"
 LD_PRELOAD=$shim VMMSHIM_TRACE_FILE=/tmp/alloc_mix.trace.csv "$b/examples/alloc_mix" 1 | tail -1
