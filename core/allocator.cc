@@ -77,6 +77,8 @@ struct Allocator::DeviceHeap {
   size_t cached_bytes ABSL_GUARDED_BY(mu) = 0;
   absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large ABSL_GUARDED_BY(mu);
   absl::btree_set<CUdeviceptr> empty_granules ABSL_GUARDED_BY(mu);
+  // Unmapped handles whose cuMemRelease failed, retried later.
+  std::vector<CUmemGenericAllocationHandle> orphan_handles ABSL_GUARDED_BY(mu);
   DeviceStats stats ABSL_GUARDED_BY(mu);
   std::array<int, kMaxDevices> denials_logged ABSL_GUARDED_BY(mu){};
 
@@ -127,24 +129,16 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   r = driver_.cuMemGetAllocationGranularity(&granularity, &prop,
                                             CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemGetAllocationGranularity");
-  size_t reservation = options_.reservation_bytes;
-  if (reservation == 0) {
-    size_t total = 0;
-    r = driver_.cuDeviceTotalMem_v2(&total, device);
-    if (r != CUDA_SUCCESS) return DriverError(r, "cuDeviceTotalMem");
-    reservation = 2 * total;
-  }
+  size_t total = 0;
+  r = driver_.cuDeviceTotalMem_v2(&total, device);
+  if (r != CUDA_SUCCESS) return DriverError(r, "cuDeviceTotalMem");
+  size_t reservation = options_.reservation_bytes != 0 ? options_.reservation_bytes : 2 * total;
   reservation = RoundUp(std::max(reservation, granularity), granularity);
   auto* heap = new DeviceHeap(device, granularity, reservation);
   heap->stats.device = device;
-  if (options_.cache_limit_percent >= 0) {
-    size_t total = 0;
-    if (driver_.cuDeviceTotalMem_v2(&total, device) == CUDA_SUCCESS) {
-      heap->cache_limit = static_cast<size_t>(total * (options_.cache_limit_percent / 100.0));
-    }
-  } else {
-    heap->cache_limit = options_.cache_limit_bytes;
-  }
+  heap->cache_limit = options_.cache_limit_percent >= 0
+                          ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
+                          : options_.cache_limit_bytes;
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               granularity, reservation);
   heaps_[device].store(heap, std::memory_order_release);
@@ -162,9 +156,11 @@ Allocator::DeviceHeap* Allocator::HeapOfPointer(CUdeviceptr ptr) const {
 
 bool Allocator::Owns(CUdeviceptr ptr) const { return HeapOfPointer(ptr) != nullptr; }
 
-int Allocator::DeviceCount() {
+absl::StatusOr<int> Allocator::DeviceCount() {
   int n = device_count_.load(std::memory_order_relaxed);
-  if (n == 0 && driver_.cuDeviceGetCount(&n) == CUDA_SUCCESS) {
+  if (n == 0) {
+    CUresult r = driver_.cuDeviceGetCount(&n);
+    if (r != CUDA_SUCCESS) return DriverError(r, "cuDeviceGetCount");
     n = std::min(n, kMaxDevices);
     device_count_.store(n, std::memory_order_relaxed);
   }
@@ -188,8 +184,10 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   }
   const size_t threshold =
       options_.packing_threshold != 0 ? options_.packing_threshold : heap->granularity / 2;
+  absl::StatusOr<int> device_count = DeviceCount();
+  if (!device_count.ok()) return device_count.status();
   const Placement placement{
-      context, options_.peer_policy.AllowedMask(device, DeviceCount(), bytes, tag),
+      context, options_.peer_policy.AllowedMask(device, *device_count, bytes, tag),
       std::string(tag)};
   absl::StatusOr<CUdeviceptr> ptr;
   {
@@ -372,6 +370,9 @@ absl::Status Allocator::DestroyBlock(DeviceHeap& heap, CUdeviceptr base) {
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemUnmap");
   // The mapping is gone; whatever cuMemRelease says, the VA is free again.
   r = driver_.cuMemRelease(it->second->handle);
+  // A handle the driver would not release is kept and retried by Trim and
+  // ReleaseAll, so it is not lost.
+  if (r != CUDA_SUCCESS) heap.orphan_handles.push_back(it->second->handle);
   const uint64_t peers = it->second->access & ~(uint64_t{1} << heap.device);
   for (int d = 0; d < kMaxDevices; ++d) {
     if (peers >> d & 1) heap.stats.peers[d].mapped_bytes -= size;
@@ -651,7 +652,9 @@ absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
 absl::Status Allocator::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
-  if (peer < 0 || peer >= DeviceCount()) {
+  absl::StatusOr<int> device_count = DeviceCount();
+  if (!device_count.ok()) return device_count.status();
+  if (peer < 0 || peer >= *device_count) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
   }
   if (peer == heap->device) {
@@ -712,7 +715,16 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   return (heap->blocks.at(info->range_base)->access >> peer & 1) != 0;
 }
 
+void Allocator::ReleaseOrphansLocked(DeviceHeap& heap) {
+  std::vector<CUmemGenericAllocationHandle> left;
+  for (CUmemGenericAllocationHandle h : heap.orphan_handles) {
+    if (driver_.cuMemRelease(h) != CUDA_SUCCESS) left.push_back(h);
+  }
+  heap.orphan_handles = std::move(left);
+}
+
 void Allocator::TrimLocked(DeviceHeap& heap) {
+  ReleaseOrphansLocked(heap);
   std::vector<CUdeviceptr> bases;
   for (const auto& [size, base] : heap.cached_large) bases.push_back(base);
   for (CUdeviceptr base : heap.empty_granules) bases.push_back(base);
@@ -797,6 +809,7 @@ absl::Status Allocator::ReleaseAll() {
       if (heap->blocks.contains(base)) heap->blocks.erase(base);  // unmap failed: forget it
       first.Update(s);
     }
+    ReleaseOrphansLocked(*heap);
     for (const auto& [base, size] : heap->arena.reservations()) {
       first.Update(DriverError(driver_.cuMemAddressFree(base, size), "cuMemAddressFree"));
     }

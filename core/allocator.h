@@ -284,10 +284,11 @@ class Allocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
   void TrimLocked(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  void ReleaseOrphansLocked(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   uint64_t EnabledPeers(int owner) const {
     return enabled_mask_[owner].load(std::memory_order_acquire);
   }
-  int DeviceCount();
+  absl::StatusOr<int> DeviceCount();
   absl::Status ReserveMore(DeviceHeap& heap, size_t at_least)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   absl::Status DestroyBlock(DeviceHeap& heap, CUdeviceptr base)
