@@ -1,0 +1,149 @@
+// Concurrency stress on the simulated driver: 16 threads on 4 GPUs allocate,
+// free (also each other's pointers), grant and revoke explicitly, while one
+// thread enables and disables peer access; fixed seeds. Afterwards an
+// invariant check: every live allocation is found whole, no two overlap, each
+// peer's access is exactly the explicit grants (no peer is enabled at the
+// end), and after freeing everything the driver holds nothing.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr int kDevices = 4;
+
+struct Live {
+  size_t bytes;
+  int device;
+  uint64_t granted = 0;  // explicit grants in force (large allocations only)
+};
+
+TEST(StressTest, SixteenThreadsFourGpus) {
+  sim::SimOptions o;
+  o.device_count = kDevices;
+  o.memory_per_device = 2048 * kMiB;
+  sim::Reset(o);
+  ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+  DriverApi api = sim::Api();
+  AllocatorOptions options;
+  options.peer_policy.kind = PeerPolicy::Kind::kMinSize;
+  options.peer_policy.min_bytes = kMiB;
+  Allocator a(api, options);
+
+  std::mutex mu;  // guards `live` (the test's own bookkeeping)
+  std::map<CUdeviceptr, Live> live;
+  std::atomic<bool> failed{false};
+  std::atomic<bool> stop{false};
+
+  std::thread toggler([&] {  // enables and disables random pairs
+    std::mt19937 rng(99);
+    int enabled[kDevices][kDevices] = {};
+    while (!stop) {
+      const int owner = rng() % kDevices, peer = rng() % kDevices;
+      if (owner == peer) continue;
+      if (enabled[owner][peer] > 0 && rng() % 2) {
+        failed = failed || !a.DisablePeer(peer, owner).ok();
+        --enabled[owner][peer];
+      } else if (enabled[owner][peer] < 2) {
+        failed = failed || !a.EnablePeer(peer, owner).ok();
+        ++enabled[owner][peer];
+      }
+    }
+    for (int ow = 0; ow < kDevices; ++ow) {
+      for (int p = 0; p < kDevices; ++p) {
+        while (enabled[ow][p]-- > 0) failed = failed || !a.DisablePeer(p, ow).ok();
+      }
+    }
+  });
+
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 16; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937_64 rng(1000 + t);
+      CUcontext ctx;
+      const int device = t % kDevices;
+      sim::cuDevicePrimaryCtxRetain(&ctx, device);
+      sim::cuCtxSetCurrent(ctx);
+      for (int i = 0; i < 1500 && !failed; ++i) {
+        const int op = rng() % 10;
+        if (op < 5) {
+          const size_t bytes = rng() % 4 ? 256 + rng() % 16384 : kMiB + 1 + rng() % (6 * kMiB);
+          absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
+          if (!r.ok() || !r->served) {
+            failed = true;
+            break;
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          if (!live.emplace(r->ptr, Live{bytes, device}).second) failed = true;  // overlap
+        } else if (op < 9) {
+          CUdeviceptr victim = 0;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            if (live.empty()) continue;
+            auto it = live.begin();
+            std::advance(it, rng() % live.size());
+            victim = it->first;
+            live.erase(it);  // ours to free now, whoever allocated it
+          }
+          absl::StatusOr<bool> freed = a.Free(victim);
+          if (!freed.ok() || !*freed) failed = true;
+        } else {
+          std::lock_guard<std::mutex> lock(mu);  // held so the allocation stays live
+          if (live.empty()) continue;
+          auto it = live.begin();
+          std::advance(it, rng() % live.size());
+          if (it->second.bytes <= kMiB) continue;  // explicit calls on large ones only
+          const int peer = (it->second.device + 1 + rng() % (kDevices - 1)) % kDevices;
+          const bool grant = rng() % 2;
+          absl::Status s = grant ? a.GrantPeer(it->first, peer) : a.RevokePeer(it->first, peer);
+          if (!s.ok()) failed = true;
+          const uint64_t bit = uint64_t{1} << peer;
+          it->second.granted = grant ? (it->second.granted | bit) : (it->second.granted & ~bit);
+        }
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  stop = true;
+  toggler.join();
+  ASSERT_FALSE(failed);
+
+  // Invariants.
+  CUdeviceptr end_of_previous = 0;
+  for (const auto& [ptr, l] : live) {
+    EXPECT_GE(ptr, end_of_previous) << "overlap";
+    end_of_previous = ptr + l.bytes;
+    std::optional<PointerInfo> info = a.Find(ptr + l.bytes - 1);
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->allocation_base, ptr);
+    EXPECT_EQ(info->allocation_size, l.bytes);
+    EXPECT_EQ(info->device, l.device);
+    for (int peer = 0; peer < kDevices; ++peer) {
+      if (peer == l.device) continue;
+      char c;
+      const bool readable = sim::DeviceRead(peer, &c, ptr, 1) == CUDA_SUCCESS;
+      EXPECT_EQ(readable, (l.granted >> peer & 1) != 0)
+          << "peer " << peer << " on a " << l.bytes << "-byte allocation of device " << l.device;
+    }
+  }
+  EXPECT_EQ(a.GetStats().live_allocations, live.size());
+  for (const auto& [ptr, l] : live) ASSERT_TRUE(a.Free(ptr).value());
+  a.Trim();
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  const sim::Usage u = sim::GetUsage();
+  EXPECT_EQ(u.handles, 0u);
+  EXPECT_EQ(u.mappings, 0u);
+  EXPECT_EQ(u.reservations, 0u);
+}
+
+}  // namespace
+}  // namespace vmmshim
