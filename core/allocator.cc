@@ -26,73 +26,6 @@ CUmemAllocationProp DeviceProp(int device) {
 
 }  // namespace
 
-// One physical handle mapped at its base address.
-struct Allocator::Block {
-  size_t size = 0;  // mapped bytes, a multiple of the granularity
-  CUmemGenericAllocationHandle handle = 0;
-  CUcontext context = nullptr;
-  size_t requested = 0;         // large blocks: the bytes asked for
-  std::unique_ptr<Slab> slab;   // packed granules only
-  uint64_t allowed = 0;         // devices the policy allows (owner included)
-  std::string tag;              // the allocations' tag ("" = none)
-  uint64_t explicit_grant = 0;  // GrantPeer: peers granted whatever the policy says
-  uint64_t explicit_revoke = 0; // RevokePeer: peers denied whatever the policy says
-  uint64_t access = 0;          // devices with read-write access now
-  bool sealed = false;          // packed: takes no new allocations
-  bool cached = false;          // large: freed, kept mapped for reuse
-
-  size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
-  bool has_explicit() const { return (explicit_grant | explicit_revoke) != 0; }
-  // The devices that should have access, given the peers that enabled it.
-  uint64_t Target(int owner, uint64_t enabled) const {
-    const uint64_t self = uint64_t{1} << owner;
-    return (((allowed & enabled) | explicit_grant) & ~explicit_revoke) | self;
-  }
-};
-
-
-
-struct Allocator::DeviceHeap {
-  DeviceHeap(int device, size_t granularity, size_t reservation_bytes)
-      : device(device),
-        granularity(granularity),
-        reservation_bytes(reservation_bytes),
-        arena(granularity) {}
-
-  const int device;
-  const size_t granularity;
-  const size_t reservation_bytes;
-
-  mutable absl::Mutex mu;
-  VaArena arena ABSL_GUARDED_BY(mu);
-  // Blocks by base address; boxed so that Block pointers stay valid while
-  // the map changes.
-  absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks ABSL_GUARDED_BY(mu);
-  // Packed granules with free units, by base address.
-  absl::btree_set<CUdeviceptr> open_granules ABSL_GUARDED_BY(mu);
-  // The cache: freed large blocks and empty granules stay mapped, with their
-  // access set, and serve later requests without any driver call, up to
-  // `cache_limit` bytes per device.
-  size_t cache_limit = 0;
-  size_t cached_bytes ABSL_GUARDED_BY(mu) = 0;
-  absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large ABSL_GUARDED_BY(mu);
-  absl::btree_set<CUdeviceptr> empty_granules ABSL_GUARDED_BY(mu);
-  // Unmapped handles whose cuMemRelease failed, retried later.
-  std::vector<CUmemGenericAllocationHandle> orphan_handles ABSL_GUARDED_BY(mu);
-  DeviceStats stats ABSL_GUARDED_BY(mu);
-  std::array<int, kMaxDevices> denials_logged ABSL_GUARDED_BY(mu){};
-
-  // The block containing `ptr` and its base, or {0, nullptr}.
-  std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    auto it = blocks.upper_bound(ptr);
-    if (it == blocks.begin()) return {0, nullptr};
-    --it;
-    if (ptr >= it->first + it->second->size) return {0, nullptr};
-    return {it->first, it->second.get()};
-  }
-};
-
 Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
     : driver_(driver), options_(options) {}
 
@@ -135,7 +68,6 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   size_t reservation = options_.reservation_bytes != 0 ? options_.reservation_bytes : 2 * total;
   reservation = RoundUp(std::max(reservation, granularity), granularity);
   auto* heap = new DeviceHeap(device, granularity, reservation);
-  heap->stats.device = device;
   heap->cache_limit = options_.cache_limit_percent >= 0
                           ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
                           : options_.cache_limit_bytes;
@@ -540,7 +472,7 @@ absl::Status Allocator::ApplyAccess(DeviceHeap& heap) {
     uint64_t add = 0, remove = 0;
     std::vector<Block*> blocks;
   } run;
-  auto flush = [&] {
+  auto flush = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu) {
     if (run.blocks.empty()) return;
     std::vector<CUmemAccessDesc> descs;
     for (int d = 0; d < kMaxDevices; ++d) {

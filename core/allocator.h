@@ -85,11 +85,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/driver_api.h"
 #include "core/peer_policy.h"
+#include "core/slab.h"
+#include "core/va_arena.h"
 
 namespace vmmshim {
 
@@ -250,8 +253,74 @@ class Allocator {
   absl::Status ReleaseAll();
 
  private:
-  struct Block;
-  struct DeviceHeap;
+  // One physical handle mapped at its base address.
+  struct Block {
+    size_t size = 0;  // mapped bytes, a multiple of the granularity
+    CUmemGenericAllocationHandle handle = 0;
+    CUcontext context = nullptr;
+    size_t requested = 0;         // large blocks: the bytes asked for
+    std::unique_ptr<Slab> slab;   // packed granules only
+    uint64_t allowed = 0;         // devices the policy allows (owner included)
+    std::string tag;              // the allocations' tag ("" = none)
+    uint64_t explicit_grant = 0;  // GrantPeer: peers granted whatever the policy says
+    uint64_t explicit_revoke = 0; // RevokePeer: peers denied whatever the policy says
+    uint64_t access = 0;          // devices with read-write access now
+    bool sealed = false;          // packed: takes no new allocations
+    bool cached = false;          // large: freed, kept mapped for reuse
+
+    size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
+    bool has_explicit() const { return (explicit_grant | explicit_revoke) != 0; }
+    // The devices that should have access, given the peers that enabled it.
+    uint64_t Target(int owner, uint64_t enabled) const {
+      const uint64_t self = uint64_t{1} << owner;
+      return (((allowed & enabled) | explicit_grant) & ~explicit_revoke) | self;
+    }
+  };
+
+
+
+  struct DeviceHeap {
+    DeviceHeap(int device, size_t granularity, size_t reservation_bytes)
+        : device(device),
+          granularity(granularity),
+          reservation_bytes(reservation_bytes),
+          arena(granularity) {
+      stats.device = device;  // not yet shared, so no lock is needed
+    }
+
+    const int device;
+    const size_t granularity;
+    const size_t reservation_bytes;
+
+    mutable absl::Mutex mu;
+    VaArena arena ABSL_GUARDED_BY(mu);
+    // Blocks by base address; boxed so that Block pointers stay valid while
+    // the map changes.
+    absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks ABSL_GUARDED_BY(mu);
+    // Packed granules with free units, by base address.
+    absl::btree_set<CUdeviceptr> open_granules ABSL_GUARDED_BY(mu);
+    // The cache: freed large blocks and empty granules stay mapped, with their
+    // access set, and serve later requests without any driver call, up to
+    // `cache_limit` bytes per device.
+    size_t cache_limit = 0;
+    size_t cached_bytes ABSL_GUARDED_BY(mu) = 0;
+    absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large ABSL_GUARDED_BY(mu);
+    absl::btree_set<CUdeviceptr> empty_granules ABSL_GUARDED_BY(mu);
+    // Unmapped handles whose cuMemRelease failed, retried later.
+    std::vector<CUmemGenericAllocationHandle> orphan_handles ABSL_GUARDED_BY(mu);
+    DeviceStats stats ABSL_GUARDED_BY(mu);
+    std::array<int, kMaxDevices> denials_logged ABSL_GUARDED_BY(mu){};
+
+    // The block containing `ptr` and its base, or {0, nullptr}.
+    std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      auto it = blocks.upper_bound(ptr);
+      if (it == blocks.begin()) return {0, nullptr};
+      --it;
+      if (ptr >= it->first + it->second->size) return {0, nullptr};
+      return {it->first, it->second.get()};
+    }
+  };
 
   // The heap of `device`, created on first use; nullptr when the device has
   // no VMM support (logged once per device).

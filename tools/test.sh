@@ -2,15 +2,33 @@
 # Installs dependencies, builds, and runs every test: unit and contract tests
 # on the simulated driver, end-to-end preload tests on the simulated
 # libcuda.so.1, and the gpu-labelled checks, which skip with their reason
-# where no GPU is present.
+# where no GPU is present; then the checking builds (sanitizers, lock
+# contracts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/build.sh
-cd build
 status=0
-ctest --output-on-failure -j2 || status=$?
-if grep -h "^SKIP:" Testing/Temporary/LastTest.log >/dev/null 2>&1; then
+(cd build && ctest --output-on-failure -j2) || status=$?
+if grep -h "^SKIP:" build/Testing/Temporary/LastTest.log >/dev/null 2>&1; then
   echo "Skipped tests said:"
-  grep -h "^SKIP:" Testing/Temporary/LastTest.log | sort | uniq -c
+  grep -h "^SKIP:" build/Testing/Temporary/LastTest.log | sort | uniq -c
+fi
+
+# Checking builds (docs/reliability.md): the unit, contract, fault-sweep and
+# stress tests under AddressSanitizer + UndefinedBehaviorSanitizer, and
+# clang's thread-safety analysis of the lock annotations, as errors.
+echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DVMMSHIM_SANITIZE=address,undefined \
+  -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$(nproc)" --target vmmshim_unit_tests >/dev/null
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  build-asan/tests/vmmshim_unit_tests --gtest_brief=1 2>&1 | grep -vE "^\[vmmshim" || status=1
+echo "== clang -Wthread-safety (lock contracts) over libvmmshim.so"
+CC=clang CXX=clang++ cmake -S . -B build-tsa -DVMMSHIM_THREAD_SAFETY_ANALYSIS=ON \
+  -DVMMSHIM_BUILD_TESTS=OFF -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
+if cmake --build build-tsa -j"$(nproc)" --target vmmshim >/dev/null; then
+  echo "thread-safety analysis: clean"
+else
+  echo "thread-safety analysis: FAILED"; status=1
 fi
 exit $status
