@@ -31,4 +31,21 @@ if cmake --build build-tsa -j"$(nproc)" --target vmmshim >/dev/null; then
 else
   echo "thread-safety analysis: FAILED"; status=1
 fi
+echo "== fuzzing the config, size and rules-file parsers (libFuzzer, 15 s each)"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DVMMSHIM_FUZZ=ON -DVMMSHIM_SANITIZE=address,undefined \
+  -DVMMSHIM_BUILD_TESTS=OFF -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_rules_file fuzz_parse_bytes fuzz_config >/dev/null
+for pair in rules_file:rules parse_bytes:bytes config:config; do
+  target=${pair%%:*} corpus=${pair##*:}
+  work=build-fuzz/corpus-$corpus
+  mkdir -p "$work" && cp tests/fuzz/corpus/$corpus/* "$work/"
+  if build-fuzz/tests/fuzz/fuzz_$target -max_total_time=15 -timeout=10 "$work" \
+       > "build-fuzz/fuzz_$target.log" 2>&1; then
+    echo "fuzz_$target: $(grep -E '^Done' "build-fuzz/fuzz_$target.log")"
+  else
+    echo "fuzz_$target: FAILED (build-fuzz/fuzz_$target.log; crash input saved as crash-*)"
+    tail -20 "build-fuzz/fuzz_$target.log"
+    status=1
+  fi
+done
 exit $status
