@@ -216,14 +216,6 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
       }
     }
   }
-  if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
-  if (!result.config.enable) {
-    // Pure pass-through: peer settings do not matter, so nothing is fatal.
-    for (std::string& p : result.fatal_problems) {
-      result.problems.push_back(absl::StrCat(p, " (ignored: VMMSHIM_ENABLE=0)"));
-    }
-    result.fatal_problems.clear();
-  }
   for (const std::string& name : environ_names) {
     if (!absl::StartsWith(name, kPrefix)) continue;
     bool known = false;
@@ -237,6 +229,14 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
            : result.problems)
           .push_back(absl::StrCat(name, " is not a vmmshim option; options are:", names));
     }
+  }
+  if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
+  if (!result.config.enable) {
+    // Pure pass-through: peer settings do not matter, so nothing is fatal.
+    for (std::string& p : result.fatal_problems) {
+      result.problems.push_back(absl::StrCat(p, " (ignored: VMMSHIM_ENABLE=0)"));
+    }
+    result.fatal_problems.clear();
   }
   return result;
 }

@@ -4,7 +4,8 @@
 # CMake's FindCUDAToolkit finds it under /usr/local/cuda.
 set -euo pipefail
 packages=(cmake g++ make libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
-          nlohmann-json3-dev libcli11-dev file binutils clang libclang-rt-14-dev)
+          nlohmann-json3-dev libcli11-dev file binutils clang libclang-rt-14-dev
+          python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

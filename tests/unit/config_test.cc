@@ -80,6 +80,9 @@ TEST(ConfigTest, DisabledShimIgnoresPeerSettings) {
   EXPECT_TRUE(r.fatal_problems.empty());
   ASSERT_EQ(r.problems.size(), 1u);
   EXPECT_NE(r.problems[0].find("ignored: VMMSHIM_ENABLE=0"), std::string::npos);
+  r = Parse({{"VMMSHIM_ENABLE", "0"}, {"VMMSHIM_PEER_POLCY", "none"}});  // a typo, too
+  EXPECT_TRUE(r.fatal_problems.empty());
+  EXPECT_EQ(r.problems.size(), 1u);
 }
 
 TEST(ConfigTest, EveryOptionIsDocumented) {
