@@ -16,6 +16,32 @@ namespace {
 
 constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
+// The device of a context, remembered per thread so that a cache hit makes
+// no cuCtxGetDevice call. A context handle names one device for its whole
+// life, but a destroyed context's handle can be reused by a new context on
+// another device; ForgetContext (and every new Allocator) moves the epoch, so
+// every thread asks the driver again.
+std::atomic<uint64_t> g_context_epoch{1};
+struct ContextMemo {
+  CUcontext context = nullptr;
+  int device = -1;
+  uint64_t epoch = 0;
+};
+thread_local ContextMemo t_context_memo;
+
+std::vector<CUmemAccessDesc> ReadWriteDescriptors(uint64_t devices) {
+  std::vector<CUmemAccessDesc> access;
+  for (int d = 0; d < 64; ++d) {
+    if ((devices >> d & 1) == 0) continue;
+    CUmemAccessDesc desc = {};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = d;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(desc);
+  }
+  return access;
+}
+
 CUmemAllocationProp DeviceProp(int device) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -27,7 +53,30 @@ CUmemAllocationProp DeviceProp(int device) {
 }  // namespace
 
 Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
-    : driver_(driver), options_(options) {}
+    : driver_(driver), options_(options) {
+  // Another allocator (tests) may see the same context handles on other
+  // devices.
+  g_context_epoch.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Allocator::ForgetContext(CUcontext /*context*/) {
+  g_context_epoch.fetch_add(1, std::memory_order_acq_rel);
+}
+
+bool Allocator::CurrentContext(CUcontext* context, int* device) {
+  if (driver_.cuCtxGetCurrent(context) != CUDA_SUCCESS || *context == nullptr) return false;
+  ContextMemo& memo = t_context_memo;
+  const uint64_t epoch = g_context_epoch.load(std::memory_order_acquire);
+  if (memo.context == *context && memo.epoch == epoch) {
+    *device = memo.device;
+    return true;
+  }
+  CUdevice d = 0;
+  if (driver_.cuCtxGetDevice(&d) != CUDA_SUCCESS) return false;
+  memo = ContextMemo{*context, d, epoch};
+  *device = d;
+  return true;
+}
 
 Allocator::~Allocator() {
   absl::Status status = ReleaseAll();
@@ -101,9 +150,8 @@ absl::StatusOr<int> Allocator::DeviceCount() {
 
 absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::string_view tag) {
   CUcontext context = nullptr;
-  CUdevice device = 0;
-  if (driver_.cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr ||
-      driver_.cuCtxGetDevice(&device) != CUDA_SUCCESS) {
+  int device = 0;
+  if (!CurrentContext(&context, &device)) {
     return Allocation{};  // the driver reports its own error for this state
   }
   absl::StatusOr<DeviceHeap*> heap_or = HeapFor(device);
@@ -226,13 +274,20 @@ absl::Status Allocator::ReserveMore(DeviceHeap& heap, size_t at_least) {
 absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
                                                    const Placement& placement, size_t size,
                                                    bool packed) {
+  // The driver calls (tens of microseconds each) run without the heap lock,
+  // so cache hits and frees on this device go on meanwhile. The new block
+  // joins the heap only when it is fully mapped.
+  //
   // Physical memory first: it is what runs out, and a request the device
   // cannot hold must not leave a (possibly huge) VA reservation behind.
   const CUmemAllocationProp prop = DeviceProp(heap.device);
   CUmemGenericAllocationHandle handle = 0;
+  heap.mu.Unlock();
   CUresult r = driver_.cuMemCreate(&handle, size, &prop, 0);
+  heap.mu.Lock();
   if (r == CUDA_ERROR_OUT_OF_MEMORY && heap.cached_bytes > 0) {
-    // Cached memory is free memory to the application: give it back first.
+    // Cached memory is free memory to the application: give it back first
+    // (rare, so under the lock).
     TrimLocked(heap);
     r = driver_.cuMemCreate(&handle, size, &prop, 0);
   }
@@ -245,31 +300,25 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
     }
     va = heap.arena.Allocate(size);
   }
-  r = driver_.cuMemMap(*va, size, 0, handle, 0);
-  if (r != CUDA_SUCCESS) {
-    driver_.cuMemRelease(handle);
-    heap.arena.Free(*va, size);
-    return DriverError(r, "cuMemMap");
-  }
   // The owner and every peer the placement allows now, in one call.
   const uint64_t self = uint64_t{1} << heap.device;
   const uint64_t target = (placement.allowed & EnabledPeers(heap.device)) | self;
-  std::vector<CUmemAccessDesc> access;
-  for (int d = 0; d < kMaxDevices; ++d) {
-    if ((target >> d & 1) == 0) continue;
-    CUmemAccessDesc desc = {};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = d;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    access.push_back(desc);
+  const std::vector<CUmemAccessDesc> access = ReadWriteDescriptors(target);
+  heap.mu.Unlock();
+  const char* failed = "cuMemMap";
+  r = driver_.cuMemMap(*va, size, 0, handle, 0);
+  const bool mapped = r == CUDA_SUCCESS;
+  if (mapped) {
+    failed = "cuMemSetAccess";
+    r = driver_.cuMemSetAccess(*va, size, access.data(), access.size());
+    if (r != CUDA_SUCCESS) driver_.cuMemUnmap(*va, size);
   }
-  r = driver_.cuMemSetAccess(*va, size, access.data(), access.size());
-  ++heap.stats.set_access_calls;
+  if (r != CUDA_SUCCESS) driver_.cuMemRelease(handle);
+  heap.mu.Lock();
+  if (mapped) ++heap.stats.set_access_calls;
   if (r != CUDA_SUCCESS) {
-    driver_.cuMemUnmap(*va, size);
-    driver_.cuMemRelease(handle);
     heap.arena.Free(*va, size);
-    return DriverError(r, "cuMemSetAccess");
+    return DriverError(r, failed);
   }
   auto owned = std::make_unique<Block>();
   Block& block = *owned;
@@ -292,6 +341,14 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
   heap.stats.peak_handle_bytes = std::max(heap.stats.peak_handle_bytes, heap.stats.handle_bytes);
   handles_.fetch_add(1, std::memory_order_relaxed);
   AddHandleBytes(static_cast<int64_t>(size));
+  // A peer enabled or disabled while the lock was released did not see this
+  // block: bring it to the current target now.
+  if (((placement.allowed & EnabledPeers(heap.device)) | self) != target) {
+    if (absl::Status applied = ApplyAccess(heap); !applied.ok()) {
+      DestroyBlock(heap, *va).IgnoreError();
+      return applied;
+    }
+  }
   return *va;
 }
 

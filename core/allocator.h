@@ -61,9 +61,13 @@
 // another live allocation that is neither in the same state nor tagged (the
 // rule is spelled out at GrantPeer).
 //
-// Thread safety: all methods may be called concurrently. Each device has its
-// own mutex (held across the driver calls of a slow-path allocation); pointer
-// lookups take a shared lock on the reservation map.
+// Thread safety: all methods may be called concurrently, except ReleaseAll
+// and destruction, which must not overlap other calls. Each device has its
+// own mutex; it is not held across the cuMemCreate/cuMemMap/cuMemSetAccess
+// of a new block, so a slow-path allocation does not stall cache hits on the
+// same device (it is held across the rarer unmap of a block the cache cannot
+// keep, VA reservation, and cache release on OOM). Pointer lookups take a
+// shared lock on the reservation map.
 //
 // Process exit: the shim never destroys its Allocator. When the driver is
 // already torn down (CUDA_ERROR_DEINITIALIZED, seen when cudart frees at
@@ -215,6 +219,11 @@ class Allocator {
   // reporting CUDA_ERROR_OUT_OF_MEMORY.
   size_t Trim(int device = -1);
 
+  // `context` was destroyed or reset (cuCtxDestroy, cuDevicePrimaryCtxReset):
+  // forgets which device it belonged to, on every thread, so that a new
+  // context that reuses the handle is asked about again.
+  void ForgetContext(CUcontext context);
+
   // Records a request the caller handed to the driver (for statistics).
   void NotePassThrough(size_t bytes);
 
@@ -340,7 +349,8 @@ class Allocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   // Creates and maps one handle of `size` bytes and grants it to the owner
   // and the peers its placement allows now, in one cuMemSetAccess; undoes
-  // itself on failure. Returns the new block's base.
+  // itself on failure. Returns the new block's base. Releases heap.mu around
+  // the driver calls (held again on return).
   absl::StatusOr<CUdeviceptr> CreateBlock(DeviceHeap& heap, const Placement& placement,
                                           size_t size, bool packed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
@@ -358,6 +368,11 @@ class Allocator {
     return enabled_mask_[owner].load(std::memory_order_acquire);
   }
   absl::StatusOr<int> DeviceCount();
+  // The current context and its device; false when none is current.
+  // cuCtxGetCurrent every time (the driver's thread-local read: contexts can
+  // change through paths the shim does not see), cuCtxGetDevice only for a
+  // context this thread has not met since the last ForgetContext.
+  bool CurrentContext(CUcontext* context, int* device);
   absl::Status ReserveMore(DeviceHeap& heap, size_t at_least)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   absl::Status DestroyBlock(DeviceHeap& heap, CUdeviceptr base)

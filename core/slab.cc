@@ -1,5 +1,6 @@
 #include "core/slab.h"
 
+#include <algorithm>
 #include <iterator>
 
 namespace vmmshim {
@@ -43,29 +44,42 @@ std::optional<std::pair<size_t, size_t>> Slab::Find(size_t offset) const {
 }
 
 void Slab::Mark(size_t first, size_t count, bool used) {
-  for (size_t u = first; u < first + count; ++u) {
-    const uint64_t bit = uint64_t{1} << (u % 64);
+  // A word at a time: a 64 KiB request is 256 units, four words.
+  size_t u = first;
+  const size_t end = first + count;
+  while (u < end) {
+    const size_t bit = u % 64;
+    const size_t n = std::min<size_t>(64 - bit, end - u);
+    const uint64_t mask = (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << bit;
     if (used) {
-      bits_[u / 64] |= bit;
+      bits_[u / 64] |= mask;
     } else {
-      bits_[u / 64] &= ~bit;
+      bits_[u / 64] &= ~mask;
     }
+    u += n;
   }
 }
 
+size_t Slab::NextUnit(size_t from, bool used) const {
+  size_t w = from / 64;
+  if (w >= bits_.size()) return units_;
+  // Bits equal to `used` become ones; those below `from` are masked off.
+  uint64_t word = (used ? bits_[w] : ~bits_[w]) & (~uint64_t{0} << (from % 64));
+  while (word == 0) {
+    if (++w == bits_.size()) return units_;
+    word = used ? bits_[w] : ~bits_[w];
+  }
+  return std::min(units_, w * 64 + static_cast<size_t>(__builtin_ctzll(word)));
+}
+
 std::optional<size_t> Slab::FindRun(size_t from, size_t count) const {
-  size_t run = 0;
-  for (size_t u = from; u < units_; ++u) {
-    // Skip whole used words quickly.
-    if (run == 0 && u % 64 == 0 && bits_[u / 64] == ~uint64_t{0}) {
-      u += 63;
-      continue;
-    }
-    if (IsFree(u)) {
-      if (++run == count) return u + 1 - count;
-    } else {
-      run = 0;
-    }
+  size_t u = from;
+  while (u < units_) {
+    u = NextUnit(u, /*used=*/false);
+    if (u >= units_) break;
+    const size_t end = NextUnit(u, /*used=*/true);
+    if (end - u >= count) return u;
+    u = end;
   }
   return std::nullopt;
 }

@@ -49,8 +49,9 @@ class Slab {
   size_t allocations() const { return live_.size(); }
 
  private:
-  bool IsFree(size_t unit) const { return !(bits_[unit / 64] >> (unit % 64) & 1); }
   void Mark(size_t first, size_t count, bool used);
+  // The first unit at or after `from` whose state is `used`, or units_.
+  size_t NextUnit(size_t from, bool used) const;
   // First unit of a free run of `count` units at or after `from`, scanning
   // to the end; nullopt when none.
   std::optional<size_t> FindRun(size_t from, size_t count) const;

@@ -3,6 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -149,7 +152,33 @@ CUresult Enter(State& s, const char* entry, bool needs_init = true) {
   return CUDA_SUCCESS;
 }
 
+// HoldCalls: a call of the held entry parks here, before the driver's mutex,
+// until ReleaseHeldCalls.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> armed{false};
+  std::string entry;
+  int parked = 0;
+  bool open = true;
+};
+Gate& TheGate() {
+  static Gate* gate = new Gate;
+  return *gate;
+}
+void PassGate(const char* entry) {
+  Gate& g = TheGate();
+  if (!g.armed.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(g.mu);
+  if (g.open || g.entry != entry) return;
+  ++g.parked;
+  g.cv.notify_all();
+  g.cv.wait(lock, [&] { return g.open; });
+  --g.parked;
+}
+
 #define SIM_ENTER(entry)                            \
+  PassGate(entry);                                  \
   State& s = S();                                   \
   std::lock_guard<std::mutex> lock(s.mu);           \
   if (CUresult r = Enter(s, entry); r != CUDA_SUCCESS) return r
@@ -288,6 +317,28 @@ void Reset(const SimOptions& options) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
   ResetLocked(s, options);
+}
+
+void HoldCalls(const std::string& entry) {
+  Gate& g = TheGate();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.entry = entry;
+  g.open = false;
+  g.armed.store(true, std::memory_order_release);
+}
+
+bool WaitForHeldCall(int timeout_ms) {
+  Gate& g = TheGate();
+  std::unique_lock<std::mutex> lock(g.mu);
+  return g.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return g.parked > 0; });
+}
+
+void ReleaseHeldCalls() {
+  Gate& g = TheGate();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.open = true;
+  g.armed.store(false, std::memory_order_release);
+  g.cv.notify_all();
 }
 
 void FailCall(const std::string& entry, int nth, CUresult code) {

@@ -433,20 +433,96 @@ TEST_F(AllocatorTest, CachedBlocksKeepTheirAccessSet) {
 }
 
 TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {
-  // Golden record of driver calls per operation on the packed fast path:
-  // only the two context queries that identify the device.
+  // Golden record of driver calls per operation on the fast paths: a cache
+  // hit (packed or large) asks only which context is current (the driver's
+  // thread-local read); the context's device is remembered per thread.
   Allocator a(api_);
   CUdeviceptr warm = MustAllocate(a, 512);
+  CUdeviceptr large = MustAllocate(a, 4 * kMiB);
+  ASSERT_TRUE(a.Free(large).value());
   sim::ResetCallCounts();
   CUdeviceptr p = MustAllocate(a, 512);
-  EXPECT_EQ(sim::CallCount("cuCtxGetCurrent"), 1u);
-  EXPECT_EQ(sim::CallCount("cuCtxGetDevice"), 1u);
+  CUdeviceptr q = MustAllocate(a, 4 * kMiB);
+  EXPECT_EQ(q, large);
+  EXPECT_EQ(sim::CallCount("cuCtxGetCurrent"), 2u);
+  EXPECT_EQ(sim::CallCount("cuCtxGetDevice"), 0u);
   for (const char* e : {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemAddressReserve",
-                        "cuDeviceGetAttribute", "cuMemGetAllocationGranularity"}) {
+                        "cuDeviceGetAttribute", "cuMemGetAllocationGranularity",
+                        "cuDeviceGetCount"}) {
     EXPECT_EQ(sim::CallCount(e), 0u) << e;
   }
-  ASSERT_TRUE(a.Free(p).value());
-  ASSERT_TRUE(a.Free(warm).value());
+  // After ForgetContext (a context was destroyed somewhere) the device is
+  // asked for again, once.
+  a.ForgetContext(nullptr);
+  CUdeviceptr r = MustAllocate(a, 512);
+  EXPECT_EQ(sim::CallCount("cuCtxGetDevice"), 1u);
+  for (CUdeviceptr x : {p, q, r, warm}) ASSERT_TRUE(a.Free(x).value());
+}
+
+TEST_F(AllocatorTest, ContextSwitchesReachTheRightDevice) {
+  // The per-thread memo of the context's device must follow cuCtxSetCurrent.
+  Allocator a(api_);
+  CUcontext ctx1;
+  ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS);
+  CUdeviceptr on0 = MustAllocate(a, 512);
+  ASSERT_EQ(sim::cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+  CUdeviceptr on1 = MustAllocate(a, 512);
+  EXPECT_EQ(a.Find(on0)->device, 0);
+  EXPECT_EQ(a.Find(on1)->device, 1);
+  ASSERT_TRUE(a.Free(on1).value());
+  ASSERT_TRUE(a.Free(on0).value());
+}
+
+TEST_F(AllocatorTest, CacheHitDoesNotWaitForAnotherThreadsDriverCalls) {
+  // One thread's new allocation is parked inside cuMemCreate; a cache hit
+  // and a free on the same device complete meanwhile (no heap lock is held
+  // across the driver call).
+  Allocator a(api_);
+  CUdeviceptr cached = MustAllocate(a, 4 * kMiB);
+  CUdeviceptr small = MustAllocate(a, 512);
+  ASSERT_TRUE(a.Free(cached).value());
+  CUcontext ctx;
+  ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
+  sim::HoldCalls("cuMemCreate");
+  std::atomic<CUdeviceptr> cold{0};
+  std::thread slow([&] {
+    sim::cuCtxSetCurrent(ctx);
+    cold = MustAllocate(a, 64 * kMiB);
+  });
+  ASSERT_TRUE(sim::WaitForHeldCall(10000));
+  CUdeviceptr hit = MustAllocate(a, 4 * kMiB);
+  EXPECT_EQ(hit, cached);
+  ASSERT_TRUE(a.Free(small).value());
+  EXPECT_EQ(cold.load(), 0u);  // still parked in the driver
+  sim::ReleaseHeldCalls();
+  slow.join();
+  ASSERT_NE(cold.load(), 0u);
+  EXPECT_EQ(a.Find(cold.load())->allocation_size, 64 * kMiB);
+  ASSERT_TRUE(a.Free(cold.load()).value());
+  ASSERT_TRUE(a.Free(hit).value());
+}
+
+TEST_F(AllocatorTest, PeerEnabledDuringANewAllocationIsGranted) {
+  // EnablePeer runs while a new block's cuMemCreate is in progress without
+  // the heap lock: the block must still end up granted to the peer.
+  Allocator a(api_);
+  CUcontext ctx;
+  ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
+  sim::HoldCalls("cuMemCreate");
+  std::atomic<CUdeviceptr> p{0};
+  std::thread t([&] {
+    sim::cuCtxSetCurrent(ctx);
+    p = MustAllocate(a, 4 * kMiB);
+  });
+  ASSERT_TRUE(sim::WaitForHeldCall(10000));
+  ASSERT_TRUE(a.EnablePeer(1, 0).ok());
+  sim::ReleaseHeldCalls();
+  t.join();
+  ASSERT_NE(p.load(), 0u);
+  char c;
+  EXPECT_EQ(sim::DeviceRead(1, &c, p.load(), 1), CUDA_SUCCESS);
+  EXPECT_TRUE(a.PeerHasAccess(p.load(), 1).value());
+  ASSERT_TRUE(a.Free(p.load()).value());
 }
 
 TEST_F(AllocatorTest, ConcurrentAllocateAndFree) {

@@ -1,5 +1,8 @@
 #include "core/slab.h"
 
+#include <optional>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -52,6 +55,50 @@ TEST(SlabTest, ReusesFreedHoles) {
   auto again = slab.Allocate(512);
   ASSERT_TRUE(again);
   EXPECT_EQ(*again, offs[100]);
+}
+
+// The word-at-a-time search against a unit-at-a-time model of the same
+// rule (first fit from the hint, then from the start), on a slab whose size
+// is not a multiple of 64 units, with runs that cross words.
+TEST(SlabTest, MatchesAUnitByUnitModel) {
+  constexpr size_t kUnits = 1000;
+  Slab slab(kUnits * Slab::kUnit);
+  std::vector<bool> used(kUnits, false);
+  size_t hint = 0;
+  auto model_find = [&](size_t from, size_t count) -> std::optional<size_t> {
+    size_t run = 0;
+    for (size_t u = from; u < kUnits; ++u) {
+      run = used[u] ? 0 : run + 1;
+      if (run == count) return u + 1 - count;
+    }
+    return std::nullopt;
+  };
+  std::mt19937 rng(7);
+  std::vector<std::pair<size_t, size_t>> live;  // offset, bytes
+  for (int step = 0; step < 20000; ++step) {
+    if (live.empty() || rng() % 3 != 0) {
+      const size_t bytes = 1 + rng() % (rng() % 4 == 0 ? 100 * Slab::kUnit : 3 * Slab::kUnit);
+      const size_t count = (bytes + Slab::kUnit - 1) / Slab::kUnit;
+      std::optional<size_t> want = model_find(hint, count);
+      if (!want && hint != 0) want = model_find(0, count);
+      std::optional<size_t> got = slab.Allocate(bytes);
+      ASSERT_EQ(got.has_value(), want.has_value()) << "step " << step;
+      if (!got) continue;
+      ASSERT_EQ(*got, *want * Slab::kUnit) << "step " << step;
+      for (size_t u = *want; u < *want + count; ++u) used[u] = true;
+      hint = *want + count == kUnits ? 0 : *want + count;
+      live.emplace_back(*got, bytes);
+    } else {
+      const size_t i = rng() % live.size();
+      ASSERT_EQ(slab.Free(live[i].first), live[i].second);
+      const size_t first = live[i].first / Slab::kUnit;
+      for (size_t u = first; u < first + (live[i].second + Slab::kUnit - 1) / Slab::kUnit; ++u) {
+        used[u] = false;
+      }
+      live[i] = live.back();
+      live.pop_back();
+    }
+  }
 }
 
 }  // namespace
