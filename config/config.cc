@@ -99,6 +99,23 @@ bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
   return ApplyPidPath(value, pid, &config->stats_file);
 }
 
+bool ApplyIpc(absl::string_view value, int, Config* config) {
+  return absl::SimpleAtob(value, &config->ipc);
+}
+
+bool ApplyIpcDir(absl::string_view value, int, Config* config) {
+  if (value.empty() || value[0] != '/') return false;
+  config->ipc_dir = std::string(value);
+  return true;
+}
+
+bool ApplyCompression(absl::string_view value, int, Config* config) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (v != "generic" && v != "none") return false;
+  config->compression = v == "generic";
+  return true;
+}
+
 // Resolves the peer policy from the options; problems are fatal.
 void ResolvePeerPolicy(ParseResult* result) {
   Config& c = result->config;
@@ -186,6 +203,23 @@ constexpr OptionInfo kOptions[] = {
      "Records every allocation and free as CSV (time, thread, device, op, size, pointer) for "
      "replay with bench/replay; written at exit.",
      &ApplyTraceFile, false},
+    {"VMMSHIM_IPC", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
+     "1: shim memory is created shareable (POSIX file-descriptor handle type) and "
+     "cudaIpcGetMemHandle/cudaIpcOpenMemHandle work on it between processes of the same user "
+     "(docs/ipc.md); 0: memory is not shareable and IPC calls reach the driver, which rejects "
+     "VMM memory.",
+     &ApplyIpc, false},
+    {"VMMSHIM_IPC_DIR", "path", "/tmp/vmmshim-<uid>",
+     "an absolute directory path; created with mode 0700 when missing",
+     "Where exporting processes keep their IPC sockets. Exporter and importer must use the same "
+     "directory. One owned by another user, or open to others, is refused with one message "
+     "and IPC exports fail.",
+     &ApplyIpcDir, false},
+    {"VMMSHIM_COMPRESSION", "enum", "none", "none, generic (any case)",
+     "generic: request compressible memory (CUDA guide 4.16.5.2) on devices that report "
+     "generic compression support; whether the driver granted it is logged once per device and "
+     "in the exit report.",
+     &ApplyCompression, false},
 };
 
 }  // namespace

@@ -50,6 +50,13 @@ struct Config {
   // cache_limit_percent >= 0, else cache_limit_bytes.
   double cache_limit_percent = 10;
   size_t cache_limit_bytes = 0;
+  // VMMSHIM_IPC: physical memory is made exportable (POSIX-fd handle type)
+  // and cuIpcGetMemHandle/cuIpcOpenMemHandle work on shim memory.
+  bool ipc = true;
+  // VMMSHIM_IPC_DIR: where exporters' sockets live; empty = /tmp/vmmshim-<uid>.
+  std::string ipc_dir;
+  // VMMSHIM_COMPRESSION=generic: request compressible memory.
+  bool compression = false;
 };
 
 struct OptionInfo {

@@ -1,6 +1,10 @@
 #include "core/allocator.h"
 
+#include <sys/random.h>
+
+#include <iterator>
 #include <limits>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -106,7 +110,34 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
     no_vmm_[device].store(true, std::memory_order_release);
     return nullptr;
   }
-  const CUmemAllocationProp prop = DeviceProp(device);
+  CUmemAllocationProp prop = DeviceProp(device);
+  if (options_.exportable) {
+    int fd_handles = 0;
+    r = driver_.cuDeviceGetAttribute(
+        &fd_handles, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device);
+    if (r == CUDA_SUCCESS && fd_handles != 0) {
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    } else {
+      Log().info("device {} has no POSIX file-descriptor handles: its memory cannot be shared "
+                 "through cuIpcGetMemHandle",
+                 device);
+    }
+  }
+  CompressionState compression = CompressionState::kOff;
+  if (options_.compression) {
+    int supported = 0;
+    r = driver_.cuDeviceGetAttribute(&supported,
+                                     CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, device);
+    if (r == CUDA_SUCCESS && supported != 0) {
+      prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
+    } else {
+      compression = CompressionState::kUnsupported;
+      Log().warn("device {} does not support generic compression "
+                 "(CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED = 0); its memory is "
+                 "not compressible",
+                 device);
+    }
+  }
   size_t granularity = 0;
   r = driver_.cuMemGetAllocationGranularity(&granularity, &prop,
                                             CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
@@ -117,6 +148,11 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   size_t reservation = options_.reservation_bytes != 0 ? options_.reservation_bytes : 2 * total;
   reservation = RoundUp(std::max(reservation, granularity), granularity);
   auto* heap = new DeviceHeap(device, granularity, reservation);
+  {
+    absl::MutexLock lock(&heap->mu);  // not yet shared; for the analysis
+    heap->prop = prop;
+    heap->stats.compression = compression;
+  }
   heap->cache_limit = options_.cache_limit_percent >= 0
                           ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
                           : options_.cache_limit_bytes;
@@ -280,11 +316,24 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
   //
   // Physical memory first: it is what runs out, and a request the device
   // cannot hold must not leave a (possibly huge) VA reservation behind.
-  const CUmemAllocationProp prop = DeviceProp(heap.device);
+  CUmemAllocationProp prop = heap.prop;
   CUmemGenericAllocationHandle handle = 0;
   heap.mu.Unlock();
   CUresult r = driver_.cuMemCreate(&handle, size, &prop, 0);
   heap.mu.Lock();
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY &&
+      prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE) {
+    // The driver refused compressible memory (with this handle type, say):
+    // go on without compression.
+    Log().warn("device {}: compressible cuMemCreate failed ({}); falling back to "
+               "uncompressed memory",
+               heap.device, CuResultName(r));
+    heap.prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+    heap.stats.compression = CompressionState::kNotGranted;
+    heap.compression_checked = true;
+    prop = heap.prop;
+    r = driver_.cuMemCreate(&handle, size, &prop, 0);
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY && heap.cached_bytes > 0) {
     // Cached memory is free memory to the application: give it back first
     // (rare, so under the lock).
@@ -292,6 +341,10 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
     r = driver_.cuMemCreate(&handle, size, &prop, 0);
   }
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemCreate");
+  if (prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE &&
+      !heap.compression_checked) {
+    CheckCompressionLocked(heap, handle);
+  }
   std::optional<CUdeviceptr> va = heap.arena.Allocate(size);
   if (!va) {
     if (absl::Status s = ReserveMore(heap, size); !s.ok()) {
@@ -329,6 +382,7 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
   block.allowed = placement.allowed;
   block.tag = placement.tag;
   block.access = target;
+  block.exportable = prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   if (packed) block.slab = std::make_unique<Slab>(size);
   for (int d = 0; d < kMaxDevices; ++d) {
     if ((target & ~self) >> d & 1) {
@@ -420,13 +474,14 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
   const CUdeviceptr base = info->range_base;
   Block& block = *heap->blocks[base];
   absl::Status status;
+  DropExportLocked(*heap, ptr);
   if (!info->packed) {
     if (driver_gone) {
       // The driver has freed everything already; only forget the block.
       heap->blocks.erase(base);
       handles_.fetch_sub(1, std::memory_order_relaxed);
       AddHandleBytes(-static_cast<int64_t>(info->range_size));
-    } else if (!block.has_explicit() &&
+    } else if (!block.has_explicit() && !block.exported &&
                heap->cached_bytes + block.size <= heap->cache_limit) {
       // Keep it mapped, with its access set, for the next request that fits.
       block.cached = true;
@@ -702,6 +757,218 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   std::optional<PointerInfo> info = FindLocked(*heap, ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
   return (heap->blocks.at(info->range_base)->access >> peer & 1) != 0;
+}
+
+void Allocator::CheckCompressionLocked(DeviceHeap& heap, CUmemGenericAllocationHandle handle) {
+  heap.compression_checked = true;
+  CUmemAllocationProp got = {};
+  CUresult r = driver_.cuMemGetAllocationPropertiesFromHandle != nullptr
+                   ? driver_.cuMemGetAllocationPropertiesFromHandle(&got, handle)
+                   : CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) {
+    heap.stats.compression = CompressionState::kGranted;
+    Log().info("device {}: generic compression granted (cuMemGetAllocationPropertiesFromHandle)",
+               heap.device);
+    return;
+  }
+  heap.stats.compression = CompressionState::kNotGranted;
+  heap.prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+  Log().warn("device {}: compression requested but not granted ({}); later memory is made "
+             "without it",
+             heap.device,
+             r == CUDA_SUCCESS ? "the handle reports no compression" : CuResultName(r));
+}
+
+void Allocator::DropExportLocked(DeviceHeap& heap, CUdeviceptr base) {
+  auto it = heap.exports.find(base);
+  if (it == heap.exports.end()) return;
+  {
+    absl::MutexLock lock(&exports_mu_);
+    exports_.erase(std::string(it->second.begin(), it->second.end()));
+  }
+  heap.exports.erase(it);
+}
+
+absl::StatusOr<ExportedAllocation> Allocator::Export(CUdeviceptr ptr) {
+  const absl::Status invalid = DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
+  DeviceHeap* heap = HeapOfPointer(ptr);
+  if (heap == nullptr) return invalid;
+  absl::MutexLock lock(&heap->mu);
+  std::optional<PointerInfo> info = FindLocked(*heap, ptr);
+  if (!info) return invalid;
+  Block& block = *heap->blocks[info->range_base];
+  if (!block.exportable) {
+    Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} was made without a "
+               "shareable handle type (VMMSHIM_IPC=0 or no POSIX-fd support)",
+               info->allocation_base, heap->device);
+    return invalid;
+  }
+  ExportedAllocation out;
+  out.offset = info->allocation_base - info->range_base;
+  out.size = info->allocation_size;
+  out.handle_size = info->range_size;
+  out.device = heap->device;
+  auto it = heap->exports.find(info->allocation_base);
+  if (it != heap->exports.end()) {
+    out.token = it->second;
+    return out;
+  }
+  if (getrandom(out.token.data(), out.token.size(), 0) != static_cast<ssize_t>(out.token.size())) {
+    return DriverError(CUDA_ERROR_OPERATING_SYSTEM, "getrandom");
+  }
+  heap->exports[info->allocation_base] = out.token;
+  {
+    absl::MutexLock exports_lock(&exports_mu_);
+    exports_[std::string(out.token.begin(), out.token.end())] = {heap->device,
+                                                                 info->allocation_base};
+  }
+  block.exported = true;
+  if (block.slab != nullptr && !block.sealed) {
+    // New allocations must not land in memory another process maps.
+    block.sealed = true;
+    heap->open_granules.erase(info->range_base);
+  }
+  ++heap->stats.exports;
+  return out;
+}
+
+absl::StatusOr<int> Allocator::ExportFd(const std::array<uint8_t, 16>& token, uint64_t offset,
+                                        uint64_t size, uint64_t* handle_size) {
+  const absl::Status invalid = DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle");
+  std::pair<int, CUdeviceptr> where;
+  {
+    absl::MutexLock lock(&exports_mu_);
+    auto it = exports_.find(std::string(token.begin(), token.end()));
+    if (it == exports_.end()) return invalid;
+    where = it->second;
+  }
+  DeviceHeap* heap = heaps_[where.first].load(std::memory_order_acquire);
+  if (heap == nullptr) return invalid;
+  absl::MutexLock lock(&heap->mu);
+  // Freed (and maybe reallocated) since the lookup: the token must still be
+  // this allocation's.
+  auto it = heap->exports.find(where.second);
+  if (it == heap->exports.end() || it->second != token) return invalid;
+  std::optional<PointerInfo> info = FindLocked(*heap, where.second);
+  if (!info || info->allocation_base != where.second ||
+      info->allocation_base - info->range_base != offset || info->allocation_size != size) {
+    return invalid;
+  }
+  if (driver_.cuMemExportToShareableHandle == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "cuMemExportToShareableHandle");
+  }
+  int fd = -1;
+  CUresult r = driver_.cuMemExportToShareableHandle(
+      &fd, heap->blocks[info->range_base]->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) return DriverError(r, "cuMemExportToShareableHandle");
+  *handle_size = info->range_size;
+  return fd;
+}
+
+uint64_t Allocator::AccessTargets(int device, size_t bytes) {
+  const uint64_t self = uint64_t{1} << device;
+  absl::StatusOr<int> count = DeviceCount();
+  if (!count.ok() || device < 0 || device >= kMaxDevices) return self;
+  return (options_.peer_policy.AllowedMask(device, *count, bytes, "") & EnabledPeers(device)) |
+         self;
+}
+
+size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
+  if (context == nullptr) return 0;
+  ForgetContext(context);
+  bool any = false;
+  for (auto& slot : heaps_) {
+    DeviceHeap* heap = slot.load(std::memory_order_acquire);
+    if (heap == nullptr || any) continue;
+    absl::MutexLock lock(&heap->mu);
+    for (const auto& [base, block] : heap->blocks) any |= block->context == context;
+  }
+  // No driver call for a context the shim never served (it may be invalid).
+  if (!any) return 0;
+  // Work still queued in the context may use the memory.
+  if (synchronize) {
+    if (absl::Status synced = SynchronizeContext(context); !synced.ok()) {
+      Log().debug("synchronizing a released context: {}", synced.ToString());
+    }
+  }
+  size_t released = 0;
+  for (auto& slot : heaps_) {
+    DeviceHeap* heap = slot.load(std::memory_order_acquire);
+    if (heap == nullptr) continue;
+    absl::MutexLock lock(&heap->mu);
+    std::vector<CUdeviceptr> bases;
+    for (const auto& [base, block] : heap->blocks) {
+      if (block->context == context) bases.push_back(base);
+    }
+    if (bases.empty()) continue;
+    for (CUdeviceptr base : bases) {
+      Block& b = *heap->blocks[base];
+      uint64_t allocations = 0, bytes = 0;
+      if (b.slab != nullptr) {
+        allocations = b.slab->allocations();
+        bytes = b.slab->requested_bytes();
+      } else if (!b.cached) {
+        allocations = 1;
+        bytes = b.requested;
+      }
+      for (auto it = heap->exports.begin(); it != heap->exports.end();) {
+        auto next = std::next(it);
+        if (it->first >= base && it->first < base + b.size) DropExportLocked(*heap, it->first);
+        it = next;
+      }
+      heap->stats.live_bytes -= bytes;
+      live_allocations_.fetch_sub(allocations, std::memory_order_relaxed);
+      live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+      const size_t size = b.size;
+      if (absl::Status s = DestroyBlock(*heap, base); !s.ok()) {
+        Log().warn("device {}: releasing memory of a destroyed context: {}", heap->device,
+                   s.ToString());
+        if (heap->blocks.contains(base)) {
+          // Still mapped (unmap failed): forget it rather than serve it again.
+          heap->blocks.erase(base);
+          handles_.fetch_sub(1, std::memory_order_relaxed);
+          AddHandleBytes(-static_cast<int64_t>(size));
+          continue;
+        }
+      }
+      released += size;
+    }
+    ++heap->stats.context_releases;
+  }
+  return released;
+}
+
+void Allocator::PrepareFork() {
+  heaps_mu_.Lock();
+  peers_mu_.Lock();
+  for (auto& slot : heaps_) {
+    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) heap->mu.Lock();
+  }
+  ranges_mu_.Lock();
+  exports_mu_.Lock();
+}
+
+void Allocator::AfterForkParent() {
+  exports_mu_.Unlock();
+  ranges_mu_.Unlock();
+  for (auto it = heaps_.rbegin(); it != heaps_.rend(); ++it) {
+    if (DeviceHeap* heap = it->load(std::memory_order_acquire)) heap->mu.Unlock();
+  }
+  peers_mu_.Unlock();
+  heaps_mu_.Unlock();
+}
+
+void Allocator::AfterForkChild() {
+  // Unlocking would try to wake the parent's threads that were queued on a
+  // mutex (they do not exist here) and spin forever: the child, alone, gets
+  // fresh, unlocked mutexes instead.
+  new (&exports_mu_) absl::Mutex;
+  new (&ranges_mu_) absl::Mutex;
+  for (auto& slot : heaps_) {
+    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) new (&heap->mu) absl::Mutex;
+  }
+  new (&peers_mu_) absl::Mutex;
+  new (&heaps_mu_) absl::Mutex;
 }
 
 void Allocator::ReleaseOrphansLocked(DeviceHeap& heap) {

@@ -90,6 +90,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -117,7 +118,20 @@ struct AllocatorOptions {
   // cache_limit_percent >= 0, else cache_limit_bytes.
   double cache_limit_percent = 10;
   size_t cache_limit_bytes = 0;
+  // Physical memory is created with the POSIX file-descriptor handle type
+  // where the device supports it (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_
+  // DESCRIPTOR_SUPPORTED), so that Export can share it with other processes
+  // (guide section 4.16.3). false: no handle type, nothing exportable.
+  bool exportable = true;
+  // Request generic compression (guide section 4.16.5.2) where the device
+  // reports CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED; the first
+  // handle is checked with cuMemGetAllocationPropertiesFromHandle and, when
+  // the driver did not grant compression, later ones are made without it.
+  bool compression = false;
 };
+
+// What became of a compression request on one device.
+enum class CompressionState { kOff, kUnsupported, kGranted, kNotGranted };
 
 // Per-device statistics (DeviceStats) and per-peer counters.
 struct PeerCounters {
@@ -139,6 +153,9 @@ struct DeviceStats {
   uint64_t cache_hits = 0;    // large requests served from the cache
   uint64_t cache_misses = 0;  // large requests that made a new handle
   uint64_t cached_bytes = 0;  // mapped for reuse now
+  uint64_t exports = 0;       // allocations exported (Export)
+  uint64_t context_releases = 0;  // ReleaseContext calls that released memory here
+  CompressionState compression = CompressionState::kOff;
   std::array<PeerCounters, 64> peers{};  // indexed by peer device
 };
 
@@ -164,6 +181,16 @@ struct PointerInfo {
   int device = -1;
   CUcontext context = nullptr;      // current when allocated
   bool packed = false;
+};
+
+// An allocation made shareable by Export.
+struct ExportedAllocation {
+  // 128 random bits naming this export; ExportFd answers only to it.
+  std::array<uint8_t, 16> token{};
+  uint64_t offset = 0;       // of the allocation inside its physical handle
+  uint64_t size = 0;         // the allocation's requested bytes
+  uint64_t handle_size = 0;  // the physical handle's bytes (what an importer maps)
+  int device = -1;
 };
 
 class Allocator {
@@ -218,6 +245,55 @@ class Allocator {
   // the bytes released. Allocation also does this by itself, once, before
   // reporting CUDA_ERROR_OUT_OF_MEMORY.
   size_t Trim(int device = -1);
+
+  // Makes the live allocation containing `ptr` shareable with other
+  // processes: returns a token that ExportFd accepts until the allocation is
+  // freed. Exporting the same allocation again returns the same token.
+  // Exported memory is never cached for reuse: a freed exported block is
+  // unmapped and released at once (the driver keeps the physical memory
+  // alive while an importer still maps it), and a packed granule holding an
+  // exported allocation takes no new allocations. The importer can map the
+  // whole physical handle, which for a packed allocation is its granule
+  // (other allocations of the same context, policy and tag).
+  // Errors: CUDA_ERROR_INVALID_VALUE when `ptr` is not in a live shim
+  // allocation, or its memory was created without the POSIX-fd handle type
+  // (exportable = false, or unsupported by the device).
+  absl::StatusOr<ExportedAllocation> Export(CUdeviceptr ptr);
+
+  // A new POSIX file descriptor for the physical handle behind the export
+  // named by `token`, when `offset` and `size` match it (the caller owns and
+  // closes the descriptor); *handle_size is set to the handle's bytes.
+  // CUDA_ERROR_INVALID_VALUE when no live export has this token (never
+  // exported, freed, or forged) or offset/size differ; otherwise the
+  // driver's cuMemExportToShareableHandle error.
+  absl::StatusOr<int> ExportFd(const std::array<uint8_t, 16>& token, uint64_t offset,
+                               uint64_t size, uint64_t* handle_size);
+
+  // The devices that should access `bytes` of memory used on `device` that
+  // the shim maps but did not allocate (IPC imports): `device` itself and
+  // the peers that enabled access to it and that the policy allows for an
+  // untagged allocation of this size.
+  uint64_t AccessTargets(int device, size_t bytes);
+
+  // Releases everything allocated in `context` (live allocations, their
+  // cache, their exports), after synchronizing it: what the driver does to a
+  // context's cuMemAlloc memory when the context is destroyed or reset
+  // (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
+  // cuDevicePrimaryCtxRelease). VA reservations stay for reuse. Returns the
+  // physical bytes released. Pointers into the released memory become
+  // unknown (Free gives CUDA_ERROR_INVALID_VALUE, as the driver does).
+  // `synchronize` false: the context is already gone (its destruction waited
+  // for its work). Makes no driver call when nothing of `context` is held.
+  size_t ReleaseContext(CUcontext context, bool synchronize);
+
+  // fork(): PrepareFork takes every lock of the allocator, in lock order, so
+  // that no other thread holds one at the fork; AfterForkParent releases
+  // them; AfterForkChild gives the child (a single thread) fresh, unlocked
+  // mutexes, since unlocking one that the parent's other threads queued on
+  // would wait for threads the child does not have. For pthread_atfork.
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // `context` was destroyed or reset (cuCtxDestroy, cuDevicePrimaryCtxReset):
   // forgets which device it belonged to, on every thread, so that a new
@@ -276,6 +352,8 @@ class Allocator {
     uint64_t access = 0;          // devices with read-write access now
     bool sealed = false;          // packed: takes no new allocations
     bool cached = false;          // large: freed, kept mapped for reuse
+    bool exportable = false;      // created with the POSIX-fd handle type
+    bool exported = false;        // an allocation in it was exported: never cached
 
     size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
     bool has_explicit() const { return (explicit_grant | explicit_revoke) != 0; }
@@ -302,6 +380,12 @@ class Allocator {
     const size_t reservation_bytes;
 
     mutable absl::Mutex mu;
+    // What cuMemCreate is asked for (handle type, compression); compression
+    // is dropped when the driver does not grant it.
+    CUmemAllocationProp prop ABSL_GUARDED_BY(mu) = {};
+    bool compression_checked ABSL_GUARDED_BY(mu) = false;
+    // Exported allocations: base -> token.
+    absl::flat_hash_map<CUdeviceptr, std::array<uint8_t, 16>> exports ABSL_GUARDED_BY(mu);
     VaArena arena ABSL_GUARDED_BY(mu);
     // Blocks by base address; boxed so that Block pointers stay valid while
     // the map changes.
@@ -378,6 +462,12 @@ class Allocator {
   absl::Status DestroyBlock(DeviceHeap& heap, CUdeviceptr base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   absl::Status SynchronizeContext(CUcontext context);
+  // Forgets the export of the allocation at `base`, if any.
+  void DropExportLocked(DeviceHeap& heap, CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  // After cuMemCreate of `handle` with compression requested: did the driver
+  // grant it? Falls back (and says so once) when not.
+  void CheckCompressionLocked(DeviceHeap& heap, CUmemGenericAllocationHandle handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
   std::optional<PointerInfo> FindLocked(const DeviceHeap& heap, CUdeviceptr ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
 
@@ -406,6 +496,12 @@ class Allocator {
       ABSL_GUARDED_BY(peers_mu_){};  // [owner][peer]
   std::array<std::atomic<uint64_t>, kMaxDevices> enabled_mask_{};  // owner -> peers
   std::atomic<int> device_count_{0};
+
+  // Live exports: token (16 bytes as a string) -> (device, allocation base).
+  // Taken after a heap's mutex, never before.
+  absl::Mutex exports_mu_;
+  absl::flat_hash_map<std::string, std::pair<int, CUdeviceptr>> exports_
+      ABSL_GUARDED_BY(exports_mu_);
 };
 
 }  // namespace vmmshim

@@ -73,7 +73,33 @@ namespace vmmshim {
   X(cuMemRelease, "cuMemRelease", PFN_cuMemRelease_v10020, true)                       \
   X(cuMemMap, "cuMemMap", PFN_cuMemMap_v10020, true)                                   \
   X(cuMemUnmap, "cuMemUnmap", PFN_cuMemUnmap_v10020, true)                             \
-  X(cuMemSetAccess, "cuMemSetAccess", PFN_cuMemSetAccess_v10020, true)
+  X(cuMemSetAccess, "cuMemSetAccess", PFN_cuMemSetAccess_v10020, true)                \
+  X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle",                      \
+    PFN_cuMemExportToShareableHandle_v10020, false)                                    \
+  X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle",                  \
+    PFN_cuMemImportFromShareableHandle_v10020, false)                                  \
+  X(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle",  \
+    PFN_cuMemGetAllocationPropertiesFromHandle_v10020, false)                          \
+  X(cuIpcGetMemHandle, "cuIpcGetMemHandle", PFN_cuIpcGetMemHandle_v4010, false)        \
+  X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle_v2", PFN_cuIpcOpenMemHandle_v11000, false) \
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", PFN_cuIpcCloseMemHandle_v4010, false)  \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000, \
+    false)                                                                             \
+  X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2",                      \
+    PFN_cuDevicePrimaryCtxRelease_v11000, false)                                       \
+  X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset_v2",                          \
+    PFN_cuDevicePrimaryCtxReset_v11000, false)                                         \
+  X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState",                          \
+    PFN_cuDevicePrimaryCtxGetState_v7000, false)                                       \
+  X(cuCtxDestroy_v2, "cuCtxDestroy_v2", PFN_cuCtxDestroy_v4000, false)                 \
+  X(cuMemFreeAsync, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, false)                \
+  X(cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz", PFN_cuMemFreeAsync_v11020_ptsz, false) \
+  X(cuStreamIsCapturing, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, false) \
+  X(cuStreamIsCapturing_ptsz, "cuStreamIsCapturing_ptsz",                              \
+    PFN_cuStreamIsCapturing_v10000_ptsz, false)                                        \
+  X(cuStreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, false)  \
+  X(cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz",                              \
+    PFN_cuStreamSynchronize_v7000_ptsz, false)
 
 struct DriverApi {
 #define VMMSHIM_DECLARE_ENTRY(member, symbol, type, required) type member = nullptr;

@@ -3,12 +3,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "spdlog/sinks/basic_file_sink.h"
 #include "spdlog/sinks/stdout_sinks.h"
 
 namespace vmmshim {
 namespace {
+
+// Every sink writes under this one mutex, so that fork() can take it
+// (PrepareLogForFork) and a child never inherits it held by a thread that
+// was logging in the parent.
+std::mutex& LogMutex() {
+  static auto* mu = new std::mutex;  // leaked: used at exit
+  return *mu;
+}
+struct GlobalLogMutex {
+  void lock() { LogMutex().lock(); }
+  void unlock() { LogMutex().unlock(); }
+};
+struct GlobalConsoleMutex {
+  using mutex_t = GlobalLogMutex;
+  static mutex_t& mutex() {
+    static mutex_t m;
+    return m;
+  }
+};
 
 std::shared_ptr<spdlog::logger>* MakeLogger(spdlog::sink_ptr sink) {
   auto* logger = new std::shared_ptr<spdlog::logger>(
@@ -22,13 +43,16 @@ std::shared_ptr<spdlog::logger>* MakeLogger(spdlog::sink_ptr sink) {
 std::shared_ptr<spdlog::logger>*& Slot() {
   // Leaked on purpose (see log.h).
   static std::shared_ptr<spdlog::logger>* logger =
-      MakeLogger(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+      MakeLogger(std::make_shared<spdlog::sinks::stderr_sink<GlobalConsoleMutex>>());
   return logger;
 }
 
 }  // namespace
 
 spdlog::logger& Log() { return **Slot(); }
+
+void PrepareLogForFork() { LogMutex().lock(); }
+void AfterLogFork() { LogMutex().unlock(); }
 
 absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& path) {
   absl::Status status;
@@ -42,7 +66,7 @@ absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& pa
         "' does not exist; logging to stderr"));
   } else if (!path.empty()) {
     try {
-      Slot() = MakeLogger(std::make_shared<spdlog::sinks::basic_file_sink_mt>(path));
+      Slot() = MakeLogger(std::make_shared<spdlog::sinks::basic_file_sink<GlobalLogMutex>>(path));
     } catch (const spdlog::spdlog_ex& e) {
       status = absl::InvalidArgumentError(
           absl::StrCat("VMMSHIM_LOG_FILE: cannot open '", path, "': ", e.what(),

@@ -26,6 +26,11 @@ spdlog::logger& Log();
 // stderr then.
 absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& path);
 
+// fork(): PrepareLogForFork takes the lock every log line is written under;
+// AfterLogFork releases it (parent and child). For pthread_atfork.
+void PrepareLogForFork();
+void AfterLogFork();
+
 }  // namespace vmmshim
 
 #endif  // VMMSHIM_CORE_LOG_H_

@@ -18,6 +18,7 @@ std::optional<size_t> Slab::Allocate(size_t bytes) {
   used_units_ += count;
   hint_ = *first + count == units_ ? 0 : *first + count;
   live_[static_cast<uint32_t>(*first)] = static_cast<uint32_t>(bytes);
+  requested_bytes_ += bytes;
   return *first * kUnit;
 }
 
@@ -29,6 +30,7 @@ std::optional<size_t> Slab::Free(size_t offset) {
   const size_t count = (bytes + kUnit - 1) / kUnit;
   Mark(it->first, count, false);
   used_units_ -= count;
+  requested_bytes_ -= bytes;
   live_.erase(it);
   return bytes;
 }

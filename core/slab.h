@@ -47,6 +47,8 @@ class Slab {
   size_t used_bytes() const { return used_units_ * kUnit; }
   bool empty() const { return used_units_ == 0; }
   size_t allocations() const { return live_.size(); }
+  // The bytes requested by the live allocations (not rounded to units).
+  size_t requested_bytes() const { return requested_bytes_; }
 
  private:
   void Mark(size_t first, size_t count, bool used);
@@ -58,6 +60,7 @@ class Slab {
 
   size_t units_;
   size_t used_units_ = 0;
+  size_t requested_bytes_ = 0;
   size_t hint_ = 0;
   std::vector<uint64_t> bits_;                   // 1 = used
   absl::btree_map<uint32_t, uint32_t> live_;     // first unit -> requested bytes

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/cu_status.h"
+#include "core/ipc_handle.h"
 #include "core/log.h"
 #include "interpose/runtime.h"
 #include "vmmshim/vmmshim.h"
@@ -316,6 +317,178 @@ VMMSHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) {
   return CUDA_SUCCESS;
 }
 
+// ---- IPC (core/ipc.h) ----
+
+// cudaIpcGetMemHandle arrives here. Shim memory gets a vmmshim handle;
+// anything else goes to the driver.
+VMMSHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt->enabled() || rt->ipc == nullptr || handle == nullptr ||
+      !rt->allocator->Owns(dptr)) {
+    return rt->driver.cuIpcGetMemHandle(handle, dptr);
+  }
+  return ToCuResult(
+      rt->ipc->Export(dptr, reinterpret_cast<uint8_t*>(handle->reserved)));
+}
+
+VMMSHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                              unsigned int flags) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuIpcOpenMemHandle_v2 == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  vmmshim::IpcHandleFields fields;
+  const vmmshim::IpcHandleKind kind =
+      vmmshim::DecodeIpcHandle(reinterpret_cast<const uint8_t*>(handle.reserved), &fields);
+  if (!rt->enabled() || rt->ipc == nullptr || pdptr == nullptr ||
+      kind == vmmshim::IpcHandleKind::kForeign) {
+    return rt->driver.cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+  }
+  if (kind == vmmshim::IpcHandleKind::kMalformed) {
+    Log().warn("cuIpcOpenMemHandle: a vmmshim handle that is truncated or corrupted "
+               "(version, reserved bytes or fields invalid)");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  absl::StatusOr<CUdeviceptr> opened = rt->ipc->Open(fields, flags);
+  if (!opened.ok()) return ToCuResult(opened.status());
+  *pdptr = *opened;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuIpcCloseMemHandle == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (!rt->enabled() || rt->ipc == nullptr) return rt->driver.cuIpcCloseMemHandle(dptr);
+  absl::StatusOr<bool> closed = rt->ipc->Close(dptr);
+  if (!closed.ok()) return ToCuResult(closed.status());
+  return *closed ? CUDA_SUCCESS : rt->driver.cuIpcCloseMemHandle(dptr);
+}
+
+// ---- Context lifecycle ----
+
+namespace {
+
+// The primary context of `device` when it is active, leaving its reference
+// count as it was; nullptr when it is inactive (nothing of it can be held).
+CUcontext ActivePrimaryContext(const Runtime& rt, CUdevice device) {
+  const vmmshim::DriverApi& d = rt.driver;
+  if (d.cuDevicePrimaryCtxGetState == nullptr || d.cuDevicePrimaryCtxRetain == nullptr ||
+      d.cuDevicePrimaryCtxRelease_v2 == nullptr) {
+    return nullptr;
+  }
+  unsigned int flags = 0;
+  int active = 0;
+  if (d.cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS || active == 0) {
+    return nullptr;
+  }
+  CUcontext ctx = nullptr;
+  if (d.cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS) return nullptr;
+  d.cuDevicePrimaryCtxRelease_v2(device);  // back to its count, at least 1: stays alive
+  return ctx;
+}
+
+void ReleaseContextMemory(const Runtime& rt, CUcontext ctx, bool synchronize,
+                          const char* why) {
+  const size_t released = rt.allocator->ReleaseContext(ctx, synchronize);
+  if (rt.ipc != nullptr) rt.ipc->ReleaseContext(ctx);
+  if (released > 0) Log().info("{}: released {} bytes of device memory", why, released);
+}
+
+}  // namespace
+
+// cudaDeviceReset arrives here: the primary context's memory is freed by the
+// driver for cuMemAlloc memory, but VMM memory belongs to no context, so the
+// shim releases what it served in that context first (synchronized).
+VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuDevicePrimaryCtxReset_v2 == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (!rt->enabled()) return rt->driver.cuDevicePrimaryCtxReset_v2(device);
+  CUcontext ctx = ActivePrimaryContext(*rt, device);
+  if (ctx != nullptr) ReleaseContextMemory(*rt, ctx, true, "cuDevicePrimaryCtxReset");
+  CUresult r = rt->driver.cuDevicePrimaryCtxReset_v2(device);
+  rt->allocator->ForgetContext(ctx);
+  return r;
+}
+
+// The last release destroys the primary context: then its memory goes too.
+VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuDevicePrimaryCtxRelease_v2 == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (!rt->enabled()) return rt->driver.cuDevicePrimaryCtxRelease_v2(device);
+  CUcontext ctx = ActivePrimaryContext(*rt, device);
+  CUresult r = rt->driver.cuDevicePrimaryCtxRelease_v2(device);
+  if (r != CUDA_SUCCESS || ctx == nullptr) return r;
+  unsigned int flags = 0;
+  int active = 1;
+  if (rt->driver.cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS &&
+      active == 0) {
+    ReleaseContextMemory(*rt, ctx, false, "cuDevicePrimaryCtxRelease (last reference)");
+  }
+  return r;
+}
+
+VMMSHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || rt->driver.cuCtxDestroy_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = rt->driver.cuCtxDestroy_v2(ctx);
+  // The driver waited for the context's work before destroying it.
+  if (r == CUDA_SUCCESS && rt->enabled()) ReleaseContextMemory(*rt, ctx, false, "cuCtxDestroy");
+  return r;
+}
+
+// ---- Stream-ordered free of shim memory ----
+
+namespace {
+
+// cuMemFreeAsync on shim memory: the free must not happen before the work
+// queued on `stream` (which may use the memory) is done. The shim waits for
+// the stream, then frees as cuMemFree does. Other pointers (stream-ordered
+// pools) go to the driver.
+CUresult FreeAsync(const Runtime& rt, CUdeviceptr dptr, CUstream stream, bool per_thread) {
+  const vmmshim::DriverApi& d = rt.driver;
+  auto real = per_thread ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
+  if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!rt.enabled() || dptr == 0 || !rt.allocator->Owns(dptr)) return real(dptr, stream);
+  auto capturing = per_thread ? d.cuStreamIsCapturing_ptsz : d.cuStreamIsCapturing;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (capturing != nullptr && capturing(stream, &status) == CUDA_SUCCESS &&
+      status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    Log().warn("cuMemFreeAsync of vmmshim memory at {:#x} during stream capture: a graph can "
+               "free only graph allocations (free it outside the capture)",
+               dptr);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  auto sync = per_thread ? d.cuStreamSynchronize_ptsz : d.cuStreamSynchronize;
+  if (sync != nullptr) {
+    if (CUresult r = sync(stream); r != CUDA_SUCCESS) return r;
+  }
+  absl::StatusOr<bool> freed = rt.allocator->Free(dptr);
+  if (!freed.ok()) return ToCuResult(freed.status());
+  Trace(rt, "free", 0, dptr);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return FreeAsync(*rt, dptr, stream, false);
+}
+
+VMMSHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return FreeAsync(*rt, dptr, stream, true);
+}
+
 // ---- Public API (include/vmmshim/vmmshim.h) ----
 
 namespace {
@@ -383,6 +556,14 @@ const HookEntry kHooks[] = {
     {"cuPointerGetAttributes", reinterpret_cast<void*>(&::cuPointerGetAttributes)},
     {"cuCtxEnablePeerAccess", reinterpret_cast<void*>(&::cuCtxEnablePeerAccess)},
     {"cuCtxDisablePeerAccess", reinterpret_cast<void*>(&::cuCtxDisablePeerAccess)},
+    {"cuIpcGetMemHandle", reinterpret_cast<void*>(&::cuIpcGetMemHandle)},
+    {"cuIpcOpenMemHandle_v2", reinterpret_cast<void*>(&::cuIpcOpenMemHandle_v2)},
+    {"cuIpcCloseMemHandle", reinterpret_cast<void*>(&::cuIpcCloseMemHandle)},
+    {"cuDevicePrimaryCtxReset_v2", reinterpret_cast<void*>(&::cuDevicePrimaryCtxReset_v2)},
+    {"cuDevicePrimaryCtxRelease_v2", reinterpret_cast<void*>(&::cuDevicePrimaryCtxRelease_v2)},
+    {"cuCtxDestroy_v2", reinterpret_cast<void*>(&::cuCtxDestroy_v2)},
+    {"cuMemFreeAsync", reinterpret_cast<void*>(&::cuMemFreeAsync)},
+    {"cuMemFreeAsync_ptsz", reinterpret_cast<void*>(&::cuMemFreeAsync_ptsz)},
 };
 
 }  // namespace

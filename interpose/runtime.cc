@@ -1,6 +1,7 @@
 #include "interpose/runtime.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -30,10 +31,34 @@ spdlog::level::level_enum SpdlogLevel(LogLevel level) {
 }
 
 const Runtime* g_runtime_for_exit = nullptr;
+std::atomic<bool> g_forked_child{false};
+
+// fork(): no lock of ours may be held by another thread at the fork, or the
+// child would wait on it forever. Taken in lock order: IPC, allocator, log.
+void PrepareFork() {
+  const Runtime* rt = g_runtime_for_exit;
+  if (rt->ipc != nullptr) rt->ipc->PrepareFork();
+  rt->allocator->PrepareFork();
+  PrepareLogForFork();
+}
+void AfterForkParent() {
+  const Runtime* rt = g_runtime_for_exit;
+  AfterLogFork();
+  rt->allocator->AfterForkParent();
+  if (rt->ipc != nullptr) rt->ipc->AfterForkParent();
+}
+void AfterForkChild() {
+  const Runtime* rt = g_runtime_for_exit;
+  AfterLogFork();
+  rt->allocator->AfterForkChild();
+  if (rt->ipc != nullptr) rt->ipc->AfterForkChild();
+  g_forked_child.store(true, std::memory_order_release);
+}
 
 void ExitReport() {
   const Runtime* rt = g_runtime_for_exit;
-  if (rt == nullptr || rt->allocator == nullptr) return;
+  // A forked child holds a copy of the parent's state: the parent reports.
+  if (rt == nullptr || rt->allocator == nullptr || InForkedChild()) return;
   Log().info("exit report: {}", ExitSummary(*rt->allocator));
   if (rt->trace != nullptr) rt->trace->Flush();
   if (!rt->config.stats_file.empty()) {
@@ -89,7 +114,10 @@ const Runtime* Initialize() {
     options.peer_policy = rt->config.peer_policy;
     options.cache_limit_percent = rt->config.cache_limit_percent;
     options.cache_limit_bytes = rt->config.cache_limit_bytes;
+    options.exportable = rt->config.ipc;
+    options.compression = rt->config.compression;
     rt->allocator = new Allocator(rt->allocator_driver, options);
+    if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
     if (!rt->config.trace_file.empty()) {
       auto* trace = new TraceWriter;
       absl::Status opened = trace->Open(rt->config.trace_file);
@@ -110,10 +138,15 @@ const Runtime* Initialize() {
   }
   g_runtime_for_exit = rt;
   std::atexit(&ExitReport);
+  // After libcuda's own handlers (it is loaded by now), so that ours run
+  // first at the fork: a thread of ours may be inside a driver call.
+  if (rt->allocator != nullptr) pthread_atfork(&PrepareFork, &AfterForkParent, &AfterForkChild);
   return rt;
 }
 
 }  // namespace
+
+bool InForkedChild() { return g_forked_child.load(std::memory_order_relaxed); }
 
 const Runtime* GetRuntime() {
   static const Runtime* runtime = Initialize();

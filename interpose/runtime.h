@@ -15,10 +15,14 @@
 #include "config/config.h"
 #include "core/allocator.h"
 #include "core/driver_api.h"
+#include "core/ipc.h"
 #include "core/peer_contexts.h"
 #include "core/trace.h"
 
 namespace vmmshim {
+
+// True in a child process after fork() of a process whose shim had started.
+bool InForkedChild();
 
 struct Runtime {
   DriverApi driver;            // the real entry points (routing, pass-through)
@@ -27,9 +31,14 @@ struct Runtime {
   Allocator* allocator = nullptr;  // nullptr: pass-through
   mutable PeerContexts peer_contexts;  // used when VMMSHIM_PEER_ENABLE_DRIVER=0
   TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
+  Ipc* ipc = nullptr;                  // VMMSHIM_IPC=1, else nullptr
   int pid = 0;
-  bool enabled() const { return allocator != nullptr; }
+  // In a child after fork() the inherited state names the parent's driver
+  // objects, which the child cannot use: every call passes through, and the
+  // driver answers as it does in a forked child.
+  bool enabled() const { return allocator != nullptr && !InForkedChild(); }
 };
+
 
 // The runtime, initialized on first call; nullptr when libcuda.so.1 cannot
 // be opened (then no driver call can have reached us legitimately).

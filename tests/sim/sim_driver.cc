@@ -1,6 +1,12 @@
 #include "tests/sim/sim_driver.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <algorithm>
 #include <atomic>
@@ -35,6 +41,7 @@ char* MapHostMemory(size_t bytes) {
 
 struct Context {
   int device;
+  bool primary = true;
 };
 
 struct PhysicalHandle {
@@ -43,6 +50,9 @@ struct PhysicalHandle {
   char* memory = nullptr;
   int mappings = 0;
   bool released = false;
+  int fd = -1;              // memfd: exportable (POSIX-fd handle type) or imported
+  bool imported = false;    // memory owned by another process's handle
+  bool compressed = false;
 };
 
 struct Mapping {
@@ -62,6 +72,7 @@ struct Device {
   size_t used = 0;
   bool vmm = true;
   std::unique_ptr<Context> primary;
+  int primary_refs = 0;  // cuDevicePrimaryCtxRetain minus Release
   uint64_t syncs = 0;
 };
 
@@ -87,12 +98,20 @@ struct State {
   std::vector<Failure> failures;
   // cuCtxEnablePeerAccess state: (current context, peer context) pairs.
   std::set<std::pair<CUcontext, CUcontext>> peer_enabled;
+  // Legacy IPC: pointers opened with cuIpcOpenMemHandle (never in practice:
+  // legacy memory is process-private here, so opening fails; kept to give
+  // cuIpcCloseMemHandle its driver codes).
+  std::set<CUdeviceptr> ipc_opened;
+  std::set<Context*> created_contexts;  // cuCtxCreate, not yet destroyed
 };
 
 State& S() {
   static State* state = [] {
     auto* s = new State;
     s->options = OptionsFromEnv();
+    // Like a driver that survives fork(): a child never inherits the lock
+    // held by a parent thread that was inside a call.
+    pthread_atfork([] { S().mu.lock(); }, [] { S().mu.unlock(); }, [] { S().mu.unlock(); });
     return s;
   }();
   return *state;
@@ -107,12 +126,46 @@ CUcontext Current() {
 void FreeHandleMemory(State& s, CUmemGenericAllocationHandle h) {
   auto it = s.handles.find(h);
   munmap(it->second.memory, it->second.size);
-  s.devices[it->second.device].used -= it->second.size;
+  if (it->second.fd >= 0) close(it->second.fd);
+  if (!it->second.imported) s.devices[it->second.device].used -= it->second.size;
   s.handles.erase(it);
 }
 
+// Exportable physical memory: a memfd whose name records the device, so that
+// an importing process (another simulation) knows where it lives.
+char* MapSharedMemory(size_t bytes, int device, int* fd_out) {
+  const std::string name = "simcuda-dev" + std::to_string(device);
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    close(fd);
+    return nullptr;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  *fd_out = fd;
+  return static_cast<char*>(p);
+}
+
+// The device recorded in a memfd's name, or -1.
+int MemfdDevice(int fd) {
+  char link[64], target[256];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return -1;
+  target[n] = 0;
+  const char* at = std::strstr(target, "simcuda-dev");
+  return at == nullptr ? -1 : std::atoi(at + std::strlen("simcuda-dev"));
+}
+
 void ResetLocked(State& s, const SimOptions& options) {
-  for (auto& [h, ph] : s.handles) munmap(ph.memory, ph.size);
+  for (auto& [h, ph] : s.handles) {
+    munmap(ph.memory, ph.size);
+    if (ph.fd >= 0) close(ph.fd);
+  }
   for (auto& [p, la] : s.legacy) munmap(la.memory, la.size);
   s.handles.clear();
   s.mappings.clear();
@@ -121,6 +174,7 @@ void ResetLocked(State& s, const SimOptions& options) {
   s.calls.clear();
   s.failures.clear();
   s.peer_enabled.clear();
+  s.ipc_opened.clear();
   s.options = options;
   s.initialized = false;
   s.devices.clear();
@@ -182,6 +236,9 @@ void PassGate(const char* entry) {
   State& s = S();                                   \
   std::lock_guard<std::mutex> lock(s.mu);           \
   if (CUresult r = Enter(s, entry); r != CUDA_SUCCESS) return r
+
+// The stream that cuStreamIsCapturing reports as capturing (sim_driver.h).
+const CUstream kCapturingStream = reinterpret_cast<CUstream>(kCapturingStreamValue);
 
 bool ValidDevice(const State& s, int d) {
   return d >= 0 && d < static_cast<int>(s.devices.size());
@@ -272,6 +329,9 @@ CUresult CheckProp(const State& s, const CUmemAllocationProp* prop) {
   }
   if (!ValidDevice(s, prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
   if (!s.devices[prop->location.id].vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -287,6 +347,9 @@ CUresult SyncLocked(State& s, CUcontext ctx) {
 
 SimOptions OptionsFromEnv() {
   SimOptions o;
+  if (const char* v = std::getenv("SIMCUDA_COMPRESSION")) {
+    o.generic_compression = std::string(v) == "1";
+  }
   if (const char* v = std::getenv("SIMCUDA_DEVICES")) {
     int n;
     if (absl::SimpleAtoi(v, &n) && n > 0) o.device_count = n;
@@ -485,6 +548,12 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
     case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT:
       *value = 32;
       break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
+      *value = s.options.generic_compression ? 1 : 0;
+      break;
     default:
       *value = 0;
   }
@@ -540,10 +609,28 @@ CUresult cuCtxDisablePeerAccess(CUcontext peer) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// A context went away: its legacy allocations go with it, as the driver
+// frees a destroyed context's cuMemAlloc memory. VMM handles do not belong
+// to a context and stay.
+void DropContextLocked(State& s, int device) {
+  for (auto it = s.legacy.begin(); it != s.legacy.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    munmap(it->second.memory, it->second.size);
+    s.devices[device].used -= it->second.size;
+    it = s.legacy.erase(it);
+  }
+}
+}  // namespace
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
   SIM_ENTER("cuDevicePrimaryCtxRetain");
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  ++s.devices[device].primary_refs;
   *ctx = reinterpret_cast<CUcontext>(s.devices[device].primary.get());
   return CUDA_SUCCESS;
 }
@@ -551,6 +638,48 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   SIM_ENTER("cuDevicePrimaryCtxRelease_v2");
   if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  Device& d = s.devices[device];
+  if (d.primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--d.primary_refs == 0) DropContextLocked(s, device);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+  SIM_ENTER("cuDevicePrimaryCtxReset_v2");
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  s.devices[device].primary_refs = 0;
+  DropContextLocked(s, device);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
+  SIM_ENTER("cuDevicePrimaryCtxGetState");
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = s.devices[device].primary_refs > 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
+  SIM_ENTER("cuCtxCreate_v2");
+  if (ctx == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  auto* c = new Context{device, /*primary=*/false};
+  s.created_contexts.insert(c);
+  tls_context_stack.push_back(reinterpret_cast<CUcontext>(c));  // made current
+  *ctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  SIM_ENTER("cuCtxDestroy_v2");
+  auto* c = reinterpret_cast<Context*>(ctx);
+  if (s.created_contexts.erase(c) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  for (auto it = tls_context_stack.begin(); it != tls_context_stack.end();) {
+    it = *it == ctx ? tls_context_stack.erase(it) : it + 1;
+  }
+  delete c;
   return CUDA_SUCCESS;
 }
 
@@ -641,6 +770,73 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   munmap(it->second.memory, it->second.size);
   s.devices[it->second.device].used -= it->second.size;
   s.legacy.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  {
+    State& s = S();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (CUresult r = Enter(s, "cuMemFreeAsync"); r != CUDA_SUCCESS) return r;
+  }
+  (void)stream;
+  // Stream-ordered pools are not simulated: only cuMemAlloc memory, freed at
+  // once (the simulation runs no device work to order against).
+  if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+  return vmmshim::sim::cuMemFree_v2(dptr);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return vmmshim::sim::cuMemFreeAsync(dptr, stream);
+}
+
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  SIM_ENTER("cuStreamIsCapturing");
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *status = stream == kCapturingStream ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                       : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status) {
+  return vmmshim::sim::cuStreamIsCapturing(stream, status);
+}
+
+CUresult cuStreamSynchronize(CUstream stream) {
+  SIM_ENTER("cuStreamSynchronize");
+  (void)stream;  // streams are not simulated: the current context's work
+  return SyncLocked(s, Current());
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+  return vmmshim::sim::cuStreamSynchronize(stream);
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  SIM_ENTER("cuIpcGetMemHandle");
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Only cuMemAlloc memory, as the driver (VMM memory: INVALID_VALUE).
+  if (s.legacy.find(dptr) == s.legacy.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(handle->reserved, 0, sizeof handle->reserved);
+  std::memcpy(handle->reserved, "simcuda-legacy", 14);
+  std::memcpy(handle->reserved + 16, &dptr, sizeof dptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags) {
+  SIM_ENTER("cuIpcOpenMemHandle_v2");
+  (void)handle;
+  if (dptr == nullptr || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  // Legacy allocations are process-private in the simulation.
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  SIM_ENTER("cuIpcCloseMemHandle");
+  if (s.ipc_opened.erase(dptr) == 0) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
 
@@ -809,12 +1005,77 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if (size == 0 || !Aligned(size, s.options.granularity)) return CUDA_ERROR_INVALID_VALUE;
   Device& d = s.devices[prop->location.id];
   if (d.used + size > s.options.memory_per_device) return CUDA_ERROR_OUT_OF_MEMORY;
-  char* mem = MapHostMemory(size);
+  int fd = -1;
+  char* mem = prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                  ? MapSharedMemory(size, prop->location.id, &fd)
+                  : MapHostMemory(size);
   if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   d.used += size;
   CUmemGenericAllocationHandle h = s.next_handle++;
-  s.handles[h] = PhysicalHandle{prop->location.id, size, mem, 0, false};
+  PhysicalHandle ph{prop->location.id, size, mem, 0, false};
+  ph.fd = fd;
+  // Granted only where the device supports it, as the driver may refuse.
+  ph.compressed = prop->allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC &&
+                  s.options.generic_compression;
+  s.handles[h] = ph;
   *handle = h;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType type,
+                                      unsigned long long flags) {
+  SIM_ENTER("cuMemExportToShareableHandle");
+  if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto it = s.handles.find(handle);
+  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || it->second.fd < 0 ||
+      it->second.imported) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                        CUmemAllocationHandleType type) {
+  SIM_ENTER("cuMemImportFromShareableHandle");
+  if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  struct stat st;
+  const int device = MemfdDevice(fd);
+  if (fstat(fd, &st) != 0 || st.st_size <= 0 || device < 0 || !ValidDevice(s, device) ||
+      !Aligned(static_cast<size_t>(st.st_size), s.options.granularity)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  PhysicalHandle ph{device, size, static_cast<char*>(p), 0, false};
+  ph.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // the caller keeps and closes its own
+  ph.imported = true;
+  CUmemGenericAllocationHandle h = s.next_handle++;
+  s.handles[h] = ph;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                CUmemGenericAllocationHandle handle) {
+  SIM_ENTER("cuMemGetAllocationPropertiesFromHandle");
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto it = s.handles.find(handle);
+  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  *prop = CUmemAllocationProp{};
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = it->second.device;
+  if (it->second.fd >= 0) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (it->second.compressed) prop->allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
   return CUDA_SUCCESS;
 }
 
@@ -986,6 +1247,19 @@ constexpr ProcEntry kProcTable[] = {
     {"cuMemMap", 10020, "cuMemMap", nullptr},
     {"cuMemUnmap", 10020, "cuMemUnmap", nullptr},
     {"cuMemSetAccess", 10020, "cuMemSetAccess", nullptr},
+    {"cuMemExportToShareableHandle", 10020, "cuMemExportToShareableHandle", nullptr},
+    {"cuMemImportFromShareableHandle", 10020, "cuMemImportFromShareableHandle", nullptr},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, "cuMemGetAllocationPropertiesFromHandle",
+     nullptr},
+    {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2", nullptr},
+    {"cuDevicePrimaryCtxGetState", 7000, "cuDevicePrimaryCtxGetState", nullptr},
+    {"cuCtxDestroy", 4000, "cuCtxDestroy_v2", nullptr},
+    {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
+    {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
+    {"cuStreamSynchronize", 2000, "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
+    {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", nullptr},
+    {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", nullptr},
+    {"cuIpcCloseMemHandle", 4010, "cuIpcCloseMemHandle", nullptr},
     {"cuMemcpyHtoD", 3020, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"},
     {"cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2", nullptr},
     {"cuMemsetD8", 3020, "cuMemsetD8_v2", nullptr},

@@ -44,9 +44,16 @@ struct SimOptions {
   // Device pairs (either order) without peer-to-peer capability; every other
   // pair of distinct devices can access each other.
   std::vector<std::pair<int, int>> pairs_without_p2p;
+  // CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, and whether a
+  // compressible cuMemCreate is granted compression.
+  bool generic_compression = false;
 };
 
-// SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
+// cuStreamIsCapturing reports a stream with this value as capturing (every
+// other stream as not): lets tests reach the capture checks.
+constexpr uintptr_t kCapturingStreamValue = 0x5ca97;
+
+// SIMCUDA_COMPRESSION=1 (generic compression supported), SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
 // (comma-separated ordinals), SIMCUDA_NO_P2P (pairs without peer capability,
 // "0-3,1-2"), SIMCUDA_FAIL (entry:nth:code[,...], libcuda.so.1 only).
 SimOptions OptionsFromEnv();
@@ -165,7 +172,32 @@ DriverApi Api();
     (dst, src, bytes))                                                               \
   X(cuMemcpyDtoH_v2, (void* dst, CUdeviceptr src, size_t bytes), (dst, src, bytes))  \
   X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t count),             \
-    (dst, value, count))
+    (dst, value, count))                                                             \
+  X(cuMemExportToShareableHandle,                                                    \
+    (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type, \
+     unsigned long long flags),                                                      \
+    (shareable, handle, type, flags))                                                \
+  X(cuMemImportFromShareableHandle,                                                  \
+    (CUmemGenericAllocationHandle * handle, void* os_handle, CUmemAllocationHandleType type), \
+    (handle, os_handle, type))                                                       \
+  X(cuMemGetAllocationPropertiesFromHandle,                                          \
+    (CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle), (prop, handle)) \
+  X(cuDevicePrimaryCtxReset_v2, (CUdevice device), (device))                         \
+  X(cuDevicePrimaryCtxGetState, (CUdevice device, unsigned int* flags, int* active),  \
+    (device, flags, active))                                                         \
+  X(cuCtxCreate_v2, (CUcontext * ctx, unsigned int flags, CUdevice device), (ctx, flags, device)) \
+  X(cuCtxDestroy_v2, (CUcontext ctx), (ctx))                                         \
+  X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream))             \
+  X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream))        \
+  X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus * status), (stream, status)) \
+  X(cuStreamIsCapturing_ptsz, (CUstream stream, CUstreamCaptureStatus * status),     \
+    (stream, status))                                                                \
+  X(cuStreamSynchronize, (CUstream stream), (stream))                                \
+  X(cuStreamSynchronize_ptsz, (CUstream stream), (stream))                           \
+  X(cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr), (handle, dptr))  \
+  X(cuIpcOpenMemHandle_v2, (CUdeviceptr * dptr, CUipcMemHandle handle, unsigned int flags), \
+    (dptr, handle, flags))                                                           \
+  X(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))
 
 #define VMMSHIM_SIM_DECLARE(name, params, args) CUresult name params;
 VMMSHIM_SIM_ENTRY_POINTS(VMMSHIM_SIM_DECLARE)

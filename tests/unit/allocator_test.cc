@@ -525,6 +525,74 @@ TEST_F(AllocatorTest, PeerEnabledDuringANewAllocationIsGranted) {
   ASSERT_TRUE(a.Free(p.load()).value());
 }
 
+TEST_F(AllocatorTest, ReleaseContextReleasesOnlyThatContextsMemory) {
+  // What cuCtxDestroy / cudaDeviceReset do to a context's cuMemAlloc memory,
+  // for shim memory: live, cached and packed, in that context only.
+  Allocator a(api_);
+  const size_t baseline = sim::DeviceBytesInUse(1);
+  CUdeviceptr keep = MustAllocate(a, 4 * kMiB);  // primary context of device 0
+  CUcontext created;
+  ASSERT_EQ(sim::cuCtxCreate_v2(&created, 0, 1), CUDA_SUCCESS);  // now current
+  CUdeviceptr live = MustAllocate(a, 8 * kMiB);
+  CUdeviceptr small = MustAllocate(a, 4096);
+  CUdeviceptr cached = MustAllocate(a, 16 * kMiB);
+  ASSERT_TRUE(a.Free(cached).value());
+  EXPECT_GT(sim::DeviceBytesInUse(1), baseline);
+  sim::ResetCallCounts();
+  EXPECT_EQ(a.ReleaseContext(created, true), 8 * kMiB + 2 * kMiB + 16 * kMiB);
+  EXPECT_EQ(sim::CallCount("cuCtxSynchronize_v2"), 1u);
+  EXPECT_EQ(sim::DeviceBytesInUse(1), baseline);  // device memory as before
+  EXPECT_FALSE(a.Find(live));
+  EXPECT_EQ(ToCuResult(a.Free(small).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(a.GetStats().live_allocations, 1u);
+  // Allocating again in a new context works; the other context is untouched.
+  ASSERT_EQ(sim::cuCtxDestroy_v2(created), CUDA_SUCCESS);
+  ASSERT_EQ(sim::cuCtxCreate_v2(&created, 0, 1), CUDA_SUCCESS);
+  CUdeviceptr again = MustAllocate(a, 8 * kMiB);
+  int v = 5;
+  EXPECT_EQ(sim::DeviceWrite(1, again, &v, sizeof v), CUDA_SUCCESS);
+  EXPECT_EQ(sim::DeviceWrite(0, keep, &v, sizeof v), CUDA_SUCCESS);
+  // A context the shim never served: no driver call at all.
+  sim::ResetCallCounts();
+  EXPECT_EQ(a.ReleaseContext(reinterpret_cast<CUcontext>(0x1234), true), 0u);
+  EXPECT_EQ(sim::CallCount("cuCtxSynchronize_v2"), 0u);
+  ASSERT_TRUE(a.Free(again).value());
+  ASSERT_TRUE(a.Free(keep).value());
+}
+
+TEST_F(AllocatorTest, CompressionIsVerifiedAndFallsBack) {
+  for (bool supported : {true, false}) {
+    SCOPED_TRACE(supported ? "granted" : "unsupported");
+    sim::SimOptions o;
+    o.device_count = 1;
+    o.generic_compression = supported;
+    SetUpSim(o);
+    AllocatorOptions options;
+    options.compression = true;
+    Allocator a(api_, options);
+    CUdeviceptr p = MustAllocate(a, 4 * kMiB);
+    EXPECT_EQ(a.GetDeviceStats()[0].compression,
+              supported ? CompressionState::kGranted : CompressionState::kUnsupported);
+    ASSERT_TRUE(a.Free(p).value());
+  }
+  // Supported, but the driver's answer does not confirm it: later handles
+  // are made without compression.
+  sim::SimOptions o;
+  o.device_count = 1;
+  o.generic_compression = true;
+  SetUpSim(o);
+  AllocatorOptions options;
+  options.compression = true;
+  Allocator a(api_, options);
+  sim::FailCall("cuMemGetAllocationPropertiesFromHandle", 1, CUDA_ERROR_NOT_SUPPORTED);
+  CUdeviceptr p = MustAllocate(a, 4 * kMiB);
+  EXPECT_EQ(a.GetDeviceStats()[0].compression, CompressionState::kNotGranted);
+  sim::ResetCallCounts();
+  CUdeviceptr q = MustAllocate(a, 64 * kMiB);
+  EXPECT_EQ(sim::CallCount("cuMemGetAllocationPropertiesFromHandle"), 0u);
+  for (CUdeviceptr x : {p, q}) ASSERT_TRUE(a.Free(x).value());
+}
+
 TEST_F(AllocatorTest, ConcurrentAllocateAndFree) {
   Allocator a(api_);
   std::vector<std::thread> threads;

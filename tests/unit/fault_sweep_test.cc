@@ -96,9 +96,12 @@ TEST_P(FaultSweepTest, EveryCallOfEveryEntryPoint) {
         // Failures while releasing memory the application no longer uses (an
         // emptied granule, the cache) are logged and retried later rather
         // than reported: the application's frees themselves worked.
+        // A failed query of an optional capability (the second attribute:
+        // POSIX-fd handles) makes memory unshareable, not the request fail.
         const bool may_be_silent = entry == "cuCtxGetCurrent" || entry == "cuCtxGetDevice" ||
                                    entry == "cuMemAddressFree" || entry == "cuMemUnmap" ||
-                                   entry == "cuMemRelease";
+                                   entry == "cuMemRelease" ||
+                                   (entry == "cuDeviceGetAttribute" && n > 1);
         if (!may_be_silent) {
           ASSERT_FALSE(errors.empty());
         }
