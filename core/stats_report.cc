@@ -10,6 +10,16 @@
 
 namespace vmmshim {
 
+const char* CompressionName(CompressionState state) {
+  switch (state) {
+    case CompressionState::kOff: return "off";
+    case CompressionState::kUnsupported: return "unsupported";
+    case CompressionState::kGranted: return "granted";
+    case CompressionState::kNotGranted: return "not granted";
+  }
+  return "?";
+}
+
 std::string StatsJson(const Allocator& allocator, int pid) {
   const AllocatorStats t = allocator.GetStats();
   nlohmann::json doc;
@@ -46,6 +56,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                               {"cache_hits", d.cache_hits},
                               {"cache_misses", d.cache_misses},
                               {"cached_bytes", d.cached_bytes},
+                              {"ipc_exports", d.exports},
+                              {"context_releases", d.context_releases},
+                              {"compression", CompressionName(d.compression)},
                               {"peers", peers}});
   }
   doc["driver_calls"] = nlohmann::json::array();
@@ -70,8 +83,14 @@ absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::stri
 
 std::string ExitSummary(const Allocator& allocator) {
   const AllocatorStats s = allocator.GetStats();
-  uint64_t grants = 0, denials = 0, peak = 0;
+  uint64_t grants = 0, denials = 0, peak = 0, exports = 0;
+  std::string compression;
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
+    exports += d.exports;
+    if (d.compression != CompressionState::kOff) {
+      absl::StrAppend(&compression, "; device ", d.device, " compression ",
+                      CompressionName(d.compression));
+    }
     for (const PeerCounters& c : d.peers) {
       grants += c.grants;
       denials += c.denials;
@@ -84,7 +103,8 @@ std::string ExitSummary(const Allocator& allocator) {
                       s.passthrough_allocations, " allocations (", s.passthrough_bytes,
                       " bytes) through to the driver; peak physical memory ",
                       s.peak_handle_bytes, " bytes; peers: ", grants, " grants, ", denials,
-                      " denials, at most ", peak, " bytes mapped into peers");
+                      " denials, at most ", peak, " bytes mapped into peers; ", exports,
+                      " IPC exports", compression);
 }
 
 }  // namespace vmmshim

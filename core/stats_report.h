@@ -8,6 +8,8 @@
 //                "peak_physical_bytes"},
 //     "devices": [ {"device", "allocations", "bytes", "live_bytes", "peak_live_bytes",
 //                   "physical_bytes", "peak_physical_bytes", "set_access_calls",
+//                   "cache_hits", "cache_misses", "cached_bytes", "ipc_exports",
+//                   "context_releases", "compression" (CompressionName),
 //                   "peers": [ {"peer", "grants", "denials", "mapped_bytes" (at exit),
 //                               "peak_mapped_bytes"} ] } ],
 //     "driver_calls": [ {"entry", "calls", "seconds"} ] }
@@ -30,8 +32,13 @@ std::string StatsJson(const Allocator& allocator, int pid);
 absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path);
 
 // "served N allocations (B bytes) from VMM, ...; peers: G grants, D denials,
-// at most M bytes mapped into peers" (M: the per-peer peaks, added up).
+// at most M bytes mapped into peers" (M: the per-peer peaks, added up);
+// "; E IPC exports" and, where compression was requested, "; device D
+// compression granted|not granted|unsupported".
 std::string ExitSummary(const Allocator& allocator);
+
+// "off", "unsupported", "granted", "not granted".
+const char* CompressionName(CompressionState state);
 
 }  // namespace vmmshim
 

@@ -141,6 +141,44 @@ assert dev["allocations"] == doc["totals"]["served_allocations"] > 3000
 PY
     rm -rf "$dir"
     ;;
+  ipc)
+    # Two processes share buffers through cudaIpcGetMemHandle/OpenMemHandle,
+    # with kernels on both sides; return codes as native.
+    bin=$build/examples/ipc_share; need "$bin"
+    native=$("$bin" 2>&1) || fail "native: $native"
+    shimmed=$(under_shim "$bin" 2>&1) || fail "shim: $shimmed"
+    echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -v '^\[vmmshim' | sed 's/^/shim   /'
+    grep -E 'IPC listener|exit report' <<<"$shimmed" | sed 's/^/shim   /'
+    diff <(grep ^PROBE <<<"$native") <(grep ^PROBE <<<"$shimmed") || fail "codes differ (left: native)"
+    grep -q 'ipc_share: OK' <<<"$shimmed" || fail "shim run did not verify"
+    [ "$(served "$shimmed")" -gt 0 ] || fail "the exporter's memory was not served from VMM"
+    off=$(LD_PRELOAD=$shim VMMSHIM_IPC=0 "$bin" 2>&1); echo "VMMSHIM_IPC=0: $(grep -m1 cudaIpc <<<"$off")"
+    ;;
+  lifecycle)
+    bin=$build/examples/lifecycle_probe; need "$bin"
+    native=$("$bin" 2>&1) || fail "native: $native"
+    shimmed=$(under_shim "$bin" 2>&1) || fail "shim: $shimmed"
+    echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -v '^\[vmmshim' | sed 's/^/shim   /'
+    grep -E 'released|exit report' <<<"$shimmed" | sed 's/^/shim   /'
+    diff <(grep ^PROBE <<<"$native") <(grep ^PROBE <<<"$shimmed") || fail "results differ (left: native)"
+    grep -q 'back to its starting value.*: yes' <<<"$shimmed" || fail "memory not back after reset"
+    ;;
+  compression)
+    bin=$build/examples/lifecycle_probe; need "$bin"
+    out=$(LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info VMMSHIM_COMPRESSION=generic "$bin" 2>&1) || fail "$out"
+    grep -E 'compression|exit report' <<<"$out"
+    grep -q 'lifecycle_probe: OK' <<<"$out" || fail "the program failed with compression"
+    grep -qE 'compression granted|not granted|does not support' <<<"$out" || fail "no compression outcome logged"
+    ;;
+  torch_ipc)
+    have_torch
+    native=$(python3 "$src/examples/torch_ipc.py" 2>&1) || fail "native: $native"
+    shimmed=$(under_shim python3 "$src/examples/torch_ipc.py" 2>&1) || fail "shim: $shimmed"
+    echo "native: $(grep torch_ipc: <<<"$native")"; echo "shim:   $(grep torch_ipc: <<<"$shimmed")"
+    grep -E 'IPC listener|exit report' <<<"$shimmed"
+    [ "$(grep torch_ipc: <<<"$native")" = "$(grep torch_ipc: <<<"$shimmed")" ] || fail "results differ"
+    grep -q 'torch_ipc:.*OK' <<<"$shimmed" || fail "not OK under the shim"
+    ;;
   peer_example)
     bin=$build/examples/peer_access; need "$bin"
     native=$("$bin" 2>&1) || fail "native: $native"
