@@ -29,6 +29,14 @@
 // both, with different ABIs (4 and 5 arguments); in vmmshim every driver name
 // means the exported symbol of that exact name.
 #undef cuGetProcAddress
+// Likewise for the entry points whose original and _v2 exports share one
+// ABI and are both resolved by cudart (cudaVersion 2000/7000/4010 and later);
+// their table entries use the _v2 function types (cudaTypedefs.h declares
+// the older ones only for the driver's own build).
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+#undef cuIpcOpenMemHandle
 
 namespace vmmshim {
 
@@ -92,6 +100,12 @@ namespace vmmshim {
   X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState",                          \
     PFN_cuDevicePrimaryCtxGetState_v7000, false)                                       \
   X(cuCtxDestroy_v2, "cuCtxDestroy_v2", PFN_cuCtxDestroy_v4000, false)                 \
+  X(cuCtxDestroy, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, false)                       \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease",                            \
+    PFN_cuDevicePrimaryCtxRelease_v11000, false)                                        \
+  X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, \
+    false)                                                                             \
+  X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", PFN_cuIpcOpenMemHandle_v11000, false)     \
   X(cuMemFreeAsync, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, false)                \
   X(cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz", PFN_cuMemFreeAsync_v11020_ptsz, false) \
   X(cuStreamIsCapturing, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, false) \

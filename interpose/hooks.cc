@@ -80,7 +80,12 @@ VMMSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int 
   // answers and status pass through unchanged; only an answer that is
   // exactly the address of a hooked export is replaced.
   CUresult r = rt->driver.cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, symbol_status);
-  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) *pfn = Substitute(*rt, *pfn);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
+    void* real = *pfn;
+    *pfn = Substitute(*rt, *pfn);
+    Log().trace("cuGetProcAddress_v2({}, {}, {:#x}) -> {}", symbol != nullptr ? symbol : "?",
+                cuda_version, flags, *pfn != real ? "hooked" : "driver");
+  }
   return r;
 }
 
@@ -332,28 +337,45 @@ VMMSHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dp
       rt->ipc->Export(dptr, reinterpret_cast<uint8_t*>(handle->reserved)));
 }
 
-VMMSHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
-                                              unsigned int flags) {
-  const Runtime* rt = GetRuntime();
-  if (rt == nullptr || rt->driver.cuIpcOpenMemHandle_v2 == nullptr) {
-    return CUDA_ERROR_NOT_INITIALIZED;
-  }
+namespace {
+
+// cuIpcOpenMemHandle (cudaVersion 4010) and _v2 (11000) have one ABI; cudart
+// resolves both. `real` is the driver's function of the caller's version.
+CUresult IpcOpen(const Runtime& rt, PFN_cuIpcOpenMemHandle_v11000 real, CUdeviceptr* pdptr,
+                 CUipcMemHandle handle, unsigned int flags) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   vmmshim::IpcHandleFields fields;
   const vmmshim::IpcHandleKind kind =
       vmmshim::DecodeIpcHandle(reinterpret_cast<const uint8_t*>(handle.reserved), &fields);
-  if (!rt->enabled() || rt->ipc == nullptr || pdptr == nullptr ||
+  if (!rt.enabled() || rt.ipc == nullptr || pdptr == nullptr ||
       kind == vmmshim::IpcHandleKind::kForeign) {
-    return rt->driver.cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+    return real(pdptr, handle, flags);
   }
   if (kind == vmmshim::IpcHandleKind::kMalformed) {
     Log().warn("cuIpcOpenMemHandle: a vmmshim handle that is truncated or corrupted "
                "(version, reserved bytes or fields invalid)");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  absl::StatusOr<CUdeviceptr> opened = rt->ipc->Open(fields, flags);
+  absl::StatusOr<CUdeviceptr> opened = rt.ipc->Open(fields, flags);
   if (!opened.ok()) return ToCuResult(opened.status());
   *pdptr = *opened;
   return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                              unsigned int flags) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return IpcOpen(*rt, rt->driver.cuIpcOpenMemHandle_v2, pdptr, handle, flags);
+}
+
+VMMSHIM_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                           unsigned int flags) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return IpcOpen(*rt, rt->driver.cuIpcOpenMemHandle, pdptr, handle, flags);
 }
 
 VMMSHIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
@@ -399,48 +421,89 @@ void ReleaseContextMemory(const Runtime& rt, CUcontext ctx, bool synchronize,
 
 }  // namespace
 
-// cudaDeviceReset arrives here: the primary context's memory is freed by the
-// driver for cuMemAlloc memory, but VMM memory belongs to no context, so the
-// shim releases what it served in that context first (synchronized).
-VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
-  const Runtime* rt = GetRuntime();
-  if (rt == nullptr || rt->driver.cuDevicePrimaryCtxReset_v2 == nullptr) {
-    return CUDA_ERROR_NOT_INITIALIZED;
-  }
-  if (!rt->enabled()) return rt->driver.cuDevicePrimaryCtxReset_v2(device);
-  CUcontext ctx = ActivePrimaryContext(*rt, device);
-  if (ctx != nullptr) ReleaseContextMemory(*rt, ctx, true, "cuDevicePrimaryCtxReset");
-  CUresult r = rt->driver.cuDevicePrimaryCtxReset_v2(device);
-  rt->allocator->ForgetContext(ctx);
+namespace {
+
+// cudaDeviceReset arrives here: the driver frees the primary context's
+// cuMemAlloc memory, but VMM memory belongs to no context, so the shim
+// releases what it served in that context first (synchronized). The _v2
+// (cudaVersion 11000) and the original (7000) entry points share one ABI;
+// cudart resolves both. `real` is the driver's function of the caller's
+// version.
+CUresult PrimaryCtxReset(const Runtime& rt, PFN_cuDevicePrimaryCtxReset_v11000 real,
+                         CUdevice device) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt.enabled()) return real(device);
+  CUcontext ctx = ActivePrimaryContext(rt, device);
+  Log().debug("cuDevicePrimaryCtxReset({}): primary context {}", device, static_cast<void*>(ctx));
+  if (ctx != nullptr) ReleaseContextMemory(rt, ctx, true, "cuDevicePrimaryCtxReset");
+  CUresult r = real(device);
+  rt.allocator->ForgetContext(ctx);
   return r;
 }
 
 // The last release destroys the primary context: then its memory goes too.
-VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-  const Runtime* rt = GetRuntime();
-  if (rt == nullptr || rt->driver.cuDevicePrimaryCtxRelease_v2 == nullptr) {
-    return CUDA_ERROR_NOT_INITIALIZED;
-  }
-  if (!rt->enabled()) return rt->driver.cuDevicePrimaryCtxRelease_v2(device);
-  CUcontext ctx = ActivePrimaryContext(*rt, device);
-  CUresult r = rt->driver.cuDevicePrimaryCtxRelease_v2(device);
+CUresult PrimaryCtxRelease(const Runtime& rt, PFN_cuDevicePrimaryCtxRelease_v11000 real,
+                           CUdevice device) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rt.enabled()) return real(device);
+  CUcontext ctx = ActivePrimaryContext(rt, device);
+  CUresult r = real(device);
+  Log().debug("cuDevicePrimaryCtxRelease({}): primary context {} -> {}", device,
+              static_cast<void*>(ctx), static_cast<int>(r));
   if (r != CUDA_SUCCESS || ctx == nullptr) return r;
   unsigned int flags = 0;
   int active = 1;
-  if (rt->driver.cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS &&
+  if (rt.driver.cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS &&
       active == 0) {
-    ReleaseContextMemory(*rt, ctx, false, "cuDevicePrimaryCtxRelease (last reference)");
+    ReleaseContextMemory(rt, ctx, false, "cuDevicePrimaryCtxRelease (last reference)");
   }
   return r;
 }
 
+CUresult CtxDestroy(const Runtime& rt, PFN_cuCtxDestroy_v4000 real, CUcontext ctx) {
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(ctx);
+  // The driver waited for the context's work before destroying it.
+  if (r == CUDA_SUCCESS && rt.enabled()) ReleaseContextMemory(rt, ctx, false, "cuCtxDestroy");
+  return r;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return PrimaryCtxReset(*rt, rt->driver.cuDevicePrimaryCtxReset_v2, device);
+}
+
+VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return PrimaryCtxReset(*rt, rt->driver.cuDevicePrimaryCtxReset, device);
+}
+
+VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return PrimaryCtxRelease(*rt, rt->driver.cuDevicePrimaryCtxRelease_v2, device);
+}
+
+VMMSHIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return PrimaryCtxRelease(*rt, rt->driver.cuDevicePrimaryCtxRelease, device);
+}
+
 VMMSHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
   const Runtime* rt = GetRuntime();
-  if (rt == nullptr || rt->driver.cuCtxDestroy_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = rt->driver.cuCtxDestroy_v2(ctx);
-  // The driver waited for the context's work before destroying it.
-  if (r == CUDA_SUCCESS && rt->enabled()) ReleaseContextMemory(*rt, ctx, false, "cuCtxDestroy");
-  return r;
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CtxDestroy(*rt, rt->driver.cuCtxDestroy_v2, ctx);
+}
+
+VMMSHIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CtxDestroy(*rt, rt->driver.cuCtxDestroy, ctx);
 }
 
 // ---- Stream-ordered free of shim memory ----
@@ -558,10 +621,14 @@ const HookEntry kHooks[] = {
     {"cuCtxDisablePeerAccess", reinterpret_cast<void*>(&::cuCtxDisablePeerAccess)},
     {"cuIpcGetMemHandle", reinterpret_cast<void*>(&::cuIpcGetMemHandle)},
     {"cuIpcOpenMemHandle_v2", reinterpret_cast<void*>(&::cuIpcOpenMemHandle_v2)},
+    {"cuIpcOpenMemHandle", reinterpret_cast<void*>(&::cuIpcOpenMemHandle)},
     {"cuIpcCloseMemHandle", reinterpret_cast<void*>(&::cuIpcCloseMemHandle)},
     {"cuDevicePrimaryCtxReset_v2", reinterpret_cast<void*>(&::cuDevicePrimaryCtxReset_v2)},
     {"cuDevicePrimaryCtxRelease_v2", reinterpret_cast<void*>(&::cuDevicePrimaryCtxRelease_v2)},
     {"cuCtxDestroy_v2", reinterpret_cast<void*>(&::cuCtxDestroy_v2)},
+    {"cuCtxDestroy", reinterpret_cast<void*>(&::cuCtxDestroy)},
+    {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&::cuDevicePrimaryCtxReset)},
+    {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&::cuDevicePrimaryCtxRelease)},
     {"cuMemFreeAsync", reinterpret_cast<void*>(&::cuMemFreeAsync)},
     {"cuMemFreeAsync_ptsz", reinterpret_cast<void*>(&::cuMemFreeAsync_ptsz)},
 };

@@ -151,7 +151,8 @@ PY
     grep -E 'IPC listener|exit report' <<<"$shimmed" | sed 's/^/shim   /'
     diff <(grep ^PROBE <<<"$native") <(grep ^PROBE <<<"$shimmed") || fail "codes differ (left: native)"
     grep -q 'ipc_share: OK' <<<"$shimmed" || fail "shim run did not verify"
-    [ "$(served "$shimmed")" -gt 0 ] || fail "the exporter's memory was not served from VMM"
+    grep -qE 'exit report: served [1-9][0-9]* allocations.* [1-9][0-9]* IPC exports' <<<"$shimmed" ||
+      fail "the exporter's memory was not served from VMM and exported"
     off=$(LD_PRELOAD=$shim VMMSHIM_IPC=0 "$bin" 2>&1); echo "VMMSHIM_IPC=0: $(grep -m1 cudaIpc <<<"$off")"
     ;;
   lifecycle)
