@@ -31,11 +31,11 @@ if cmake --build build-tsa -j"$(nproc)" --target vmmshim >/dev/null; then
 else
   echo "thread-safety analysis: FAILED"; status=1
 fi
-echo "== fuzzing the config, size and rules-file parsers (libFuzzer, 15 s each)"
+echo "== fuzzing the config, size and rules-file parsers and the IPC handle decoder (libFuzzer, 15 s each)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DVMMSHIM_FUZZ=ON -DVMMSHIM_SANITIZE=address,undefined \
   -DVMMSHIM_BUILD_TESTS=OFF -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_rules_file fuzz_parse_bytes fuzz_config >/dev/null
-for pair in rules_file:rules parse_bytes:bytes config:config; do
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_rules_file fuzz_parse_bytes fuzz_config fuzz_ipc_handle >/dev/null
+for pair in rules_file:rules parse_bytes:bytes config:config ipc_handle:ipc; do
   target=${pair%%:*} corpus=${pair##*:}
   work=build-fuzz/corpus-$corpus
   mkdir -p "$work" && cp tests/fuzz/corpus/$corpus/* "$work/"

@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,8 +118,12 @@ class IpcTest : public ::testing::Test {
   }
 
   // Exporter and importer: Ipc objects live as long as their listener
-  // thread, so they are never destroyed (as in the shim).
-  Ipc& NewIpc(Allocator& a) { return *new Ipc(api_, a, dir_); }
+  // thread, so they are never destroyed (as in the shim); kept reachable.
+  Ipc& NewIpc(Allocator& a, const std::string& dir = "") {
+    static auto* kept = new std::vector<std::unique_ptr<Ipc>>;
+    kept->push_back(std::make_unique<Ipc>(api_, a, dir.empty() ? dir_ : dir));
+    return *kept->back();
+  }
 
   CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
@@ -296,16 +301,16 @@ TEST_F(IpcTest, SocketDirectoryMustBePrivate) {
   const std::string open_dir = dir_ + "/open";
   ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
   ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
-  Ipc& in_open = *new Ipc(api_, a, open_dir);
+  Ipc& in_open = NewIpc(a, open_dir);
   EXPECT_EQ(ToCuResult(in_open.Export(p, handle)), CUDA_ERROR_OPERATING_SYSTEM);
   // A symbolic link (which another user could have pointed anywhere).
   const std::string link = dir_ + "/link";
   ASSERT_EQ(symlink(dir_.c_str(), link.c_str()), 0);
-  Ipc& via_link = *new Ipc(api_, a, link);
+  Ipc& via_link = NewIpc(a, link);
   EXPECT_EQ(ToCuResult(via_link.Export(p, handle)), CUDA_ERROR_OPERATING_SYSTEM);
   // Missing: created 0700.
   const std::string fresh = dir_ + "/fresh";
-  Ipc& in_fresh = *new Ipc(api_, a, fresh);
+  Ipc& in_fresh = NewIpc(a, fresh);
   EXPECT_TRUE(in_fresh.Export(p, handle).ok());
   struct stat st;
   ASSERT_EQ(lstat(fresh.c_str(), &st), 0);
