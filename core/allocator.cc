@@ -986,6 +986,8 @@ void Allocator::TrimLocked(DeviceHeap& heap) {
   for (CUdeviceptr base : heap.empty_granules) bases.push_back(base);
   for (CUdeviceptr base : bases) {
     if (absl::Status s = DestroyBlock(heap, base); !s.ok()) {
+      // At exit the driver may be gone already: nothing left to release.
+      if (ToCuResult(s) == CUDA_ERROR_DEINITIALIZED) return;
       Log().warn("device {}: releasing cached memory: {}", heap.device, s.ToString());
     }
   }
