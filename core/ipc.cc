@@ -436,7 +436,9 @@ absl::StatusOr<CUdeviceptr> Ipc::Open(const IpcHandleFields& fields, unsigned in
   {
     absl::MutexLock lock(&mu_);
     if (fields.pid == static_cast<uint32_t>(getpid()) && fields.instance == instance_) {
-      return Invalid("the handle was exported by this process (the driver refuses those too)");
+      // As the driver (H200, driver 580): cudaErrorDeviceUninitialized.
+      Log().warn("cuIpcOpenMemHandle: the handle was exported by this process");
+      return DriverError(CUDA_ERROR_INVALID_CONTEXT, "cuIpcOpenMemHandle");
     }
     auto it = imports_.find(ImportKey{fields.instance,
                                       std::string(fields.token.begin(), fields.token.end()),

@@ -41,11 +41,11 @@
 // while it is mapped).
 //
 // Errors (as CUresult codes in absl::Status, core/cu_status.h):
-// CUDA_ERROR_INVALID_CONTEXT without a current context;
-// CUDA_ERROR_INVALID_VALUE for a malformed, guessed, stale (freed) or
+// CUDA_ERROR_INVALID_CONTEXT without a current context, and for a handle
+// exported by this same process (the driver's code for that, measured on an
+// H200); CUDA_ERROR_INVALID_VALUE for a malformed, guessed, stale (freed) or
 // corrupted handle, an exporter that is gone or does not answer, another
-// user's exporter, flags other than CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, or a
-// handle exported by this same process (the driver refuses those too);
+// user's exporter, or flags other than CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
 // otherwise the driver's code of the failing import, reserve, map or
 // set-access call, after undoing the steps before it.
 //

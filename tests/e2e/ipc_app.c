@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
   ToHex(&hs, small_hex);
   /* Opening one's own handle: refused, as the driver refuses it. */
   CUdeviceptr own = 0;
-  EXPECT_EQ(cuIpcOpenMemHandle(&own, hl, 0) != CUDA_SUCCESS, 1);
+  EXPECT_EQ(cuIpcOpenMemHandle(&own, hl, 0), CUDA_ERROR_INVALID_CONTEXT);
 
   EXPECT_EQ(Wait(Spawn(argv[0], "child", large_hex, small_hex, -1, -1)), 0);
   char answer[32] = {0};

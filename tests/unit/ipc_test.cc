@@ -241,8 +241,8 @@ TEST_F(IpcTest, BadHandlesGetInvalidValue) {
   expect_invalid(f, "another pid");
   // Flags other than lazy peer access, as the driver.
   EXPECT_EQ(ToCuResult(importer.Open(good, 0x8).status()), CUDA_ERROR_INVALID_VALUE);
-  // The exporter opening its own handle.
-  EXPECT_EQ(ToCuResult(exporter.Open(good, 0).status()), CUDA_ERROR_INVALID_VALUE);
+  // The exporter opening its own handle: the driver's code for that.
+  EXPECT_EQ(ToCuResult(exporter.Open(good, 0).status()), CUDA_ERROR_INVALID_CONTEXT);
   // Stale: the allocation was freed.
   ASSERT_TRUE(a.Free(p).value());
   before = sim::GetUsage();
