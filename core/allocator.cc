@@ -95,7 +95,7 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   if (DeviceHeap* heap = heaps_[device].load(std::memory_order_acquire)) return heap;
   if (no_vmm_[device].load(std::memory_order_acquire)) return nullptr;
 
-  absl::MutexLock lock(&heaps_mu_);
+  MutexLock lock(&heaps_mu_);
   if (DeviceHeap* heap = heaps_[device].load(std::memory_order_acquire)) return heap;
   if (no_vmm_[device].load()) return nullptr;
 
@@ -149,7 +149,7 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
   reservation = RoundUp(std::max(reservation, granularity), granularity);
   auto* heap = new DeviceHeap(device, granularity, reservation);
   {
-    absl::MutexLock lock(&heap->mu);  // not yet shared; for the analysis
+    MutexLock lock(&heap->mu);  // not yet shared; for the analysis
     heap->prop = prop;
     heap->stats.compression = compression;
   }
@@ -163,7 +163,7 @@ absl::StatusOr<Allocator::DeviceHeap*> Allocator::HeapFor(int device) {
 }
 
 Allocator::DeviceHeap* Allocator::HeapOfPointer(CUdeviceptr ptr) const {
-  absl::ReaderMutexLock lock(&ranges_mu_);
+  ReaderMutexLock lock(&ranges_mu_);
   auto it = ranges_.upper_bound(ptr);
   if (it == ranges_.begin()) return nullptr;
   --it;
@@ -207,7 +207,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
       std::string(tag)};
   absl::StatusOr<CUdeviceptr> ptr;
   {
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     ptr = bytes <= threshold ? AllocatePacked(*heap, placement, bytes)
                              : AllocateLarge(*heap, placement, bytes);
     if (ptr.ok()) {
@@ -302,7 +302,7 @@ absl::Status Allocator::ReserveMore(DeviceHeap& heap, size_t at_least) {
   CUresult r = driver_.cuMemAddressReserve(&base, size, heap.granularity, 0, 0);
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemAddressReserve");
   heap.arena.AddReservation(base, size);
-  absl::MutexLock lock(&ranges_mu_);
+  MutexLock lock(&ranges_mu_);
   ranges_[base] = {size, heap.device};
   return absl::OkStatus();
 }
@@ -459,7 +459,7 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
   // other threads keep allocating on this device while the GPU drains.
   CUcontext context = nullptr;
   {
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     std::optional<PointerInfo> info = FindLocked(*heap, ptr);
     if (!info || info->allocation_base != ptr) return invalid;
     context = info->context;
@@ -468,7 +468,7 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
   const bool driver_gone = ToCuResult(synced) == CUDA_ERROR_DEINITIALIZED;
   if (!synced.ok() && !driver_gone) return synced;
 
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   std::optional<PointerInfo> info = FindLocked(*heap, ptr);
   if (!info || info->allocation_base != ptr) return invalid;  // another thread freed it
   const CUdeviceptr base = info->range_base;
@@ -542,7 +542,7 @@ std::optional<PointerInfo> Allocator::FindLocked(const DeviceHeap& heap, CUdevic
 std::optional<PointerInfo> Allocator::Find(CUdeviceptr ptr) const {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return std::nullopt;
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   return FindLocked(*heap, ptr);
 }
 
@@ -643,13 +643,13 @@ absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
       owner_device >= kMaxDevices) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "EnablePeer");
   }
-  absl::MutexLock peers_lock(&peers_mu_);
+  MutexLock peers_lock(&peers_mu_);
   if (enable_counts_[owner_device][peer_device]++ > 0) return absl::OkStatus();
   const uint64_t bit = uint64_t{1} << peer_device;
   enabled_mask_[owner_device].fetch_or(bit, std::memory_order_acq_rel);
   DeviceHeap* heap = heaps_[owner_device].load(std::memory_order_acquire);
   if (heap == nullptr) return absl::OkStatus();  // future allocations see the bit
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   uint64_t granted = 0, denied = 0, granted_bytes = 0;
   for (const auto& [base, b] : heap->blocks) {
     NotePeerDecisions(*heap, b->allowed, bit, b->allocations(),
@@ -681,7 +681,7 @@ absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
       owner_device >= kMaxDevices) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "DisablePeer");
   }
-  absl::MutexLock peers_lock(&peers_mu_);
+  MutexLock peers_lock(&peers_mu_);
   int& count = enable_counts_[owner_device][peer_device];
   if (count == 0) return DriverError(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "DisablePeer");
   if (--count > 0) return absl::OkStatus();
@@ -689,7 +689,7 @@ absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
                                         std::memory_order_acq_rel);
   DeviceHeap* heap = heaps_[owner_device].load(std::memory_order_acquire);
   if (heap == nullptr) return absl::OkStatus();
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   return ApplyAccess(*heap);
 }
 
@@ -709,7 +709,7 @@ absl::Status Allocator::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   CUresult r = driver_.cuDeviceCanAccessPeer(&can, peer, heap->device);
   if (r != CUDA_SUCCESS) return DriverError(r, "cuDeviceCanAccessPeer");
   if (grant && can == 0) return DriverError(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "GrantPeer");
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   std::optional<PointerInfo> info = FindLocked(*heap, ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
   Block& block = *heap->blocks[info->range_base];
@@ -753,7 +753,7 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   if (peer < 0 || peer >= kMaxDevices) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
   }
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   std::optional<PointerInfo> info = FindLocked(*heap, ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
   return (heap->blocks.at(info->range_base)->access >> peer & 1) != 0;
@@ -783,7 +783,7 @@ void Allocator::DropExportLocked(DeviceHeap& heap, CUdeviceptr base) {
   auto it = heap.exports.find(base);
   if (it == heap.exports.end()) return;
   {
-    absl::MutexLock lock(&exports_mu_);
+    MutexLock lock(&exports_mu_);
     exports_.erase(std::string(it->second.begin(), it->second.end()));
   }
   heap.exports.erase(it);
@@ -793,7 +793,7 @@ absl::StatusOr<ExportedAllocation> Allocator::Export(CUdeviceptr ptr) {
   const absl::Status invalid = DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return invalid;
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   std::optional<PointerInfo> info = FindLocked(*heap, ptr);
   if (!info) return invalid;
   Block& block = *heap->blocks[info->range_base];
@@ -818,7 +818,7 @@ absl::StatusOr<ExportedAllocation> Allocator::Export(CUdeviceptr ptr) {
   }
   heap->exports[info->allocation_base] = out.token;
   {
-    absl::MutexLock exports_lock(&exports_mu_);
+    MutexLock exports_lock(&exports_mu_);
     exports_[std::string(out.token.begin(), out.token.end())] = {heap->device,
                                                                  info->allocation_base};
   }
@@ -837,14 +837,14 @@ absl::StatusOr<int> Allocator::ExportFd(const std::array<uint8_t, 16>& token, ui
   const absl::Status invalid = DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle");
   std::pair<int, CUdeviceptr> where;
   {
-    absl::MutexLock lock(&exports_mu_);
+    MutexLock lock(&exports_mu_);
     auto it = exports_.find(std::string(token.begin(), token.end()));
     if (it == exports_.end()) return invalid;
     where = it->second;
   }
   DeviceHeap* heap = heaps_[where.first].load(std::memory_order_acquire);
   if (heap == nullptr) return invalid;
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   // Freed (and maybe reallocated) since the lookup: the token must still be
   // this allocation's.
   auto it = heap->exports.find(where.second);
@@ -880,7 +880,7 @@ size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
   for (auto& slot : heaps_) {
     DeviceHeap* heap = slot.load(std::memory_order_acquire);
     if (heap == nullptr || any) continue;
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     for (const auto& [base, block] : heap->blocks) any |= block->context == context;
   }
   // No driver call for a context the shim never served (it may be invalid).
@@ -895,7 +895,7 @@ size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
   for (auto& slot : heaps_) {
     DeviceHeap* heap = slot.load(std::memory_order_acquire);
     if (heap == nullptr) continue;
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     std::vector<CUdeviceptr> bases;
     for (const auto& [base, block] : heap->blocks) {
       if (block->context == context) bases.push_back(base);
@@ -962,13 +962,13 @@ void Allocator::AfterForkChild() {
   // Unlocking would try to wake the parent's threads that were queued on a
   // mutex (they do not exist here) and spin forever: the child, alone, gets
   // fresh, unlocked mutexes instead.
-  new (&exports_mu_) absl::Mutex;
-  new (&ranges_mu_) absl::Mutex;
+  new (&exports_mu_) Mutex;
+  new (&ranges_mu_) Mutex;
   for (auto& slot : heaps_) {
-    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) new (&heap->mu) absl::Mutex;
+    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) new (&heap->mu) Mutex;
   }
-  new (&peers_mu_) absl::Mutex;
-  new (&heaps_mu_) absl::Mutex;
+  new (&peers_mu_) Mutex;
+  new (&heaps_mu_) Mutex;
 }
 
 void Allocator::ReleaseOrphansLocked(DeviceHeap& heap) {
@@ -999,7 +999,7 @@ size_t Allocator::Trim(int device) {
     if (device >= 0 && d != device) continue;
     DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
     if (heap == nullptr) continue;
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     const size_t before = heap->cached_bytes;
     TrimLocked(*heap);
     released += before - heap->cached_bytes;
@@ -1012,7 +1012,7 @@ std::vector<DeviceStats> Allocator::GetDeviceStats() const {
   for (const auto& slot : heaps_) {
     DeviceHeap* heap = slot.load(std::memory_order_acquire);
     if (heap == nullptr) continue;
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     out.push_back(heap->stats);
     out.back().cached_bytes = heap->cached_bytes;
   }
@@ -1023,7 +1023,7 @@ size_t Allocator::IdleBytes(int device) const {
   if (device < 0 || device >= kMaxDevices) return 0;
   DeviceHeap* heap = heaps_[device].load(std::memory_order_acquire);
   if (heap == nullptr) return 0;
-  absl::MutexLock lock(&heap->mu);
+  MutexLock lock(&heap->mu);
   return heap->cached_bytes;
 }
 
@@ -1059,7 +1059,7 @@ absl::Status Allocator::ReleaseAll() {
   for (auto& slot : heaps_) {
     DeviceHeap* heap = slot.load(std::memory_order_acquire);
     if (heap == nullptr) continue;
-    absl::MutexLock lock(&heap->mu);
+    MutexLock lock(&heap->mu);
     std::vector<CUdeviceptr> bases;
     for (const auto& entry : heap->blocks) bases.push_back(entry.first);
     for (CUdeviceptr base : bases) {
@@ -1071,7 +1071,7 @@ absl::Status Allocator::ReleaseAll() {
     for (const auto& [base, size] : heap->arena.reservations()) {
       first.Update(DriverError(driver_.cuMemAddressFree(base, size), "cuMemAddressFree"));
     }
-    absl::MutexLock ranges_lock(&ranges_mu_);
+    MutexLock ranges_lock(&ranges_mu_);
     for (const auto& [base, size] : heap->arena.reservations()) ranges_.erase(base);
     heap->arena = VaArena(heap->granularity);
     heap->open_granules.clear();

@@ -93,7 +93,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "core/driver_api.h"
 #include "core/peer_policy.h"
 #include "core/slab.h"
@@ -379,7 +379,7 @@ class Allocator {
     const size_t granularity;
     const size_t reservation_bytes;
 
-    mutable absl::Mutex mu;
+    mutable Mutex mu;
     // What cuMemCreate is asked for (handle type, compression); compression
     // is dropped when the driver does not grant it.
     CUmemAllocationProp prop ABSL_GUARDED_BY(mu) = {};
@@ -476,11 +476,11 @@ class Allocator {
   const DriverApi& driver_;
   const AllocatorOptions options_;
 
-  absl::Mutex heaps_mu_;  // serializes heap creation only
+  Mutex heaps_mu_;  // serializes heap creation only
   std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};
   std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
 
-  mutable absl::Mutex ranges_mu_;
+  mutable Mutex ranges_mu_;
   absl::btree_map<CUdeviceptr, std::pair<size_t, int>> ranges_
       ABSL_GUARDED_BY(ranges_mu_);  // reservation base -> (size, device)
 
@@ -491,7 +491,7 @@ class Allocator {
 
   // Peer enables: peers_mu_ orders EnablePeer/DisablePeer; a heap's mutex is
   // taken after it, never before.
-  absl::Mutex peers_mu_;
+  Mutex peers_mu_;
   std::array<std::array<int, kMaxDevices>, kMaxDevices> enable_counts_
       ABSL_GUARDED_BY(peers_mu_){};  // [owner][peer]
   std::array<std::atomic<uint64_t>, kMaxDevices> enabled_mask_{};  // owner -> peers
@@ -499,7 +499,7 @@ class Allocator {
 
   // Live exports: token (16 bytes as a string) -> (device, allocation base).
   // Taken after a heap's mutex, never before.
-  absl::Mutex exports_mu_;
+  Mutex exports_mu_;
   absl::flat_hash_map<std::string, std::pair<int, CUdeviceptr>> exports_
       ABSL_GUARDED_BY(exports_mu_);
 };

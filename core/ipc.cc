@@ -277,7 +277,7 @@ void Ipc::HandleRequest(int conn) {
   IpcHandleFields fields;
   uint64_t instance;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     instance = instance_;
   }
   if (DecodeIpcHandle(request, &fields) != IpcHandleKind::kShim ||
@@ -307,7 +307,7 @@ absl::Status Ipc::Export(CUdeviceptr ptr, uint8_t* handle) {
   if (!exported.ok()) return exported.status();
   IpcHandleFields fields;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (absl::Status started = StartListenerLocked(); !started.ok()) return started;
     fields.pid = listener_pid_;
     fields.instance = instance_;
@@ -434,7 +434,7 @@ absl::StatusOr<CUdeviceptr> Ipc::Open(const IpcHandleFields& fields, unsigned in
     return DriverError(CUDA_ERROR_INVALID_CONTEXT, "cuIpcOpenMemHandle");
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (fields.pid == static_cast<uint32_t>(getpid()) && fields.instance == instance_) {
       // As the driver (H200, driver 580): cudaErrorDeviceUninitialized.
       Log().warn("cuIpcOpenMemHandle: the handle was exported by this process");
@@ -456,7 +456,7 @@ absl::StatusOr<CUdeviceptr> Ipc::Open(const IpcHandleFields& fields, unsigned in
   close(*fd);
   if (!base.ok()) return base.status();
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ImportKey key{fields.instance, std::string(fields.token.begin(), fields.token.end()), context};
   auto [it, inserted] = imports_.try_emplace(key);
   if (!inserted) {
@@ -473,7 +473,7 @@ absl::StatusOr<CUdeviceptr> Ipc::Open(const IpcHandleFields& fields, unsigned in
 absl::StatusOr<bool> Ipc::Close(CUdeviceptr ptr) {
   Import gone;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto p = by_pointer_.find(ptr);
     if (p == by_pointer_.end()) return false;
     auto it = imports_.find(p->second);
@@ -492,7 +492,7 @@ absl::StatusOr<bool> Ipc::Close(CUdeviceptr ptr) {
 void Ipc::ReleaseContext(CUcontext context) {
   std::vector<Import> gone;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto it = imports_.begin(); it != imports_.end();) {
       if (it->second.context != context) {
         ++it;
@@ -516,7 +516,7 @@ void Ipc::AfterForkChild() {
   instance_ = 0;
   listener_pid_ = 0;
   if (g_socket_to_remove != nullptr) g_socket_to_remove->clear();  // the parent's socket
-  new (&mu_) absl::Mutex;  // fresh: see Allocator::AfterForkChild
+  new (&mu_) Mutex;  // fresh: see Allocator::AfterForkChild
 }
 
 }  // namespace vmmshim

@@ -67,7 +67,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "core/allocator.h"
 #include "core/driver_api.h"
 #include "core/ipc_handle.h"
@@ -133,7 +133,7 @@ class Ipc {
   Allocator& allocator_;
   const std::string dir_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   uint64_t instance_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no listener
   uint32_t listener_pid_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<ImportKey, Import> imports_ ABSL_GUARDED_BY(mu_);

@@ -3,13 +3,13 @@
 namespace vmmshim {
 
 CUresult PeerContexts::Enable(CUcontext from, CUcontext to) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return enabled_.insert({from, to}).second ? CUDA_SUCCESS
                                             : CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
 }
 
 CUresult PeerContexts::Disable(CUcontext from, CUcontext to) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return enabled_.erase({from, to}) == 1 ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
 }
 

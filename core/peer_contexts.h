@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 
 namespace vmmshim {
 
@@ -24,7 +24,7 @@ class PeerContexts {
   CUresult Disable(CUcontext from, CUcontext to);
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_set<std::pair<CUcontext, CUcontext>> enabled_ ABSL_GUARDED_BY(mu_);
 };
 

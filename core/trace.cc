@@ -11,7 +11,7 @@
 namespace vmmshim {
 
 absl::Status TraceWriter::Open(const std::string& path) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   file_ = std::fopen(path.c_str(), "w");
   if (file_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("VMMSHIM_TRACE_FILE: cannot open '", path,
@@ -27,14 +27,14 @@ void TraceWriter::Record(int device, const char* op, size_t bytes, CUdeviceptr p
                         std::chrono::steady_clock::now() - start_)
                         .count();
   const long tid = syscall(SYS_gettid);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (file_ == nullptr) return;
   std::fprintf(file_, "%.1f,%ld,%d,%s,%zu,%#llx\n", us, tid, device, op, bytes,
                static_cast<unsigned long long>(ptr));
 }
 
 void TraceWriter::Flush() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (file_ != nullptr) std::fflush(file_);
 }
 

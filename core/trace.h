@@ -21,7 +21,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 
 namespace vmmshim {
 
@@ -33,7 +33,7 @@ class TraceWriter {
   void Flush();
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::chrono::steady_clock::time_point start_;
 };
