@@ -45,7 +45,24 @@ __attribute__((noinline)) void* RoutedDlsym(void* handle, const char* symbol, vo
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* symbol) {
+// x86-64: defined as dlsym@@GLIBC_2.34 (what programs built against glibc
+// 2.34 or later ask for, and what other interposers' dlvsym(RTLD_NEXT,
+// "dlsym", "GLIBC_2.34") finds) and dlsym@GLIBC_2.2.5 (programs built against
+// older glibc, such as manylinux wheels), one function under both names.
+// Elsewhere a plain, unversioned dlsym.
+#if defined(__x86_64__)
+#define VMMSHIM_DLSYM vmmshim_dlsym
+extern "C" void* vmmshim_dlsym(void* handle, const char* symbol);
+extern "C" __attribute__((visibility("default"), alias("vmmshim_dlsym"))) void*
+vmmshim_dlsym_2_2_5(void* handle, const char* symbol);
+__asm__(".symver vmmshim_dlsym, dlsym@@GLIBC_2.34");
+__asm__(".symver vmmshim_dlsym_2_2_5, dlsym@GLIBC_2.2.5");
+#else
+#define VMMSHIM_DLSYM dlsym
+#endif
+
+extern "C" __attribute__((visibility("default"))) void* VMMSHIM_DLSYM(void* handle,
+                                                                     const char* symbol) {
   // glibc declares `symbol` nonnull; like glibc, we do not test it.
   if (__builtin_expect(symbol[0] == 'c' && symbol[1] == 'u', 0)) {
     if (void* hook = vmmshim::HookFor(symbol)) {
