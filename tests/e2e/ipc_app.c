@@ -17,16 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures = 0;
-#define EXPECT_EQ(a, b)                                                              \
-  do {                                                                               \
-    long long va_ = (long long)(a), vb_ = (long long)(b);                            \
-    if (va_ != vb_) {                                                                \
-      fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__, __LINE__, \
-              #a, va_, #b, vb_);                                                     \
-      ++failures;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "expect.h"
 
 #define LARGE (4 << 20)
 #define SMALL 1000

@@ -14,16 +14,7 @@
 unsigned long long simcuCallCount(const char* entry);
 size_t simcuLiveHandles(void);
 
-static int failures = 0;
-#define EXPECT_EQ(a, b)                                                              \
-  do {                                                                               \
-    long long va_ = (long long)(a), vb_ = (long long)(b);                            \
-    if (va_ != vb_) {                                                                \
-      fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__, __LINE__, \
-              #a, va_, #b, vb_);                                                     \
-      ++failures;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "expect.h"
 
 #define N 2000
 

@@ -21,16 +21,7 @@
 size_t simcuDeviceBytesInUse(int device);
 CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device);  /* simulated */
 
-static int failures = 0;
-#define EXPECT_EQ(a, b)                                                              \
-  do {                                                                               \
-    long long va_ = (long long)(a), vb_ = (long long)(b);                            \
-    if (va_ != vb_) {                                                                \
-      fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__, __LINE__, \
-              #a, va_, #b, vb_);                                                     \
-      ++failures;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "expect.h"
 
 static CUcontext Primary(int device) {
   CUcontext ctx = NULL;

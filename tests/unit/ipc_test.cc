@@ -131,6 +131,19 @@ class IpcTest : public ::testing::Test {
     return r.ok() ? r->ptr : 0;
   }
 
+  // An exporter, an importer and a 4 MiB allocation exported by the first.
+  struct Shared {
+    Ipc& exporter;
+    Ipc& importer;
+    CUdeviceptr ptr;
+    uint8_t handle[kIpcHandleBytes];
+  };
+  Shared ExportOne(Allocator& a) {
+    Shared s{NewIpc(a), NewIpc(a), MustAllocate(a, 4 * kMiB), {}};
+    EXPECT_TRUE(s.exporter.Export(s.ptr, s.handle).ok());
+    return s;
+  }
+
   static IpcHandleFields Decode(const uint8_t* handle) {
     IpcHandleFields f;
     EXPECT_EQ(DecodeIpcHandle(handle, &f), IpcHandleKind::kShim);
@@ -206,11 +219,11 @@ TEST_F(IpcTest, PackedAllocationsOpenAtTheirOffset) {
 
 TEST_F(IpcTest, BadHandlesGetInvalidValue) {
   Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
-  Ipc& importer = NewIpc(a);
-  const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-  uint8_t handle[kIpcHandleBytes];
-  ASSERT_TRUE(exporter.Export(p, handle).ok());
+  Shared shared = ExportOne(a);
+  Ipc& exporter = shared.exporter;
+  Ipc& importer = shared.importer;
+  const CUdeviceptr p = shared.ptr;
+  uint8_t* handle = shared.handle;
   const IpcHandleFields good = Decode(handle);
   sim::Usage before = sim::GetUsage();
   auto expect_invalid = [&](IpcHandleFields f, const char* what) {
@@ -372,11 +385,10 @@ TEST_F(IpcTest, AnotherUsersRequestIsRefused) {
 
 TEST_F(IpcTest, ReleasedContextClosesItsImports) {
   Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
-  Ipc& importer = NewIpc(a);
-  const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-  uint8_t handle[kIpcHandleBytes];
-  ASSERT_TRUE(exporter.Export(p, handle).ok());
+  Shared shared = ExportOne(a);
+  Ipc& importer = shared.importer;
+  const CUdeviceptr p = shared.ptr;
+  const uint8_t* handle = shared.handle;
   CUcontext ctx;
   ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
   absl::StatusOr<CUdeviceptr> q = importer.Open(Decode(handle), 0);
@@ -397,12 +409,10 @@ TEST_F(IpcTest, FaultSweepOverExportAndImport) {
       "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemMap",
       "cuMemSetAccess", "cuCtxGetCurrent", "cuCtxGetDevice"};
   Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
-  Ipc& importer = NewIpc(a);
-  const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-  uint8_t handle[kIpcHandleBytes];
-  ASSERT_TRUE(exporter.Export(p, handle).ok());
-  const IpcHandleFields f = Decode(handle);
+  Shared shared = ExportOne(a);
+  Ipc& importer = shared.importer;
+  const CUdeviceptr p = shared.ptr;
+  const IpcHandleFields f = Decode(shared.handle);
   const sim::Usage before = sim::GetUsage();
   constexpr CUresult kInjected = static_cast<CUresult>(999);
   int runs = 0;
