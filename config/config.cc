@@ -29,7 +29,7 @@ constexpr LevelName kLevels[] = {
 };
 
 bool ApplyEnable(absl::string_view value, int, Config* config) {
-  return absl::SimpleAtob(value, &config->enable);
+  return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->enable);
 }
 
 bool ApplyLogLevel(absl::string_view value, int, Config* config) {
@@ -73,7 +73,7 @@ bool ApplyConfigFile(absl::string_view value, int, Config* config) {
 }
 
 bool ApplyPeerEnableDriver(absl::string_view value, int, Config* config) {
-  return absl::SimpleAtob(value, &config->peer_enable_driver);
+  return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->peer_enable_driver);
 }
 
 bool ApplyCacheLimit(absl::string_view value, int, Config* config) {
@@ -100,7 +100,7 @@ bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
 }
 
 bool ApplyIpc(absl::string_view value, int, Config* config) {
-  return absl::SimpleAtob(value, &config->ipc);
+  return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->ipc);
 }
 
 bool ApplyIpcDir(absl::string_view value, int, Config* config) {
@@ -212,8 +212,8 @@ constexpr OptionInfo kOptions[] = {
     {"VMMSHIM_IPC_DIR", "path", "/tmp/vmmshim-<uid>",
      "an absolute directory path; created with mode 0700 when missing",
      "Where exporting processes keep their IPC sockets. Exporter and importer must use the same "
-     "directory. One owned by another user, or open to others, is refused with one message "
-     "and IPC exports fail.",
+     "directory. One owned by another user, open to others, or a symbolic link is refused with "
+     "one error line (once per process) and IPC exports fail with CUDA_ERROR_OPERATING_SYSTEM.",
      &ApplyIpcDir, false},
     {"VMMSHIM_COMPRESSION", "enum", "none", "none, generic (any case)",
      "generic: request compressible memory (CUDA guide 4.16.5.2) on devices that report "

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -165,9 +166,13 @@ std::string Ipc::SocketPath(uint32_t pid, uint64_t instance) const {
 
 absl::Status Ipc::CheckDirectory() {
   const auto refuse = [&](const std::string& why) {
-    Log().error("IPC socket directory {}: {}; cuIpcGetMemHandle on shim memory fails "
-                "(set VMMSHIM_IPC_DIR to a private directory)",
-                dir_, why);
+    // Once per process: every later export fails the same way.
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      Log().error("IPC socket directory {}: {}; cuIpcGetMemHandle on shim memory fails "
+                  "(set VMMSHIM_IPC_DIR to a private directory)",
+                  dir_, why);
+    }
     return DriverError(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle");
   };
   if (mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {

@@ -10,6 +10,7 @@
 //                        importer still maps the buffer.
 // Lines starting with PROBE are return codes that must be the same natively
 // and under the shim; INFO lines may differ.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -178,8 +179,14 @@ int main(int argc, char** argv) {
   std::printf("exporter: importer exit %d, %llu mismatches in the importer's answer\n", rc, bad);
 
   int to_child[2], from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return 2;
+  // The parent's ends close on exec; the child's ends are closed here after
+  // the fork, so an early exit of either side ends the other's read.
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return 2;
+  fcntl(to_child[0], F_SETFD, 0);
+  fcntl(from_child[1], F_SETFD, 0);
   const int holder = Run(argv[0], "holder", Hex(hl), Hex(hs), to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
   char c;
   if (read(from_child[0], &c, 1) != 1) return 2;
   CHECK_CUDA(cudaFree(large));

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -168,8 +169,14 @@ int main(int argc, char** argv) {
 
   /* The exporter frees while a holder maps it. */
   int to_child[2], from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return 2;
+  /* The parent's ends close on exec; the child's ends are closed here after
+   * the fork, so an early exit of either side ends the other's read. */
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return 2;
+  fcntl(to_child[0], F_SETFD, 0);
+  fcntl(from_child[1], F_SETFD, 0);
   int holder = Spawn(argv[0], "holder", large_hex, small_hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
   char c;
   if (read(from_child[0], &c, 1) != 1) return 2;
   EXPECT_EQ(cuMemFree(large), CUDA_SUCCESS);
