@@ -125,6 +125,7 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     return r;
   }
   *dptr = a->ptr;
+  vmmshim::ArmExitRelease();
   Trace(*rt, "alloc", bytesize, a->ptr);
   return CUDA_SUCCESS;
 }
@@ -150,6 +151,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
     return r;
   }
   *dptr = a->ptr;
+  vmmshim::ArmExitRelease();
   return CUDA_SUCCESS;
 }
 

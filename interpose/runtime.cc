@@ -69,10 +69,18 @@ void ExitReport() {
       Log().warn("{}", std::string(written.message()));
     }
   }
-  // Memory the shim keeps for reuse goes back to the driver before the
-  // driver tears down (our handler runs before cudart's, which registered
-  // first), so leak checkers (compute-sanitizer --leak-check) see only what
-  // the application itself did not free.
+}
+
+// Memory the shim keeps for reuse goes back to the driver before the driver
+// tears down, so leak checkers (compute-sanitizer --leak-check) see only
+// what the application itself did not free. Registered at the first served
+// allocation, which comes after cuInit and cudart's own start-up: atexit
+// handlers run in reverse order, so this one runs before the driver's and
+// cudart's teardown (registered at start-up, the shim's first call is
+// earlier still).
+void ReleaseCacheAtExit() {
+  const Runtime* rt = g_runtime_for_exit;
+  if (rt == nullptr || rt->allocator == nullptr || InForkedChild()) return;
   const size_t released = rt->allocator->Trim(-1);
   if (released > 0) Log().debug("released {} cached bytes at exit", released);
 }
@@ -153,6 +161,13 @@ const Runtime* Initialize() {
 }  // namespace
 
 bool InForkedChild() { return g_forked_child.load(std::memory_order_relaxed); }
+
+void ArmExitRelease() {
+  static std::atomic<bool> armed{false};
+  if (!armed.load(std::memory_order_relaxed) && !armed.exchange(true)) {
+    std::atexit(&ReleaseCacheAtExit);
+  }
+}
 
 const Runtime* GetRuntime() {
   static const Runtime* runtime = Initialize();

@@ -24,6 +24,11 @@ namespace vmmshim {
 // True in a child process after fork() of a process whose shim had started.
 bool InForkedChild();
 
+// Called after each served allocation; the first call registers the exit
+// handler that gives the shim's cache back to the driver (runtime.cc says
+// why then).
+void ArmExitRelease();
+
 struct Runtime {
   DriverApi driver;            // the real entry points (routing, pass-through)
   DriverApi allocator_driver;  // what the allocator calls (counted when stats are on)
