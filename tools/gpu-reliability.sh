@@ -2,9 +2,8 @@
 # The GPU part of the reliability work (docs/reliability.md), in one call on a
 # GPU host after tools/gpu-bundle.sh: compute-sanitizer memcheck (with
 # --leak-check full) over the examples, natively, under the shim, and under
-# the shim without its cache (VMMSHIM_CACHE_LIMIT=0: in cudart programs the
-# cache is still mapped when cudart tears the driver down, and the leak check
-# lists it; docs/reliability.md), and a
+# the shim without its cache (VMMSHIM_CACHE_LIMIT=0, for comparison;
+# docs/reliability.md), and a
 # soak run (allocation churn with kernels, memory back to its start at the
 # end) under the shim. Logs to $OUT (or ./gpu-out).
 # usage: bash tools/gpu-reliability.sh [SOAK_SECONDS]   (default 150)
