@@ -33,7 +33,18 @@ struct ContextMemo {
 };
 thread_local ContextMemo t_context_memo;
 
-std::vector<CUmemAccessDesc> ReadWriteDescriptors(uint64_t devices) {
+
+CUmemAllocationProp DeviceProp(int device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+}  // namespace
+
+std::vector<CUmemAccessDesc> ReadWriteAccess(uint64_t devices) {
   std::vector<CUmemAccessDesc> access;
   for (int d = 0; d < 64; ++d) {
     if ((devices >> d & 1) == 0) continue;
@@ -45,16 +56,6 @@ std::vector<CUmemAccessDesc> ReadWriteDescriptors(uint64_t devices) {
   }
   return access;
 }
-
-CUmemAllocationProp DeviceProp(int device) {
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  return prop;
-}
-
-}  // namespace
 
 Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
     : driver_(driver), options_(options) {
@@ -356,7 +357,7 @@ absl::StatusOr<CUdeviceptr> Allocator::CreateBlock(DeviceHeap& heap,
   // The owner and every peer the placement allows now, in one call.
   const uint64_t self = uint64_t{1} << heap.device;
   const uint64_t target = (placement.allowed & EnabledPeers(heap.device)) | self;
-  const std::vector<CUmemAccessDesc> access = ReadWriteDescriptors(target);
+  const std::vector<CUmemAccessDesc> access = ReadWriteAccess(target);
   heap.mu.Unlock();
   const char* failed = "cuMemMap";
   r = driver_.cuMemMap(*va, size, 0, handle, 0);
@@ -474,7 +475,7 @@ absl::StatusOr<bool> Allocator::Free(CUdeviceptr ptr) {
   const CUdeviceptr base = info->range_base;
   Block& block = *heap->blocks[base];
   absl::Status status;
-  DropExportLocked(*heap, ptr);
+  if (block.exported) DropExportLocked(*heap, ptr);
   if (!info->packed) {
     if (driver_gone) {
       // The driver has freed everything already; only forget the block.

@@ -183,6 +183,10 @@ struct PointerInfo {
   bool packed = false;
 };
 
+// One read-write access descriptor (cuMemSetAccess) per device set in the
+// bit mask `devices` (bit d = device d).
+std::vector<CUmemAccessDesc> ReadWriteAccess(uint64_t devices);
+
 // An allocation made shareable by Export.
 struct ExportedAllocation {
   // 128 random bits naming this export; ExportFd answers only to it.

@@ -409,16 +409,8 @@ absl::StatusOr<CUdeviceptr> Ipc::MapImport(int fd, uint64_t handle_size, int dev
     driver_.cuMemAddressFree(base, handle_size);
     return DriverError(r, "cuMemMap");
   }
-  std::vector<CUmemAccessDesc> access;
-  const uint64_t targets = allocator_.AccessTargets(device, fields.size);
-  for (int d = 0; d < 64; ++d) {
-    if ((targets >> d & 1) == 0) continue;
-    CUmemAccessDesc desc = {};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = d;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    access.push_back(desc);
-  }
+  const std::vector<CUmemAccessDesc> access =
+      ReadWriteAccess(allocator_.AccessTargets(device, fields.size));
   r = driver_.cuMemSetAccess(base, handle_size, access.data(), access.size());
   if (r != CUDA_SUCCESS) {
     Unmap(base, handle_size);

@@ -11,15 +11,7 @@
 
 #include "vmmshim/vmmshim.h"
 
-static int failures = 0;
-#define EXPECT_EQ(a, b)                                                              \
-  do {                                                                               \
-    long long va_ = (long long)(a), vb_ = (long long)(b);                            \
-    if (va_ != vb_) {                                                                \
-      fprintf(stderr, "%s:%d: %s == %lld, expected %lld\n", __FILE__, __LINE__, #a, va_, vb_); \
-      ++failures;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "expect.h"
 
 static const char* Read(CUdeviceptr p) {
   char c;

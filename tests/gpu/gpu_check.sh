@@ -18,6 +18,16 @@ have_torch() {
 }
 fail() { echo "FAIL: $*"; exit 1; }
 under_shim() { LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info "$@"; }
+# Runs a program natively and under the shim (each must exit 0), shows both
+# outputs and requires their PROBE lines to be identical. Sets $native and
+# $shimmed.
+probe_pair() {
+  native=$("$@" 2>&1) || fail "native: $native"
+  shimmed=$(under_shim "$@" 2>&1) || fail "shim: $shimmed"
+  echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -v '^\[vmmshim' | sed 's/^/shim   /'
+  diff <(grep ^PROBE <<<"$native") <(grep ^PROBE <<<"$shimmed") ||
+    fail "PROBE lines differ (left: native, right: shim)"
+}
 served() { grep -oE 'served [0-9]+ allocations' <<<"$1" | grep -oE '[0-9]+'; }
 passed_through() { grep -oE 'passed [0-9]+ allocations' <<<"$1" | grep -oE '[0-9]+'; }
 
@@ -145,11 +155,8 @@ PY
     # Two processes share buffers through cudaIpcGetMemHandle/OpenMemHandle,
     # with kernels on both sides; return codes as native.
     bin=$build/examples/ipc_share; need "$bin"
-    native=$("$bin" 2>&1) || fail "native: $native"
-    shimmed=$(under_shim "$bin" 2>&1) || fail "shim: $shimmed"
-    echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -v '^\[vmmshim' | sed 's/^/shim   /'
+    probe_pair "$bin"
     grep -E 'IPC listener|exit report' <<<"$shimmed" | sed 's/^/shim   /'
-    diff <(grep ^PROBE <<<"$native") <(grep ^PROBE <<<"$shimmed") || fail "codes differ (left: native)"
     grep -q 'ipc_share: OK' <<<"$shimmed" || fail "shim run did not verify"
     grep -qE 'exit report: served [1-9][0-9]* allocations.* [1-9][0-9]* IPC exports' <<<"$shimmed" ||
       fail "the exporter's memory was not served from VMM and exported"
@@ -157,11 +164,8 @@ PY
     ;;
   lifecycle)
     bin=$build/examples/lifecycle_probe; need "$bin"
-    native=$("$bin" 2>&1) || fail "native: $native"
-    shimmed=$(under_shim "$bin" 2>&1) || fail "shim: $shimmed"
-    echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -v '^\[vmmshim' | sed 's/^/shim   /'
+    probe_pair "$bin"
     grep -E 'released|exit report' <<<"$shimmed" | sed 's/^/shim   /'
-    diff <(grep ^PROBE <<<"$native") <(grep ^PROBE <<<"$shimmed") || fail "results differ (left: native)"
     grep -q 'back to its starting value.*: yes' <<<"$shimmed" || fail "memory not back after reset"
     ;;
   compression)
