@@ -1,73 +1,40 @@
 // The VMM allocator: device memory from cuMemCreate physical handles mapped
 // into reserved virtual address ranges (CUDA Programming Guide section 4.16,
-// "Virtual Memory Management").
+// "Virtual Memory Management"), with per-allocation peer access.
 //
-// Shapes and units. Sizes are bytes. Each device's allocation granularity
-// (cuMemGetAllocationGranularity, RECOMMENDED; 2 MiB on H200) is the unit of
-// physical memory and of VA:
-//   - a request of more than `packing_threshold` bytes (default: half a
-//     granule) gets its own physical handle of the request rounded up to the
-//     granularity, mapped at a granularity-aligned address: one handle per
-//     large allocation;
-//   - smaller requests are packed into shared granules (one handle each) in
-//     256-byte units, so every pointer is 256-byte aligned, as cudaMalloc
-//     guarantees. Granules are per (device, context), so that a free can
-//     synchronize the context the memory was allocated in.
-// VA comes from per-device reservations of `reservation_bytes` (default:
-// twice the device's memory), reserved when first needed and grown by
-// another reservation when exhausted; reservations are kept until
-// ReleaseAll().
+// Allocator is a facade over rooms that each own one thing
+// (docs/architecture.md):
+//   - DeviceHeap (core/device_heap.h): one device's blocks, packed granules
+//     and cache, indexed by placement; shapes, rounding, alignment, caching
+//     and address ranges are specified there;
+//   - VmmMapper (core/vmm_mapping.h): the only caller of the VMM entry
+//     points, undoing every multi-step sequence on failure;
+//   - PeerEnableTable and PlanAccess (core/peer_access.h): which peers
+//     enabled access, and the cuMemSetAccess runs that follow;
+//   - ExportRegistry (core/export_registry.h): IPC export tokens;
+//   - CaptureTracker (core/capture.h): stream captures in progress, and the
+//     driver's rule for calls made during one.
+// The facade finds the device of the current context, the heap of a
+// pointer, decides the placement (policy), and synchronizes before frees.
 //
-// Address ranges. Find() reports for every pointer the range of the physical
-// handle that backs it, which is what the driver itself reports for VMM
-// memory (cuMemGetAddressRange on a VMM pointer gives the mapped handle) and
-// what NCCL's user-buffer registration relies on (retain the handle at the
-// range base, map the range size from offset 0). For a large allocation that
-// is the allocation rounded up to the granularity; for a packed allocation it
-// is its granule.
+// Errors: absl::Status carrying the exact CUresult (core/cu_status.h). A
+// pointer outside the shim's VA gets NotShimMemory() from every method that
+// takes one (the caller hands the call to the driver); a pointer inside it
+// that does not name a live allocation gets CUDA_ERROR_INVALID_VALUE, as the
+// driver gives for a pointer it did not allocate.
 //
-// Caching. A freed large block stays mapped, with its access set, and serves
-// the next request of the same (context, allowed peers, tag) whose rounded
-// size it fits within a quarter, with no driver call; empty granules stay
-// mapped too. The cache of each device is bounded (cache_limit_*); cached
-// bytes count as free in IdleBytes (cuMemGetInfo); when cuMemCreate reports
-// CUDA_ERROR_OUT_OF_MEMORY the device's cache is released and the call
-// retried once; Trim() releases it on request. VA is never returned to the
-// driver before ReleaseAll, so reservations are cached as well.
-//
-// Synchronization. cuMemFree waits for outstanding work of the device before
-// the memory can be reused; cuMemUnmap/cuMemRelease do not. Free() therefore
-// synchronizes the context that was current at allocation before the memory
-// is unmapped or handed out again.
-//
-// Errors. Driver failures come back as absl::Status carrying the exact
-// CUresult (core/cu_status.h). Every multi-step create -> map -> set-access
-// sequence undoes its completed steps on failure, so an error leaves no
-// handle, mapping or VA behind, and a later request can succeed.
-//
-// Peer access (docs/peer-access.md). Each allocation carries the set of
-// devices its PeerPolicy allows (decided once, at allocation, from owner,
-// size and tag). A peer that enabled access to the owner (EnablePeer, where
-// cuCtxEnablePeerAccess arrives) gets a cuMemSetAccess grant on exactly the
-// allowed allocations, existing and future; DisablePeer revokes them.
-// Access rights belong to a mapping, so packed allocations share granules
-// only with allocations of the same (context, allowed set, tag): granting a
-// granule never exposes an allocation whose policy denies that peer.
-// Changes are batched: one cuMemSetAccess per contiguous run of mappings that
-// change the same way, with every changed device in one descriptor array.
-// Explicit grants and revokes (GrantPeer/RevokePeer) override the policy for
-// one allocation; on a packed allocation they act on its whole granule and
-// are refused (CUDA_ERROR_NOT_PERMITTED) when that would change the access of
-// another live allocation that is neither in the same state nor tagged (the
-// rule is spelled out at GrantPeer).
+// Synchronization: cuMemFree waits for outstanding work of the device before
+// the memory can be reused; cuMemUnmap/cuMemRelease do not. Free()
+// therefore synchronizes the context that was current at allocation (not
+// the current one) first. While a stream capture is in progress, a context
+// cannot be synchronized: frees are then deferred (core/capture.h states
+// the driver's codes, which the shim gives exactly).
 //
 // Thread safety: all methods may be called concurrently, except ReleaseAll
-// and destruction, which must not overlap other calls. Each device has its
-// own mutex; it is not held across the cuMemCreate/cuMemMap/cuMemSetAccess
-// of a new block, so a slow-path allocation does not stall cache hits on the
-// same device (it is held across the rarer unmap of a block the cache cannot
-// keep, VA reservation, and cache release on OOM). Pointer lookups take a
-// shared lock on the reservation map.
+// and destruction, which must not overlap other calls. Lock order (each
+// taken only after those before it, never the other way): peer mutex
+// (EnablePeer/DisablePeer) -> heap creation mutex -> a DeviceHeap's mutex ->
+// ReservationMap, ExportRegistry, CaptureTracker (leaves).
 //
 // Process exit: the shim never destroys its Allocator. When the driver is
 // already torn down (CUDA_ERROR_DEINITIALIZED, seen when cudart frees at
@@ -83,21 +50,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_map.h"
-#include "absl/container/btree_set.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/mutex.h"
+#include "absl/strings/string_view.h"
+#include "core/capture.h"
+#include "core/device_heap.h"
+#include "core/device_set.h"
 #include "core/driver_api.h"
+#include "core/export_registry.h"
+#include "core/mutex.h"
+#include "core/peer_access.h"
 #include "core/peer_policy.h"
-#include "core/slab.h"
 #include "core/va_arena.h"
+#include "core/vmm_mapping.h"
 
 namespace vmmshim {
 
@@ -130,35 +98,8 @@ struct AllocatorOptions {
   bool compression = false;
 };
 
-// What became of a compression request on one device.
-enum class CompressionState { kOff, kUnsupported, kGranted, kNotGranted };
-
-// Per-device statistics (DeviceStats) and per-peer counters.
-struct PeerCounters {
-  uint64_t grants = 0;   // allocations granted to this peer (by policy or explicitly)
-  uint64_t denials = 0;  // allocations denied to this peer while it had access enabled
-  uint64_t mapped_bytes = 0;       // bytes of this device's memory mapped into the peer now
-  uint64_t peak_mapped_bytes = 0;  // the most mapped into it at any time
-};
-
-struct DeviceStats {
-  int device = -1;
-  uint64_t allocations = 0;  // served from VMM
-  uint64_t bytes = 0;        // their requested bytes
-  uint64_t live_bytes = 0;
-  uint64_t peak_live_bytes = 0;
-  uint64_t handle_bytes = 0;  // physical memory held
-  uint64_t peak_handle_bytes = 0;
-  uint64_t set_access_calls = 0;
-  uint64_t cache_hits = 0;    // large requests served from the cache
-  uint64_t cache_misses = 0;  // large requests that made a new handle
-  uint64_t cached_bytes = 0;  // mapped for reuse now
-  uint64_t exports = 0;       // allocations exported (Export)
-  uint64_t context_releases = 0;  // ReleaseContext calls that released memory here
-  CompressionState compression = CompressionState::kOff;
-  std::array<PeerCounters, 64> peers{};  // indexed by peer device
-};
-
+// Process-wide figures: sums over the devices' DeviceStats (the one source
+// of truth), plus what was handed to the driver.
 struct AllocatorStats {
   uint64_t served_allocations = 0;       // allocations served from VMM
   uint64_t served_bytes = 0;             // their requested bytes
@@ -169,28 +110,13 @@ struct AllocatorStats {
   uint64_t live_bytes = 0;               // requested bytes of live allocations
   uint64_t handles = 0;                  // live physical handles
   uint64_t handle_bytes = 0;             // their bytes (device memory in use)
-  uint64_t peak_handle_bytes = 0;
+  uint64_t peak_handle_bytes = 0;        // the most held at once, all devices together
+  uint64_t deferred_frees = 0;           // frees held back by stream captures
 };
-
-// What Find() knows about a pointer inside shim memory.
-struct PointerInfo {
-  CUdeviceptr allocation_base = 0;  // the pointer Allocate returned
-  size_t allocation_size = 0;       // the bytes requested
-  CUdeviceptr range_base = 0;       // the backing handle's mapping
-  size_t range_size = 0;
-  int device = -1;
-  CUcontext context = nullptr;      // current when allocated
-  bool packed = false;
-};
-
-// One read-write access descriptor (cuMemSetAccess) per device set in the
-// bit mask `devices` (bit d = device d).
-std::vector<CUmemAccessDesc> ReadWriteAccess(uint64_t devices);
 
 // An allocation made shareable by Export.
 struct ExportedAllocation {
-  // 128 random bits naming this export; ExportFd answers only to it.
-  std::array<uint8_t, 16> token{};
+  ExportToken token{};       // 128 random bits naming this export
   uint64_t offset = 0;       // of the allocation inside its physical handle
   uint64_t size = 0;         // the allocation's requested bytes
   uint64_t handle_size = 0;  // the physical handle's bytes (what an importer maps)
@@ -199,7 +125,7 @@ struct ExportedAllocation {
 
 class Allocator {
  public:
-  static constexpr int kMaxDevices = 64;
+  static constexpr int kMaxDevices = vmmshim::kMaxDevices;
 
   // `driver` must outlive the allocator.
   explicit Allocator(const DriverApi& driver, AllocatorOptions options = {});
@@ -218,7 +144,9 @@ class Allocator {
   };
 
   // `bytes` > 0, on the device of the current context. `tag` ("" = none)
-  // is matched by rules policies and groups packed allocations.
+  // is matched by rules policies and groups packed allocations. During a
+  // stream capture that prohibits the call, the driver's code
+  // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated).
   absl::StatusOr<Allocation> Allocate(size_t bytes, absl::string_view tag = "");
 
   // A pitched 2D allocation: pitch = width rounded up to pitch_alignment,
@@ -228,80 +156,80 @@ class Allocator {
   absl::StatusOr<Allocation> AllocatePitch(size_t width, size_t height, size_t* pitch,
                                            absl::string_view tag = "");
 
-  // Frees an allocation made by Allocate. Returns false when `ptr` is not in
-  // shim memory (the caller hands it to the driver). A pointer inside shim
-  // memory that is not the start of a live allocation (interior pointer,
-  // double free) gets CUDA_ERROR_INVALID_VALUE, as the driver gives for a
-  // pointer it did not allocate.
-  absl::StatusOr<bool> Free(CUdeviceptr ptr);
+  // Frees an allocation made by Allocate (header comment: errors, capture).
+  absl::Status Free(CUdeviceptr ptr);
 
-  // The live allocation containing `ptr`, or nullopt.
-  std::optional<PointerInfo> Find(CUdeviceptr ptr) const;
+  // cuMemFreeAsync of shim memory on `stream` (`per_thread`: the _ptsz entry
+  // point): the free must not happen before the work queued on the stream is
+  // done, so the stream is synchronized, then the memory freed as Free does.
+  // During captures, the driver's codes, measured on H200 (core/capture.h):
+  // on a capturing stream CUDA_ERROR_INVALID_VALUE (a graph frees only graph
+  // allocations) and the capture goes on; on another stream the driver's
+  // verdict on an unsafe call, and the free deferred where it is allowed.
+  absl::Status FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread);
 
-  // True when `ptr` lies in VA reserved by the shim (live or not).
-  bool Owns(CUdeviceptr ptr) const;
+  // The live allocation containing `ptr`: NotShimMemory() outside the
+  // shim's VA, CUDA_ERROR_NOT_FOUND inside it but not in a live allocation.
+  absl::StatusOr<PointerInfo> Find(CUdeviceptr ptr) const;
 
   // Bytes the shim holds mapped on `device` that serve no allocation (its
   // cache); these count as free memory.
   size_t IdleBytes(int device) const;
 
-  // Releases the cache of `device` (-1: every device) to the driver; returns
-  // the bytes released. Allocation also does this by itself, once, before
-  // reporting CUDA_ERROR_OUT_OF_MEMORY.
+  // Releases the cache of `device` (-1: every device) to the driver, and
+  // completes frees deferred by captures that have ended; returns the bytes
+  // released. Allocation also does this by itself, once, before reporting
+  // CUDA_ERROR_OUT_OF_MEMORY.
   size_t Trim(int device = -1);
 
   // Makes the live allocation containing `ptr` shareable with other
   // processes: returns a token that ExportFd accepts until the allocation is
   // freed. Exporting the same allocation again returns the same token.
-  // Exported memory is never cached for reuse: a freed exported block is
-  // unmapped and released at once (the driver keeps the physical memory
-  // alive while an importer still maps it), and a packed granule holding an
-  // exported allocation takes no new allocations. The importer can map the
-  // whole physical handle, which for a packed allocation is its granule
-  // (other allocations of the same context, policy and tag).
+  // Exported memory is never cached for reuse, and a packed granule holding
+  // an exported allocation takes no new allocations. The importer can map
+  // the whole physical handle, which for a packed allocation is its granule.
   // Errors: CUDA_ERROR_INVALID_VALUE when `ptr` is not in a live shim
-  // allocation, or its memory was created without the POSIX-fd handle type
-  // (exportable = false, or unsupported by the device).
+  // allocation, or its memory was created without the POSIX-fd handle type.
   absl::StatusOr<ExportedAllocation> Export(CUdeviceptr ptr);
 
   // A new POSIX file descriptor for the physical handle behind the export
   // named by `token`, when `offset` and `size` match it (the caller owns and
   // closes the descriptor); *handle_size is set to the handle's bytes.
-  // CUDA_ERROR_INVALID_VALUE when no live export has this token (never
-  // exported, freed, or forged) or offset/size differ; otherwise the
-  // driver's cuMemExportToShareableHandle error.
-  absl::StatusOr<int> ExportFd(const std::array<uint8_t, 16>& token, uint64_t offset,
-                               uint64_t size, uint64_t* handle_size);
+  // CUDA_ERROR_INVALID_VALUE when no live export has this token or
+  // offset/size differ; otherwise the driver's cuMemExportToShareableHandle
+  // error.
+  absl::StatusOr<int> ExportFd(const ExportToken& token, uint64_t offset, uint64_t size,
+                               uint64_t* handle_size);
 
   // The devices that should access `bytes` of memory used on `device` that
   // the shim maps but did not allocate (IPC imports): `device` itself and
   // the peers that enabled access to it and that the policy allows for an
   // untagged allocation of this size.
-  uint64_t AccessTargets(int device, size_t bytes);
+  DeviceSet AccessTargets(int device, size_t bytes);
+
+  // The mapping unit, for other rooms that map memory (IPC import).
+  const VmmMapper& mapper() const { return mapper_; }
+  // Stream captures in progress (the hooks report begin and end).
+  CaptureTracker& captures() { return captures_; }
 
   // Releases everything allocated in `context` (live allocations, their
-  // cache, their exports), after synchronizing it: what the driver does to a
-  // context's cuMemAlloc memory when the context is destroyed or reset
-  // (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
-  // cuDevicePrimaryCtxRelease). VA reservations stay for reuse. Returns the
-  // physical bytes released. Pointers into the released memory become
-  // unknown (Free gives CUDA_ERROR_INVALID_VALUE, as the driver does).
-  // `synchronize` false: the context is already gone (its destruction waited
-  // for its work). Makes no driver call when nothing of `context` is held.
+  // cache, their exports, their deferred frees), after synchronizing it:
+  // what the driver does to a context's cuMemAlloc memory when the context
+  // is destroyed or reset. VA reservations stay for reuse. Returns the
+  // physical bytes released. `synchronize` false: the context is already
+  // gone. Makes no driver call when nothing of `context` is held.
   size_t ReleaseContext(CUcontext context, bool synchronize);
 
-  // fork(): PrepareFork takes every lock of the allocator, in lock order, so
-  // that no other thread holds one at the fork; AfterForkParent releases
-  // them; AfterForkChild gives the child (a single thread) fresh, unlocked
-  // mutexes, since unlocking one that the parent's other threads queued on
-  // would wait for threads the child does not have. For pthread_atfork.
+  // fork(): PrepareFork takes every lock of the allocator, in lock order;
+  // AfterForkParent releases them; AfterForkChild gives the child (a single
+  // thread) fresh, unlocked mutexes. For pthread_atfork.
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
-  // `context` was destroyed or reset (cuCtxDestroy, cuDevicePrimaryCtxReset):
-  // forgets which device it belonged to, on every thread, so that a new
-  // context that reuses the handle is asked about again.
+  // `context` was destroyed or reset: forgets which device it belonged to,
+  // on every thread, so that a new context that reuses the handle is asked
+  // about again.
   void ForgetContext(CUcontext context);
 
   // Records a request the caller handed to the driver (for statistics).
@@ -310,10 +238,11 @@ class Allocator {
   // `peer_device` has enabled peer access to `owner_device`'s memory (after
   // the driver accepted cuCtxEnablePeerAccess, or instead of it). Grants the
   // policy-allowed allocations of the owner, existing and future. Calls nest:
-  // each EnablePeer needs one DisablePeer.
+  // each EnablePeer needs one DisablePeer. CUDA_ERROR_INVALID_DEVICE for a
+  // bad ordinal.
   absl::Status EnablePeer(int peer_device, int owner_device);
   // Undoes one EnablePeer; the last one revokes the policy grants (explicit
-  // grants stay).
+  // grants stay). CUDA_ERROR_PEER_ACCESS_NOT_ENABLED when not enabled.
   absl::Status DisablePeer(int peer_device, int owner_device);
 
   // Explicit per-allocation control, combined with any policy: `peer` may
@@ -322,10 +251,9 @@ class Allocator {
   // (not shim memory), CUDA_ERROR_INVALID_DEVICE (bad ordinal),
   // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (cuDeviceCanAccessPeer says no),
   // CUDA_ERROR_NOT_PERMITTED (a packed allocation whose granule holds other
-  // live allocations that would change state and carry no tag: tag
-  // allocations meant for explicit grants, vmmshim_set_allocation_tag, so
-  // they get granules of their own), or the driver's cuMemSetAccess error.
-  // Granting or revoking the owner itself is a no-op.
+  // live allocations that carry no tag: tag allocations meant for explicit
+  // grants, vmmshim_set_allocation_tag, so they get granules of their own),
+  // or the driver's cuMemSetAccess error. The owner itself is a no-op.
   absl::Status GrantPeer(CUdeviceptr ptr, int peer);
   absl::Status RevokePeer(CUdeviceptr ptr, int peer);
   // Whether `peer` can access the allocation containing `ptr` now.
@@ -342,170 +270,42 @@ class Allocator {
   absl::Status ReleaseAll();
 
  private:
-  // One physical handle mapped at its base address.
-  struct Block {
-    size_t size = 0;  // mapped bytes, a multiple of the granularity
-    CUmemGenericAllocationHandle handle = 0;
-    CUcontext context = nullptr;
-    size_t requested = 0;         // large blocks: the bytes asked for
-    std::unique_ptr<Slab> slab;   // packed granules only
-    uint64_t allowed = 0;         // devices the policy allows (owner included)
-    std::string tag;              // the allocations' tag ("" = none)
-    uint64_t explicit_grant = 0;  // GrantPeer: peers granted whatever the policy says
-    uint64_t explicit_revoke = 0; // RevokePeer: peers denied whatever the policy says
-    uint64_t access = 0;          // devices with read-write access now
-    bool sealed = false;          // packed: takes no new allocations
-    bool cached = false;          // large: freed, kept mapped for reuse
-    bool exportable = false;      // created with the POSIX-fd handle type
-    bool exported = false;        // an allocation in it was exported: never cached
-
-    size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
-    bool has_explicit() const { return (explicit_grant | explicit_revoke) != 0; }
-    // The devices that should have access, given the peers that enabled it.
-    uint64_t Target(int owner, uint64_t enabled) const {
-      const uint64_t self = uint64_t{1} << owner;
-      return (((allowed & enabled) | explicit_grant) & ~explicit_revoke) | self;
-    }
-  };
-
-
-
-  struct DeviceHeap {
-    DeviceHeap(int device, size_t granularity, size_t reservation_bytes)
-        : device(device),
-          granularity(granularity),
-          reservation_bytes(reservation_bytes),
-          arena(granularity) {
-      stats.device = device;  // not yet shared, so no lock is needed
-    }
-
-    const int device;
-    const size_t granularity;
-    const size_t reservation_bytes;
-
-    mutable Mutex mu;
-    // What cuMemCreate is asked for (handle type, compression); compression
-    // is dropped when the driver does not grant it.
-    CUmemAllocationProp prop ABSL_GUARDED_BY(mu) = {};
-    bool compression_checked ABSL_GUARDED_BY(mu) = false;
-    // Exported allocations: base -> token.
-    absl::flat_hash_map<CUdeviceptr, std::array<uint8_t, 16>> exports ABSL_GUARDED_BY(mu);
-    VaArena arena ABSL_GUARDED_BY(mu);
-    // Blocks by base address; boxed so that Block pointers stay valid while
-    // the map changes.
-    absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks ABSL_GUARDED_BY(mu);
-    // Packed granules with free units, by base address.
-    absl::btree_set<CUdeviceptr> open_granules ABSL_GUARDED_BY(mu);
-    // The cache: freed large blocks and empty granules stay mapped, with their
-    // access set, and serve later requests without any driver call, up to
-    // `cache_limit` bytes per device.
-    size_t cache_limit = 0;
-    size_t cached_bytes ABSL_GUARDED_BY(mu) = 0;
-    absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large ABSL_GUARDED_BY(mu);
-    absl::btree_set<CUdeviceptr> empty_granules ABSL_GUARDED_BY(mu);
-    // Unmapped handles whose cuMemRelease failed, retried later.
-    std::vector<CUmemGenericAllocationHandle> orphan_handles ABSL_GUARDED_BY(mu);
-    DeviceStats stats ABSL_GUARDED_BY(mu);
-    std::array<int, kMaxDevices> denials_logged ABSL_GUARDED_BY(mu){};
-
-    // The block containing `ptr` and its base, or {0, nullptr}.
-    std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
-        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      auto it = blocks.upper_bound(ptr);
-      if (it == blocks.begin()) return {0, nullptr};
-      --it;
-      if (ptr >= it->first + it->second->size) return {0, nullptr};
-      return {it->first, it->second.get()};
-    }
-  };
-
   // The heap of `device`, created on first use; nullptr when the device has
   // no VMM support (logged once per device).
   absl::StatusOr<DeviceHeap*> HeapFor(int device);
+  // The heap whose VA holds `ptr`, or nullptr.
   DeviceHeap* HeapOfPointer(CUdeviceptr ptr) const;
-
-  // What a new allocation will be: its context, allowed peers and tag.
-  struct Placement {
-    CUcontext context;
-    uint64_t allowed;
-    std::string tag;
-  };
-  absl::StatusOr<CUdeviceptr> AllocateLarge(DeviceHeap& heap, const Placement& placement,
-                                            size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  absl::StatusOr<CUdeviceptr> AllocatePacked(DeviceHeap& heap, const Placement& placement,
-                                             size_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  // Creates and maps one handle of `size` bytes and grants it to the owner
-  // and the peers its placement allows now, in one cuMemSetAccess; undoes
-  // itself on failure. Returns the new block's base. Releases heap.mu around
-  // the driver calls (held again on return).
-  absl::StatusOr<CUdeviceptr> CreateBlock(DeviceHeap& heap, const Placement& placement,
-                                          size_t size, bool packed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  // Brings every block's access to its target, batched.
-  absl::Status ApplyAccess(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  // Counts (and logs, rate-limited) the grants and denials of `allocations`
-  // allocations allowed `allowed` while `enabled` peers have access enabled.
-  void NotePeerDecisions(DeviceHeap& heap, uint64_t allowed, uint64_t enabled,
-                         uint64_t allocations, size_t bytes, absl::string_view tag)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
-  void TrimLocked(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  void ReleaseOrphansLocked(DeviceHeap& heap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  uint64_t EnabledPeers(int owner) const {
-    return enabled_mask_[owner].load(std::memory_order_acquire);
-  }
   absl::StatusOr<int> DeviceCount();
   // The current context and its device; false when none is current.
   // cuCtxGetCurrent every time (the driver's thread-local read: contexts can
   // change through paths the shim does not see), cuCtxGetDevice only for a
   // context this thread has not met since the last ForgetContext.
   bool CurrentContext(CUcontext* context, int* device);
-  absl::Status ReserveMore(DeviceHeap& heap, size_t at_least)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  absl::Status DestroyBlock(DeviceHeap& heap, CUdeviceptr base)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
+  // The peers the policy allows for a new allocation (constant for `all`
+  // and `none`, computed once per device).
+  DeviceSet AllowedFor(int device, int device_count, size_t bytes, absl::string_view tag);
   absl::Status SynchronizeContext(CUcontext context);
-  // Forgets the export of the allocation at `base`, if any.
-  void DropExportLocked(DeviceHeap& heap, CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  // After cuMemCreate of `handle` with compression requested: did the driver
-  // grant it? Falls back (and says so once) when not.
-  void CheckCompressionLocked(DeviceHeap& heap, CUmemGenericAllocationHandle handle)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-  std::optional<PointerInfo> FindLocked(const DeviceHeap& heap, CUdeviceptr ptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap.mu);
-
-  void AddHandleBytes(int64_t delta);
+  // After `context` was synchronized: completes its deferred frees.
+  void CompleteDeferred(CUcontext context);
+  absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
 
   const DriverApi& driver_;
   const AllocatorOptions options_;
+  const VmmMapper mapper_;
+  ReservationMap ranges_;
+  ExportRegistry exports_;
+  CaptureTracker captures_;
+  GlobalHandleBytes global_;
+  // Changed only under peers_mu_; Enabled() reads are lock-free.
+  PeerEnableTable peers_;
+  Mutex peers_mu_;  // orders EnablePeer/DisablePeer and the grants they cause
 
-  Mutex heaps_mu_;  // serializes heap creation only
+  Mutex heaps_mu_ ABSL_ACQUIRED_AFTER(peers_mu_);  // serializes heap creation only
   std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};
   std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
-
-  mutable Mutex ranges_mu_;
-  absl::btree_map<CUdeviceptr, std::pair<size_t, int>> ranges_
-      ABSL_GUARDED_BY(ranges_mu_);  // reservation base -> (size, device)
-
-  std::atomic<uint64_t> served_allocations_{0}, served_bytes_{0};
-  std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
-  std::atomic<uint64_t> frees_{0}, live_allocations_{0}, live_bytes_{0};
-  std::atomic<uint64_t> handles_{0}, handle_bytes_{0}, peak_handle_bytes_{0};
-
-  // Peer enables: peers_mu_ orders EnablePeer/DisablePeer; a heap's mutex is
-  // taken after it, never before.
-  Mutex peers_mu_;
-  std::array<std::array<int, kMaxDevices>, kMaxDevices> enable_counts_
-      ABSL_GUARDED_BY(peers_mu_){};  // [owner][peer]
-  std::array<std::atomic<uint64_t>, kMaxDevices> enabled_mask_{};  // owner -> peers
   std::atomic<int> device_count_{0};
-
-  // Live exports: token (16 bytes as a string) -> (device, allocation base).
-  // Taken after a heap's mutex, never before.
-  Mutex exports_mu_;
-  absl::flat_hash_map<std::string, std::pair<int, CUdeviceptr>> exports_
-      ABSL_GUARDED_BY(exports_mu_);
+  std::atomic<bool> any_deferred_{false};
+  std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
 };
 
 }  // namespace vmmshim

@@ -10,6 +10,7 @@ namespace vmmshim {
 namespace {
 
 constexpr absl::string_view kPayloadUrl = "vmmshim/CUresult";
+constexpr absl::string_view kNotShimUrl = "vmmshim/not-shim-memory";
 
 absl::StatusCode CodeFor(CUresult result) {
   switch (result) {
@@ -81,6 +82,16 @@ CUresult ToCuResult(const absl::Status& status) {
     default:
       return CUDA_ERROR_UNKNOWN;
   }
+}
+
+absl::Status NotShimMemory() {
+  absl::Status status = DriverError(CUDA_ERROR_INVALID_VALUE, "not vmmshim memory");
+  status.SetPayload(kNotShimUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsNotShimMemory(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kNotShimUrl).has_value();
 }
 
 }  // namespace vmmshim

@@ -25,6 +25,13 @@ absl::Status DriverError(CUresult result, absl::string_view call);
 // CUDA_ERROR_NOT_FOUND, anything else -> CUDA_ERROR_UNKNOWN).
 CUresult ToCuResult(const absl::Status& status);
 
+// The one way core/ says "this pointer is not in memory the shim serves"
+// (outside every VA reservation of the shim): the caller hands the call to
+// the driver unchanged. Carries CUDA_ERROR_INVALID_VALUE, what the driver
+// answers for a pointer it does not know, for callers that report it.
+absl::Status NotShimMemory();
+bool IsNotShimMemory(const absl::Status& status);
+
 // The name of `result` ("CUDA_ERROR_OUT_OF_MEMORY") for the codes vmmshim
 // produces or meets most often, or nullptr. Static strings.
 const char* KnownCuResultName(CUresult result);

@@ -373,8 +373,7 @@ absl::StatusOr<int> Ipc::RequestFd(const IpcHandleFields& fields, uint64_t* hand
 }
 
 void Ipc::Unmap(CUdeviceptr base, size_t size) {
-  driver_.cuMemUnmap(base, size);
-  driver_.cuMemAddressFree(base, size);
+  allocator_.mapper().UnmapAndFree(base, size).IgnoreError();
 }
 
 absl::StatusOr<CUdeviceptr> Ipc::MapImport(int fd, uint64_t handle_size, int device,
@@ -391,33 +390,11 @@ absl::StatusOr<CUdeviceptr> Ipc::MapImport(int fd, uint64_t handle_size, int dev
       fields.offset + fields.size > handle_size) {
     return Invalid("the exporter's handle does not fit the handle's offset and size");
   }
-  CUmemGenericAllocationHandle handle = 0;
-  r = driver_.cuMemImportFromShareableHandle(
-      &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (r != CUDA_SUCCESS) return DriverError(r, "cuMemImportFromShareableHandle");
-  CUdeviceptr base = 0;
-  r = driver_.cuMemAddressReserve(&base, handle_size, granularity, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    driver_.cuMemRelease(handle);
-    return DriverError(r, "cuMemAddressReserve");
-  }
-  r = driver_.cuMemMap(base, handle_size, 0, handle, 0);
-  // The mapping holds the memory from here on.
-  driver_.cuMemRelease(handle);
-  if (r != CUDA_SUCCESS) {
-    driver_.cuMemAddressFree(base, handle_size);
-    return DriverError(r, "cuMemMap");
-  }
-  const std::vector<CUmemAccessDesc> access =
-      ReadWriteAccess(allocator_.AccessTargets(device, fields.size));
-  r = driver_.cuMemSetAccess(base, handle_size, access.data(), access.size());
-  if (r != CUDA_SUCCESS) {
-    Unmap(base, handle_size);
-    return DriverError(r, "cuMemSetAccess");
-  }
+  absl::StatusOr<CUdeviceptr> base = allocator_.mapper().ImportAndMap(
+      fd, handle_size, granularity, allocator_.AccessTargets(device, fields.size));
+  if (!base.ok()) return base.status();
   *mapped = handle_size;
-  return base;
+  return *base;
 }
 
 absl::StatusOr<CUdeviceptr> Ipc::Open(const IpcHandleFields& fields, unsigned int flags) {
@@ -479,10 +456,7 @@ absl::StatusOr<bool> Ipc::Close(CUdeviceptr ptr) {
     imports_.erase(it);
     by_pointer_.erase(p);
   }
-  CUresult r = driver_.cuMemUnmap(gone.base, gone.size);
-  if (r != CUDA_SUCCESS) return DriverError(r, "cuMemUnmap");
-  r = driver_.cuMemAddressFree(gone.base, gone.size);
-  if (r != CUDA_SUCCESS) return DriverError(r, "cuMemAddressFree");
+  if (absl::Status s = allocator_.mapper().UnmapAndFree(gone.base, gone.size); !s.ok()) return s;
   return true;
 }
 

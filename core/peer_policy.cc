@@ -36,13 +36,24 @@ bool PeerPolicy::Allows(int owner_device, int peer_device, size_t bytes,
   return false;
 }
 
-uint64_t PeerPolicy::AllowedMask(int owner_device, int device_count, size_t bytes,
-                                 absl::string_view tag) const {
-  uint64_t mask = 0;
-  for (int d = 0; d < device_count && d < 64; ++d) {
-    if (Allows(owner_device, d, bytes, tag)) mask |= uint64_t{1} << d;
+DeviceSet PeerPolicy::Allowed(int owner_device, int device_count, size_t bytes,
+                              absl::string_view tag) const {
+  if (std::optional<DeviceSet> constant = ConstantAllowed(owner_device, device_count)) {
+    return *constant;
   }
-  return mask;
+  DeviceSet allowed;
+  for (int d = 0; d < device_count && d < kMaxDevices; ++d) {
+    if (Allows(owner_device, d, bytes, tag)) allowed.Add(d);
+  }
+  return allowed;
+}
+
+std::optional<DeviceSet> PeerPolicy::ConstantAllowed(int owner_device, int device_count) const {
+  switch (kind) {
+    case Kind::kAll: return DeviceSet::FirstN(device_count) | DeviceSet::Of(owner_device);
+    case Kind::kNone: return DeviceSet::Of(owner_device);
+    default: return std::nullopt;
+  }
 }
 
 std::string PeerPolicy::Describe() const {

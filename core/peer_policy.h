@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "core/device_set.h"
 
 namespace vmmshim {
 
@@ -54,10 +55,15 @@ struct PeerPolicy {
   // carrying `tag` ("" = untagged)? The owner itself is always allowed.
   bool Allows(int owner_device, int peer_device, size_t bytes, absl::string_view tag) const;
 
-  // The devices among [0, device_count) that may map such an allocation, as
-  // a bit mask (bit d = device d), the owner included. device_count <= 64.
-  uint64_t AllowedMask(int owner_device, int device_count, size_t bytes,
-                       absl::string_view tag) const;
+  // The devices among [0, device_count) that may map such an allocation,
+  // the owner included (device_count is clamped to kMaxDevices).
+  DeviceSet Allowed(int owner_device, int device_count, size_t bytes,
+                    absl::string_view tag) const;
+
+  // For kAll and kNone the allowed set does not depend on size or tag: that
+  // set, so that the allocator need not ask per allocation; nullopt for
+  // kMinSize and kRules.
+  std::optional<DeviceSet> ConstantAllowed(int owner_device, int device_count) const;
 
   // One line for the log: "all", "min-size 1048576 bytes", "rules from
   // FILE: 3 rules, default deny".

@@ -7,12 +7,18 @@ namespace vmmshim {
 
 Slab::Slab(size_t size) : units_(size / kUnit), bits_((units_ + 63) / 64, 0) {}
 
+size_t Slab::Alignment(size_t bytes) {
+  const size_t count = (bytes + kUnit - 1) / kUnit;
+  return count == 0 ? kUnit : (count & (~count + 1)) * kUnit;
+}
+
 std::optional<size_t> Slab::Allocate(size_t bytes) {
   if (bytes == 0 || bytes > size()) return std::nullopt;
   const size_t count = (bytes + kUnit - 1) / kUnit;
   if (count > units_ - used_units_) return std::nullopt;
-  std::optional<size_t> first = FindRun(hint_, count);
-  if (!first && hint_ != 0) first = FindRun(0, count);
+  const size_t align = count & (~count + 1);
+  std::optional<size_t> first = FindRun(hint_, count, align);
+  if (!first && hint_ != 0) first = FindRun(0, count, align);
   if (!first) return std::nullopt;
   Mark(*first, count, true);
   used_units_ += count;
@@ -74,14 +80,15 @@ size_t Slab::NextUnit(size_t from, bool used) const {
   return std::min(units_, w * 64 + static_cast<size_t>(__builtin_ctzll(word)));
 }
 
-std::optional<size_t> Slab::FindRun(size_t from, size_t count) const {
+std::optional<size_t> Slab::FindRun(size_t from, size_t count, size_t align) const {
   size_t u = from;
   while (u < units_) {
     u = NextUnit(u, /*used=*/false);
-    if (u >= units_) break;
+    u = (u + align - 1) / align * align;  // may land on a used unit: then end == u
+    if (u + count > units_) break;
     const size_t end = NextUnit(u, /*used=*/true);
     if (end - u >= count) return u;
-    u = end;
+    u = std::max(end, u + 1);
   }
   return std::nullopt;
 }

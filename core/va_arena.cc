@@ -1,5 +1,7 @@
 #include "core/va_arena.h"
 
+#include <new>
+
 #include <iterator>
 
 namespace vmmshim {
@@ -64,5 +66,25 @@ void VaArena::Erase(absl::btree_map<CUdeviceptr, size_t>::iterator it) {
   free_bytes_ -= it->second;
   free_by_address_.erase(it);
 }
+
+void ReservationMap::Add(CUdeviceptr base, size_t size, int device) {
+  MutexLock lock(&mu_);
+  ranges_[base] = {size, device};
+}
+
+void ReservationMap::Remove(CUdeviceptr base) {
+  MutexLock lock(&mu_);
+  ranges_.erase(base);
+}
+
+int ReservationMap::DeviceOf(CUdeviceptr ptr) const {
+  ReaderMutexLock lock(&mu_);
+  auto it = ranges_.upper_bound(ptr);
+  if (it == ranges_.begin()) return -1;
+  --it;
+  return ptr < it->first + it->second.first ? it->second.second : -1;
+}
+
+void ReservationMap::AfterForkChild() { new (&mu_) Mutex; }
 
 }  // namespace vmmshim

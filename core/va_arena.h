@@ -20,7 +20,9 @@
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
+#include "core/mutex.h"
 #include "absl/container/btree_set.h"
 
 namespace vmmshim {
@@ -63,6 +65,23 @@ class VaArena {
   absl::btree_map<CUdeviceptr, size_t> reservations_;             // base -> size
   absl::btree_map<CUdeviceptr, size_t> free_by_address_;          // base -> size
   absl::btree_set<std::pair<size_t, CUdeviceptr>> free_by_size_;  // (size, base)
+};
+
+// VA reservation base -> (size, device), for finding the heap of a pointer.
+// Thread safety: its own reader/writer mutex, a leaf in the lock order.
+class ReservationMap {
+ public:
+  void Add(CUdeviceptr base, size_t size, int device) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remove(CUdeviceptr base) ABSL_LOCKS_EXCLUDED(mu_);
+  // The device whose reservation holds `ptr`, or -1.
+  int DeviceOf(CUdeviceptr ptr) const ABSL_LOCKS_EXCLUDED(mu_);
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  mutable Mutex mu_;
+  absl::btree_map<CUdeviceptr, std::pair<size_t, int>> ranges_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vmmshim

@@ -159,9 +159,8 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (!rt->enabled() || dptr == 0) return rt->driver.cuMemFree_v2(dptr);
-  absl::StatusOr<bool> freed = rt->allocator->Free(dptr);
-  if (!freed.ok()) return ToCuResult(freed.status());
-  if (!*freed) {
+  absl::Status freed = rt->allocator->Free(dptr);
+  if (vmmshim::IsNotShimMemory(freed)) {
     NoticeOnce(g_free_notice,
                "a pointer not allocated by vmmshim was freed through the driver (allocated "
                "before the shim took over, or passed through); further ones are not logged");
@@ -169,6 +168,7 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (r == CUDA_SUCCESS) Trace(*rt, "free", 0, dptr);
     return r;
   }
+  if (!freed.ok()) return ToCuResult(freed);
   Trace(*rt, "free", 0, dptr);
   return CUDA_SUCCESS;
 }
@@ -191,11 +191,12 @@ VMMSHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psiz
                                                 CUdeviceptr dptr) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if (!rt->enabled() || !rt->allocator->Owns(dptr)) {
+  if (!rt->enabled()) return rt->driver.cuMemGetAddressRange_v2(pbase, psize, dptr);
+  absl::StatusOr<vmmshim::PointerInfo> info = rt->allocator->Find(dptr);
+  if (vmmshim::IsNotShimMemory(info.status())) {
     return rt->driver.cuMemGetAddressRange_v2(pbase, psize, dptr);
   }
-  std::optional<vmmshim::PointerInfo> info = rt->allocator->Find(dptr);
-  if (!info) return CUDA_ERROR_NOT_FOUND;
+  if (!info.ok()) return ToCuResult(info.status());
   if (pbase != nullptr) *pbase = info->range_base;
   if (psize != nullptr) *psize = info->range_size;
   return CUDA_SUCCESS;
@@ -231,8 +232,8 @@ VMMSHIM_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute at
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = rt->driver.cuPointerGetAttribute(data, attribute, ptr);
-  if (r != CUDA_SUCCESS || !rt->enabled() || !rt->allocator->Owns(ptr)) return r;
-  if (std::optional<vmmshim::PointerInfo> info = rt->allocator->Find(ptr)) {
+  if (r != CUDA_SUCCESS || !rt->enabled()) return r;
+  if (absl::StatusOr<vmmshim::PointerInfo> info = rt->allocator->Find(ptr); info.ok()) {
     PatchAttribute(*info, attribute, data);
   }
   return r;
@@ -244,8 +245,8 @@ VMMSHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int count,
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = rt->driver.cuPointerGetAttributes(count, attributes, data, ptr);
-  if (r != CUDA_SUCCESS || !rt->enabled() || !rt->allocator->Owns(ptr)) return r;
-  if (std::optional<vmmshim::PointerInfo> info = rt->allocator->Find(ptr)) {
+  if (r != CUDA_SUCCESS || !rt->enabled()) return r;
+  if (absl::StatusOr<vmmshim::PointerInfo> info = rt->allocator->Find(ptr); info.ok()) {
     for (unsigned int i = 0; i < count; ++i) {
       if (data[i] != nullptr) PatchAttribute(*info, attributes[i], data[i]);
     }
@@ -331,12 +332,12 @@ VMMSHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) {
 VMMSHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || rt->driver.cuIpcGetMemHandle == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if (!rt->enabled() || rt->ipc == nullptr || handle == nullptr ||
-      !rt->allocator->Owns(dptr)) {
+  if (!rt->enabled() || rt->ipc == nullptr || handle == nullptr) {
     return rt->driver.cuIpcGetMemHandle(handle, dptr);
   }
-  return ToCuResult(
-      rt->ipc->Export(dptr, reinterpret_cast<uint8_t*>(handle->reserved)));
+  absl::Status exported = rt->ipc->Export(dptr, reinterpret_cast<uint8_t*>(handle->reserved));
+  if (vmmshim::IsNotShimMemory(exported)) return rt->driver.cuIpcGetMemHandle(handle, dptr);
+  return ToCuResult(exported);
 }
 
 namespace {
@@ -512,30 +513,17 @@ VMMSHIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
 
 namespace {
 
-// cuMemFreeAsync on shim memory: the free must not happen before the work
-// queued on `stream` (which may use the memory) is done. The shim waits for
-// the stream, then frees as cuMemFree does. Other pointers (stream-ordered
+// cuMemFreeAsync: shim memory goes to core (Allocator::FreeAsync states
+// what it does, also during stream captures); other pointers (stream-ordered
 // pools) go to the driver.
 CUresult FreeAsync(const Runtime& rt, CUdeviceptr dptr, CUstream stream, bool per_thread) {
   const vmmshim::DriverApi& d = rt.driver;
   auto real = per_thread ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  if (!rt.enabled() || dptr == 0 || !rt.allocator->Owns(dptr)) return real(dptr, stream);
-  auto capturing = per_thread ? d.cuStreamIsCapturing_ptsz : d.cuStreamIsCapturing;
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (capturing != nullptr && capturing(stream, &status) == CUDA_SUCCESS &&
-      status != CU_STREAM_CAPTURE_STATUS_NONE) {
-    Log().warn("cuMemFreeAsync of vmmshim memory at {:#x} during stream capture: a graph can "
-               "free only graph allocations (free it outside the capture)",
-               dptr);
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
-  auto sync = per_thread ? d.cuStreamSynchronize_ptsz : d.cuStreamSynchronize;
-  if (sync != nullptr) {
-    if (CUresult r = sync(stream); r != CUDA_SUCCESS) return r;
-  }
-  absl::StatusOr<bool> freed = rt.allocator->Free(dptr);
-  if (!freed.ok()) return ToCuResult(freed.status());
+  if (!rt.enabled() || dptr == 0) return real(dptr, stream);
+  absl::Status freed = rt.allocator->FreeAsync(dptr, stream, per_thread);
+  if (vmmshim::IsNotShimMemory(freed)) return real(dptr, stream);
+  if (!freed.ok()) return ToCuResult(freed);
   Trace(rt, "free", 0, dptr);
   return CUDA_SUCCESS;
 }

@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<vmmshim::PeerPolicy> policy = vmmshim::LoadRulesFile(path);
   if (policy.ok()) {
     for (int owner = 0; owner < 4; ++owner) {
-      (void)policy->AllowedMask(owner, 4, size, "kv");
+      (void)policy->Allowed(owner, 4, size, "kv");
       (void)policy->DenialReason(owner, (owner + 1) % 4, size, "");
     }
   } else if (policy.status().message().find(path) == absl::string_view::npos) {

@@ -205,7 +205,7 @@ action = "allow"
   EXPECT_TRUE(p->Allows(1, 0, 4096, ""));     // owner 1: default
   EXPECT_TRUE(p->Allows(0, 1, 1 << 20, "kv"));
   EXPECT_TRUE(p->Allows(0, 0, 1, ""));        // the owner always
-  EXPECT_EQ(p->AllowedMask(0, 4, 4096, ""), 0b1001u);
+  EXPECT_EQ(p->Allowed(0, 4, 4096, "").bits(), 0b1001u);
   EXPECT_NE(p->DenialReason(0, 1, 4096, "").find(":4"), std::string::npos);
 }
 

@@ -188,7 +188,7 @@ TEST_F(IpcTest, ImporterSeesAndWritesTheExportersMemory) {
   EXPECT_TRUE(importer.Close(*q).value());
   EXPECT_EQ(sim::DeviceRead(0, got, *q, 1), CUDA_ERROR_ILLEGAL_ADDRESS);  // gone
   EXPECT_FALSE(importer.Close(*q).value());  // not ours any more: the driver's
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(IpcTest, PackedAllocationsOpenAtTheirOffset) {
@@ -214,7 +214,7 @@ TEST_F(IpcTest, PackedAllocationsOpenAtTheirOffset) {
   const CUdeviceptr third = MustAllocate(a, 1000);
   EXPECT_NE(a.Find(third)->range_base, a.Find(second)->range_base);
   EXPECT_TRUE(importer.Close(*q).value());
-  for (CUdeviceptr x : {first, second, third}) ASSERT_TRUE(a.Free(x).value());
+  for (CUdeviceptr x : {first, second, third}) ASSERT_TRUE(a.Free(x).ok());
 }
 
 TEST_F(IpcTest, BadHandlesGetInvalidValue) {
@@ -257,7 +257,7 @@ TEST_F(IpcTest, BadHandlesGetInvalidValue) {
   // The exporter opening its own handle: the driver's code for that.
   EXPECT_EQ(ToCuResult(exporter.Open(good, 0).status()), CUDA_ERROR_INVALID_CONTEXT);
   // Stale: the allocation was freed.
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
   before = sim::GetUsage();
   expect_invalid(good, "stale handle");
   // Not shim memory, or not a live allocation.
@@ -286,7 +286,7 @@ TEST_F(IpcTest, MemoryLivesUntilTheLastMappingGoes) {
   ASSERT_TRUE(q.ok());
   // The exporter frees: an exported block is released, never cached for
   // reuse by another allocation, but the importer's mapping keeps it alive.
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
   EXPECT_EQ(a.IdleBytes(0), 0u);
   int got = 0;
   ASSERT_EQ(sim::DeviceRead(0, &got, *q, sizeof got), CUDA_SUCCESS);
@@ -303,7 +303,7 @@ TEST_F(IpcTest, UnshareableMemoryIsNotExported) {
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   uint8_t handle[kIpcHandleBytes];
   EXPECT_EQ(ToCuResult(exporter.Export(p, handle)), CUDA_ERROR_INVALID_VALUE);
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(IpcTest, SocketDirectoryMustBePrivate) {
@@ -328,7 +328,7 @@ TEST_F(IpcTest, SocketDirectoryMustBePrivate) {
   struct stat st;
   ASSERT_EQ(lstat(fresh.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(IpcTest, AnotherUsersRequestIsRefused) {
@@ -380,7 +380,7 @@ TEST_F(IpcTest, AnotherUsersRequestIsRefused) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   ASSERT_EQ(chmod(dir_.c_str(), 0700), 0);
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(IpcTest, ReleasedContextClosesItsImports) {
@@ -397,7 +397,7 @@ TEST_F(IpcTest, ReleasedContextClosesItsImports) {
   importer.ReleaseContext(ctx);
   EXPECT_EQ(sim::GetUsage().mappings, mappings - 1);
   EXPECT_FALSE(importer.Close(*q).value());
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
 }
 
 // Fault sweep of the export and import paths: every call of every entry
@@ -435,7 +435,7 @@ TEST_F(IpcTest, FaultSweepOverExportAndImport) {
     ++runs;
   }
   EXPECT_EQ(runs, static_cast<int>(entries.size()));
-  ASSERT_TRUE(a.Free(p).value());
+  ASSERT_TRUE(a.Free(p).ok());
 }
 
 }  // namespace

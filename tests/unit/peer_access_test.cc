@@ -156,7 +156,7 @@ TEST_F(PeerAccessTest, EnableIsBatchedIntoContiguousRuns) {
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 1u);
   for (int d = 0; d < 4; ++d) EXPECT_TRUE(CanRead(d, p, 5 * kMiB));
   // A hole (a freed and released block) splits the run in two.
-  ASSERT_TRUE(a->Free(ptrs[10]).value());
+  ASSERT_TRUE(a->Free(ptrs[10]).ok());
   ASSERT_EQ(a->Trim(), 4 * kMiB);
   sim::ResetCallCounts();
   ASSERT_TRUE(a->DisablePeer(2, 0).ok());
@@ -222,7 +222,7 @@ TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
   EXPECT_EQ(ToCuResult(a->GrantPeer(first, 1)), CUDA_ERROR_NOT_PERMITTED);
   EXPECT_FALSE(CanRead(1, first, 4096));
   // Alone in its granule: granted, and the granule is sealed.
-  ASSERT_TRUE(a->Free(neighbour).value());
+  ASSERT_TRUE(a->Free(neighbour).ok());
   ASSERT_TRUE(a->GrantPeer(first, 1).ok());
   EXPECT_TRUE(CanRead(1, first, 4096));
   CUdeviceptr next = Alloc(*a, 4096);

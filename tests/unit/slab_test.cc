@@ -12,21 +12,37 @@ namespace {
 
 constexpr size_t kG = size_t{2} << 20;
 
-TEST(SlabTest, AllocationsAre256ByteAlignedAndDisjoint) {
+TEST(SlabTest, AllocationsAreAlignedAsTheDriverAlignsAndDisjoint) {
   Slab slab(kG);
   std::vector<std::pair<size_t, size_t>> taken;
-  for (size_t bytes : {1, 255, 256, 257, 4096, 100000, 3}) {
+  for (size_t bytes : {1, 255, 256, 257, 4096, 100000, 3, 1000, 65536, 1500, 3000}) {
     auto off = slab.Allocate(bytes);
     ASSERT_TRUE(off);
-    EXPECT_EQ(*off % 256, 0u);
+    EXPECT_EQ(*off % 512, 0u);
+    EXPECT_EQ(*off % Slab::Alignment(bytes), 0u) << bytes;
     for (auto [o, n] : taken) EXPECT_TRUE(*off >= o + n || *off + bytes <= o);
     taken.push_back({*off, bytes});
   }
 }
 
+// The driver's alignment, measured on H200 (slab.h).
+TEST(SlabTest, AlignmentIsTheLowestBitOfTheSizeRoundedTo512) {
+  EXPECT_EQ(Slab::Alignment(1), 512u);
+  EXPECT_EQ(Slab::Alignment(512), 512u);
+  EXPECT_EQ(Slab::Alignment(513), 1024u);
+  EXPECT_EQ(Slab::Alignment(1024), 1024u);
+  EXPECT_EQ(Slab::Alignment(1025), 512u);
+  EXPECT_EQ(Slab::Alignment(3000), 1024u);
+  EXPECT_EQ(Slab::Alignment(4096), 4096u);
+  EXPECT_EQ(Slab::Alignment(10000), 2048u);
+  EXPECT_EQ(Slab::Alignment(65536), 65536u);
+  EXPECT_EQ(Slab::Alignment(100000), 2048u);
+  EXPECT_EQ(Slab::Alignment(size_t{1} << 20), size_t{1} << 20);
+}
+
 TEST(SlabTest, PacksTinyAllocationsDensely) {
   Slab slab(kG);
-  for (int i = 0; i < 8192; ++i) ASSERT_TRUE(slab.Allocate(256)) << i;
+  for (int i = 0; i < 4096; ++i) ASSERT_TRUE(slab.Allocate(256)) << i;
   EXPECT_FALSE(slab.Allocate(1));
   EXPECT_EQ(slab.used_bytes(), kG);
 }
@@ -35,7 +51,7 @@ TEST(SlabTest, FreeRejectsInteriorAndDoubleFree) {
   Slab slab(kG);
   auto a = slab.Allocate(1000);
   ASSERT_TRUE(a);
-  EXPECT_FALSE(slab.Free(*a + 256));
+  EXPECT_FALSE(slab.Free(*a + 512));
   auto found = slab.Find(*a + 999);
   ASSERT_TRUE(found);
   EXPECT_EQ(found->first, *a);
@@ -49,7 +65,7 @@ TEST(SlabTest, FreeRejectsInteriorAndDoubleFree) {
 TEST(SlabTest, ReusesFreedHoles) {
   Slab slab(kG);
   std::vector<size_t> offs;
-  for (int i = 0; i < 8192; ++i) offs.push_back(*slab.Allocate(256));
+  for (int i = 0; i < 4096; ++i) offs.push_back(*slab.Allocate(256));
   ASSERT_TRUE(slab.Free(offs[100]));
   ASSERT_TRUE(slab.Free(offs[101]));
   auto again = slab.Allocate(512);
@@ -58,18 +74,21 @@ TEST(SlabTest, ReusesFreedHoles) {
 }
 
 // The word-at-a-time search against a unit-at-a-time model of the same
-// rule (first fit from the hint, then from the start), on a slab whose size
+// rule (first fit of a start aligned to the lowest set bit of the unit
+// count, from the hint, then from the start), on a slab whose size
 // is not a multiple of 64 units, with runs that cross words.
 TEST(SlabTest, MatchesAUnitByUnitModel) {
   constexpr size_t kUnits = 1000;
   Slab slab(kUnits * Slab::kUnit);
   std::vector<bool> used(kUnits, false);
   size_t hint = 0;
+  // First fit of an aligned start: unit by unit, every multiple of `align`.
   auto model_find = [&](size_t from, size_t count) -> std::optional<size_t> {
-    size_t run = 0;
-    for (size_t u = from; u < kUnits; ++u) {
-      run = used[u] ? 0 : run + 1;
-      if (run == count) return u + 1 - count;
+    const size_t align = count & (~count + 1);
+    for (size_t u = (from + align - 1) / align * align; u + count <= kUnits; u += align) {
+      size_t n = 0;
+      while (n < count && !used[u + n]) ++n;
+      if (n == count) return u;
     }
     return std::nullopt;
   };

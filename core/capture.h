@@ -1,0 +1,85 @@
+// Stream captures in progress, and the driver's rule for what may be called
+// during one (CUDA driver API, cuStreamBeginCapture and
+// cuThreadExchangeStreamCaptureMode: "potentially unsafe API calls" are
+// prohibited, depending on the capture mode of the capture and of the
+// calling thread).
+//
+// Measured on H200 (driver 13.0, examples/parity_probe.cu), for cuMemAlloc,
+// cuMemAllocPitch and cuMemFree, with a capture in progress:
+//   - global mode, from any thread, and thread-local mode from the capturing
+//     thread: the call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900)
+//     and the capture is invalidated (its end returns 901). cuMemFree(0)
+//     and cuMemAlloc(&p, 0) behave the same there;
+//   - otherwise (relaxed mode; thread-local mode from another thread): the
+//     calls succeed and the capture goes on; cuMemFree(0) returns 0 and
+//     does nothing.
+// cuMemFree(0) is therefore an exact probe: it fails, and invalidates, iff
+// the application's own call would have. The shim asks it only while a
+// capture is in progress, so the common path pays one atomic load.
+//
+// A context with a capturing stream cannot be synchronized (cuCtxSynchronize
+// would fail and invalidate the capture, also in relaxed mode), so a free
+// made while any capture is in progress is deferred (core/device_heap.h).
+//
+// Thread safety: all methods may be called from any thread.
+#ifndef VMMSHIM_CORE_CAPTURE_H_
+#define VMMSHIM_CORE_CAPTURE_H_
+
+#include <cuda.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "core/driver_api.h"
+#include "core/mutex.h"
+
+namespace vmmshim {
+
+class CaptureTracker {
+ public:
+  // `driver` must outlive the tracker.
+  explicit CaptureTracker(const DriverApi& driver) : driver_(driver) {}
+
+  // A capture sequence began on `stream` (the driver accepted
+  // cuStreamBeginCapture*); `per_thread`: through a _ptsz entry point.
+  void Began(CUstream stream, bool per_thread) ABSL_LOCKS_EXCLUDED(mu_);
+  // cuStreamEndCapture(stream) returned: the capture is forgotten once the
+  // driver no longer reports the stream as capturing.
+  void Ended(CUstream stream, bool per_thread) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether any capture is in progress (one atomic load). Captures that
+  // ended without passing through Ended (their stream was destroyed) are
+  // forgotten by Refresh.
+  bool any() const { return active_.load(std::memory_order_acquire) > 0; }
+  // Re-asks the driver about every capture this thread can ask about.
+  void Refresh() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The driver's verdict on a potentially unsafe call from this thread now:
+  // CUDA_SUCCESS, or the code (and capture invalidation) the driver gives
+  // such a call (header comment).
+  CUresult ProbeUnsafeCall() const;
+
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  struct Capture {
+    CUstream stream;
+    bool per_thread;
+    std::thread::id thread;  // a per-thread stream handle means this thread's
+  };
+  // Whether the driver still reports `c` as capturing; asks only about
+  // streams this thread can name.
+  bool StillCapturing(const Capture& c) const;
+
+  const DriverApi& driver_;
+  std::atomic<int> active_{0};
+  Mutex mu_;
+  std::vector<Capture> captures_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_CAPTURE_H_

@@ -1,0 +1,695 @@
+#include "core/device_heap.h"
+
+#include <algorithm>
+#include <iterator>
+#include <new>
+#include <utility>
+
+#include "core/cu_status.h"
+#include "core/log.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
+
+}  // namespace
+
+// ---- DeviceHeap ----
+
+DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
+                       const PeerPolicy& policy, const PeerEnableTable& peers,
+                       ExportRegistry& exports, ReservationMap& ranges,
+                       GlobalHandleBytes& global, Options options)
+    : driver_(driver),
+      mapper_(mapper),
+      policy_(policy),
+      peers_(peers),
+      exports_(exports),
+      ranges_(ranges),
+      global_(global),
+      options_(options),
+      arena_(options.granularity) {
+  MutexLock lock(&mu_);  // not yet shared; for the analysis
+  prop_ = options.prop;
+  stats_.device = options.device;
+  stats_.compression = options.compression;
+}
+
+DeviceHeap::~DeviceHeap() = default;
+
+void DeviceHeap::AfterForkChild() { new (&mu_) Mutex; }
+
+std::pair<CUdeviceptr, DeviceHeap::Block*> DeviceHeap::BlockAt(CUdeviceptr ptr) const {
+  auto it = blocks_.upper_bound(ptr);
+  if (it == blocks_.begin()) return {0, nullptr};
+  --it;
+  if (ptr >= it->first + it->second->size) return {0, nullptr};
+  return {it->first, it->second.get()};
+}
+
+DeviceSet DeviceHeap::Target(const Block& b) const {
+  return TargetAccess(options_.device, b.placement.allowed, b.explicit_grant, b.explicit_revoke,
+                      peers_.Enabled(options_.device));
+}
+
+std::optional<PointerInfo> DeviceHeap::FindLocked(CUdeviceptr ptr) const {
+  const auto [base, block] = BlockAt(ptr);
+  if (block == nullptr || block->cached) return std::nullopt;
+  PointerInfo info;
+  info.range_base = base;
+  info.range_size = block->size;
+  info.device = options_.device;
+  info.context = block->placement.context;
+  if (block->slab == nullptr) {
+    if (ptr >= base + block->requested) return std::nullopt;
+    info.allocation_base = base;
+    info.allocation_size = block->requested;
+  } else {
+    std::optional<std::pair<size_t, size_t>> found = block->slab->Find(ptr - base);
+    if (!found) return std::nullopt;
+    info.allocation_base = base + found->first;
+    info.allocation_size = found->second;
+    info.packed = true;
+  }
+  // A deferred free is already gone for the application.
+  if (!deferred_.empty() && deferred_.contains(info.allocation_base)) return std::nullopt;
+  return info;
+}
+
+std::optional<PointerInfo> DeviceHeap::Find(CUdeviceptr ptr) const {
+  MutexLock lock(&mu_);
+  return FindLocked(ptr);
+}
+
+std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, size_t bytes) {
+  MutexLock lock(&mu_);
+  auto bins_it = bins_.find(placement);
+  if (bins_it == bins_.end()) return std::nullopt;
+  Bins& bins = bins_it->second;
+  std::optional<CUdeviceptr> ptr;
+  if (bytes > options_.packing_threshold) {
+    // The smallest cached block of this placement that fits and wastes at
+    // most a quarter of the request.
+    const size_t rounded = RoundUp(bytes, options_.granularity);
+    auto it = bins.cached_large.lower_bound({rounded, 0});
+    if (it == bins.cached_large.end() || it->first > rounded + rounded / 4) return std::nullopt;
+    const CUdeviceptr base = it->second;
+    Block& b = *blocks_[base];
+    cached_bytes_ -= b.size;
+    bins.cached_large.erase(it);
+    b.cached = false;
+    b.requested = bytes;
+    ++stats_.cache_hits;
+    ptr = base;
+  } else {
+    for (auto it = bins.open_granules.begin(); it != bins.open_granules.end(); ++it) {
+      const CUdeviceptr base = *it;
+      Block& block = *blocks_[base];
+      const bool was_empty = block.slab->empty();
+      std::optional<size_t> offset = block.slab->Allocate(bytes);
+      if (!offset) continue;
+      if (was_empty && bins.empty_granules.erase(base) > 0) cached_bytes_ -= block.size;
+      // A full granule leaves the search until a free in it.
+      if (block.slab->used_bytes() == block.size) bins.open_granules.erase(it);
+      ptr = base + *offset;
+      break;
+    }
+    if (!ptr) return std::nullopt;
+  }
+  ++stats_.allocations;
+  ++stats_.live_allocations;
+  stats_.bytes += bytes;
+  stats_.live_bytes += bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  NotePeerDecisions(placement.allowed, peers_.Enabled(options_.device), 1, bytes, placement.tag);
+  return ptr;
+}
+
+absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement, size_t bytes) {
+  MutexLock lock(&mu_);
+  const bool packed = bytes <= options_.packing_threshold;
+  if (!packed) ++stats_.cache_misses;
+  const size_t size = packed ? options_.granularity : RoundUp(bytes, options_.granularity);
+  absl::StatusOr<CUdeviceptr> base = CreateBlockLocked(placement, size, packed);
+  if (!base.ok()) return base.status();
+  Block& block = *blocks_[*base];
+  CUdeviceptr ptr = *base;
+  if (packed) {
+    ptr += *block.slab->Allocate(bytes);  // a fresh granule always fits
+    if (block.slab->used_bytes() < block.size) bins_[placement].open_granules.insert(*base);
+  } else {
+    block.requested = bytes;
+  }
+  ++stats_.allocations;
+  ++stats_.live_allocations;
+  stats_.bytes += bytes;
+  stats_.live_bytes += bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  NotePeerDecisions(placement.allowed, peers_.Enabled(options_.device), 1, bytes, placement.tag);
+  return ptr;
+}
+
+absl::Status DeviceHeap::ReserveMoreLocked(size_t at_least) {
+  const size_t size =
+      std::max(options_.reservation_bytes, RoundUp(at_least, options_.granularity));
+  absl::StatusOr<CUdeviceptr> base = mapper_.Reserve(size, options_.granularity);
+  if (!base.ok()) return base.status();
+  arena_.AddReservation(*base, size);
+  ranges_.Add(*base, size, options_.device);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CUdeviceptr> DeviceHeap::CreateBlockLocked(const Placement& placement,
+                                                          size_t size, bool packed) {
+  // The driver calls (tens of microseconds each) run without the heap lock;
+  // the new block joins the heap only when fully mapped. Physical memory
+  // first: it is what runs out, and a request the device cannot hold must
+  // not leave a VA reservation behind.
+  CUmemAllocationProp prop = prop_;
+  mu_.Unlock();
+  absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(size, prop);
+  mu_.Lock();
+  if (!handle.ok() && ToCuResult(handle.status()) != CUDA_ERROR_OUT_OF_MEMORY &&
+      prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE) {
+    // The driver refused compressible memory: go on without compression.
+    Log().warn("device {}: compressible cuMemCreate failed ({}); falling back to "
+               "uncompressed memory",
+               options_.device, handle.status().ToString());
+    prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+    stats_.compression = CompressionState::kNotGranted;
+    compression_checked_ = true;
+    prop = prop_;
+    handle = mapper_.Create(size, prop);
+  }
+  if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
+      cached_bytes_ > 0) {
+    // Cached memory is free memory to the application: give it back first.
+    TrimLocked();
+    handle = mapper_.Create(size, prop);
+  }
+  if (!handle.ok()) return handle.status();
+  if (prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE && !compression_checked_) {
+    CheckCompressionLocked(*handle);
+  }
+  std::optional<CUdeviceptr> va = arena_.Allocate(size);
+  if (!va) {
+    if (absl::Status s = ReserveMoreLocked(size); !s.ok()) {
+      mapper_.Release(*handle).IgnoreError();
+      return s;
+    }
+    va = arena_.Allocate(size);
+  }
+  // The owner and every peer the placement allows now, in one call.
+  const DeviceSet self = DeviceSet::Of(options_.device);
+  const DeviceSet target = (placement.allowed & peers_.Enabled(options_.device)) | self;
+  mu_.Unlock();
+  absl::Status mapped = mapper_.MapWithAccess(*va, size, *handle, target);
+  if (!mapped.ok()) mapper_.Release(*handle).IgnoreError();
+  mu_.Lock();
+  // cuMemSetAccess ran unless cuMemMap failed.
+  if (mapped.ok() || absl::string_view(mapped.message()).find("cuMemMap") ==
+                         absl::string_view::npos) {
+    ++stats_.set_access_calls;
+  }
+  if (!mapped.ok()) {
+    arena_.Free(*va, size);
+    return mapped;
+  }
+  auto owned = std::make_unique<Block>();
+  Block& block = *owned;
+  blocks_[*va] = std::move(owned);
+  block.size = size;
+  block.handle = *handle;
+  block.placement = placement;
+  block.access = target;
+  block.exportable = prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (packed) block.slab = std::make_unique<Slab>(size);
+  AccountMapped(target - self, static_cast<int64_t>(size));
+  AccountHandle(static_cast<int64_t>(size));
+  // A peer enabled or disabled while the lock was released did not see this
+  // block: bring it to the current target now.
+  if (Target(block) != target) {
+    if (absl::Status applied = ApplyAccessLocked(); !applied.ok()) {
+      DestroyBlockLocked(*va).IgnoreError();
+      return applied;
+    }
+  }
+  return *va;
+}
+
+void DeviceHeap::AccountHandle(int64_t delta) {
+  if (delta > 0) {
+    ++stats_.handles;
+  } else {
+    --stats_.handles;
+  }
+  stats_.handle_bytes += delta;
+  stats_.peak_handle_bytes = std::max(stats_.peak_handle_bytes, stats_.handle_bytes);
+  const uint64_t now = global_.bytes.fetch_add(delta, std::memory_order_relaxed) + delta;
+  uint64_t peak = global_.peak.load(std::memory_order_relaxed);
+  while (now > peak && !global_.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void DeviceHeap::AccountMapped(DeviceSet peers, int64_t delta) {
+  peers.ForEach([&](int d) {
+    PeerCounters& c = stats_.peers[d];
+    c.mapped_bytes += delta;
+    c.peak_mapped_bytes = std::max(c.peak_mapped_bytes, c.mapped_bytes);
+  });
+}
+
+void DeviceHeap::ForgetBlockLocked(CUdeviceptr base) {
+  auto it = blocks_.find(base);
+  Block& b = *it->second;
+  AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+  AccountHandle(-static_cast<int64_t>(b.size));
+  auto bins_it = bins_.find(b.placement);
+  if (bins_it != bins_.end()) {
+    Bins& bins = bins_it->second;
+    bins.open_granules.erase(base);
+    if (bins.empty_granules.erase(base) > 0) cached_bytes_ -= b.size;
+    if (b.cached && bins.cached_large.erase({b.size, base}) > 0) cached_bytes_ -= b.size;
+    if (bins.open_granules.empty() && bins.empty_granules.empty() &&
+        bins.cached_large.empty()) {
+      bins_.erase(bins_it);
+    }
+  }
+  if (b.slab != nullptr) {
+    stats_.live_allocations -= b.slab->allocations();
+    stats_.live_bytes -= b.slab->requested_bytes();
+  } else if (!b.cached) {
+    --stats_.live_allocations;
+    stats_.live_bytes -= b.requested;
+  }
+  if (!deferred_.empty()) {
+    for (auto d = deferred_.begin(); d != deferred_.end();) {
+      auto next = std::next(d);
+      if (d->first >= base && d->first < base + b.size) deferred_.erase(d);
+      d = next;
+    }
+    stats_.deferred_frees = deferred_.size();
+  }
+  if (b.exported) exports_.DropRange(options_.device, base, base + b.size);
+  arena_.Free(base, b.size);
+  blocks_.erase(it);
+}
+
+absl::Status DeviceHeap::DestroyBlockLocked(CUdeviceptr base) {
+  Block& b = *blocks_.at(base);
+  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
+  // The mapping is gone; whatever cuMemRelease says, the VA is free again. A
+  // handle the driver would not release is retried by Trim and ReleaseAll.
+  const CUmemGenericAllocationHandle handle = b.handle;
+  absl::Status released = mapper_.Release(handle);
+  if (!released.ok()) orphan_handles_.push_back(handle);
+  ForgetBlockLocked(base);
+  return released;
+}
+
+absl::Status DeviceHeap::Free(CUdeviceptr ptr, bool driver_gone) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");  // interior, or freed meanwhile
+  }
+  absl::Status status;
+  FreeLocked(ptr, *info, driver_gone, &status);
+  return status;
+}
+
+void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
+                            absl::Status* status) {
+  const CUdeviceptr base = info.range_base;
+  Block& block = *blocks_[base];
+  if (block.exported) exports_.DropRange(options_.device, ptr, ptr + 1);
+  if (!info.packed) {
+    if (driver_gone) {
+      ForgetBlockLocked(base);  // the driver has freed everything already
+      ++stats_.frees;
+      return;
+    }
+    if (!block.has_explicit() && !block.exported &&
+        cached_bytes_ + block.size <= options_.cache_limit) {
+      // Keep it mapped, with its access set, for the next request that fits.
+      --stats_.live_allocations;
+      stats_.live_bytes -= block.requested;
+      block.cached = true;
+      block.requested = 0;
+      bins_[block.placement].cached_large.insert({block.size, base});
+      cached_bytes_ += block.size;
+    } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      *status = s;
+      if (blocks_.contains(base)) return;  // still mapped: the free failed
+    }
+    ++stats_.frees;
+    return;
+  }
+  block.slab->Free(ptr - base);
+  --stats_.live_allocations;
+  stats_.live_bytes -= info.allocation_size;
+  ++stats_.frees;
+  if (block.sealed) {
+    if (block.slab->empty() && !driver_gone) {
+      if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+        Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
+      }
+    }
+    return;
+  }
+  Bins& bins = bins_[block.placement];
+  bins.open_granules.insert(base);
+  if (!block.slab->empty() || driver_gone) return;
+  if (!block.has_explicit() && cached_bytes_ + block.size <= options_.cache_limit) {
+    bins.empty_granules.insert(base);
+    cached_bytes_ += block.size;
+  } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+    // The application's free succeeded; an empty granule that could not be
+    // released stays mapped and serves later requests.
+    Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
+  }
+}
+
+absl::Status DeviceHeap::DeferFree(CUdeviceptr ptr) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+  }
+  deferred_[ptr] = info->context;
+  stats_.deferred_frees = deferred_.size();
+  return absl::OkStatus();
+}
+
+std::vector<CUcontext> DeviceHeap::DeferredContexts() const {
+  MutexLock lock(&mu_);
+  std::vector<CUcontext> out;
+  for (const auto& [ptr, context] : deferred_) {
+    if (std::find(out.begin(), out.end(), context) == out.end()) out.push_back(context);
+  }
+  return out;
+}
+
+void DeviceHeap::CompleteDeferred(CUcontext context) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> ready;
+  for (const auto& [ptr, ctx] : deferred_) {
+    if (ctx == context) ready.push_back(ptr);
+  }
+  for (CUdeviceptr ptr : ready) {
+    deferred_.erase(ptr);
+    std::optional<PointerInfo> info = FindLocked(ptr);
+    if (!info || info->allocation_base != ptr) continue;  // released with its context
+    absl::Status status;
+    FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
+    if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
+  }
+  stats_.deferred_frees = deferred_.size();
+}
+
+void DeviceHeap::ReleaseOrphansLocked() {
+  std::vector<CUmemGenericAllocationHandle> left;
+  for (CUmemGenericAllocationHandle h : orphan_handles_) {
+    if (!mapper_.Release(h).ok()) left.push_back(h);
+  }
+  orphan_handles_ = std::move(left);
+}
+
+void DeviceHeap::TrimLocked() {
+  ReleaseOrphansLocked();
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [placement, bins] : bins_) {
+    for (const auto& [size, base] : bins.cached_large) bases.push_back(base);
+    for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
+  }
+  for (CUdeviceptr base : bases) {
+    if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      // At exit the driver may be gone already: nothing left to release.
+      if (ToCuResult(s) == CUDA_ERROR_DEINITIALIZED) return;
+      Log().warn("device {}: releasing cached memory: {}", options_.device, s.ToString());
+    }
+  }
+}
+
+size_t DeviceHeap::Trim() {
+  MutexLock lock(&mu_);
+  const size_t before = cached_bytes_;
+  TrimLocked();
+  return before - cached_bytes_;
+}
+
+size_t DeviceHeap::cached_bytes() const {
+  MutexLock lock(&mu_);
+  return cached_bytes_;
+}
+
+bool DeviceHeap::Holds(CUcontext context) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, block] : blocks_) {
+    if (block->placement.context == context) return true;
+  }
+  return false;
+}
+
+size_t DeviceHeap::ReleaseContext(CUcontext context) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [base, block] : blocks_) {
+    if (block->placement.context == context) bases.push_back(base);
+  }
+  if (bases.empty()) return 0;
+  size_t released = 0;
+  for (CUdeviceptr base : bases) {
+    const size_t size = blocks_[base]->size;
+    if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      Log().warn("device {}: releasing memory of a destroyed context: {}", options_.device,
+                 s.ToString());
+      // Still mapped (unmap failed): forget it rather than serve it again.
+      if (blocks_.contains(base)) ForgetBlockLocked(base);
+      continue;
+    }
+    released += size;
+  }
+  ++stats_.context_releases;
+  return released;
+}
+
+void DeviceHeap::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
+                                   size_t bytes, absl::string_view tag) {
+  (enabled - DeviceSet::Of(options_.device)).ForEach([&](int p) {
+    PeerCounters& c = stats_.peers[p];
+    if (allowed.Contains(p)) {
+      c.grants += allocations;
+      return;
+    }
+    c.denials += allocations;
+    // Rate-limited: a missing grant can hang NVLink collectives instead of
+    // faulting, so the first denial of each pair is a warning.
+    int& logged = denials_logged_[p];
+    if (logged >= 101) return;  // one warning, then up to 100 info lines
+    const std::string reason = policy_.DenialReason(options_.device, p, bytes, tag);
+    if (logged++ == 0) {
+      Log().warn("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
+                 "further denials for this pair are logged at info level, up to 100",
+                 p, allocations, bytes, options_.device, reason);
+    } else {
+      Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({})", p,
+                 allocations, bytes, options_.device, reason);
+    }
+  });
+}
+
+absl::Status DeviceHeap::ApplyAccessLocked() {
+  std::vector<AccessBlock> view;
+  std::vector<Block*> blocks;
+  view.reserve(blocks_.size());
+  blocks.reserve(blocks_.size());
+  for (auto& [base, owned] : blocks_) {
+    view.push_back(AccessBlock{base, owned->size, arena_.ReservationBase(base), owned->access,
+                               Target(*owned)});
+    blocks.push_back(owned.get());
+  }
+  absl::Status first;
+  for (const AccessRun& run : PlanAccess(view)) {
+    absl::Status s = mapper_.SetAccess(run.base, run.size, run.grant, run.revoke);
+    ++stats_.set_access_calls;
+    if (!s.ok()) {
+      first.Update(s);
+      continue;
+    }
+    for (size_t i = run.first; i < run.first + run.count; ++i) {
+      Block& b = *blocks[i];
+      b.access = (b.access | run.grant) - run.revoke;
+      AccountMapped(run.grant, static_cast<int64_t>(b.size));
+      AccountMapped(run.revoke, -static_cast<int64_t>(b.size));
+    }
+  }
+  return first;
+}
+
+absl::Status DeviceHeap::ApplyPeerChange(int peer) {
+  MutexLock lock(&mu_);
+  if (peer < 0) return ApplyAccessLocked();
+  const DeviceSet bit = DeviceSet::Of(peer);
+  uint64_t granted = 0, denied = 0, granted_bytes = 0;
+  for (const auto& [base, b] : blocks_) {
+    if (b->cached) continue;
+    NotePeerDecisions(b->placement.allowed, bit, b->allocations(),
+                      b->slab != nullptr ? b->slab->used_bytes() : b->requested,
+                      b->placement.tag);
+    if (b->placement.allowed.Contains(peer)) {
+      granted += b->allocations();
+      granted_bytes += b->size;
+    } else {
+      denied += b->allocations();
+    }
+  }
+  absl::Status applied = ApplyAccessLocked();
+  if (applied.ok()) {
+    Log().info("peer {} enabled access to device {}: {} allocation(s) granted ({} bytes "
+               "mapped), {} denied by policy {}",
+               peer, options_.device, granted, granted_bytes, denied, policy_.Describe());
+  }
+  return applied;
+}
+
+void DeviceHeap::Seal(CUdeviceptr base, Block& block) {
+  block.sealed = true;
+  auto it = bins_.find(block.placement);
+  if (it == bins_.end()) return;
+  it->second.open_granules.erase(base);
+  if (it->second.empty_granules.erase(base) > 0) cached_bytes_ -= block.size;
+}
+
+absl::Status DeviceHeap::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  if (peer == options_.device) return absl::OkStatus();
+  Block& block = *blocks_[info->range_base];
+  if (info->packed && block.placement.tag.empty() && block.allocations() > 1) {
+    // Explicit access acts on the whole granule, so an untagged granule must
+    // hold only this allocation.
+    Log().warn("refused to {} peer {} access to the {}-byte allocation at {:#x} on device {}: "
+               "its granule holds {} other untagged allocation(s); tag allocations meant for "
+               "explicit grants (vmmshim_set_allocation_tag)",
+               grant ? "grant" : "revoke", peer, info->allocation_size, ptr, options_.device,
+               block.allocations() - 1);
+    return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim peer access");
+  }
+  const DeviceSet bit = DeviceSet::Of(peer);
+  if (grant) {
+    if (!block.access.Contains(peer)) stats_.peers[peer].grants += block.allocations();
+    block.explicit_grant |= bit;
+    block.explicit_revoke -= bit;
+  } else {
+    block.explicit_revoke |= bit;
+    block.explicit_grant -= bit;
+  }
+  // An untagged granule with explicit state takes no new allocations, which
+  // would inherit it.
+  if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
+  return ApplyAccessLocked();
+}
+
+absl::StatusOr<bool> DeviceHeap::PeerHasAccess(CUdeviceptr ptr, int peer) const {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  return blocks_.at(info->range_base)->access.Contains(peer);
+}
+
+absl::StatusOr<PointerInfo> DeviceHeap::MarkExported(CUdeviceptr ptr) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
+  Block& block = *blocks_[info->range_base];
+  if (!block.exportable) {
+    Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} was made without a "
+               "shareable handle type (VMMSHIM_IPC=0 or no POSIX-fd support)",
+               info->allocation_base, options_.device);
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
+  }
+  if (!block.exported) ++stats_.exports;
+  block.exported = true;
+  // New allocations must not land in memory another process maps.
+  if (block.slab != nullptr && !block.sealed) Seal(info->range_base, block);
+  return *info;
+}
+
+absl::StatusOr<int> DeviceHeap::ExportFd(const ExportToken& token, CUdeviceptr base,
+                                         uint64_t offset, uint64_t size,
+                                         uint64_t* handle_size) {
+  const absl::Status invalid = DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle");
+  MutexLock lock(&mu_);
+  // Freed (and maybe reallocated) since the lookup: the token must still be
+  // this allocation's.
+  if (!exports_.IsCurrent(token, options_.device, base)) return invalid;
+  std::optional<PointerInfo> info = FindLocked(base);
+  if (!info || info->allocation_base != base || info->allocation_base - info->range_base != offset ||
+      info->allocation_size != size) {
+    return invalid;
+  }
+  if (driver_.cuMemExportToShareableHandle == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "cuMemExportToShareableHandle");
+  }
+  int fd = -1;
+  CUresult r = driver_.cuMemExportToShareableHandle(
+      &fd, blocks_[info->range_base]->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) return DriverError(r, "cuMemExportToShareableHandle");
+  *handle_size = info->range_size;
+  return fd;
+}
+
+void DeviceHeap::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
+  compression_checked_ = true;
+  CUmemAllocationProp got = {};
+  CUresult r = driver_.cuMemGetAllocationPropertiesFromHandle != nullptr
+                   ? driver_.cuMemGetAllocationPropertiesFromHandle(&got, handle)
+                   : CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) {
+    stats_.compression = CompressionState::kGranted;
+    Log().info("device {}: generic compression granted (cuMemGetAllocationPropertiesFromHandle)",
+               options_.device);
+    return;
+  }
+  stats_.compression = CompressionState::kNotGranted;
+  prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+  Log().warn("device {}: compression requested but not granted ({}); later memory is made "
+             "without it",
+             options_.device,
+             r == CUDA_SUCCESS ? "the handle reports no compression" : CuResultName(r));
+}
+
+DeviceStats DeviceHeap::stats() const {
+  MutexLock lock(&mu_);
+  DeviceStats out = stats_;
+  out.cached_bytes = cached_bytes_;
+  return out;
+}
+
+absl::Status DeviceHeap::ReleaseAll() {
+  MutexLock lock(&mu_);
+  absl::Status first;
+  std::vector<CUdeviceptr> bases;
+  for (const auto& entry : blocks_) bases.push_back(entry.first);
+  for (CUdeviceptr base : bases) {
+    absl::Status s = DestroyBlockLocked(base);
+    if (blocks_.contains(base)) ForgetBlockLocked(base);  // unmap failed: forget it
+    first.Update(s);
+  }
+  ReleaseOrphansLocked();
+  for (const auto& [base, size] : arena_.reservations()) {
+    first.Update(mapper_.FreeReservation(base, size));
+    ranges_.Remove(base);
+  }
+  arena_ = VaArena(options_.granularity);
+  bins_.clear();
+  deferred_.clear();
+  cached_bytes_ = 0;
+  stats_.deferred_frees = 0;
+  return first;
+}
+
+}  // namespace vmmshim

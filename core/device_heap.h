@@ -1,0 +1,303 @@
+// The device heap: one device's VMM memory as blocks (one physical handle
+// mapped at its base each), the packing of small allocations into granules,
+// and the cache of freed memory, indexed by placement.
+//
+// A placement is what an allocation shares a mapping with: its context (so
+// that a free synchronizes the context the memory was allocated in), its
+// allowed peers (access rights belong to a whole mapping) and its tag. Open
+// granules and cached blocks are kept per placement, so an allocation looks
+// only at mappings it may use, and a cached-block lookup is one ordered
+// search by size.
+//
+// Shapes and units: bytes; the device's allocation granularity (RECOMMENDED;
+// 2 MiB on H200) is the unit of physical memory and of VA. A request of more
+// than `packing_threshold` bytes gets a handle of its own, rounded up to the
+// granularity; smaller ones are carved from granules (core/slab.h: aligned
+// as cuMemAlloc aligns). Address ranges (Find) are the backing handle's, as
+// the driver reports for any VMM memory.
+//
+// Fast path and slow path: AllocateFast succeeds iff a cached block of the
+// placement fits within a quarter of the rounded request, or an open granule
+// of the placement has an aligned run of free units; it makes no driver
+// call. AllocateSlow makes a new block (cuMemCreate, cuMemMap,
+// cuMemSetAccess through VmmMapper) without holding the heap mutex across
+// the driver calls, so cache hits and frees go on meanwhile.
+//
+// Frees: the caller synchronizes the allocation's context first (cuMemFree
+// waits for the device's work; cuMemUnmap does not). A free that cannot
+// synchronize (a stream capture is in progress) is deferred: the allocation
+// is no longer found, but its memory is neither reused nor unmapped until
+// CompleteDeferred runs after a later synchronization.
+//
+// Statistics: DeviceStats is the single source of every figure of this
+// device; process-wide handle bytes and their peak are updated in the same
+// place (AccountHandle), so the two cannot drift.
+//
+// Thread safety: every public method takes the heap's mutex itself
+// (ABSL_LOCKS_EXCLUDED); lock order in docs/architecture.md: peer mutex ->
+// heap mutex -> reservation map / export registry.
+#ifndef VMMSHIM_CORE_DEVICE_HEAP_H_
+#define VMMSHIM_CORE_DEVICE_HEAP_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/device_set.h"
+#include "core/driver_api.h"
+#include "core/export_registry.h"
+#include "core/mutex.h"
+#include "core/peer_access.h"
+#include "core/peer_policy.h"
+#include "core/slab.h"
+#include "core/va_arena.h"
+#include "core/vmm_mapping.h"
+
+namespace vmmshim {
+
+// What became of a compression request on one device.
+enum class CompressionState { kOff, kUnsupported, kGranted, kNotGranted };
+
+struct PeerCounters {
+  uint64_t grants = 0;   // allocations granted to this peer (by policy or explicitly)
+  uint64_t denials = 0;  // allocations denied to this peer while it had access enabled
+  uint64_t mapped_bytes = 0;       // bytes of this device's memory mapped into the peer now
+  uint64_t peak_mapped_bytes = 0;  // the most mapped into it at any time
+};
+
+struct DeviceStats {
+  int device = -1;
+  uint64_t allocations = 0;       // served from VMM
+  uint64_t bytes = 0;             // their requested bytes
+  uint64_t frees = 0;
+  uint64_t live_allocations = 0;
+  uint64_t live_bytes = 0;        // requested bytes of live allocations
+  uint64_t peak_live_bytes = 0;
+  uint64_t handles = 0;           // physical handles held
+  uint64_t handle_bytes = 0;      // their bytes
+  uint64_t peak_handle_bytes = 0;
+  uint64_t set_access_calls = 0;
+  uint64_t cache_hits = 0;        // large requests served from the cache
+  uint64_t cache_misses = 0;      // large requests that made a new handle
+  uint64_t cached_bytes = 0;      // mapped for reuse now
+  uint64_t deferred_frees = 0;    // frees held back by a stream capture, now
+  uint64_t exports = 0;           // allocations exported
+  uint64_t context_releases = 0;  // ReleaseContext calls that released memory here
+  CompressionState compression = CompressionState::kOff;
+  std::array<PeerCounters, kMaxDevices> peers{};  // indexed by peer device
+};
+
+// What Find() knows about a pointer inside shim memory.
+struct PointerInfo {
+  CUdeviceptr allocation_base = 0;  // the pointer Allocate returned
+  size_t allocation_size = 0;       // the bytes requested
+  CUdeviceptr range_base = 0;       // the backing handle's mapping
+  size_t range_size = 0;
+  int device = -1;
+  CUcontext context = nullptr;      // current when allocated
+  bool packed = false;
+};
+
+// The placement of an allocation (header comment).
+struct Placement {
+  CUcontext context = nullptr;
+  DeviceSet allowed;
+  std::string tag;
+  bool operator==(const Placement& o) const {
+    return context == o.context && allowed == o.allowed && tag == o.tag;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const Placement& p) {
+    return H::combine(std::move(h), p.context, p.allowed, p.tag);
+  }
+};
+
+// Process-wide figures that are sums over the heaps, kept where the heaps
+// update them (AccountHandle), so that a peak over all devices exists.
+struct GlobalHandleBytes {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> peak{0};
+};
+
+class DeviceHeap {
+ public:
+  struct Options {
+    int device = -1;
+    size_t granularity = 0;
+    size_t reservation_bytes = 0;  // per VA reservation, a multiple of granularity
+    size_t packing_threshold = 0;  // requests of at most this many bytes are packed
+    size_t cache_limit = 0;        // bytes kept mapped for reuse at most
+    CUmemAllocationProp prop = {}; // what cuMemCreate is asked for
+    CompressionState compression = CompressionState::kOff;
+  };
+  // Everything referenced must outlive the heap.
+  DeviceHeap(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
+             const PeerEnableTable& peers, ExportRegistry& exports, ReservationMap& ranges,
+             GlobalHandleBytes& global, Options options);
+  ~DeviceHeap();
+  DeviceHeap(const DeviceHeap&) = delete;
+  DeviceHeap& operator=(const DeviceHeap&) = delete;
+
+  int device() const { return options_.device; }
+  size_t granularity() const { return options_.granularity; }
+  size_t packing_threshold() const { return options_.packing_threshold; }
+
+  // Fast path (header comment): a pointer, or nullopt when a new block is
+  // needed. No driver call.
+  std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Slow path: a new block for the request (after AllocateFast failed);
+  // on CUDA_ERROR_OUT_OF_MEMORY the cache is released and cuMemCreate tried
+  // once more. Undoes itself on failure.
+  absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The live allocation containing `ptr`, or nullopt.
+  std::optional<PointerInfo> Find(CUdeviceptr ptr) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Frees the allocation starting at `ptr` (its context already
+  // synchronized): kept mapped in the cache when it fits, else unmapped and
+  // released. `driver_gone`: the driver is deinitialized (exit); only forget
+  // it. CUDA_ERROR_INVALID_VALUE when `ptr` does not start a live allocation.
+  absl::Status Free(CUdeviceptr ptr, bool driver_gone) ABSL_LOCKS_EXCLUDED(mu_);
+  // Defers the free of the allocation starting at `ptr` (header comment).
+  absl::Status DeferFree(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // The contexts with deferred frees.
+  std::vector<CUcontext> DeferredContexts() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Completes the deferred frees of `context` (it was synchronized after
+  // they were deferred).
+  void CompleteDeferred(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Releases the cache; returns the bytes released.
+  size_t Trim() ABSL_LOCKS_EXCLUDED(mu_);
+  size_t cached_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whether anything of `context` is held here.
+  bool Holds(CUcontext context) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Releases every block of `context` (allocations, cache, exports, deferred
+  // frees); returns the physical bytes released.
+  size_t ReleaseContext(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Brings every block's access to its target after a change of the
+  // enabled peers. `peer` (>= 0) just enabled access: its grants and
+  // denials are counted and logged.
+  absl::Status ApplyPeerChange(int peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Explicit grant (true) or revoke of `peer` on the allocation containing
+  // `ptr` (Allocator::GrantPeer states the rule).
+  absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // IPC: marks the allocation containing `ptr` exported (its block is never
+  // cached again; a granule takes no new allocations). Returns its info.
+  absl::StatusOr<PointerInfo> MarkExported(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // A new POSIX fd for the handle behind the live export `token` of the
+  // allocation at `base` with `offset` and `size`.
+  absl::StatusOr<int> ExportFd(const ExportToken& token, CUdeviceptr base, uint64_t offset,
+                               uint64_t size, uint64_t* handle_size) ABSL_LOCKS_EXCLUDED(mu_);
+
+  DeviceStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Unmaps and releases every handle and frees every reservation; returns
+  // the first driver error and continues past errors.
+  absl::Status ReleaseAll() ABSL_LOCKS_EXCLUDED(mu_);
+
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  // One physical handle mapped at its base address.
+  struct Block {
+    size_t size = 0;  // mapped bytes, a multiple of the granularity
+    CUmemGenericAllocationHandle handle = 0;
+    Placement placement;
+    size_t requested = 0;         // large blocks: the bytes asked for
+    std::unique_ptr<Slab> slab;   // packed granules only
+    DeviceSet explicit_grant;     // GrantPeer: granted whatever the policy says
+    DeviceSet explicit_revoke;    // RevokePeer: denied whatever the policy says
+    DeviceSet access;             // devices with read-write access now
+    bool sealed = false;          // packed: takes no new allocations
+    bool cached = false;          // large: freed, kept mapped for reuse
+    bool exportable = false;      // created with the POSIX-fd handle type
+    bool exported = false;        // an allocation in it was exported: never cached
+
+    size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
+    bool has_explicit() const { return !explicit_grant.empty() || !explicit_revoke.empty(); }
+  };
+  // Open granules and cached memory of one placement.
+  struct Bins {
+    absl::btree_set<CUdeviceptr> open_granules;  // packed, with free units, not sealed
+    absl::btree_set<CUdeviceptr> empty_granules; // cached: empty, still mapped
+    absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large;  // (size, base)
+  };
+
+  std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<PointerInfo> FindLocked(CUdeviceptr ptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DeviceSet Target(const Block& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<CUdeviceptr> CreateBlockLocked(const Placement& placement, size_t size,
+                                                bool packed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveMoreLocked(size_t at_least) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps and releases the block at `base` and forgets it. On unmap failure
+  // the block stays (still mapped) and the error is returned.
+  absl::Status DestroyBlockLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the block at `base` without a driver call (driver gone, or it
+  // could not be unmapped): the single place a block leaves the heap.
+  void ForgetBlockLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
+                  absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyAccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseOrphansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckCompressionLocked(CUmemGenericAllocationHandle handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AccountHandle(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AccountMapped(DeviceSet peers, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
+                         size_t bytes, absl::string_view tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DriverApi& driver_;
+  const VmmMapper& mapper_;
+  const PeerPolicy& policy_;
+  const PeerEnableTable& peers_;
+  ExportRegistry& exports_;
+  ReservationMap& ranges_;
+  GlobalHandleBytes& global_;
+  const Options options_;
+
+  mutable Mutex mu_;
+  CUmemAllocationProp prop_ ABSL_GUARDED_BY(mu_);
+  bool compression_checked_ ABSL_GUARDED_BY(mu_) = false;
+  VaArena arena_ ABSL_GUARDED_BY(mu_);
+  // Boxed so that Block pointers stay valid while the map changes.
+  absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Placement, Bins> bins_ ABSL_GUARDED_BY(mu_);
+  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Deferred frees: allocation base -> its context.
+  absl::flat_hash_map<CUdeviceptr, CUcontext> deferred_ ABSL_GUARDED_BY(mu_);
+  // Unmapped handles whose cuMemRelease failed, retried later.
+  std::vector<CUmemGenericAllocationHandle> orphan_handles_ ABSL_GUARDED_BY(mu_);
+  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  std::array<int, kMaxDevices> denials_logged_ ABSL_GUARDED_BY(mu_){};
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_DEVICE_HEAP_H_
