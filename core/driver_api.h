@@ -37,6 +37,10 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuIpcOpenMemHandle
+// cuda.h maps these to their _v2 / per-thread names; the table names exports.
+#undef cuStreamBeginCapture
+#undef cuStreamEndCapture
+#undef cuStreamBeginCaptureToGraph
 
 namespace vmmshim {
 
@@ -111,6 +115,17 @@ namespace vmmshim {
   X(cuStreamIsCapturing, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, false) \
   X(cuStreamIsCapturing_ptsz, "cuStreamIsCapturing_ptsz",                              \
     PFN_cuStreamIsCapturing_v10000_ptsz, false)                                        \
+  X(cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2", PFN_cuStreamBeginCapture_v10010, \
+    false)                                                                             \
+  X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture_v2_ptsz",                      \
+    PFN_cuStreamBeginCapture_v10010_ptsz, false)                                       \
+  X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph",                        \
+    PFN_cuStreamBeginCaptureToGraph_v12030, false)                                     \
+  X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph_ptsz",              \
+    PFN_cuStreamBeginCaptureToGraph_v12030_ptsz, false)                                \
+  X(cuStreamEndCapture, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, false)    \
+  X(cuStreamEndCapture_ptsz, "cuStreamEndCapture_ptsz", PFN_cuStreamEndCapture_v10000_ptsz, \
+    false)                                                                             \
   X(cuStreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, false)  \
   X(cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz",                              \
     PFN_cuStreamSynchronize_v7000_ptsz, false)

@@ -96,9 +96,21 @@ int main(void) {
   EXPECT_EQ(cuMemAlloc(&b, 4 << 20), CUDA_SUCCESS);
   EXPECT_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
   EXPECT_EQ(cuMemFree(a), CUDA_ERROR_INVALID_VALUE);  /* already freed */
-  EXPECT_EQ(cuMemFreeAsync(b, (CUstream)0x5ca97), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  /* During stream captures: the driver's codes (H200, core/capture.h). */
+  CUstream s = (CUstream)0x5ca97;
+  CUgraph graph = NULL;
+  EXPECT_EQ(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(b, s), CUDA_ERROR_INVALID_VALUE); /* a graph frees graph memory only */
+  EXPECT_EQ(cuMemFree(b), CUDA_SUCCESS);  /* deferred: a capturing context is not synchronized */
+  EXPECT_EQ(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);  /* the capture went on */
+  EXPECT_EQ(cuMemAlloc(&b, 4 << 20), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree(b), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUdeviceptr c = 0;
+  EXPECT_EQ(cuMemAlloc(&c, 256), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(cuStreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   EXPECT_EQ(cuMemFree(b), CUDA_SUCCESS);  /* still live after the refusal */
-  printf("cuMemFreeAsync: ok\n");
+  printf("cuMemFreeAsync and captures: ok\n");
 
   /* fork while other threads allocate and free. */
   pthread_t threads[4];

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <set>
 #include <string>
 #include <vector>
@@ -103,6 +104,13 @@ struct State {
   // cuIpcCloseMemHandle its driver codes).
   std::set<CUdeviceptr> ipc_opened;
   std::set<Context*> created_contexts;  // cuCtxCreate, not yet destroyed
+  // Stream captures in progress (any non-null stream value is a stream).
+  struct Capture {
+    CUstreamCaptureMode mode;
+    std::thread::id thread;
+    bool invalidated = false;
+  };
+  std::map<CUstream, Capture> captures;
 };
 
 State& S() {
@@ -237,8 +245,35 @@ void PassGate(const char* entry) {
   std::lock_guard<std::mutex> lock(s.mu);           \
   if (CUresult r = Enter(s, entry); r != CUDA_SUCCESS) return r
 
-// The stream that cuStreamIsCapturing reports as capturing (sim_driver.h).
-const CUstream kCapturingStream = reinterpret_cast<CUstream>(kCapturingStreamValue);
+// The driver's rule for "potentially unsafe" calls during a capture
+// (measured on H200, core/capture.h): prohibited while a global-mode capture
+// runs in any thread or a thread-local one in this thread; the call returns
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures.
+CUresult CheckUnsafeCallLocked(State& s) {
+  bool prohibited = false;
+  for (auto& [stream, c] : s.captures) {
+    if (c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        (c.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && c.thread == std::this_thread::get_id())) {
+      c.invalidated = true;
+      prohibited = true;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+// Synchronizing work that includes a capturing stream is illegal in every
+// mode: it fails and invalidates the capture.
+CUresult CheckSyncLocked(State& s, CUstream only) {
+  if (CUresult r = CheckUnsafeCallLocked(s); r != CUDA_SUCCESS) return r;
+  bool capturing = false;
+  for (auto& [stream, c] : s.captures) {
+    if (only == nullptr || stream == only) {
+      c.invalidated = true;
+      capturing = true;
+    }
+  }
+  return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
 
 bool ValidDevice(const State& s, int d) {
   return d >= 0 && d < static_cast<int>(s.devices.size());
@@ -728,16 +763,19 @@ CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
 
 CUresult cuCtxSynchronize() {
   SIM_ENTER("cuCtxSynchronize");
+  if (CUresult r = CheckSyncLocked(s, nullptr); r != CUDA_SUCCESS) return r;
   return SyncLocked(s, Current());
 }
 
 CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   SIM_ENTER("cuCtxSynchronize_v2");
+  if (CUresult r = CheckSyncLocked(s, nullptr); r != CUDA_SUCCESS) return r;
   return SyncLocked(s, ctx == nullptr ? Current() : ctx);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   SIM_ENTER("cuMemAlloc_v2");
+  if (CUresult r = CheckUnsafeCallLocked(s); r != CUDA_SUCCESS) return r;
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (bytes == 0) {
     *dptr = 0;
@@ -751,6 +789,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
 CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
                             size_t height, unsigned int element_size) {
   SIM_ENTER("cuMemAllocPitch_v2");
+  if (CUresult r = CheckUnsafeCallLocked(s); r != CUDA_SUCCESS) return r;
   if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0 ||
       (element_size != 4 && element_size != 8 && element_size != 16)) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -763,6 +802,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
   SIM_ENTER("cuMemFree_v2");
+  if (CUresult r = CheckUnsafeCallLocked(s); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;  // as the driver (H200, driver 580)
   auto it = s.legacy.find(dptr);
   if (it == s.legacy.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -779,7 +819,12 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (CUresult r = Enter(s, "cuMemFreeAsync"); r != CUDA_SUCCESS) return r;
   }
-  (void)stream;
+  {
+    State& s = S();
+    std::lock_guard<std::mutex> lock(s.mu);
+    // A graph frees only graph allocations (H200: 1, the capture goes on).
+    if (s.captures.count(stream) > 0) return CUDA_ERROR_INVALID_VALUE;
+  }
   // Stream-ordered pools are not simulated: only cuMemAlloc memory, freed at
   // once (the simulation runs no device work to order against).
   if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -793,9 +838,41 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
 CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   SIM_ENTER("cuStreamIsCapturing");
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *status = stream == kCapturingStream ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                       : CU_STREAM_CAPTURE_STATUS_NONE;
+  auto it = s.captures.find(stream);
+  *status = it == s.captures.end() ? CU_STREAM_CAPTURE_STATUS_NONE
+            : it->second.invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                     : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  SIM_ENTER("cuStreamBeginCapture_v2");
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (s.captures.count(stream) > 0) return CUDA_ERROR_ILLEGAL_STATE;
+  s.captures[stream] = State::Capture{mode, std::this_thread::get_id()};
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  return vmmshim::sim::cuStreamBeginCapture_v2(stream, mode);
+}
+
+CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  SIM_ENTER("cuStreamEndCapture");
+  auto it = s.captures.find(stream);
+  if (it == s.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
+  if (it->second.mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+      it->second.thread != std::this_thread::get_id()) {
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
+  const bool invalidated = it->second.invalidated;
+  s.captures.erase(it);
+  if (graph != nullptr) *graph = invalidated ? nullptr : reinterpret_cast<CUgraph>(0x6a);
+  return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  return vmmshim::sim::cuStreamEndCapture(stream, graph);
 }
 
 CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status) {
@@ -804,7 +881,8 @@ CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status
 
 CUresult cuStreamSynchronize(CUstream stream) {
   SIM_ENTER("cuStreamSynchronize");
-  (void)stream;  // streams are not simulated: the current context's work
+  if (CUresult r = CheckSyncLocked(s, stream); r != CUDA_SUCCESS) return r;
+  // Streams run no work in the simulation: the current context's work.
   return SyncLocked(s, Current());
 }
 
@@ -1256,6 +1334,8 @@ constexpr ProcEntry kProcTable[] = {
     {"cuCtxDestroy", 4000, "cuCtxDestroy_v2", nullptr},
     {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
     {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
     {"cuStreamSynchronize", 2000, "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
     {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", nullptr},
     {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", nullptr},

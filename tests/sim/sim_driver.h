@@ -49,9 +49,10 @@ struct SimOptions {
   bool generic_compression = false;
 };
 
-// cuStreamIsCapturing reports a stream with this value as capturing (every
-// other stream as not): lets tests reach the capture checks.
-constexpr uintptr_t kCapturingStreamValue = 0x5ca97;
+// Streams are not created: any non-null CUstream value names a stream.
+// cuStreamBeginCapture_v2 / cuStreamEndCapture keep the driver's capture
+// rules (modes, unsafe calls, invalidation) as measured on H200
+// (core/capture.h), without recording a graph.
 
 // SIMCUDA_COMPRESSION=1 (generic compression supported), SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
 // (comma-separated ordinals), SIMCUDA_NO_P2P (pairs without peer capability,
@@ -192,6 +193,10 @@ DriverApi Api();
   X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus * status), (stream, status)) \
   X(cuStreamIsCapturing_ptsz, (CUstream stream, CUstreamCaptureStatus * status),     \
     (stream, status))                                                                \
+  X(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode)) \
+  X(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode), (stream, mode)) \
+  X(cuStreamEndCapture, (CUstream stream, CUgraph * graph), (stream, graph))          \
+  X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph * graph), (stream, graph))     \
   X(cuStreamSynchronize, (CUstream stream), (stream))                                \
   X(cuStreamSynchronize_ptsz, (CUstream stream), (stream))                           \
   X(cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr), (handle, dptr))  \

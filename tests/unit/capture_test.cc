@@ -1,0 +1,170 @@
+// Stream capture, as the driver does it (core/capture.h; codes measured on
+// H200 with examples/parity_probe.cu): what Allocate, Free and FreeAsync
+// return during captures of each mode, what becomes of the capture, and that
+// memory freed while a capture prevents synchronizing is neither reused nor
+// unmapped before a later synchronize.
+#include <thread>
+
+#include "core/allocator.h"
+#include "core/cu_status.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+const CUstream kStream = reinterpret_cast<CUstream>(0x51);
+
+class CaptureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sim::Reset(sim::SimOptions{});
+    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+    api_ = sim::Api();
+    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  }
+  CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+  // What the hooks do around the driver's begin and end.
+  void Begin(Allocator& a, CUstreamCaptureMode mode) {
+    ASSERT_EQ(sim::cuStreamBeginCapture_v2(kStream, mode), CUDA_SUCCESS);
+    a.captures().Began(kStream, false);
+  }
+  CUresult End(Allocator& a) {
+    CUgraph graph = nullptr;
+    CUresult r = sim::cuStreamEndCapture(kStream, &graph);
+    a.captures().Ended(kStream, false);
+    return r;
+  }
+  static CUstreamCaptureStatus Status() {
+    CUstreamCaptureStatus s = CU_STREAM_CAPTURE_STATUS_NONE;
+    EXPECT_EQ(sim::cuStreamIsCapturing(kStream, &s), CUDA_SUCCESS);
+    return s;
+  }
+  DriverApi api_;
+  CUcontext ctx_ = nullptr;
+};
+
+TEST_F(CaptureTest, GlobalModeRefusesAllocateAndFreeAndInvalidatesTheCapture) {
+  Allocator a(api_);
+  const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  Begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  EXPECT_EQ(ToCuResult(a.Allocate(256).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_TRUE(a.Find(p).ok());  // a refused free leaves the allocation live
+  EXPECT_EQ(End(a), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_FALSE(a.captures().any());
+  EXPECT_TRUE(a.Free(p).ok());
+}
+
+TEST_F(CaptureTest, GlobalModeRefusesAnotherThreadToo) {
+  Allocator a(api_);
+  Begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  std::thread t([&] {
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    EXPECT_EQ(ToCuResult(a.Allocate(256).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  });
+  t.join();
+  EXPECT_EQ(End(a), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+TEST_F(CaptureTest, ThreadLocalModeRefusesOnlyTheCapturingThread) {
+  Allocator a(api_);
+  Begin(a, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  std::thread t([&] {
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(4 * kMiB);
+    ASSERT_TRUE(r.ok() && r->served);
+    EXPECT_TRUE(a.Free(r->ptr).ok());  // deferred, not synchronized
+  });
+  t.join();
+  EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(ToCuResult(a.Allocate(256).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(End(a), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+TEST_F(CaptureTest, RelaxedModeFreeIsDeferredUntilALaterSynchronize) {
+  Allocator a(api_);
+  const CUdeviceptr big = MustAllocate(a, 8 * kMiB);
+  const CUdeviceptr small = MustAllocate(a, 4096);
+  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  sim::ResetCallCounts();
+  EXPECT_TRUE(a.Free(big).ok());
+  EXPECT_TRUE(a.Free(small).ok());
+  EXPECT_EQ(sim::CallCount("cuCtxSynchronize_v2"), 0u);  // it would break the capture
+  EXPECT_EQ(sim::CallCount("cuMemUnmap"), 0u);
+  EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_FALSE(a.Find(big).ok());                         // gone for the application
+  EXPECT_EQ(ToCuResult(a.Free(big)), CUDA_ERROR_INVALID_VALUE);  // a second free
+  EXPECT_EQ(a.GetStats().deferred_frees, 2u);
+  // Held back: new allocations of the same sizes get other memory.
+  const CUdeviceptr big2 = MustAllocate(a, 8 * kMiB);
+  const CUdeviceptr small2 = MustAllocate(a, 4096);
+  EXPECT_NE(big2, big);
+  EXPECT_NE(small2, small);
+  EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(End(a), CUDA_SUCCESS);
+  // The next free synchronizes the context: the deferred frees complete.
+  EXPECT_TRUE(a.Free(small2).ok());
+  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_EQ(MustAllocate(a, 8 * kMiB), big);  // from the cache now
+  EXPECT_TRUE(a.Free(big).ok());
+  EXPECT_TRUE(a.Free(big2).ok());
+}
+
+TEST_F(CaptureTest, TrimCompletesDeferredFreesOnceTheCaptureEnded) {
+  Allocator a(api_);
+  const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT_TRUE(a.Free(p).ok());
+  EXPECT_EQ(a.Trim(), 0u);  // still capturing: nothing can be synchronized
+  EXPECT_EQ(a.GetStats().live_allocations, 1u);
+  EXPECT_EQ(End(a), CUDA_SUCCESS);
+  EXPECT_EQ(a.Trim(), 8 * kMiB);
+  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+  EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
+}
+
+TEST_F(CaptureTest, FreeAsyncOnTheCapturingStreamIsInvalidValueAndTheCaptureGoesOn) {
+  Allocator a(api_);
+  const CUdeviceptr p = MustAllocate(a, 256);
+  for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                   CU_STREAM_CAPTURE_MODE_RELAXED}) {
+    Begin(a, mode);
+    EXPECT_EQ(ToCuResult(a.FreeAsync(p, kStream, false)), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    EXPECT_EQ(End(a), CUDA_SUCCESS);
+  }
+  EXPECT_TRUE(a.FreeAsync(p, nullptr, false).ok());
+}
+
+TEST_F(CaptureTest, FreeAsyncOnAnotherStreamFollowsTheUnsafeCallRule) {
+  Allocator a(api_);
+  const CUdeviceptr p = MustAllocate(a, 256);
+  const CUstream other = reinterpret_cast<CUstream>(0x52);
+  Begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  EXPECT_EQ(ToCuResult(a.FreeAsync(p, other, false)), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(End(a), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT_TRUE(a.FreeAsync(p, other, false).ok());
+  EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(End(a), CUDA_SUCCESS);
+}
+
+TEST_F(CaptureTest, NoCaptureMeansNoProbe) {
+  Allocator a(api_);
+  sim::ResetCallCounts();
+  const CUdeviceptr p = MustAllocate(a, 256);
+  EXPECT_TRUE(a.Free(p).ok());
+  EXPECT_EQ(sim::CallCount("cuMemFree_v2"), 0u);
+}
+
+}  // namespace
+}  // namespace vmmshim
