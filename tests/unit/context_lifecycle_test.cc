@@ -175,6 +175,24 @@ TEST_F(ContextLifecycleTest, DestroyReleasesThatContextsMemoryWithoutSynchronizi
   EXPECT_TRUE(allocator_->Free(keep).value());
 }
 
+TEST_F(ContextLifecycleTest, DestroyForgetsTheContextsDevice) {
+  // A new context may reuse a destroyed one's handle, on another device: the
+  // allocator must ask for its device again.
+  CUcontext first;
+  ASSERT_EQ(sim::cuCtxCreate_v2(&first, 0, 1), CUDA_SUCCESS);
+  CUdeviceptr p = Alloc(4096);  // the allocator now knows `first` is device 1's
+  ASSERT_EQ(allocator_->Find(p)->device, 1);
+  ASSERT_EQ(Lifecycle().CtxDestroy(api_.cuCtxDestroy_v2, first), CUDA_SUCCESS);
+  CUcontext second;
+  ASSERT_EQ(sim::cuCtxCreate_v2(&second, 0, 0), CUDA_SUCCESS);
+  if (second != first) GTEST_SKIP() << "the simulated driver did not reuse the handle";
+  CUdeviceptr q = Alloc(4096);
+  ASSERT_TRUE(allocator_->Find(q).has_value());
+  EXPECT_EQ(allocator_->Find(q)->device, 0);
+  EXPECT_TRUE(allocator_->Free(q).value());
+  ASSERT_EQ(sim::cuCtxDestroy_v2(second), CUDA_SUCCESS);
+}
+
 TEST_F(ContextLifecycleTest, FailedDestroyReleasesNothing) {
   CUcontext primary = RetainPrimary(0);
   CUdeviceptr p = Alloc(8 * kMiB);
