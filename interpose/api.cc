@@ -1,0 +1,56 @@
+// The exported C API of include/vmmshim/vmmshim.h. Every function answers
+// CUDA_ERROR_NOT_SUPPORTED when the shim does not serve allocations (no
+// driver, pass-through, a forked child).
+#include <cstring>
+
+#include "core/cu_status.h"
+#include "interpose/hooks_internal.h"
+#include "vmmshim/vmmshim.h"
+
+using vmmshim::GetRuntime;
+using vmmshim::Runtime;
+using vmmshim::ToCuResult;
+
+namespace {
+CUresult ExplicitAccess(const void* ptr, int peer, bool grant) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  return ToCuResult(grant ? rt->allocator->GrantPeer(p, peer) : rt->allocator->RevokePeer(p, peer));
+}
+}  // namespace
+
+VMMSHIM_EXPORT int vmmshim_grant_peer_access(const void* ptr, int peer_device) {
+  return ExplicitAccess(ptr, peer_device, true);
+}
+
+VMMSHIM_EXPORT int vmmshim_revoke_peer_access(const void* ptr, int peer_device) {
+  return ExplicitAccess(ptr, peer_device, false);
+}
+
+VMMSHIM_EXPORT int vmmshim_query_peer_access(const void* ptr, int peer_device,
+                                             int* has_access) {
+  if (has_access == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  absl::StatusOr<bool> has =
+      rt->allocator->PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
+  if (!has.ok()) return ToCuResult(has.status());
+  *has_access = *has ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_release_cached_memory(int device, size_t* released_bytes) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (device < -1 || device >= vmmshim::Allocator::kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
+  const size_t released = rt->allocator->Trim(device);
+  if (released_bytes != nullptr) *released_bytes = released;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
+  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
+  vmmshim::AllocationTag() = tag != nullptr ? tag : "";
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,43 @@
+// Shared by the interpose/hooks_*.cc files and interpose/api.cc only.
+//
+// Declares every hook of interpose/hook_list.h with its driver ABI (a
+// definition with another signature fails to compile) and the few helpers
+// more than one family uses.
+#ifndef VMMSHIM_INTERPOSE_HOOKS_INTERNAL_H_
+#define VMMSHIM_INTERPOSE_HOOKS_INTERNAL_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "interpose/hook_list.h"
+#include "interpose/runtime.h"
+
+// The exported symbols (interpose/vmmshim.map lists the same names).
+#define VMMSHIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+#define VMMSHIM_DECLARE_HOOK(name, pfn) VMMSHIM_EXPORT std::remove_pointer_t<pfn> name;
+VMMSHIM_HOOKED_DRIVER_EXPORTS(VMMSHIM_DECLARE_HOOK)
+#undef VMMSHIM_DECLARE_HOOK
+
+namespace vmmshim {
+
+// This thread's tag for its next allocations (vmmshim_set_allocation_tag).
+inline std::string& AllocationTag() {
+  thread_local std::string tag;
+  return tag;
+}
+
+// VMMSHIM_TRACE_FILE: records a successful allocation or free.
+inline void Trace(const Runtime& rt, const char* op, size_t bytes, CUdeviceptr ptr) {
+  if (rt.trace == nullptr) return;
+  CUdevice device = -1;
+  rt.driver.cuCtxGetDevice(&device);
+  rt.trace->Record(device, op, bytes, ptr);
+}
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_INTERPOSE_HOOKS_INTERNAL_H_
