@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
-# Runs the allocation benchmark natively and under LD_PRELOAD=libvmmshim.so,
-# one after the other in this one invocation, and prints one table (shim /
-# native per row, targets marked), results.csv and chart.png (with
-# matplotlib) in OUTDIR.
-# usage: bench/run_bench.sh [--quick] [--simulated] BENCH_BINARY LIBVMMSHIM OUTDIR
+# Runs the allocation benchmark natively and under LD_PRELOAD=libvmmshim.so
+# in this one invocation, alternating native and shim for N rounds (and a
+# baseline shim build, when given, in the same rotation), and prints one
+# table (shim / native per row, targets marked, medians over the rounds),
+# results.csv and chart.png (with matplotlib) in OUTDIR; with several rounds
+# also each round's figures and their spread (bench/compare.py).
+# usage: bench/run_bench.sh [--quick] [--simulated] [--rounds N] [--baseline LIB]
+#                           BENCH_BINARY LIBVMMSHIM OUTDIR
 set -euo pipefail
-quick=() simulated=0
+quick=() simulated=0 rounds=1 baseline=""
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --quick) quick=(--quick) ;;
     --simulated) simulated=1 ;;
+    --rounds) rounds=$2; shift ;;
+    --baseline) baseline=$2; shift ;;
   esac
   shift
 done
 bin=$1 shim=$2 out=$3
 mkdir -p "$out"
-"$bin" "${quick[@]}" --label native > "$out/native.csv"
-LD_PRELOAD=$shim "$bin" "${quick[@]}" --label shim > "$out/shim.csv"
+here=$(dirname "$0")
+native_csv=() shim_csv=() base_csv=()
+for ((i = 1; i <= rounds; i++)); do
+  "$bin" "${quick[@]}" --label native > "$out/native-$i.csv"
+  native_csv+=("$out/native-$i.csv")
+  if [ -n "$baseline" ]; then
+    LD_PRELOAD=$baseline "$bin" "${quick[@]}" --label baseline > "$out/baseline-$i.csv"
+    base_csv+=("$out/baseline-$i.csv")
+  fi
+  LD_PRELOAD=$shim "$bin" "${quick[@]}" --label shim > "$out/shim-$i.csv"
+  shim_csv+=("$out/shim-$i.csv")
+done
+join() { local IFS=,; echo "$*"; }
+labels=("native=$(join "${native_csv[@]}")" "shim=$(join "${shim_csv[@]}")")
+[ -n "$baseline" ] && labels+=("baseline=$(join "${base_csv[@]}")")
+if [ "$rounds" -gt 1 ] || [ -n "$baseline" ]; then
+  python3 "$here/compare.py" "$out" "${labels[@]}"
+  cp "$out/native-merged.csv" "$out/native.csv"
+  cp "$out/shim-merged.csv" "$out/shim.csv"
+else
+  cp "$out/native-1.csv" "$out/native.csv"
+  cp "$out/shim-1.csv" "$out/shim.csv"
+fi
 args=("$out/native.csv" "$out/shim.csv" "$out")
 [ $simulated = 1 ] && args+=(--simulated)
-python3 "$(dirname "$0")/report.py" "${args[@]}"
+python3 "$here/report.py" "${args[@]}"
