@@ -3,9 +3,12 @@
 # what is missing). The CUDA Toolkit (13.0) is expected to be preinstalled;
 # CMake's FindCUDAToolkit finds it under /usr/local/cuda.
 set -euo pipefail
-packages=(cmake g++ make libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
+# Abseil is not among them: tools/build-abseil.sh builds Debian's source with
+# -fPIC (curl, patch, xz-utils fetch and unpack it) for libvmmshim.so to link
+# statically.
+packages=(cmake g++ make libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
           nlohmann-json3-dev libcli11-dev file binutils clang libclang-rt-14-dev
-          python3)
+          python3 curl patch xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
