@@ -20,15 +20,22 @@ grep -E "^[0-9]+: |tests passed|Failed" "$out/ctest-gpu.txt" | tail -150
 echo "== parity probe, native vs shim"
 "$b/examples/parity_probe" > /tmp/parity-native.txt 2>&1
 LD_PRELOAD=$shim "$b/examples/parity_probe" > /tmp/parity-shim.txt 2>&1
+cp /tmp/parity-native.txt /tmp/parity-shim.txt "$out/"
 diff /tmp/parity-native.txt /tmp/parity-shim.txt
+echo "PARITY rows: $(grep -c ^PARITY /tmp/parity-native.txt) native, $(grep -c ^PARITY /tmp/parity-shim.txt) shim," \
+  "$(diff <(grep ^PARITY /tmp/parity-native.txt) <(grep ^PARITY /tmp/parity-shim.txt) | grep -c '^[<>]') differing lines"
 echo "== footprint, three times each"
 for i in 1 2 3; do
   echo "native $("$b/examples/footprint" 10000 256)"
   echo "shim   $(LD_PRELOAD=$shim "$b/examples/footprint" 10000 256)"
 done
 if [ -x "$b/bench/alloc_bench" ]; then
-  echo "== benchmark: bench/run_bench.sh build/bench/alloc_bench build/libvmmshim.so OUT"
-  bash "$root/bench/run_bench.sh" "$b/bench/alloc_bench" "$shim" /tmp/bench
+  # A baseline shim build (another commit's libvmmshim.so, bundled into
+  # .gpu/baseline by the caller) joins the rotation when present.
+  baseline=()
+  [ -f "$root/.gpu/baseline/libvmmshim.so" ] && baseline=(--baseline "$root/.gpu/baseline/libvmmshim.so")
+  echo "== benchmark: bench/run_bench.sh --rounds 2 ${baseline[*]} build/bench/alloc_bench build/libvmmshim.so OUT"
+  bash "$root/bench/run_bench.sh" --rounds 2 "${baseline[@]}" "$b/bench/alloc_bench" "$shim" /tmp/bench
   cp /tmp/bench/results.csv "$out/bench-results.csv"
   [ -f /tmp/bench/chart.png ] && cp /tmp/bench/chart.png "$out/bench-chart.png"
 fi
