@@ -17,6 +17,8 @@ grep -E "tests passed|Failed|\*\*\*" "$out/ctest-sim.txt"
   > "$out/ctest-gpu.txt"
 grep -E "^[0-9]+: |tests passed|Failed" "$out/ctest-gpu.txt" | tail -150
 
+echo "== start-up of a non-CUDA process: bench/startup_bench.sh"
+bash "$root/bench/startup_bench.sh" "$shim" 300 2>&1 | tail -4
 echo "== parity probe, native vs shim"
 "$b/examples/parity_probe" > /tmp/parity-native.txt 2>&1
 LD_PRELOAD=$shim "$b/examples/parity_probe" > /tmp/parity-shim.txt 2>&1
