@@ -3,6 +3,7 @@
 # globals, and it has no DT_NEEDED on libcuda or libcudart.
 # usage: check_elf.sh LIBVMMSHIM VERSION_SCRIPT
 set -euo pipefail
+export LC_ALL=C  # one sort order on every host (Ubuntu and Debian differ)
 lib=$1 map=$2
 want=$(sed -n '/global:/,/local:/p' "$map" | grep -oE '^\s*[A-Za-z_][A-Za-z0-9_]*;' | tr -d ' ;' | sort)
 # (version-node symbols, type A, are not exports; dlsym has two versions)

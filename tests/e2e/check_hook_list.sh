@@ -5,6 +5,7 @@
 # (script == `nm -D`) this keeps list, script and exports in step.
 # usage: check_hook_list.sh HOOK_LIST_H VERSION_SCRIPT
 set -euo pipefail
+export LC_ALL=C  # one sort order on every host
 list=$1 map=$2
 want=$(grep -oE '^\s*X\(cu[A-Za-z0-9_]+,' "$list" | sed -E 's/^\s*X\(//; s/,$//' | sort)
 have=$(sed -n '/^VMMSHIM_1\.0 {/,/^};/p' "$map" | sed -n '/global:/,/local:/p' |

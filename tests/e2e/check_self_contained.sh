@@ -9,6 +9,7 @@
 #             maps no shared object but LIB and system libraries
 # usage: check_self_contained.sh elf|maps LIB
 set -euo pipefail
+export LC_ALL=C  # one sort order on every host
 mode=$1 lib=$2
 # What glibc, libstdc++ and libgcc install: the only libraries allowed.
 # (A mapping shows the file's own name, e.g. libstdc++.so.6.0.30.)
