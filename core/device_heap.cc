@@ -117,12 +117,7 @@ std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, 
     }
     if (!ptr) return std::nullopt;
   }
-  ++stats_.allocations;
-  ++stats_.live_allocations;
-  stats_.bytes += bytes;
-  stats_.live_bytes += bytes;
-  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
-  NotePeerDecisions(placement.allowed, peers_.Enabled(options_.device), 1, bytes, placement.tag);
+  NoteAllocationLocked(placement, bytes);
   return ptr;
 }
 
@@ -141,13 +136,17 @@ absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement,
   } else {
     block.requested = bytes;
   }
+  NoteAllocationLocked(placement, bytes);
+  return ptr;
+}
+
+void DeviceHeap::NoteAllocationLocked(const Placement& placement, size_t bytes) {
   ++stats_.allocations;
   ++stats_.live_allocations;
   stats_.bytes += bytes;
   stats_.live_bytes += bytes;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
   NotePeerDecisions(placement.allowed, peers_.Enabled(options_.device), 1, bytes, placement.tag);
-  return ptr;
 }
 
 absl::Status DeviceHeap::ReserveMoreLocked(size_t at_least) {

@@ -272,6 +272,9 @@ class DeviceHeap {
   void NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                          size_t bytes, absl::string_view tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a new allocation of `bytes` and the peers' grants or denials.
+  void NoteAllocationLocked(const Placement& placement, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DriverApi& driver_;
   const VmmMapper& mapper_;

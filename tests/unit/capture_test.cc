@@ -9,6 +9,7 @@
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
@@ -16,19 +17,11 @@ namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 const CUstream kStream = reinterpret_cast<CUstream>(0x51);
 
-class CaptureTest : public ::testing::Test {
+class CaptureTest : public SimTest {
  protected:
   void SetUp() override {
-    sim::Reset(sim::SimOptions{});
-    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
-    api_ = sim::Api();
-    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
-    ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-  }
-  CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
-    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
-    EXPECT_TRUE(r.ok() && r->served) << r.status();
-    return r.ok() ? r->ptr : 0;
+    StartSim();
+    ctx_ = MakeCurrent(0);
   }
   // What the hooks do around the driver's begin and end.
   void Begin(Allocator& a, CUstreamCaptureMode mode) {
@@ -46,7 +39,6 @@ class CaptureTest : public ::testing::Test {
     EXPECT_EQ(sim::cuStreamIsCapturing(kStream, &s), CUDA_SUCCESS);
     return s;
   }
-  DriverApi api_;
   CUcontext ctx_ = nullptr;
 };
 

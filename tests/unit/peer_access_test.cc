@@ -7,27 +7,16 @@
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-class PeerAccessTest : public ::testing::Test {
+class PeerAccessTest : public SimTest {
  protected:
-  void SetUp() override {
-    sim::SimOptions o;
-    o.device_count = 4;
-    o.memory_per_device = 1024 * kMiB;
-    sim::Reset(o);
-    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
-    api_ = sim::Api();
-  }
-  void MakeCurrent(int device) {
-    CUcontext ctx;
-    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-  }
+  void SetUp() override { StartSim(4); }
   std::unique_ptr<Allocator> Make(PeerPolicy policy) {
     AllocatorOptions o;
     o.peer_policy = std::move(policy);
@@ -50,7 +39,6 @@ class PeerAccessTest : public ::testing::Test {
     return sim::DeviceRead(device, &c, p, 1) == CUDA_SUCCESS &&
            sim::DeviceRead(device, &c, p + bytes - 1, 1) == CUDA_SUCCESS;
   }
-  DriverApi api_;
 };
 
 TEST_F(PeerAccessTest, AllGrantsExistingAndFutureAllocationsOnEnable) {

@@ -11,28 +11,18 @@
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-class StatsTest : public ::testing::Test {
+class StatsTest : public SimTest {
  protected:
   void SetUp() override {
-    sim::SimOptions o;
-    o.device_count = 2;
-    sim::Reset(o);
-    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
-    api_ = sim::Api();
-    CUcontext ctx = nullptr;
-    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-  }
-  CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
-    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
-    EXPECT_TRUE(r.ok() && r->served);
-    return r.ok() ? r->ptr : 0;
+    StartSim();
+    MakeCurrent(0);
   }
   // The process-wide figures equal the sums of the devices' figures.
   static void ExpectSumsAgree(const Allocator& a) {
@@ -45,7 +35,6 @@ class StatsTest : public ::testing::Test {
     EXPECT_EQ(s.live_bytes, live_bytes);
     EXPECT_EQ(s.handle_bytes, handle_bytes);
   }
-  DriverApi api_;
 };
 
 TEST_F(StatsTest, ReleaseAllZeroesEveryDevicesLiveFigures) {
