@@ -9,6 +9,7 @@
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
@@ -34,30 +35,16 @@ CUresult RecordingReset(CUdevice device) {
 // A release at process exit: the driver is torn down already.
 CUresult DeinitializedRelease(CUdevice) { return CUDA_ERROR_DEINITIALIZED; }
 
-class ContextLifecycleTest : public ::testing::Test {
+class ContextLifecycleTest : public SimTest {
  protected:
   void SetUp() override {
-    sim::SimOptions o;
-    o.device_count = 2;
-    o.memory_per_device = 1024 * kMiB;
-    sim::Reset(o);
-    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
-    api_ = sim::Api();
+    StartSim();
     allocator_ = std::make_unique<Allocator>(api_);
     g_at_real = {};
   }
   // Retains the primary context of `device` and makes it current.
-  CUcontext RetainPrimary(int device) {
-    CUcontext ctx = nullptr;
-    EXPECT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-    return ctx;
-  }
-  CUdeviceptr Alloc(size_t bytes) {
-    absl::StatusOr<Allocator::Allocation> r = allocator_->Allocate(bytes);
-    EXPECT_TRUE(r.ok() && r->served) << r.status();
-    return r.ok() ? r->ptr : 0;
-  }
+  CUcontext RetainPrimary(int device) { return MakeCurrent(device); }
+  CUdeviceptr Alloc(size_t bytes) { return MustAllocate(*allocator_, bytes); }
   bool Live(CUdeviceptr p) const { return allocator_->Find(p).ok(); }
   ContextLifecycle Lifecycle() const { return ContextLifecycle(api_, *allocator_, nullptr); }
   static bool PrimaryActive(int device) {
@@ -67,7 +54,6 @@ class ContextLifecycleTest : public ::testing::Test {
     return active != 0;
   }
 
-  DriverApi api_;
   std::unique_ptr<Allocator> allocator_;
 };
 
