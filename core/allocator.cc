@@ -184,6 +184,12 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
     return Allocation{*hit, true};
   }
   absl::StatusOr<CUdeviceptr> ptr = (*heap)->AllocateSlow(placement, bytes);
+  // Memory held back by frees during a capture that has ended is free
+  // memory to the application: reclaim it and try once more.
+  if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY && ReclaimDeferred()) {
+    (*heap)->Trim();
+    ptr = (*heap)->AllocateSlow(placement, bytes);
+  }
   if (!ptr.ok()) return ptr.status();
   return Allocation{*ptr, true};
 }
@@ -443,27 +449,30 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   return heap->PeerHasAccess(ptr, peer);
 }
 
-size_t Allocator::Trim(int device) {
-  // Frees deferred by captures that are over: their contexts can be
-  // synchronized now.
-  if (any_deferred_.load(std::memory_order_acquire)) {
-    captures_.Refresh();
-    if (!captures_.any()) {
-      std::vector<CUcontext> contexts;
-      for (auto& slot : heaps_) {
-        DeviceHeap* heap = slot.load(std::memory_order_acquire);
-        if (heap == nullptr) continue;
-        for (CUcontext c : heap->DeferredContexts()) {
-          if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) {
-            contexts.push_back(c);
-          }
-        }
-      }
-      for (CUcontext c : contexts) {
-        if (SynchronizeContext(c).ok()) CompleteDeferred(c);
-      }
+bool Allocator::ReclaimDeferred() {
+  if (!any_deferred_.load(std::memory_order_acquire)) return false;
+  captures_.Refresh();
+  if (captures_.any()) return false;  // their contexts cannot be synchronized yet
+  std::vector<CUcontext> contexts;
+  for (auto& slot : heaps_) {
+    DeviceHeap* heap = slot.load(std::memory_order_acquire);
+    if (heap == nullptr) continue;
+    for (CUcontext c : heap->DeferredContexts()) {
+      if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) contexts.push_back(c);
     }
   }
+  bool any = false;
+  for (CUcontext c : contexts) {
+    if (SynchronizeContext(c).ok()) {
+      CompleteDeferred(c);
+      any = true;
+    }
+  }
+  return any;
+}
+
+size_t Allocator::Trim(int device) {
+  ReclaimDeferred();
   size_t released = 0;
   for (int d = 0; d < kMaxDevices; ++d) {
     if (device >= 0 && d != device) continue;

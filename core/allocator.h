@@ -287,6 +287,9 @@ class Allocator {
   absl::Status SynchronizeContext(CUcontext context);
   // After `context` was synchronized: completes its deferred frees.
   void CompleteDeferred(CUcontext context);
+  // Once no capture is in progress: synchronizes the contexts with deferred
+  // frees and completes them; true when any completed.
+  bool ReclaimDeferred();
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
 
   const DriverApi& driver_;

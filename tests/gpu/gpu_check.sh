@@ -99,6 +99,23 @@ case $check in
     [ "$(served "$shimmed")" -gt 0 ] || fail "PyTorch allocations not served from VMM"
     [ "$(passed_through "$shimmed")" = 0 ] || fail "PyTorch allocations passed through"
     ;;
+  torch_graph)
+    # Allocations during a CUDA graph capture (PyTorch's private pool),
+    # in each capture mode: identical weights natively and under the shim.
+    have_torch
+    for mode in global thread_local relaxed; do
+      native=$(python3 "$src/examples/torch_graph.py" --capture-error-mode $mode 2>&1) ||
+        fail "native ($mode): $native"
+      shimmed=$(under_shim python3 "$src/examples/torch_graph.py" --capture-error-mode $mode 2>&1) ||
+        fail "shim ($mode): $shimmed"
+      echo "native: $(grep torch_graph: <<<"$native")"
+      echo "shim:   $(grep torch_graph: <<<"$shimmed")"
+      grep 'exit report' <<<"$shimmed"
+      [ "$(grep torch_graph: <<<"$native")" = "$(grep torch_graph: <<<"$shimmed")" ] ||
+        fail "checksums differ ($mode)"
+      [ "$(served "$shimmed")" -gt 0 ] || fail "PyTorch allocations not served from VMM"
+    done
+    ;;
   torch_cpu_import)
     have_torch
     cmd='import torch; print("torch", torch.__version__, torch.ones(3).sum().item())'

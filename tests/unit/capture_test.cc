@@ -123,6 +123,23 @@ TEST_F(CaptureTest, TrimCompletesDeferredFreesOnceTheCaptureEnded) {
   EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
 }
 
+TEST_F(CaptureTest, OutOfMemoryReclaimsDeferredFreesOnceTheCaptureEnded) {
+  StartSim(1, 64 * kMiB);
+  MakeCurrent(0);
+  AllocatorOptions no_cache;
+  no_cache.cache_limit_percent = -1;
+  Allocator a(api_, no_cache);
+  const CUdeviceptr p = MustAllocate(a, 48 * kMiB);
+  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT_TRUE(a.Free(p).ok());
+  EXPECT_EQ(ToCuResult(a.Allocate(48 * kMiB).status()), CUDA_ERROR_OUT_OF_MEMORY);  // held back
+  EXPECT_EQ(End(a), CUDA_SUCCESS);
+  const CUdeviceptr q = MustAllocate(a, 48 * kMiB);  // the deferred free completes first
+  EXPECT_NE(q, 0u);
+  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_TRUE(a.Free(q).ok());
+}
+
 TEST_F(CaptureTest, FreeAsyncOnTheCapturingStreamIsInvalidValueAndTheCaptureGoesOn) {
   Allocator a(api_);
   const CUdeviceptr p = MustAllocate(a, 256);
