@@ -252,11 +252,11 @@ void DeviceHeap::AccountHandle(int64_t delta) {
 }
 
 void DeviceHeap::AccountMapped(DeviceSet peers, int64_t delta) {
-  peers.ForEach([&](int d) {
+  for (int d : peers) {
     PeerCounters& c = stats_.peers[d];
     c.mapped_bytes += delta;
     c.peak_mapped_bytes = std::max(c.peak_mapped_bytes, c.mapped_bytes);
-  });
+  }
 }
 
 void DeviceHeap::ForgetBlockLocked(CUdeviceptr base) {
@@ -476,17 +476,17 @@ size_t DeviceHeap::ReleaseContext(CUcontext context) {
 
 void DeviceHeap::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                                    size_t bytes, absl::string_view tag) {
-  (enabled - DeviceSet::Of(options_.device)).ForEach([&](int p) {
+  for (int p : enabled - DeviceSet::Of(options_.device)) {
     PeerCounters& c = stats_.peers[p];
     if (allowed.Contains(p)) {
       c.grants += allocations;
-      return;
+      continue;
     }
     c.denials += allocations;
     // Rate-limited: a missing grant can hang NVLink collectives instead of
     // faulting, so the first denial of each pair is a warning.
     int& logged = denials_logged_[p];
-    if (logged >= 101) return;  // one warning, then up to 100 info lines
+    if (logged >= 101) continue;  // one warning, then up to 100 info lines
     const std::string reason = policy_.DenialReason(options_.device, p, bytes, tag);
     if (logged++ == 0) {
       Log().warn("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
@@ -496,7 +496,7 @@ void DeviceHeap::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_
       Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({})", p,
                  allocations, bytes, options_.device, reason);
     }
-  });
+  }
 }
 
 absl::Status DeviceHeap::ApplyAccessLocked() {

@@ -55,6 +55,23 @@ class DeviceSet {
   constexpr bool operator==(DeviceSet o) const { return bits_ == o.bits_; }
   constexpr bool operator!=(DeviceSet o) const { return bits_ != o.bits_; }
 
+  // The members in increasing order: for (int d : set) ...
+  class Iterator {
+   public:
+    explicit Iterator(uint64_t bits) : bits_(bits) {}
+    int operator*() const { return __builtin_ctzll(bits_); }
+    Iterator& operator++() {
+      bits_ &= bits_ - 1;
+      return *this;
+    }
+    bool operator!=(const Iterator& o) const { return bits_ != o.bits_; }
+
+   private:
+    uint64_t bits_;
+  };
+  Iterator begin() const { return Iterator(bits_); }
+  Iterator end() const { return Iterator(0); }
+
   // Calls fn(device) for each member, in increasing order.
   template <typename Fn>
   void ForEach(Fn fn) const {
