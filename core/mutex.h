@@ -3,7 +3,8 @@
 // where it is a std::shared_mutex with the same interface subset and the
 // same thread-safety annotations.
 //
-// Why: Debian's abseil is not built with -fsanitize=thread, so TSan cannot
+// Why: the project's abseil (tools/build-abseil.sh) is not built with
+// -fsanitize=thread, so TSan cannot
 // see absl::Mutex's synchronization (futex calls inside an uninstrumented
 // library) and would report every access guarded by one as a race. TSan
 // intercepts std::shared_mutex (pthread_rwlock), so in its build the reports
