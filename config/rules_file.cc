@@ -161,17 +161,19 @@ absl::StatusOr<PeerPolicy> LoadRulesFile(const std::string& path) {
                                     "action)"));
       }
     }
-    auto device = [](int64_t v) { return v >= 0 && v < 64; };
+    auto device = [](int64_t v) { return v >= 0 && v < kMaxDevices; };
+    const std::string peer_range = absl::StrCat("peer must be 0..", kMaxDevices - 1);
     if (t->contains("owner")) {
       auto owner = t->get_as<int64_t>("owner");
       if (!owner || !device(*owner)) {
-        return Problem(path, where("owner"), "owner must be a device ordinal 0..63");
+        return Problem(path, where("owner"),
+                       absl::StrCat("owner must be a device ordinal 0..", kMaxDevices - 1));
       }
       rule.owner = static_cast<int>(*owner);
     }
     if (t->contains("peer")) {
       if (auto one = t->get_as<int64_t>("peer")) {
-        if (!device(*one)) return Problem(path, where("peer"), "peer must be 0..63");
+        if (!device(*one)) return Problem(path, where("peer"), peer_range);
         rule.peers.push_back(static_cast<int>(*one));
       } else if (auto many = t->get_array_of<int64_t>("peer")) {
         if (many->empty()) {
@@ -179,7 +181,7 @@ absl::StatusOr<PeerPolicy> LoadRulesFile(const std::string& path) {
                          "peer list is empty (omit peer to match every peer)");
         }
         for (int64_t p : *many) {
-          if (!device(p)) return Problem(path, where("peer"), "peer must be 0..63");
+          if (!device(p)) return Problem(path, where("peer"), peer_range);
           rule.peers.push_back(static_cast<int>(p));
         }
       } else {

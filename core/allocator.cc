@@ -420,7 +420,7 @@ absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
 
 absl::Status Allocator::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   DeviceHeap* heap = HeapOfPointer(ptr);
-  if (heap == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  if (heap == nullptr) return NotShimMemory();
   absl::StatusOr<int> device_count = DeviceCount();
   if (!device_count.ok()) return device_count.status();
   if (peer < 0 || peer >= *device_count) {
@@ -442,7 +442,7 @@ absl::Status Allocator::RevokePeer(CUdeviceptr ptr, int peer) {
 
 absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   DeviceHeap* heap = HeapOfPointer(ptr);
-  if (heap == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  if (heap == nullptr) return NotShimMemory();
   if (!DeviceSet::IsOrdinal(peer)) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
   }
