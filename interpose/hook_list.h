@@ -7,11 +7,11 @@
 // in hooks_internal.h, so a hook defined with another ABI fails to compile.
 //
 // Generated from this list: the routing table of HookFor
-// (interpose/hooks_resolver.cc). The VMMSHIM_1.0 node of
-// interpose/vmmshim.map must export exactly these names (plus dlsym and the
-// vmmshim_* API): the e2e test hook_list_matches_version_script compares the
-// two, and elf_exports_and_needed compares the script with `nm -D`.
-// Adding a hook: one line here, one line in vmmshim.map, the definition in
+// (interpose/hooks_resolver.cc), and the cu* globals of the version script
+// (CMakeLists.txt fills interpose/vmmshim.map.in with the names of the X(cu...
+// entries below, so keep one entry per X). hook_list_matches_version_script
+// checks the generated script against this list, and elf_exports_and_needed
+// the script against `nm -D`. Adding a hook: one line here, the definition in
 // the file of its family.
 #ifndef VMMSHIM_INTERPOSE_HOOK_LIST_H_
 #define VMMSHIM_INTERPOSE_HOOK_LIST_H_

@@ -15,7 +15,8 @@
 #include "interpose/hook_list.h"
 #include "interpose/runtime.h"
 
-// The exported symbols (interpose/vmmshim.map lists the same names).
+// The exported symbols (the version script, generated from hook_list.h,
+// lists the same names).
 #define VMMSHIM_EXPORT extern "C" __attribute__((visibility("default")))
 
 #define VMMSHIM_DECLARE_HOOK(name, pfn) VMMSHIM_EXPORT std::remove_pointer_t<pfn> name;
