@@ -228,20 +228,21 @@ absl::Status Allocator::SynchronizeContext(CUcontext context) {
 }
 
 void Allocator::CompleteDeferred(CUcontext context) {
-  if (!any_deferred_.load(std::memory_order_acquire)) return;
-  bool left = false;
+  if (global_.deferred.load(std::memory_order_acquire) == 0) return;
   for (auto& slot : heaps_) {
-    DeviceHeap* heap = slot.load(std::memory_order_acquire);
-    if (heap == nullptr) continue;
-    heap->CompleteDeferred(context);
-    left |= !heap->DeferredContexts().empty();
+    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) heap->CompleteDeferred(context);
   }
-  if (!left) any_deferred_.store(false, std::memory_order_release);
 }
 
 absl::Status Allocator::Free(CUdeviceptr ptr) {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return NotShimMemory();
+  // No capture may begin between the check below and the synchronize.
+  ReaderMutexLock gate(&captures_.gate());
+  return FreeGated(heap, ptr);
+}
+
+absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
   if (captures_.any()) {
     // The driver refuses the call where the capture prohibits it (and the
     // pointer stays live); elsewhere the free succeeds, but the context
@@ -249,9 +250,7 @@ absl::Status Allocator::Free(CUdeviceptr ptr) {
     if (CUresult r = captures_.ProbeUnsafeCall(); r != CUDA_SUCCESS) {
       return DriverError(r, "cuMemFree");
     }
-    absl::Status deferred = heap->DeferFree(ptr);
-    if (deferred.ok()) any_deferred_.store(true, std::memory_order_release);
-    return deferred;
+    return heap->DeferFree(ptr);
   }
   // Validate and find the context, then synchronize without the heap lock so
   // other threads keep allocating on this device while the GPU drains.
@@ -272,6 +271,7 @@ absl::Status Allocator::Free(CUdeviceptr ptr) {
 absl::Status Allocator::FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread) {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return NotShimMemory();
+  ReaderMutexLock gate(&captures_.gate());
   if (captures_.any()) {
     auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -279,13 +279,13 @@ absl::Status Allocator::FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thr
         status != CU_STREAM_CAPTURE_STATUS_NONE) {
       return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
     }
-    return Free(ptr);  // probed, and deferred where allowed
+    return FreeGated(heap, ptr);  // probed, and deferred where allowed
   }
   auto sync = per_thread ? driver_.cuStreamSynchronize_ptsz : driver_.cuStreamSynchronize;
   if (sync != nullptr) {
     if (CUresult r = sync(stream); r != CUDA_SUCCESS) return DriverError(r, "cuStreamSynchronize");
   }
-  return Free(ptr);
+  return FreeGated(heap, ptr);
 }
 
 absl::StatusOr<PointerInfo> Allocator::Find(CUdeviceptr ptr) const {
@@ -354,6 +354,7 @@ size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
 }
 
 void Allocator::PrepareFork() {
+  captures_.PrepareForkGate();
   peers_mu_.Lock();
   heaps_mu_.Lock();
   for (auto& slot : heaps_) {
@@ -361,11 +362,11 @@ void Allocator::PrepareFork() {
   }
   ranges_.PrepareFork();
   exports_.PrepareFork();
-  captures_.PrepareFork();
+  captures_.PrepareForkState();
 }
 
 void Allocator::AfterForkParent() {
-  captures_.AfterForkParent();
+  captures_.AfterForkParentState();
   exports_.AfterForkParent();
   ranges_.AfterForkParent();
   for (auto it = heaps_.rbegin(); it != heaps_.rend(); ++it) {
@@ -373,6 +374,7 @@ void Allocator::AfterForkParent() {
   }
   heaps_mu_.Unlock();
   peers_mu_.Unlock();
+  captures_.AfterForkParentGate();
 }
 
 void Allocator::AfterForkChild() {
@@ -449,8 +451,14 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   return heap->PeerHasAccess(ptr, peer);
 }
 
+void Allocator::CaptureEnded(CUstream stream, bool per_thread) {
+  captures_.Ended(stream, per_thread);
+  if (!captures_.any()) ReclaimDeferred();
+}
+
 bool Allocator::ReclaimDeferred() {
-  if (!any_deferred_.load(std::memory_order_acquire)) return false;
+  if (global_.deferred.load(std::memory_order_acquire) == 0) return false;
+  ReaderMutexLock gate(&captures_.gate());
   captures_.Refresh();
   if (captures_.any()) return false;  // their contexts cannot be synchronized yet
   std::vector<CUcontext> contexts;
@@ -523,7 +531,6 @@ absl::Status Allocator::ReleaseAll() {
   for (auto& slot : heaps_) {
     if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) first.Update(heap->ReleaseAll());
   }
-  any_deferred_.store(false, std::memory_order_release);
   return first;
 }
 

@@ -32,9 +32,11 @@
 //
 // Thread safety: all methods may be called concurrently, except ReleaseAll
 // and destruction, which must not overlap other calls. Lock order (each
-// taken only after those before it, never the other way): peer mutex
-// (EnablePeer/DisablePeer) -> heap creation mutex -> a DeviceHeap's mutex ->
-// ReservationMap, ExportRegistry, CaptureTracker (leaves).
+// taken only after those before it, never the other way): the capture gate
+// (CaptureTracker::gate, shared by Free across its synchronize, exclusive
+// across cuStreamBeginCapture) -> peer mutex (EnablePeer/DisablePeer) ->
+// heap creation mutex -> a DeviceHeap's mutex -> ReservationMap,
+// ExportRegistry, the CaptureTracker's own mutex (leaves).
 //
 // Process exit: the shim never destroys its Allocator. When the driver is
 // already torn down (CUDA_ERROR_DEINITIALIZED, seen when cudart frees at
@@ -209,8 +211,13 @@ class Allocator {
 
   // The mapping unit, for other rooms that map memory (IPC import).
   const VmmMapper& mapper() const { return mapper_; }
-  // Stream captures in progress (the hooks report begin and end).
+  // Stream captures in progress (the hooks begin captures through it).
   CaptureTracker& captures() { return captures_; }
+  // cuStreamEndCapture(stream) returned: the tracker forgets the capture if
+  // it is over, and when no capture is left, the frees deferred during the
+  // captures complete (their contexts are synchronized once, here, so that
+  // what a capture held back does not wait for the next free).
+  void CaptureEnded(CUstream stream, bool per_thread);
 
   // Releases everything allocated in `context` (live allocations, their
   // cache, their exports, their deferred frees), after synchronizing it:
@@ -285,6 +292,9 @@ class Allocator {
   // and `none`, computed once per device).
   DeviceSet AllowedFor(int device, int device_count, size_t bytes, absl::string_view tag);
   absl::Status SynchronizeContext(CUcontext context);
+  // Free, with the capture gate held shared.
+  absl::Status FreeGated(DeviceHeap* heap, CUdeviceptr ptr)
+      ABSL_SHARED_LOCKS_REQUIRED(captures_.gate());
   // After `context` was synchronized: completes its deferred frees.
   void CompleteDeferred(CUcontext context);
   // Once no capture is in progress: synchronizes the contexts with deferred
@@ -298,7 +308,7 @@ class Allocator {
   ReservationMap ranges_;
   ExportRegistry exports_;
   CaptureTracker captures_;
-  GlobalHandleBytes global_;
+  GlobalCounters global_;
   // Changed only under peers_mu_; Enabled() reads are lock-free.
   PeerEnableTable peers_;
   Mutex peers_mu_;  // orders EnablePeer/DisablePeer and the grants they cause
@@ -307,7 +317,6 @@ class Allocator {
   std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};
   std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
   std::atomic<int> device_count_{0};
-  std::atomic<bool> any_deferred_{false};
   std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
 };
 

@@ -21,7 +21,8 @@
 // would fail and invalidate the capture, also in relaxed mode), so a free
 // made while any capture is in progress is deferred (core/device_heap.h).
 //
-// Thread safety: all methods may be called from any thread.
+// Thread safety: all methods may be called from any thread. Lock order: the
+// gate first (before any allocator lock), then the tracker's own mutex.
 #ifndef VMMSHIM_CORE_CAPTURE_H_
 #define VMMSHIM_CORE_CAPTURE_H_
 
@@ -42,9 +43,24 @@ class CaptureTracker {
   // `driver` must outlive the tracker.
   explicit CaptureTracker(const DriverApi& driver) : driver_(driver) {}
 
+  // Calls `begin` (the driver's cuStreamBeginCapture* with the caller's
+  // arguments) and, when it succeeds, notes a capture on `stream`
+  // (`per_thread`: through a _ptsz entry point). Holds the gate exclusively
+  // across the call: a capture cannot begin between the shim's decision that
+  // none is in progress and the synchronize that decision allowed (Free).
+  template <typename Begin>
+  CUresult BeginCapture(CUstream stream, bool per_thread, Begin begin) ABSL_LOCKS_EXCLUDED(gate_) {
+    MutexLock lock(&gate_);
+    CUresult r = begin();
+    if (r == CUDA_SUCCESS) Began(stream, per_thread);
+    return r;
+  }
   // A capture sequence began on `stream` (the driver accepted
   // cuStreamBeginCapture*); `per_thread`: through a _ptsz entry point.
   void Began(CUstream stream, bool per_thread) ABSL_LOCKS_EXCLUDED(mu_);
+  // Held shared by a caller from its check of any() to the end of the
+  // synchronize it makes when any() was false; see BeginCapture.
+  Mutex& gate() ABSL_LOCK_RETURNED(gate_) { return gate_; }
   // cuStreamEndCapture(stream) returned: the capture is forgotten once the
   // driver no longer reports the stream as capturing.
   void Ended(CUstream stream, bool per_thread) ABSL_LOCKS_EXCLUDED(mu_);
@@ -60,8 +76,12 @@ class CaptureTracker {
   // such a call (header comment).
   CUresult ProbeUnsafeCall() const;
 
-  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
-  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  // fork(): the gate is taken first of all the allocator's locks, the
+  // tracker's own mutex last (the lock order); released in reverse.
+  void PrepareForkGate() ABSL_NO_THREAD_SAFETY_ANALYSIS { gate_.Lock(); }
+  void PrepareForkState() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParentState() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkParentGate() ABSL_NO_THREAD_SAFETY_ANALYSIS { gate_.Unlock(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
@@ -76,7 +96,8 @@ class CaptureTracker {
 
   const DriverApi& driver_;
   std::atomic<int> active_{0};
-  Mutex mu_;
+  Mutex gate_;
+  Mutex mu_ ABSL_ACQUIRED_AFTER(gate_);
   std::vector<Capture> captures_ ABSL_GUARDED_BY(mu_);
 };
 

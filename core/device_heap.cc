@@ -20,7 +20,7 @@ constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to
 DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
                        const PeerPolicy& policy, const PeerEnableTable& peers,
                        ExportRegistry& exports, ReservationMap& ranges,
-                       GlobalHandleBytes& global, Options options)
+                       GlobalCounters& global, Options options)
     : driver_(driver),
       mapper_(mapper),
       policy_(policy),
@@ -251,6 +251,12 @@ void DeviceHeap::AccountHandle(int64_t delta) {
   }
 }
 
+void DeviceHeap::SyncDeferredLocked() {
+  const uint64_t now = deferred_.size();
+  global_.deferred.fetch_add(now - stats_.deferred_frees, std::memory_order_acq_rel);
+  stats_.deferred_frees = now;
+}
+
 void DeviceHeap::AccountMapped(DeviceSet peers, int64_t delta) {
   for (int d : peers) {
     PeerCounters& c = stats_.peers[d];
@@ -288,7 +294,7 @@ void DeviceHeap::ForgetBlockLocked(CUdeviceptr base) {
       if (d->first >= base && d->first < base + b.size) deferred_.erase(d);
       d = next;
     }
-    stats_.deferred_frees = deferred_.size();
+    SyncDeferredLocked();
   }
   if (b.exported) exports_.DropRange(options_.device, base, base + b.size);
   arena_.Free(base, b.size);
@@ -377,7 +383,7 @@ absl::Status DeviceHeap::DeferFree(CUdeviceptr ptr) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
   }
   deferred_[ptr] = info->context;
-  stats_.deferred_frees = deferred_.size();
+  SyncDeferredLocked();
   return absl::OkStatus();
 }
 
@@ -404,7 +410,7 @@ void DeviceHeap::CompleteDeferred(CUcontext context) {
     FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
     if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
   }
-  stats_.deferred_frees = deferred_.size();
+  SyncDeferredLocked();
 }
 
 void DeviceHeap::ReleaseOrphansLocked() {
@@ -687,7 +693,7 @@ absl::Status DeviceHeap::ReleaseAll() {
   bins_.clear();
   deferred_.clear();
   cached_bytes_ = 0;
-  stats_.deferred_frees = 0;
+  SyncDeferredLocked();
   return first;
 }
 

@@ -128,10 +128,12 @@ struct Placement {
 };
 
 // Process-wide figures that are sums over the heaps, kept where the heaps
-// update them (AccountHandle), so that a peak over all devices exists.
-struct GlobalHandleBytes {
-  std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> peak{0};
+// update them (AccountHandle, SyncDeferredLocked), so that a peak over all
+// devices exists and "is anything deferred?" is one atomic load.
+struct GlobalCounters {
+  std::atomic<uint64_t> bytes{0};     // handle bytes, all devices
+  std::atomic<uint64_t> peak{0};      // their peak
+  std::atomic<uint64_t> deferred{0};  // deferred frees, all devices
 };
 
 class DeviceHeap {
@@ -148,7 +150,7 @@ class DeviceHeap {
   // Everything referenced must outlive the heap.
   DeviceHeap(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
              const PeerEnableTable& peers, ExportRegistry& exports, ReservationMap& ranges,
-             GlobalHandleBytes& global, Options options);
+             GlobalCounters& global, Options options);
   ~DeviceHeap();
   DeviceHeap(const DeviceHeap&) = delete;
   DeviceHeap& operator=(const DeviceHeap&) = delete;
@@ -268,6 +270,9 @@ class DeviceHeap {
   void CheckCompressionLocked(CUmemGenericAllocationHandle handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AccountHandle(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After deferred_ changed: its size into the device's and the global
+  // figures.
+  void SyncDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AccountMapped(DeviceSet peers, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                          size_t bytes, absl::string_view tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -282,7 +287,7 @@ class DeviceHeap {
   const PeerEnableTable& peers_;
   ExportRegistry& exports_;
   ReservationMap& ranges_;
-  GlobalHandleBytes& global_;
+  GlobalCounters& global_;
   const Options options_;
 
   mutable Mutex mu_;

@@ -12,9 +12,9 @@ template <typename Real, typename... Args>
 CUresult BeginCapture(const Runtime* rt, Real real, bool per_thread, CUstream stream,
                       Args... args) {
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  CUresult r = real(stream, args...);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->captures().Began(stream, per_thread);
-  return r;
+  if (!rt->enabled()) return real(stream, args...);
+  return rt->allocator->captures().BeginCapture(stream, per_thread,
+                                               [&] { return real(stream, args...); });
 }
 
 template <typename Real>
@@ -22,7 +22,7 @@ CUresult EndCapture(const Runtime* rt, Real real, bool per_thread, CUstream stre
                     CUgraph* graph) {
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = real(stream, graph);
-  if (rt->enabled()) rt->allocator->captures().Ended(stream, per_thread);
+  if (rt->enabled()) rt->allocator->CaptureEnded(stream, per_thread);
   return r;
 }
 

@@ -183,6 +183,7 @@ void ResetLocked(State& s, const SimOptions& options) {
   s.failures.clear();
   s.peer_enabled.clear();
   s.ipc_opened.clear();
+  s.captures.clear();
   s.options = options;
   s.initialized = false;
   s.devices.clear();

@@ -25,13 +25,14 @@ class CaptureTest : public SimTest {
   }
   // What the hooks do around the driver's begin and end.
   void Begin(Allocator& a, CUstreamCaptureMode mode) {
-    ASSERT_EQ(sim::cuStreamBeginCapture_v2(kStream, mode), CUDA_SUCCESS);
-    a.captures().Began(kStream, false);
+    ASSERT_EQ(a.captures().BeginCapture(kStream, false,
+                                        [&] { return sim::cuStreamBeginCapture_v2(kStream, mode); }),
+              CUDA_SUCCESS);
   }
   CUresult End(Allocator& a) {
     CUgraph graph = nullptr;
     CUresult r = sim::cuStreamEndCapture(kStream, &graph);
-    a.captures().Ended(kStream, false);
+    a.CaptureEnded(kStream, false);
     return r;
   }
   static CUstreamCaptureStatus Status() {

@@ -1,17 +1,21 @@
-// Concurrency stress on the simulated driver: 16 threads on 4 GPUs allocate,
+// Concurrency stress on the simulated driver. First: 16 threads on 4 GPUs allocate,
 // free (also each other's pointers), grant and revoke explicitly, while one
 // thread enables and disables peer access; fixed seeds. Afterwards an
 // invariant check: every live allocation is found whole, no two overlap, each
 // peer's access is exactly the explicit grants (no peer is enabled at the
 // end), and after freeing everything the driver holds nothing.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 
@@ -142,6 +146,122 @@ TEST(StressTest, SixteenThreadsFourGpus) {
   EXPECT_EQ(u.handles, 0u);
   EXPECT_EQ(u.mappings, 0u);
   EXPECT_EQ(u.reservations, 0u);
+}
+
+}  // namespace
+}  // namespace vmmshim
+
+namespace vmmshim {
+namespace {
+
+// The first failure seen by any thread.
+struct Why {
+  std::mutex mu;
+  std::string first;
+};
+void Note(Why* why, const std::string& what) {
+  std::lock_guard<std::mutex> lock(why->mu);
+  if (why->first.empty()) why->first = what;
+}
+
+// Captures begin and end (alternating relaxed and global mode, as the hook
+// makes them: inside the tracker's gate) while six threads allocate and
+// free: every call either succeeds or gets the driver's
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (a refused free leaves the
+// allocation live, to be freed later); afterwards nothing is deferred,
+// nothing is live, and the driver holds nothing.
+TEST(StressTest, AllocationsAndFreesDuringCapturesOnSixThreads) {
+  constexpr int kWorkers = 6;
+  sim::SimOptions o;
+  o.device_count = 1;
+  o.memory_per_device = 4096 * kMiB;
+  sim::Reset(o);
+  ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+  DriverApi api = sim::Api();
+  Allocator a(api);
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  std::atomic<bool> stop{false}, failed{false};
+  Why why;
+  std::thread capturer([&] {
+    const CUstream s = reinterpret_cast<CUstream>(0x77);
+    for (int i = 0; i < 300; ++i) {
+      const CUstreamCaptureMode mode =
+          i % 3 == 0 ? CU_STREAM_CAPTURE_MODE_GLOBAL : CU_STREAM_CAPTURE_MODE_RELAXED;
+      // As the hook does: the driver's begin inside the tracker's gate.
+      if (a.captures().BeginCapture(s, false, [&] {
+            return sim::cuStreamBeginCapture_v2(s, mode);
+          }) != CUDA_SUCCESS) {
+        Note(&why, "begin capture failed");
+        failed = true;
+      }
+      std::this_thread::yield();
+      CUgraph graph = nullptr;
+      sim::cuStreamEndCapture(s, &graph);
+      a.CaptureEnded(s, false);
+      // Captures are short and apart, as a framework makes them; frees
+      // between them complete what was deferred during them.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    stop = true;
+  });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kWorkers; ++t) {
+    workers.emplace_back([&, t] {
+      ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+      std::mt19937 rng(100 + t);
+      std::vector<CUdeviceptr> mine;
+      const size_t sizes[] = {256, 4096, 100000, kMiB, 3 * kMiB};
+      for (int i = 0; i < 3000 || !stop; ++i) {
+        // Pauses leave the capturing thread time to end its captures on a
+        // machine with fewer cores than threads.
+        if (i % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (mine.size() < 16 && rng() % 2 == 0) {
+          absl::StatusOr<Allocator::Allocation> r = a.Allocate(sizes[rng() % 5]);
+          if (r.ok() && r->served) {
+            mine.push_back(r->ptr);
+          } else if (ToCuResult(r.status()) != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+            const AllocatorStats st = a.GetStats();
+            Note(&why, "allocate: " + r.status().ToString() + " live " +
+                           std::to_string(st.live_bytes) + " handles " +
+                           std::to_string(st.handle_bytes) + " deferred " +
+                           std::to_string(st.deferred_frees) + " peak " + std::to_string(st.peak_handle_bytes) + " cached " +
+                           std::to_string(a.IdleBytes(0)) + " sim in use " +
+                           std::to_string(sim::DeviceBytesInUse(0)));
+            failed = true;
+          }
+        } else if (!mine.empty()) {
+          const size_t k = rng() % mine.size();
+          absl::Status s = a.Free(mine[k]);
+          if (s.ok()) {
+            mine[k] = mine.back();
+            mine.pop_back();
+          } else if (ToCuResult(s) != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+            Note(&why, "free: " + s.ToString());
+            failed = true;
+          }
+        }
+        if (i > 100000) break;  // the capturer is stuck: fail below rather than hang
+      }
+      for (CUdeviceptr p : mine) {
+        absl::Status s = a.Free(p);
+        if (!s.ok()) {
+          Note(&why, "final free: " + s.ToString());
+          failed = true;
+        }
+      }
+    });
+  }
+  capturer.join();
+  for (auto& w : workers) w.join();
+  ASSERT_FALSE(failed) << why.first;
+  EXPECT_FALSE(a.captures().any());
+  a.Trim();  // completes what the last captures deferred, then releases the cache
+  const AllocatorStats s = a.GetStats();
+  EXPECT_EQ(s.deferred_frees, 0u);
+  EXPECT_EQ(s.live_allocations, 0u);
+  EXPECT_EQ(s.handles, 0u);
+  EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
 }
 
 }  // namespace
