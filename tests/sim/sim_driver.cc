@@ -32,6 +32,8 @@ namespace {
 constexpr CUdeviceptr kLegacyBase = 0x100000000000ull;
 constexpr CUdeviceptr kReserveBase = 0x200000000000ull;
 constexpr size_t kLegacyAlign = 512;
+constexpr CUdeviceptr kAsyncBase = 0x300000000000ull;  // stream-ordered allocations
+constexpr CUdeviceptr kGraphBase = 0x380000000000ull;  // graph memory nodes (never backed)
 
 // Simulated memory is anonymous, lazily committed host memory.
 char* MapHostMemory(size_t bytes) {
@@ -70,6 +72,8 @@ struct LegacyAllocation {
 };
 
 struct Device {
+  CUmemoryPool default_pool = nullptr;
+  CUmemoryPool current_pool = nullptr;
   size_t used = 0;
   bool vmm = true;
   std::unique_ptr<Context> primary;
@@ -111,6 +115,48 @@ struct State {
     bool invalidated = false;
   };
   std::map<CUstream, Capture> captures;
+  // Streams, events and stream-ordered memory pools (docs/stream-ordered.md
+  // has what they follow, measured on H200). Work completes at once unless
+  // a test holds the stream (HoldStream); an event recorded on a held stream
+  // completes when the stream is released or synchronized.
+  struct Stream {
+    bool held = false;
+    std::vector<CUstream> waiters;  // streams held until this one's work is done
+  };
+  std::map<CUstream, Stream> streams;
+  uintptr_t next_stream = 0x10000;
+  struct Event {
+    CUstream stream = nullptr;
+    bool ready = true;
+  };
+  std::map<CUevent, Event> events;
+  uintptr_t next_event = 0x20000;
+  struct Pool {
+    int device = 0;
+    bool is_default = false;
+    std::map<int, CUmemAccess_flags> access;  // peers given access (cuMemPoolSetAccess)
+    cuuint64_t release_threshold = 0;
+    int reuse[3] = {1, 1, 1};  // follow event dependencies, opportunistic, internal
+    cuuint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+    struct FreeBlock {
+      CUdeviceptr ptr;
+      size_t size;
+      CUstream stream;
+      bool ready;  // the work queued on `stream` before the free is done
+    };
+    std::vector<FreeBlock> free;
+  };
+  std::map<CUmemoryPool, Pool> pools;
+  uintptr_t next_pool = 0x30000;
+  struct AsyncAllocation {
+    CUmemoryPool pool;
+    size_t size;
+    char* memory;
+  };
+  std::map<CUdeviceptr, AsyncAllocation> async;  // live and pooled (freed) blocks
+  CUdeviceptr next_async = kAsyncBase;
+  std::set<CUdeviceptr> graph_allocations;
+  CUdeviceptr next_graph = kGraphBase;
 };
 
 State& S() {
@@ -184,6 +230,14 @@ void ResetLocked(State& s, const SimOptions& options) {
   s.peer_enabled.clear();
   s.ipc_opened.clear();
   s.captures.clear();
+  for (auto& [ptr, a] : s.async) munmap(a.memory, a.size);
+  s.async.clear();
+  s.pools.clear();
+  s.streams.clear();
+  s.events.clear();
+  s.graph_allocations.clear();
+  s.next_async = kAsyncBase;
+  s.next_graph = kGraphBase;
   s.options = options;
   s.initialized = false;
   s.devices.clear();
@@ -193,6 +247,10 @@ void ResetLocked(State& s, const SimOptions& options) {
     s.devices[d].vmm = std::find(options.devices_without_vmm.begin(),
                                  options.devices_without_vmm.end(),
                                  d) == options.devices_without_vmm.end();
+    const auto pool = reinterpret_cast<CUmemoryPool>(s.next_pool++);
+    s.pools[pool].device = d;
+    s.pools[pool].is_default = true;
+    s.devices[d].default_pool = s.devices[d].current_pool = pool;
   }
   s.next_handle = 1;
   s.next_reserve = kReserveBase;
@@ -379,6 +437,115 @@ CUresult SyncLocked(State& s, CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
+
+// The work queued on `stream` is done: its events complete, blocks it freed
+// become reusable anywhere, streams waiting on it go on. At a synchronize
+// (`synchronized`) the pools also give back what they hold above their
+// release threshold (measured: threshold 0, nothing kept after a
+// synchronize; a block freed without one is reused at once).
+void CompleteStreamLocked(State& s, CUstream stream, bool synchronized = false) {
+  auto it = s.streams.find(stream);
+  std::vector<CUstream> waiters;
+  if (it != s.streams.end()) {
+    it->second.held = false;
+    waiters.swap(it->second.waiters);
+  }
+  for (auto& [e, ev] : s.events) {
+    if (ev.stream == stream) ev.ready = true;
+  }
+  for (auto& [handle, pool] : s.pools) {
+    for (auto& b : pool.free) {
+      if (b.stream == stream) b.ready = true;
+    }
+    for (auto b = pool.free.begin();
+         synchronized && b != pool.free.end() && pool.reserved > pool.release_threshold;) {
+      if (!b->ready) {
+        ++b;
+        continue;
+      }
+      auto a = s.async.find(b->ptr);
+      munmap(a->second.memory, a->second.size);
+      s.devices[pool.device].used -= a->second.size;
+      pool.reserved -= a->second.size;
+      s.async.erase(a);
+      b = pool.free.erase(b);
+    }
+  }
+  for (CUstream w : waiters) CompleteStreamLocked(s, w);
+}
+
+bool StreamHeldLocked(const State& s, CUstream stream) {
+  auto it = s.streams.find(stream);
+  return it != s.streams.end() && it->second.held;
+}
+
+// The stream-ordered allocation containing `ptr` that is live (not in a
+// pool's free list), or end().
+std::map<CUdeviceptr, State::AsyncAllocation>::iterator LiveAsyncLocked(State& s,
+                                                                      CUdeviceptr ptr) {
+  auto it = s.async.upper_bound(ptr);
+  if (it == s.async.begin()) return s.async.end();
+  --it;
+  if (ptr >= it->first + it->second.size) return s.async.end();
+  for (const auto& b : s.pools[it->second.pool].free) {
+    if (b.ptr == it->first) return s.async.end();
+  }
+  return it;
+}
+
+CUresult AllocFromPoolLocked(State& s, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                             CUstream stream) {
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto pit = s.pools.find(pool);
+  if (pit == s.pools.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes == 0) {
+    *dptr = 0;  // measured: success, the pointer 0
+    return CUDA_SUCCESS;
+  }
+  if (s.captures.count(stream) > 0) {
+    // A graph memory node: an address valid when the graph runs.
+    *dptr = s.next_graph;
+    s.next_graph += (bytes + 511) / 512 * 512;
+    s.graph_allocations.insert(*dptr);
+    return CUDA_SUCCESS;
+  }
+  State::Pool& p = pit->second;
+  const size_t rounded = (bytes + 511) / 512 * 512;
+  // Reuse (measured): a block freed on this stream at once; one freed on
+  // another stream once the work queued there before the free is done.
+  for (auto b = p.free.begin(); b != p.free.end(); ++b) {
+    if (b->size == rounded && (b->stream == stream || b->ready)) {
+      *dptr = b->ptr;
+      p.free.erase(b);
+      p.used += rounded;
+      p.used_high = std::max(p.used_high, p.used);
+      return CUDA_SUCCESS;
+    }
+  }
+  Device& d = s.devices[p.device];
+  if (rounded > s.options.memory_per_device || d.used + rounded > s.options.memory_per_device) {
+    *dptr = 0;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  char* mem = MapHostMemory(rounded);
+  if (mem == nullptr) {
+    *dptr = 0;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  // Each block at an address aligned as cuMemAlloc's (the lowest set bit of
+  // the rounded size, at most 2 MiB).
+  const size_t align = std::min<size_t>(rounded & (~rounded + 1), size_t{2} << 20);
+  s.next_async = (s.next_async + align - 1) / align * align;
+  *dptr = s.next_async;
+  s.next_async += rounded;
+  s.async[*dptr] = State::AsyncAllocation{pool, rounded, mem};
+  d.used += rounded;
+  p.used += rounded;
+  p.reserved += rounded;
+  p.used_high = std::max(p.used_high, p.used);
+  p.reserved_high = std::max(p.reserved_high, p.reserved);
+  return CUDA_SUCCESS;
+}
 }  // namespace
 
 SimOptions OptionsFromEnv() {
@@ -477,6 +644,18 @@ Usage GetUsage() {
   u.legacy_allocations = s.legacy.size();
   for (auto& [p, la] : s.legacy) u.legacy_bytes += la.size;
   return u;
+}
+
+void HoldStream(CUstream stream) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.streams[stream].held = true;
+}
+
+void ReleaseStream(CUstream stream) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  CompleteStreamLocked(s, stream);
 }
 
 size_t DeviceBytesInUse(int device) {
@@ -762,15 +941,24 @@ CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
   return CUDA_SUCCESS;
 }
 
+void CompleteAllStreamsLocked(State& s) {
+  std::vector<CUstream> all;
+  for (const auto& [stream, st] : s.streams) all.push_back(stream);
+  all.push_back(nullptr);
+  for (CUstream st : all) CompleteStreamLocked(s, st, /*synchronized=*/true);
+}
+
 CUresult cuCtxSynchronize() {
   SIM_ENTER("cuCtxSynchronize");
   if (CUresult r = CheckSyncLocked(s, nullptr); r != CUDA_SUCCESS) return r;
+  CompleteAllStreamsLocked(s);
   return SyncLocked(s, Current());
 }
 
 CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   SIM_ENTER("cuCtxSynchronize_v2");
   if (CUresult r = CheckSyncLocked(s, nullptr); r != CUDA_SUCCESS) return r;
+  CompleteAllStreamsLocked(s);
   return SyncLocked(s, ctx == nullptr ? Current() : ctx);
 }
 
@@ -805,6 +993,16 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   SIM_ENTER("cuMemFree_v2");
   if (CUresult r = CheckUnsafeCallLocked(s); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;  // as the driver (H200, driver 580)
+  if (auto ait = LiveAsyncLocked(s, dptr); ait != s.async.end() && ait->first == dptr) {
+    // cudaFree of stream-ordered memory: 0, and the memory goes, but the
+    // pool still counts it as used (measured on H200).
+    munmap(ait->second.memory, ait->second.size);
+    State::Pool& pool = s.pools[ait->second.pool];
+    s.devices[pool.device].used -= ait->second.size;
+    pool.reserved -= ait->second.size;
+    s.async.erase(ait);
+    return CUDA_SUCCESS;
+  }
   auto it = s.legacy.find(dptr);
   if (it == s.legacy.end()) return CUDA_ERROR_INVALID_VALUE;
   ++s.devices[it->second.device].syncs;  // cuMemFree synchronizes
@@ -820,15 +1018,26 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (CUresult r = Enter(s, "cuMemFreeAsync"); r != CUDA_SUCCESS) return r;
   }
+  if (dptr == 0) return CUDA_SUCCESS;  // measured on H200
   {
     State& s = S();
     std::lock_guard<std::mutex> lock(s.mu);
-    // A graph frees only graph allocations (H200: 1, the capture goes on).
-    if (s.captures.count(stream) > 0) return CUDA_ERROR_INVALID_VALUE;
+    if (s.captures.count(stream) > 0) {
+      // A graph frees only graph allocations (H200: 1, the capture goes on).
+      return s.graph_allocations.erase(dptr) > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    }
+    auto it = LiveAsyncLocked(s, dptr);
+    if (it != s.async.end()) {
+      if (it->first != dptr) return CUDA_ERROR_INVALID_VALUE;
+      State::Pool& pool = s.pools[it->second.pool];
+      pool.used -= it->second.size;
+      pool.free.push_back({dptr, it->second.size, stream, !StreamHeldLocked(s, stream)});
+      return CUDA_SUCCESS;
+    }
+    if (s.async.count(dptr) > 0) return CUDA_ERROR_INVALID_VALUE;  // freed already
   }
-  // Stream-ordered pools are not simulated: only cuMemAlloc memory, freed at
-  // once (the simulation runs no device work to order against).
-  if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+  // cudaFreeAsync of cudaMalloc memory frees it (measured: 0, and a later
+  // cudaFree gives 1).
   return vmmshim::sim::cuMemFree_v2(dptr);
 }
 
@@ -883,12 +1092,256 @@ CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status
 CUresult cuStreamSynchronize(CUstream stream) {
   SIM_ENTER("cuStreamSynchronize");
   if (CUresult r = CheckSyncLocked(s, stream); r != CUDA_SUCCESS) return r;
-  // Streams run no work in the simulation: the current context's work.
+  CompleteStreamLocked(s, stream, /*synchronized=*/true);
   return SyncLocked(s, Current());
 }
 
 CUresult cuStreamSynchronize_ptsz(CUstream stream) {
   return vmmshim::sim::cuStreamSynchronize(stream);
+}
+
+// ---- Streams, events, stream-ordered pools ----
+
+CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
+  SIM_ENTER("cuStreamCreate");
+  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  (void)flags;
+  *stream = reinterpret_cast<CUstream>(s.next_stream++);
+  s.streams[*stream];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamDestroy_v2(CUstream stream) {
+  SIM_ENTER("cuStreamDestroy_v2");
+  if (s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  CompleteStreamLocked(s, stream);  // its work still completes
+  s.streams.erase(stream);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent* event, unsigned int flags) {
+  SIM_ENTER("cuEventCreate");
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  (void)flags;
+  *event = reinterpret_cast<CUevent>(s.next_event++);
+  s.events[*event];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent event, CUstream stream) {
+  SIM_ENTER("cuEventRecord");
+  auto it = s.events.find(event);
+  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  it->second = State::Event{stream, !StreamHeldLocked(s, stream)};
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventQuery(CUevent event) {
+  SIM_ENTER("cuEventQuery");
+  auto it = s.events.find(event);
+  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return it->second.ready ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent event) {
+  SIM_ENTER("cuEventSynchronize");
+  auto it = s.events.find(event);
+  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (!it->second.ready) CompleteStreamLocked(s, it->second.stream, /*synchronized=*/true);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent event) {
+  SIM_ENTER("cuEventDestroy_v2");
+  return s.events.erase(event) > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  SIM_ENTER("cuStreamWaitEvent");
+  auto it = s.events.find(event);
+  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  (void)flags;
+  if (!it->second.ready) {
+    // Later work on `stream` waits until the event's stream is done.
+    s.streams[stream].held = true;
+    s.streams[it->second.stream].waiters.push_back(stream);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
+  SIM_ENTER("cuDeviceGetDefaultMemPool");
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = s.devices[device].default_pool;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice device) {
+  SIM_ENTER("cuDeviceGetMemPool");
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = s.devices[device].current_pool;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
+  SIM_ENTER("cuDeviceSetMemPool");
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end() || it->second.device != device) return CUDA_ERROR_INVALID_VALUE;
+  s.devices[device].current_pool = pool;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  SIM_ENTER("cuMemPoolCreate");
+  if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!ValidDevice(s, props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(s.next_pool++);
+  s.pools[*pool].device = props->location.id;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  SIM_ENTER("cuMemPoolDestroy");
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end() || it->second.is_default) return CUDA_ERROR_INVALID_VALUE;
+  Device& d = s.devices[it->second.device];
+  if (d.current_pool == pool) d.current_pool = d.default_pool;
+  for (auto a = s.async.begin(); a != s.async.end();) {
+    if (a->second.pool != pool) {
+      ++a;
+      continue;
+    }
+    munmap(a->second.memory, a->second.size);
+    d.used -= a->second.size;
+    a = s.async.erase(a);
+  }
+  s.pools.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  SIM_ENTER("cuMemAllocAsync");
+  const int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return AllocFromPoolLocked(s, dptr, bytes, s.devices[d].current_pool, stream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return vmmshim::sim::cuMemAllocAsync(dptr, bytes, stream);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                                 CUstream stream) {
+  SIM_ENTER("cuMemAllocFromPoolAsync");
+  return AllocFromPoolLocked(s, dptr, bytes, pool, stream);
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  SIM_ENTER("cuMemPoolGetAttribute");
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const State::Pool& p = it->second;
+  auto* u64 = static_cast<cuuint64_t*>(value);
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *static_cast<int*>(value) = p.reuse[0]; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *static_cast<int*>(value) = p.reuse[1]; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = p.reuse[2]; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *u64 = p.release_threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *u64 = p.reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *u64 = p.reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *u64 = p.used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *u64 = p.used_high; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  SIM_ENTER("cuMemPoolSetAttribute");
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State::Pool& p = it->second;
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: p.reuse[0] = *static_cast<int*>(value); break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: p.reuse[1] = *static_cast<int*>(value); break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: p.reuse[2] = *static_cast<int*>(value); break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p.release_threshold = *static_cast<cuuint64_t*>(value); break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      // Only a reset to 0 is allowed; it sets the high mark to the current.
+      if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+      if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH) p.used_high = p.used; else p.reserved_high = p.reserved;
+      break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  SIM_ENTER("cuMemPoolTrimTo");
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end()) return CUDA_ERROR_INVALID_VALUE;
+  State::Pool& p = it->second;
+  for (auto b = p.free.begin(); b != p.free.end() && p.reserved > keep;) {
+    if (!b->ready) {
+      ++b;
+      continue;
+    }
+    auto a = s.async.find(b->ptr);
+    munmap(a->second.memory, a->second.size);
+    s.devices[p.device].used -= a->second.size;
+    p.reserved -= a->second.size;
+    s.async.erase(a);
+    b = p.free.erase(b);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  SIM_ENTER("cuMemPoolSetAccess");
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (count == 0) return CUDA_SUCCESS;   // measured
+  if (map == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    const int d = map[i].location.id;
+    if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!ValidDevice(s, d)) return CUDA_ERROR_INVALID_DEVICE;  // measured: 101
+    if (d == it->second.device) {
+      // The owner keeps read-write; taking it away is refused (measured: 101).
+      if (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return CUDA_ERROR_INVALID_DEVICE;
+      continue;
+    }
+    if (!CanAccessPeer(s, d, it->second.device)) return CUDA_ERROR_INVALID_DEVICE;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (map[i].location.id != it->second.device) {
+      it->second.access[map[i].location.id] = map[i].flags;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+  SIM_ENTER("cuMemPoolGetAccess");
+  auto it = s.pools.find(pool);
+  if (it == s.pools.end() || flags == nullptr || location == nullptr ||
+      location->type != CU_MEM_LOCATION_TYPE_DEVICE || !ValidDevice(s, location->id)) {
+    return CUDA_ERROR_INVALID_VALUE;  // measured: 1 for a device that does not exist
+  }
+  if (location->id == it->second.device) {
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return CUDA_SUCCESS;
+  }
+  auto a = it->second.access.find(location->id);
+  *flags = a == it->second.access.end() ? CU_MEM_ACCESS_FLAGS_PROT_NONE : a->second;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
@@ -945,6 +1398,12 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr dp
     if (size) *size = mit->second.size;
     return CUDA_SUCCESS;
   }
+  if (auto ait = LiveAsyncLocked(s, dptr); ait != s.async.end()) {
+    // Measured: the allocation itself (its size rounded to 512 here).
+    if (base) *base = ait->first;
+    if (size) *size = ait->second.size;
+    return CUDA_SUCCESS;
+  }
   return CUDA_ERROR_NOT_FOUND;
 }
 
@@ -970,6 +1429,16 @@ CUresult PointerAttributeLocked(State& s, void* data, CUpointer_attribute attrib
     base = mit->first;
     size = mit->second.size;
     vmm = true;
+  } else if (auto ait = LiveAsyncLocked(s, ptr); ait != s.async.end()) {
+    device = s.pools[ait->second.pool].device;
+    base = ait->first;
+    size = ait->second.size;
+    vmm = true;  // no context, as for VMM memory
+    if (attribute == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+      *static_cast<CUmemoryPool*>(data) = ait->second.pool;
+      *known = true;
+      return CUDA_SUCCESS;
+    }
   }
   *known = device >= 0;
   if (!*known) return CUDA_ERROR_INVALID_VALUE;
@@ -1337,6 +1806,26 @@ constexpr ProcEntry kProcTable[] = {
     {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
     {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
     {"cuStreamEndCapture", 10000, "cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
+    {"cuStreamCreate", 2000, "cuStreamCreate", nullptr},
+    {"cuStreamDestroy", 4000, "cuStreamDestroy_v2", nullptr},
+    {"cuEventCreate", 2000, "cuEventCreate", nullptr},
+    {"cuEventRecord", 2000, "cuEventRecord", nullptr},
+    {"cuEventQuery", 2000, "cuEventQuery", nullptr},
+    {"cuEventSynchronize", 2000, "cuEventSynchronize", nullptr},
+    {"cuEventDestroy", 4000, "cuEventDestroy_v2", nullptr},
+    {"cuStreamWaitEvent", 3020, "cuStreamWaitEvent", nullptr},
+    {"cuDeviceGetDefaultMemPool", 11020, "cuDeviceGetDefaultMemPool", nullptr},
+    {"cuDeviceGetMemPool", 11020, "cuDeviceGetMemPool", nullptr},
+    {"cuDeviceSetMemPool", 11020, "cuDeviceSetMemPool", nullptr},
+    {"cuMemPoolCreate", 11020, "cuMemPoolCreate", nullptr},
+    {"cuMemPoolDestroy", 11020, "cuMemPoolDestroy", nullptr},
+    {"cuMemAllocAsync", 11020, "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
+    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", nullptr},
+    {"cuMemPoolGetAttribute", 11020, "cuMemPoolGetAttribute", nullptr},
+    {"cuMemPoolSetAttribute", 11020, "cuMemPoolSetAttribute", nullptr},
+    {"cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo", nullptr},
+    {"cuMemPoolSetAccess", 11020, "cuMemPoolSetAccess", nullptr},
+    {"cuMemPoolGetAccess", 11020, "cuMemPoolGetAccess", nullptr},
     {"cuStreamSynchronize", 2000, "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
     {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", nullptr},
     {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", nullptr},

@@ -49,10 +49,22 @@ struct SimOptions {
   bool generic_compression = false;
 };
 
-// Streams are not created: any non-null CUstream value names a stream.
-// cuStreamBeginCapture_v2 / cuStreamEndCapture keep the driver's capture
-// rules (modes, unsafe calls, invalidation) as measured on H200
-// (core/capture.h), without recording a graph.
+// Streams: any non-null CUstream value names a stream (cuStreamCreate makes
+// one too). cuStreamBeginCapture_v2 / cuStreamEndCapture keep the driver's
+// capture rules (modes, unsafe calls, invalidation) as measured on H200
+// (core/capture.h), without recording a graph. Stream-ordered memory:
+// default and created pools, cuMemAllocAsync / cuMemFreeAsync with the
+// driver's reuse rule (a block freed on a stream is reused on it at once, on
+// another stream only once the work queued before the free is done), pool
+// attributes, trim, access and codes as measured on H200
+// (docs/stream-ordered.md). Work on a stream completes at once unless a test
+// holds it.
+
+// Work queued on `stream` from now on stays incomplete (its events are not
+// ready, blocks it frees are not reusable on other streams) until
+// ReleaseStream, or until something synchronizes it.
+void HoldStream(CUstream stream);
+void ReleaseStream(CUstream stream);
 
 // SIMCUDA_COMPRESSION=1 (generic compression supported), SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
 // (comma-separated ordinals), SIMCUDA_NO_P2P (pairs without peer capability,
@@ -198,6 +210,37 @@ DriverApi Api();
   X(cuStreamEndCapture, (CUstream stream, CUgraph * graph), (stream, graph))          \
   X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph * graph), (stream, graph))     \
   X(cuStreamSynchronize, (CUstream stream), (stream))                                \
+  X(cuStreamCreate, (CUstream * stream, unsigned int flags), (stream, flags))         \
+  X(cuStreamDestroy_v2, (CUstream stream), (stream))                                 \
+  X(cuEventCreate, (CUevent * event, unsigned int flags), (event, flags))             \
+  X(cuEventRecord, (CUevent event, CUstream stream), (event, stream))                \
+  X(cuEventQuery, (CUevent event), (event))                                          \
+  X(cuEventSynchronize, (CUevent event), (event))                                    \
+  X(cuEventDestroy_v2, (CUevent event), (event))                                     \
+  X(cuStreamWaitEvent, (CUstream stream, CUevent event, unsigned int flags),         \
+    (stream, event, flags))                                                          \
+  X(cuDeviceGetDefaultMemPool, (CUmemoryPool * pool, CUdevice device), (pool, device)) \
+  X(cuDeviceGetMemPool, (CUmemoryPool * pool, CUdevice device), (pool, device))      \
+  X(cuDeviceSetMemPool, (CUdevice device, CUmemoryPool pool), (device, pool))        \
+  X(cuMemPoolCreate, (CUmemoryPool * pool, const CUmemPoolProps* props), (pool, props)) \
+  X(cuMemPoolDestroy, (CUmemoryPool pool), (pool))                                   \
+  X(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytes, CUstream stream),            \
+    (dptr, bytes, stream))                                                           \
+  X(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytes, CUstream stream),       \
+    (dptr, bytes, stream))                                                           \
+  X(cuMemAllocFromPoolAsync,                                                         \
+    (CUdeviceptr * dptr, size_t bytes, CUmemoryPool pool, CUstream stream),          \
+    (dptr, bytes, pool, stream))                                                     \
+  X(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value), \
+    (pool, attr, value))                                                             \
+  X(cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value), \
+    (pool, attr, value))                                                             \
+  X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep), (pool, keep))                 \
+  X(cuMemPoolSetAccess, (CUmemoryPool pool, const CUmemAccessDesc* map, size_t count), \
+    (pool, map, count))                                                              \
+  X(cuMemPoolGetAccess,                                                              \
+    (CUmemAccess_flags * flags, CUmemoryPool pool, CUmemLocation* location),          \
+    (flags, pool, location))                                                         \
   X(cuStreamSynchronize_ptsz, (CUstream stream), (stream))                           \
   X(cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr), (handle, dptr))  \
   X(cuIpcOpenMemHandle_v2, (CUdeviceptr * dptr, CUipcMemHandle handle, unsigned int flags), \
