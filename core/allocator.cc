@@ -123,8 +123,10 @@ absl::StatusOr<DeviceHeap*> Allocator::HeapFor(int device) {
   const size_t reservation =
       options_.reservation_bytes != 0 ? options_.reservation_bytes : 2 * total;
   o.reservation_bytes = RoundUp(std::max(reservation, o.granularity), o.granularity);
-  o.packing_threshold =
-      options_.packing_threshold != 0 ? options_.packing_threshold : o.granularity / 2;
+  // At most a granule: a packed request must fit a fresh one.
+  o.packing_threshold = std::min(
+      options_.packing_threshold != 0 ? options_.packing_threshold : o.granularity / 2,
+      o.granularity);
   o.cache_limit = options_.cache_limit_percent >= 0
                       ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
                       : options_.cache_limit_bytes;
@@ -299,12 +301,11 @@ absl::StatusOr<PointerInfo> Allocator::Find(CUdeviceptr ptr) const {
 absl::StatusOr<ExportedAllocation> Allocator::Export(CUdeviceptr ptr) {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return NotShimMemory();
-  absl::StatusOr<PointerInfo> info = heap->MarkExported(ptr);
-  if (!info.ok()) return info.status();
-  absl::StatusOr<ExportToken> token = exports_.Register(heap->device(), info->allocation_base);
-  if (!token.ok()) return token.status();
+  absl::StatusOr<std::pair<PointerInfo, ExportToken>> exported = heap->Export(ptr);
+  if (!exported.ok()) return exported.status();
+  const PointerInfo* info = &exported->first;
   ExportedAllocation out;
-  out.token = *token;
+  out.token = exported->second;
   out.offset = info->allocation_base - info->range_base;
   out.size = info->allocation_size;
   out.handle_size = info->range_size;
@@ -452,7 +453,12 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
 }
 
 void Allocator::CaptureEnded(CUstream stream, bool per_thread) {
-  captures_.Ended(stream, per_thread);
+  {
+    // Exclusive: a free that saw the capture in progress finishes deferring
+    // before the capture is forgotten, so the reclaim below sees it.
+    MutexLock gate(&captures_.gate());
+    captures_.Ended(stream, per_thread);
+  }
   if (!captures_.any()) ReclaimDeferred();
 }
 

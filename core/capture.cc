@@ -33,9 +33,13 @@ bool CaptureTracker::StillCapturing(const Capture& c) const {
 
 void CaptureTracker::Ended(CUstream stream, bool per_thread) {
   MutexLock lock(&mu_);
+  // An ordinary stream is the same stream through either entry point; the
+  // per-thread default stream is this thread's only.
   auto it = std::find_if(captures_.begin(), captures_.end(), [&](const Capture& c) {
-    return c.stream == stream && c.per_thread == per_thread &&
-           (!IsThreadRelative(stream, per_thread) || c.thread == std::this_thread::get_id());
+    if (c.stream != stream) return false;
+    const bool relative = IsThreadRelative(c.stream, c.per_thread);
+    if (relative != IsThreadRelative(stream, per_thread)) return false;
+    return !relative || c.thread == std::this_thread::get_id();
   });
   if (it == captures_.end() || StillCapturing(*it)) return;
   captures_.erase(it);

@@ -62,8 +62,11 @@ class CaptureTracker {
   // synchronize it makes when any() was false; see BeginCapture.
   Mutex& gate() ABSL_LOCK_RETURNED(gate_) { return gate_; }
   // cuStreamEndCapture(stream) returned: the capture is forgotten once the
-  // driver no longer reports the stream as capturing.
-  void Ended(CUstream stream, bool per_thread) ABSL_LOCKS_EXCLUDED(mu_);
+  // driver no longer reports the stream as capturing (begun and ended
+  // through either entry point). The caller holds the gate exclusively
+  // (Allocator::CaptureEnded).
+  void Ended(CUstream stream, bool per_thread) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether any capture is in progress (one atomic load). Captures that
   // ended without passing through Ended (their stream was destroyed) are
   // forgotten by Refresh.

@@ -229,8 +229,12 @@ absl::StatusOr<CUdeviceptr> DeviceHeap::CreateBlockLocked(const Placement& place
   // A peer enabled or disabled while the lock was released did not see this
   // block: bring it to the current target now.
   if (Target(block) != target) {
-    if (absl::Status applied = ApplyAccessLocked(); !applied.ok()) {
-      DestroyBlockLocked(*va).IgnoreError();
+    absl::Status applied = ApplyAccessLocked();
+    // Only this block's own failure fails the allocation (a failing run of
+    // other blocks is theirs; they are retried at the next change).
+    Block& now = *blocks_.at(*va);
+    if (!applied.ok() && now.access != Target(now)) {
+      DiscardBlockLocked(*va);
       return applied;
     }
   }
@@ -265,11 +269,17 @@ void DeviceHeap::AccountMapped(DeviceSet peers, int64_t delta) {
   }
 }
 
-void DeviceHeap::ForgetBlockLocked(CUdeviceptr base) {
+void DeviceHeap::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   auto it = blocks_.find(base);
   Block& b = *it->second;
-  AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-  AccountHandle(-static_cast<int64_t>(b.size));
+  const DeviceSet peers = b.access - DeviceSet::Of(options_.device);
+  if (how == Forget::kStillMapped) {
+    // Kept aside, counted, its VA not reused, until an unmap succeeds.
+    orphan_mappings_.push_back({base, b.size, b.handle, peers});
+  } else {
+    AccountMapped(peers, -static_cast<int64_t>(b.size));
+    if (how == Forget::kReleased) AccountHandle(-static_cast<int64_t>(b.size));
+  }
   auto bins_it = bins_.find(b.placement);
   if (bins_it != bins_.end()) {
     Bins& bins = bins_it->second;
@@ -284,7 +294,7 @@ void DeviceHeap::ForgetBlockLocked(CUdeviceptr base) {
   if (b.slab != nullptr) {
     stats_.live_allocations -= b.slab->allocations();
     stats_.live_bytes -= b.slab->requested_bytes();
-  } else if (!b.cached) {
+  } else if (!b.cached && b.requested > 0) {  // 0: a new block not yet handed out
     --stats_.live_allocations;
     stats_.live_bytes -= b.requested;
   }
@@ -297,20 +307,33 @@ void DeviceHeap::ForgetBlockLocked(CUdeviceptr base) {
     SyncDeferredLocked();
   }
   if (b.exported) exports_.DropRange(options_.device, base, base + b.size);
-  arena_.Free(base, b.size);
+  if (how != Forget::kStillMapped) arena_.Free(base, b.size);
   blocks_.erase(it);
+}
+
+void DeviceHeap::DiscardBlockLocked(CUdeviceptr base) {
+  if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+    Log().warn("device {}: unmapping {:#x}: {}; retried by Trim", options_.device, base,
+               s.ToString());
+    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+  }
 }
 
 absl::Status DeviceHeap::DestroyBlockLocked(CUdeviceptr base) {
   Block& b = *blocks_.at(base);
   if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
-  // The mapping is gone; whatever cuMemRelease says, the VA is free again. A
-  // handle the driver would not release is retried by Trim and ReleaseAll.
+  // The mapping is gone, so the VA is free again, whatever cuMemRelease
+  // says. A handle the driver would not release stays counted and is retried
+  // by Trim and ReleaseAll; the block itself is gone (the free succeeded).
   const CUmemGenericAllocationHandle handle = b.handle;
+  const size_t size = b.size;
   absl::Status released = mapper_.Release(handle);
-  if (!released.ok()) orphan_handles_.push_back(handle);
-  ForgetBlockLocked(base);
-  return released;
+  if (!released.ok()) {
+    Log().warn("device {}: {}; retried by Trim", options_.device, released.ToString());
+    orphan_handles_.push_back({handle, size});
+  }
+  ForgetBlockLocked(base, released.ok() ? Forget::kReleased : Forget::kHandleHeld);
+  return absl::OkStatus();
 }
 
 absl::Status DeviceHeap::Free(CUdeviceptr ptr, bool driver_gone) {
@@ -328,10 +351,12 @@ void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool drive
                             absl::Status* status) {
   const CUdeviceptr base = info.range_base;
   Block& block = *blocks_[base];
-  if (block.exported) exports_.DropRange(options_.device, ptr, ptr + 1);
+  // A large block's export goes with the block (ForgetBlockLocked), so that
+  // a free that cannot unmap keeps it; a packed free always succeeds.
+  if (block.exported && info.packed) exports_.DropRange(options_.device, ptr, ptr + 1);
   if (!info.packed) {
     if (driver_gone) {
-      ForgetBlockLocked(base);  // the driver has freed everything already
+      ForgetBlockLocked(base, Forget::kReleased);  // the driver has freed everything already
       ++stats_.frees;
       return;
     }
@@ -414,9 +439,24 @@ void DeviceHeap::CompleteDeferred(CUcontext context) {
 }
 
 void DeviceHeap::ReleaseOrphansLocked() {
-  std::vector<CUmemGenericAllocationHandle> left;
-  for (CUmemGenericAllocationHandle h : orphan_handles_) {
-    if (!mapper_.Release(h).ok()) left.push_back(h);
+  std::vector<OrphanMapping> still_mapped;
+  for (const OrphanMapping& m : orphan_mappings_) {
+    if (!mapper_.Unmap(m.base, m.size).ok()) {
+      still_mapped.push_back(m);
+      continue;
+    }
+    AccountMapped(m.peers, -static_cast<int64_t>(m.size));
+    arena_.Free(m.base, m.size);
+    orphan_handles_.push_back({m.handle, m.size});
+  }
+  orphan_mappings_ = std::move(still_mapped);
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> left;
+  for (const auto& [h, size] : orphan_handles_) {
+    if (mapper_.Release(h).ok()) {
+      AccountHandle(-static_cast<int64_t>(size));
+    } else {
+      left.push_back({h, size});
+    }
   }
   orphan_handles_ = std::move(left);
 }
@@ -427,6 +467,10 @@ void DeviceHeap::TrimLocked() {
   for (const auto& [placement, bins] : bins_) {
     for (const auto& [size, base] : bins.cached_large) bases.push_back(base);
     for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
+  }
+  // Sealed granules that emptied but could not be unmapped then.
+  for (const auto& [base, block] : blocks_) {
+    if (block->slab != nullptr && block->sealed && block->slab->empty()) bases.push_back(base);
   }
   for (CUdeviceptr base : bases) {
     if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
@@ -470,8 +514,8 @@ size_t DeviceHeap::ReleaseContext(CUcontext context) {
     if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       Log().warn("device {}: releasing memory of a destroyed context: {}", options_.device,
                  s.ToString());
-      // Still mapped (unmap failed): forget it rather than serve it again.
-      if (blocks_.contains(base)) ForgetBlockLocked(base);
+      // Still mapped: never served again, unmapped by a later Trim.
+      ForgetBlockLocked(base, Forget::kStillMapped);
       continue;
     }
     released += size;
@@ -584,8 +628,9 @@ absl::Status DeviceHeap::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
     return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim peer access");
   }
   const DeviceSet bit = DeviceSet::Of(peer);
+  const DeviceSet old_grant = block.explicit_grant, old_revoke = block.explicit_revoke;
+  const bool had_access = block.access.Contains(peer);
   if (grant) {
-    if (!block.access.Contains(peer)) stats_.peers[peer].grants += block.allocations();
     block.explicit_grant |= bit;
     block.explicit_revoke -= bit;
   } else {
@@ -595,7 +640,16 @@ absl::Status DeviceHeap::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   // An untagged granule with explicit state takes no new allocations, which
   // would inherit it.
   if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
-  return ApplyAccessLocked();
+  absl::Status applied = ApplyAccessLocked();
+  if (!applied.ok() && block.access != Target(block)) {
+    // This block's change was not applied: its explicit state is as before,
+    // so that a later change does not apply it silently.
+    block.explicit_grant = old_grant;
+    block.explicit_revoke = old_revoke;
+    return applied;
+  }
+  if (grant && !had_access) stats_.peers[peer].grants += block.allocations();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> DeviceHeap::PeerHasAccess(CUdeviceptr ptr, int peer) const {
@@ -605,7 +659,7 @@ absl::StatusOr<bool> DeviceHeap::PeerHasAccess(CUdeviceptr ptr, int peer) const 
   return blocks_.at(info->range_base)->access.Contains(peer);
 }
 
-absl::StatusOr<PointerInfo> DeviceHeap::MarkExported(CUdeviceptr ptr) {
+absl::StatusOr<std::pair<PointerInfo, ExportToken>> DeviceHeap::Export(CUdeviceptr ptr) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
@@ -616,11 +670,15 @@ absl::StatusOr<PointerInfo> DeviceHeap::MarkExported(CUdeviceptr ptr) {
                info->allocation_base, options_.device);
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
   }
+  // Registered under the heap lock: a free cannot come between, leaving a
+  // token for memory that is gone (or reallocated at the same address).
+  absl::StatusOr<ExportToken> token = exports_.Register(options_.device, info->allocation_base);
+  if (!token.ok()) return token.status();
   if (!block.exported) ++stats_.exports;
   block.exported = true;
   // New allocations must not land in memory another process maps.
   if (block.slab != nullptr && !block.sealed) Seal(info->range_base, block);
-  return *info;
+  return std::make_pair(*info, *token);
 }
 
 absl::StatusOr<int> DeviceHeap::ExportFd(const ExportToken& token, CUdeviceptr base,
@@ -681,10 +739,13 @@ absl::Status DeviceHeap::ReleaseAll() {
   for (const auto& entry : blocks_) bases.push_back(entry.first);
   for (CUdeviceptr base : bases) {
     absl::Status s = DestroyBlockLocked(base);
-    if (blocks_.contains(base)) ForgetBlockLocked(base);  // unmap failed: forget it
+    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
     first.Update(s);
   }
   ReleaseOrphansLocked();
+  if (!orphan_mappings_.empty() || !orphan_handles_.empty()) {
+    first.Update(DriverError(CUDA_ERROR_UNKNOWN, "releasing handles that stayed mapped"));
+  }
   for (const auto& [base, size] : arena_.reservations()) {
     first.Update(mapper_.FreeReservation(base, size));
     ranges_.Remove(base);

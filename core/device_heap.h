@@ -205,8 +205,10 @@ class DeviceHeap {
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // IPC: marks the allocation containing `ptr` exported (its block is never
-  // cached again; a granule takes no new allocations). Returns its info.
-  absl::StatusOr<PointerInfo> MarkExported(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // cached again; a granule takes no new allocations) and registers its
+  // token, in one critical section. Returns its info and the token.
+  absl::StatusOr<std::pair<PointerInfo, ExportToken>> Export(CUdeviceptr ptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A new POSIX fd for the handle behind the live export `token` of the
   // allocation at `base` with `offset` and `size`.
   absl::StatusOr<int> ExportFd(const ExportToken& token, CUdeviceptr base, uint64_t offset,
@@ -257,11 +259,20 @@ class DeviceHeap {
                                                 bool packed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveMoreLocked(size_t at_least) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps and releases the block at `base` and forgets it. On unmap failure
-  // the block stays (still mapped) and the error is returned.
+  // the block stays (still mapped) and the error is returned; a failed
+  // release is retried later (the handle stays counted) and is not an error.
   absl::Status DestroyBlockLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the block at `base` without a driver call (driver gone, or it
-  // could not be unmapped): the single place a block leaves the heap.
-  void ForgetBlockLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DestroyBlockLocked, and when the unmap fails, the block leaves the heap
+  // anyway as an orphan mapping (never served again, retried by Trim).
+  void DiscardBlockLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What became of a block's mapping and handle when it leaves the heap.
+  enum class Forget {
+    kReleased,     // unmapped and released (or the driver is gone)
+    kHandleHeld,   // unmapped; the handle awaits a retried cuMemRelease
+    kStillMapped,  // the unmap failed: VA and handle kept, retried by Trim
+  };
+  // The single place a block leaves the heap (no driver call).
+  void ForgetBlockLocked(CUdeviceptr base, Forget how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
                   absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyAccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,8 +311,18 @@ class DeviceHeap {
   size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Deferred frees: allocation base -> its context.
   absl::flat_hash_map<CUdeviceptr, CUcontext> deferred_ ABSL_GUARDED_BY(mu_);
-  // Unmapped handles whose cuMemRelease failed, retried later.
-  std::vector<CUmemGenericAllocationHandle> orphan_handles_ ABSL_GUARDED_BY(mu_);
+  // Unmapped handles whose cuMemRelease failed, with their bytes (still
+  // counted), and mappings whose cuMemUnmap failed; Trim and ReleaseAll
+  // retry them.
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> orphan_handles_
+      ABSL_GUARDED_BY(mu_);
+  struct OrphanMapping {
+    CUdeviceptr base;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+    DeviceSet peers;  // mapped into them, still counted
+  };
+  std::vector<OrphanMapping> orphan_mappings_ ABSL_GUARDED_BY(mu_);
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
   std::array<int, kMaxDevices> denials_logged_ ABSL_GUARDED_BY(mu_){};
 };

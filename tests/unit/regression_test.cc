@@ -1,0 +1,169 @@
+// Regressions found by an adversarial review of the allocator split (issue
+// 11): each test failed on the code before its fix.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "core/allocator.h"
+#include "core/cu_status.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+const CUstream kStream = reinterpret_cast<CUstream>(0x51);
+
+class RegressionTest : public SimTest {
+ protected:
+  void SetUp() override {
+    StartSim();
+    ctx_ = MakeCurrent(0);
+  }
+  void TearDown() override {
+    sim::ReleaseHeldCalls();
+    sim::ClearFailures();
+  }
+  CUcontext ctx_ = nullptr;
+};
+
+// 1. A free that passed captures_.any() before the last capture ended, and
+// defers after CaptureEnded's ReclaimDeferred looked at the deferred count,
+// is never completed by the end of the capture (stranded).
+TEST_F(RegressionTest, FreeRacingTheLastCaptureEndIsStranded) {
+  AllocatorOptions no_cache;
+  no_cache.cache_limit_percent = -1;
+  Allocator a(api_, no_cache);
+  const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  ASSERT_EQ(a.captures().BeginCapture(kStream, false, [&] {
+    return sim::cuStreamBeginCapture_v2(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
+  }), CUDA_SUCCESS);
+  sim::HoldCalls("cuMemFree_v2");  // the probe FreeGated makes after any()
+  std::thread t([&] {
+    sim::cuCtxSetCurrent(ctx_);
+    EXPECT_TRUE(a.Free(p).ok());
+  });
+  ASSERT_TRUE(sim::WaitForHeldCall(10000));
+  CUgraph g = nullptr;
+  ASSERT_EQ(sim::cuStreamEndCapture(kStream, &g), CUDA_SUCCESS);
+  // The last capture ends while the free is between its check and its
+  // deferral: the end waits for the free (the gate), then reclaims it.
+  std::thread ender([&] { a.CaptureEnded(kStream, false); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  sim::ReleaseHeldCalls();
+  t.join();
+  ender.join();
+  EXPECT_FALSE(a.captures().any());
+  // No capture in progress, yet the free is held back and the memory mapped.
+  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
+}
+
+// 2. A capture begun through a _ptsz entry point on an ordinary stream and
+// ended through the plain one (same stream, legal) is never forgotten:
+// every later free is deferred.
+TEST_F(RegressionTest, CaptureEndedThroughTheOtherEntryPointIsNeverForgotten) {
+  Allocator a(api_);
+  ASSERT_EQ(a.captures().BeginCapture(kStream, /*per_thread=*/true, [&] {
+    return sim::cuStreamBeginCapture_v2_ptsz(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
+  }), CUDA_SUCCESS);
+  CUgraph g = nullptr;
+  ASSERT_EQ(sim::cuStreamEndCapture(kStream, &g), CUDA_SUCCESS);
+  a.CaptureEnded(kStream, /*per_thread=*/false);
+  EXPECT_FALSE(a.captures().any());
+  const CUdeviceptr p = MustAllocate(a, 4096);
+  EXPECT_TRUE(a.Free(p).ok());
+  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+}
+
+// 3. CreateBlockLocked: a peer enabled while cuMemMap runs unlocked, then
+// the reconciling cuMemSetAccess fails: DestroyBlockLocked ->
+// ForgetBlockLocked decrements live_allocations for a large block that was
+// never counted.
+TEST_F(RegressionTest, FailedReconcileAfterPeerEnableUnderflowsLiveAllocations) {
+  Allocator a(api_);
+  ASSERT_TRUE(a.Allocate(256).ok());  // heap exists
+  sim::HoldCalls("cuMemMap");
+  std::atomic<bool> done{false};
+  absl::Status st;
+  std::thread t([&] {
+    sim::cuCtxSetCurrent(ctx_);
+    st = a.Allocate(4 * kMiB).status();
+    done = true;
+  });
+  ASSERT_TRUE(sim::WaitForHeldCall(10000));
+  ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // grants the existing granule
+  // MapWithAccess's cuMemSetAccess succeeds; ApplyAccessLocked's fails.
+  sim::FailCall("cuMemSetAccess", 2, CUDA_ERROR_UNKNOWN);
+  sim::ReleaseHeldCalls();
+  t.join();
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(a.GetStats().live_allocations, 1u);  // the 256-byte one
+  EXPECT_EQ(a.GetStats().live_bytes, 256u);
+}
+
+// 4. ReleaseContext with a failed cuMemUnmap forgets a block that is still
+// mapped and returns its VA to the arena; the next block gets that VA and
+// cuMemMap fails (and the handle is leaked, uncounted).
+TEST_F(RegressionTest, ReleaseContextWithFailedUnmapPoisonsTheVa) {
+  Allocator a(api_);
+  MustAllocate(a, 8 * kMiB);
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  a.ReleaseContext(ctx_, true);
+  absl::StatusOr<Allocator::Allocation> r = a.Allocate(8 * kMiB);
+  EXPECT_TRUE(r.ok()) << r.status();
+  r = a.Allocate(8 * kMiB);
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(a.GetStats().handles, sim::GetUsage().handles);
+}
+
+// 5. packing_threshold above the granularity: AllocateSlow dereferences an
+// empty optional (Slab::Allocate of more than a granule).
+TEST_F(RegressionTest, PackingThresholdAboveGranularity) {
+  AllocatorOptions o;
+  o.packing_threshold = 8 * kMiB;
+  Allocator a(api_, o);
+  const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
+  absl::StatusOr<PointerInfo> info = a.Find(p);
+  ASSERT_TRUE(info.ok());
+  EXPECT_GE(info->allocation_size, 4 * kMiB);
+  EXPECT_GE(info->range_size, 4 * kMiB);
+}
+
+}  // namespace
+}  // namespace vmmshim
+
+namespace vmmshim {
+namespace {
+
+// 6. A sealed granule (explicit grant) whose last free cannot unmap it is
+// in no bin: Trim never retries it, it stays mapped and held until ReleaseAll.
+TEST_F(RegressionTest, SealedEmptyGranuleThatFailedToUnmapIsNeverReleased) {
+  Allocator a(api_);
+  const CUdeviceptr p = MustAllocate(a, 256);
+  ASSERT_TRUE(a.GrantPeer(p, 1).ok());  // seals the granule
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_TRUE(a.Free(p).ok());
+  a.Trim();
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+  EXPECT_EQ(a.GetStats().handles, 0u);
+}
+
+// 7. A large free whose cuMemRelease fails: the allocation is gone (a second
+// free is INVALID_VALUE), yet the first free reported an error.
+TEST_F(RegressionTest, LargeFreeWithFailedReleaseReportsErrorButFrees) {
+  AllocatorOptions no_cache;
+  no_cache.cache_limit_percent = -1;
+  Allocator a(api_, no_cache);
+  const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
+  sim::FailCall("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+  absl::Status first = a.Free(p);
+  absl::Status second = a.Free(p);
+  EXPECT_TRUE(first.ok() || second.ok()) << first << " / " << second;
+  EXPECT_EQ(a.GetStats().handles, sim::GetUsage().handles);
+}
+
+}  // namespace
+}  // namespace vmmshim
