@@ -438,6 +438,23 @@ CUresult SyncLocked(State& s, CUcontext ctx) {
 }
 
 
+// Gives back the pool's free blocks whose freeing work is done until it
+// reserves at most `keep` bytes.
+void TrimPoolLocked(State& s, State::Pool& pool, cuuint64_t keep) {
+  for (auto b = pool.free.begin(); b != pool.free.end() && pool.reserved > keep;) {
+    if (!b->ready) {
+      ++b;
+      continue;
+    }
+    auto a = s.async.find(b->ptr);
+    munmap(a->second.memory, a->second.size);
+    s.devices[pool.device].used -= a->second.size;
+    pool.reserved -= a->second.size;
+    s.async.erase(a);
+    b = pool.free.erase(b);
+  }
+}
+
 // The work queued on `stream` is done: its events complete, blocks it freed
 // become reusable anywhere, streams waiting on it go on. At a synchronize
 // (`synchronized`) the pools also give back what they hold above their
@@ -457,19 +474,7 @@ void CompleteStreamLocked(State& s, CUstream stream, bool synchronized = false) 
     for (auto& b : pool.free) {
       if (b.stream == stream) b.ready = true;
     }
-    for (auto b = pool.free.begin();
-         synchronized && b != pool.free.end() && pool.reserved > pool.release_threshold;) {
-      if (!b->ready) {
-        ++b;
-        continue;
-      }
-      auto a = s.async.find(b->ptr);
-      munmap(a->second.memory, a->second.size);
-      s.devices[pool.device].used -= a->second.size;
-      pool.reserved -= a->second.size;
-      s.async.erase(a);
-      b = pool.free.erase(b);
-    }
+    if (synchronized) TrimPoolLocked(s, pool, pool.release_threshold);
   }
   for (CUstream w : waiters) CompleteStreamLocked(s, w);
 }
@@ -1287,19 +1292,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   SIM_ENTER("cuMemPoolTrimTo");
   auto it = s.pools.find(pool);
   if (it == s.pools.end()) return CUDA_ERROR_INVALID_VALUE;
-  State::Pool& p = it->second;
-  for (auto b = p.free.begin(); b != p.free.end() && p.reserved > keep;) {
-    if (!b->ready) {
-      ++b;
-      continue;
-    }
-    auto a = s.async.find(b->ptr);
-    munmap(a->second.memory, a->second.size);
-    s.devices[p.device].used -= a->second.size;
-    p.reserved -= a->second.size;
-    s.async.erase(a);
-    b = p.free.erase(b);
-  }
+  TrimPoolLocked(s, it->second, keep);
   return CUDA_SUCCESS;
 }
 
