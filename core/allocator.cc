@@ -154,11 +154,6 @@ absl::StatusOr<int> Allocator::DeviceCount() {
   return n;
 }
 
-DeviceSet Allocator::AllowedFor(int device, int device_count, size_t bytes,
-                                absl::string_view tag) {
-  return options_.peer_policy.Allowed(device, device_count, bytes, tag);
-}
-
 absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::string_view tag) {
   CUcontext context = nullptr;
   int device = 0;
@@ -180,16 +175,16 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   }
   absl::StatusOr<int> device_count = DeviceCount();
   if (!device_count.ok()) return device_count.status();
-  const Placement placement{context, AllowedFor(device, *device_count, bytes, tag),
-                            std::string(tag)};
+  const Placement placement{
+      context, options_.peer_policy.Allowed(device, *device_count, bytes, tag), std::string(tag)};
   if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
     return Allocation{*hit, true};
   }
   absl::StatusOr<CUdeviceptr> ptr = (*heap)->AllocateSlow(placement, bytes);
   // Memory held back by frees during a capture that has ended is free
   // memory to the application: reclaim it and try once more.
+  // (AllocateSlow releases the cache, where those frees went, on OOM itself.)
   if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY && ReclaimDeferred()) {
-    (*heap)->Trim();
     ptr = (*heap)->AllocateSlow(placement, bytes);
   }
   if (!ptr.ok()) return ptr.status();
@@ -326,7 +321,8 @@ DeviceSet Allocator::AccessTargets(int device, size_t bytes) {
   const DeviceSet self = DeviceSet::Of(device);
   absl::StatusOr<int> count = DeviceCount();
   if (!count.ok() || !DeviceSet::IsOrdinal(device)) return self;
-  return (AllowedFor(device, *count, bytes, "") & peers_.Enabled(device)) | self;
+  return (options_.peer_policy.Allowed(device, *count, bytes, "") & peers_.Enabled(device)) |
+         self;
 }
 
 size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {

@@ -288,9 +288,6 @@ class Allocator {
   // change through paths the shim does not see), cuCtxGetDevice only for a
   // context this thread has not met since the last ForgetContext.
   bool CurrentContext(CUcontext* context, int* device);
-  // The peers the policy allows for a new allocation (constant for `all`
-  // and `none`, computed once per device).
-  DeviceSet AllowedFor(int device, int device_count, size_t bytes, absl::string_view tag);
   absl::Status SynchronizeContext(CUcontext context);
   // Free, with the capture gate held shared.
   absl::Status FreeGated(DeviceHeap* heap, CUdeviceptr ptr)
