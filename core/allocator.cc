@@ -40,10 +40,12 @@ Allocator::~Allocator() {
   absl::Status status = ReleaseAll();
   if (!status.ok()) Log().warn("releasing at teardown: {}", status.ToString());
   for (auto& slot : heaps_) delete slot.load();
+  for (auto& slot : stream_caches_) delete slot.load();
 }
 
 void Allocator::ForgetContext(CUcontext /*context*/) {
   g_context_epoch.fetch_add(1, std::memory_order_acq_rel);
+  ForgetStreamMemos();
 }
 
 bool Allocator::CurrentContext(CUcontext* context, int* device) {
@@ -130,10 +132,12 @@ absl::StatusOr<DeviceHeap*> Allocator::HeapFor(int device) {
   o.cache_limit = options_.cache_limit_percent >= 0
                       ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
                       : options_.cache_limit_bytes;
-  auto* heap = new DeviceHeap(driver_, mapper_, options_.peer_policy, peers_, exports_, ranges_,
-                              global_, o);
+  auto* heap = new DeviceHeap(driver_, mapper_, options_.peer_policy, peers_, pool_peers_,
+                              exports_, ranges_, global_, o);
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               o.granularity, o.reservation_bytes);
+  // Before the heap is published: whoever sees the heap sees its cache.
+  stream_caches_[device].store(new StreamOrderedCache(driver_), std::memory_order_release);
   heaps_[device].store(heap, std::memory_order_release);
   return heap;
 }
@@ -184,7 +188,10 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   // Memory held back by frees during a capture that has ended is free
   // memory to the application: reclaim it and try once more.
   // (AllocateSlow releases the cache, where those frees went, on OOM itself.)
-  if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY && ReclaimDeferred()) {
+  // So is memory freed with cuMemFreeAsync that waits in the stream-ordered
+  // caches.
+  if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
+      (ReclaimDeferred() | ReclaimStreamOrdered(-1))) {
     ptr = (*heap)->AllocateSlow(placement, bytes);
   }
   if (!ptr.ok()) return ptr.status();
@@ -255,6 +262,13 @@ absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
   if (!info || info->allocation_base != ptr) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
   }
+  if (info->stream_ordered) {
+    // cudaFree of cudaMallocAsync memory succeeds natively (measured); a
+    // block already freed with cuMemFreeAsync is a double free.
+    StreamOrderedCache* cache = CacheFor(heap->device());
+    if (cache->Contains(ptr)) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+    cache->NoteFreed(info->context, SizeClassOf(*info), info->allocation_size);
+  }
   absl::Status synced = SynchronizeContext(info->context);
   const bool driver_gone = ToCuResult(synced) == CUDA_ERROR_DEINITIALIZED;
   if (!synced.ok() && !driver_gone) return synced;
@@ -268,6 +282,10 @@ absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
 absl::Status Allocator::FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread) {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return NotShimMemory();
+  if (std::optional<PointerInfo> info = heap->Find(ptr); info && info->stream_ordered) {
+    if (info->allocation_base != ptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
+    return FreeStreamOrdered(heap, *info, stream, per_thread);
+  }
   ReaderMutexLock gate(&captures_.gate());
   if (captures_.any()) {
     auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
@@ -342,10 +360,14 @@ size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
     }
   }
   size_t released = 0;
-  for (auto& slot : heaps_) {
-    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) {
-      released += heap->ReleaseContext(context);
-    }
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
+    if (heap == nullptr) continue;
+    // The stream-ordered cache forgets the context first: its blocks are
+    // released below, blocks of other contexts freed on its streams are
+    // freed now (their stream's work is over).
+    ReleaseToHeap(heap, CacheFor(d)->DropContext(context));
+    released += heap->ReleaseContext(context);
   }
   return released;
 }
@@ -354,6 +376,9 @@ void Allocator::PrepareFork() {
   captures_.PrepareForkGate();
   peers_mu_.Lock();
   heaps_mu_.Lock();
+  for (auto& slot : stream_caches_) {
+    if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) cache->PrepareFork();
+  }
   for (auto& slot : heaps_) {
     if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) heap->PrepareFork();
   }
@@ -369,6 +394,9 @@ void Allocator::AfterForkParent() {
   for (auto it = heaps_.rbegin(); it != heaps_.rend(); ++it) {
     if (DeviceHeap* heap = it->load(std::memory_order_acquire)) heap->AfterForkParent();
   }
+  for (auto it = stream_caches_.rbegin(); it != stream_caches_.rend(); ++it) {
+    if (StreamOrderedCache* cache = it->load(std::memory_order_acquire)) cache->AfterForkParent();
+  }
   heaps_mu_.Unlock();
   peers_mu_.Unlock();
   captures_.AfterForkParentGate();
@@ -383,6 +411,9 @@ void Allocator::AfterForkChild() {
   ranges_.AfterForkChild();
   for (auto& slot : heaps_) {
     if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) heap->AfterForkChild();
+  }
+  for (auto& slot : stream_caches_) {
+    if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) cache->AfterForkChild();
   }
   new (&heaps_mu_) Mutex;
   new (&peers_mu_) Mutex;
@@ -483,6 +514,7 @@ bool Allocator::ReclaimDeferred() {
 
 size_t Allocator::Trim(int device) {
   ReclaimDeferred();
+  ReclaimStreamOrdered(device);
   size_t released = 0;
   for (int d = 0; d < kMaxDevices; ++d) {
     if (device >= 0 && d != device) continue;
@@ -493,8 +525,11 @@ size_t Allocator::Trim(int device) {
 
 std::vector<DeviceStats> Allocator::GetDeviceStats() const {
   std::vector<DeviceStats> out;
-  for (const auto& slot : heaps_) {
-    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) out.push_back(heap->stats());
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
+    if (heap == nullptr) continue;
+    out.push_back(heap->stats());
+    out.back().stream_ordered = CacheFor(d)->figures();
   }
   return out;
 }
@@ -521,6 +556,9 @@ AllocatorStats Allocator::GetStats() const {
     s.handles += d.handles;
     s.handle_bytes += d.handle_bytes;
     s.deferred_frees += d.deferred_frees;
+    s.stream_ordered_allocations += d.stream_ordered.allocations;
+    s.stream_ordered_reuses += d.stream_ordered.reuses;
+    s.stream_ordered_cached_bytes += d.stream_ordered.cached;
   }
   s.passthrough_allocations = passthrough_allocations_.load();
   s.passthrough_bytes = passthrough_bytes_.load();

@@ -66,6 +66,7 @@
 #include "core/mutex.h"
 #include "core/peer_access.h"
 #include "core/peer_policy.h"
+#include "core/stream_ordered.h"
 #include "core/va_arena.h"
 #include "core/vmm_mapping.h"
 
@@ -114,6 +115,10 @@ struct AllocatorStats {
   uint64_t handle_bytes = 0;             // their bytes (device memory in use)
   uint64_t peak_handle_bytes = 0;        // the most held at once, all devices together
   uint64_t deferred_frees = 0;           // frees held back by stream captures
+  uint64_t stream_ordered_allocations = 0;  // cuMemAllocAsync served (in served_allocations
+                                            // only when they made a new heap allocation)
+  uint64_t stream_ordered_reuses = 0;       // of them, from the stream-ordered cache
+  uint64_t stream_ordered_cached_bytes = 0; // freed blocks held for reuse now
 };
 
 // An allocation made shareable by Export.
@@ -162,13 +167,64 @@ class Allocator {
   absl::Status Free(CUdeviceptr ptr);
 
   // cuMemFreeAsync of shim memory on `stream` (`per_thread`: the _ptsz entry
-  // point): the free must not happen before the work queued on the stream is
+  // point). Stream-ordered memory (AllocateAsync) goes to the stream-ordered
+  // cache of its device, with no driver call (core/stream_ordered.h: when it
+  // is reused); a second free of it is CUDA_ERROR_INVALID_VALUE, as
+  // natively. Other shim memory (cudaMalloc; natively freed in stream order
+  // too): the free must not happen before the work queued on the stream is
   // done, so the stream is synchronized, then the memory freed as Free does.
   // During captures, the driver's codes, measured on H200 (core/capture.h):
   // on a capturing stream CUDA_ERROR_INVALID_VALUE (a graph frees only graph
   // allocations) and the capture goes on; on another stream the driver's
   // verdict on an unsafe call, and the free deferred where it is allowed.
   absl::Status FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread);
+
+  // ---- Stream-ordered allocation (core/stream_ordered.h,
+  // docs/stream-ordered.md) ----
+
+  // cuMemAllocAsync (`pool` nullptr: the current pool of the stream's
+  // device) or cuMemAllocFromPoolAsync of `bytes` > 0 on `stream`
+  // (`per_thread`: through a _ptsz entry point). Served from VMM when the
+  // pool is the default pool of the stream's device (for nullptr: while it
+  // is the current pool), the stream is not capturing (a capture makes graph
+  // memory nodes: the driver's), and the device has VMM support; otherwise
+  // not served, nothing done, and the caller hands the call to the driver,
+  // which also answers for a stream it rejects. A block freed on `stream`
+  // is reused at once; one freed on another stream once its work is done.
+  // Errors: CUDA_ERROR_OUT_OF_MEMORY, after the cache and every freed
+  // stream-ordered block (their contexts synchronized) were released.
+  absl::StatusOr<Allocation> AllocateAsync(size_t bytes, CUstream stream, bool per_thread,
+                                           CUmemoryPool pool, absl::string_view tag = "");
+  // The default pool of `device` (cuDeviceGetDefaultMemPool, asked once);
+  // nullptr when the driver has none.
+  CUmemoryPool DefaultPool(int device);
+  // cuDeviceSetMemPool / cuMemSetMemPool succeeded: while another pool is
+  // current, cuMemAllocAsync on `device` goes to the driver.
+  void CurrentPoolChanged(int device, CUmemoryPool pool);
+  // cuMemPoolSetAccess(pool, map, count) succeeded in the driver. On a
+  // default pool whose device the shim serves, that is the peer event for
+  // its stream-ordered memory: a peer given access (read or read-write)
+  // is enabled, one given CU_MEM_ACCESS_FLAGS_PROT_NONE disabled, and the
+  // policy decides per allocation as for cudaMalloc memory (the owner's own
+  // entry changes nothing). The shim maps read-write for a read-only grant.
+  absl::Status PoolAccessChanged(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count);
+  // The shim's part of `pool` after a harvest that applies its release
+  // threshold; nullopt when `pool` is not the default pool of a device the
+  // shim served.
+  std::optional<StreamOrderedFigures> PoolFigures(CUmemoryPool pool);
+  // cuMemPoolSetAttribute succeeded: RELEASE_THRESHOLD is kept, a reset of
+  // RESERVED_MEM_HIGH / USED_MEM_HIGH resets the shim's high marks.
+  void PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribute, const void* value);
+  // cuMemPoolTrimTo(pool, keep) succeeded: freed stream-ordered blocks that
+  // are ready leave the cache until the shim's part reserves at most `keep`
+  // bytes; returns the bytes released to the device heap.
+  size_t PoolTrimTo(CUmemoryPool pool, size_t keep);
+  // Applies the release threshold of `device`'s stream-ordered cache (a
+  // harvest), so that cuMemGetInfo sees what the driver would after a
+  // synchronize.
+  void SettleStreamOrdered(int device);
+  // `stream` is about to be destroyed (cuStreamDestroy).
+  void StreamDestroyed(CUstream stream);
 
   // The live allocation containing `ptr`: NotShimMemory() outside the
   // shim's VA, CUDA_ERROR_NOT_FOUND inside it but not in a live allocation.
@@ -289,6 +345,31 @@ class Allocator {
   // context this thread has not met since the last ForgetContext.
   bool CurrentContext(CUcontext* context, int* device);
   absl::Status SynchronizeContext(CUcontext context);
+  // The context, device and key of `stream` (0: the legacy stream, or the
+  // per-thread stream when `per_thread`), remembered per thread like
+  // contexts; the driver's code for a stream it rejects.
+  absl::Status ResolveStream(CUstream stream, bool per_thread, StreamKey* key, int* device);
+  // The stream-ordered cache of `device`, or nullptr before its heap exists.
+  StreamOrderedCache* CacheFor(int device) const {
+    return DeviceSet::IsOrdinal(device) ? stream_caches_[device].load(std::memory_order_acquire)
+                                        : nullptr;
+  }
+  // The device whose default pool is `pool` and that the shim serves, or -1.
+  int DeviceOfDefaultPool(CUmemoryPool pool) const;
+  // The size class of a stream-ordered request (core/stream_ordered.h).
+  static size_t SizeClass(const DeviceHeap& heap, size_t bytes);
+  static size_t SizeClassOf(const PointerInfo& info);
+  // Every thread asks the driver again about the streams it met.
+  static void ForgetStreamMemos();
+  // Frees blocks that left a stream-ordered cache in their heap.
+  static void ReleaseToHeap(DeviceHeap* heap, const std::vector<CUdeviceptr>& blocks);
+  // Out of memory: synchronizes the contexts holding freed stream-ordered
+  // blocks of `device` (-1: every device), then releases every ready block;
+  // true when any was released. Nothing while a capture is in progress.
+  bool ReclaimStreamOrdered(int device);
+  absl::Status FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& info, CUstream stream,
+                                 bool per_thread);
+  absl::Status SetPoolPeer(int peer, int owner, bool enable);
   // Free, with the capture gate held shared.
   absl::Status FreeGated(DeviceHeap* heap, CUdeviceptr ptr)
       ABSL_SHARED_LOCKS_REQUIRED(captures_.gate());
@@ -312,6 +393,13 @@ class Allocator {
 
   Mutex heaps_mu_ ABSL_ACQUIRED_AFTER(peers_mu_);  // serializes heap creation only
   std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};
+  std::array<std::atomic<StreamOrderedCache*>, kMaxDevices> stream_caches_{};
+  std::array<std::atomic<CUmemoryPool>, kMaxDevices> default_pools_{};
+  // Whether the default pool is current: 0 not asked yet, 1 yes, 2 no.
+  std::array<std::atomic<int>, kMaxDevices> default_pool_current_{};
+  // Peers given access to each device's default pool (cuMemPoolSetAccess);
+  // changed only under peers_mu_.
+  PeerEnableTable pool_peers_;
   std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
   std::atomic<int> device_count_{0};
   std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};

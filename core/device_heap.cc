@@ -19,12 +19,13 @@ constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to
 
 DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
                        const PeerPolicy& policy, const PeerEnableTable& peers,
-                       ExportRegistry& exports, ReservationMap& ranges,
-                       GlobalCounters& global, Options options)
+                       const PeerEnableTable& pool_peers, ExportRegistry& exports,
+                       ReservationMap& ranges, GlobalCounters& global, Options options)
     : driver_(driver),
       mapper_(mapper),
       policy_(policy),
       peers_(peers),
+      pool_peers_(pool_peers),
       exports_(exports),
       ranges_(ranges),
       global_(global),
@@ -48,9 +49,13 @@ std::pair<CUdeviceptr, DeviceHeap::Block*> DeviceHeap::BlockAt(CUdeviceptr ptr) 
   return {it->first, it->second.get()};
 }
 
+DeviceSet DeviceHeap::EnabledFor(const Placement& placement) const {
+  return (placement.stream_ordered ? pool_peers_ : peers_).Enabled(options_.device);
+}
+
 DeviceSet DeviceHeap::Target(const Block& b) const {
   return TargetAccess(options_.device, b.placement.allowed, b.explicit_grant, b.explicit_revoke,
-                      peers_.Enabled(options_.device));
+                      EnabledFor(b.placement));
 }
 
 std::optional<PointerInfo> DeviceHeap::FindLocked(CUdeviceptr ptr) const {
@@ -61,6 +66,7 @@ std::optional<PointerInfo> DeviceHeap::FindLocked(CUdeviceptr ptr) const {
   info.range_size = block->size;
   info.device = options_.device;
   info.context = block->placement.context;
+  info.stream_ordered = block->placement.stream_ordered;
   if (block->slab == nullptr) {
     if (ptr >= base + block->requested) return std::nullopt;
     info.allocation_base = base;
@@ -146,7 +152,7 @@ void DeviceHeap::NoteAllocationLocked(const Placement& placement, size_t bytes) 
   stats_.bytes += bytes;
   stats_.live_bytes += bytes;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
-  NotePeerDecisions(placement.allowed, peers_.Enabled(options_.device), 1, bytes, placement.tag);
+  NotePeerDecisions(placement.allowed, EnabledFor(placement), 1, bytes, placement.tag);
 }
 
 absl::Status DeviceHeap::ReserveMoreLocked(size_t at_least) {
@@ -201,7 +207,7 @@ absl::StatusOr<CUdeviceptr> DeviceHeap::CreateBlockLocked(const Placement& place
   }
   // The owner and every peer the placement allows now, in one call.
   const DeviceSet self = DeviceSet::Of(options_.device);
-  const DeviceSet target = (placement.allowed & peers_.Enabled(options_.device)) | self;
+  const DeviceSet target = (placement.allowed & EnabledFor(placement)) | self;
   mu_.Unlock();
   absl::Status mapped = mapper_.MapWithAccess(*va, size, *handle, target);
   if (!mapped.ok()) mapper_.Release(*handle).IgnoreError();
@@ -334,6 +340,22 @@ absl::Status DeviceHeap::DestroyBlockLocked(CUdeviceptr base) {
   }
   ForgetBlockLocked(base, released.ok() ? Forget::kReleased : Forget::kHandleHeld);
   return absl::OkStatus();
+}
+
+bool DeviceHeap::Resize(CUdeviceptr ptr, size_t bytes) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr || bytes == 0) return false;
+  Block& block = *blocks_[info->range_base];
+  if (info->packed) {
+    if (!block.slab->Resize(ptr - info->range_base, bytes)) return false;
+  } else {
+    if (bytes > block.size || bytes <= options_.packing_threshold) return false;
+    block.requested = bytes;
+  }
+  stats_.live_bytes = stats_.live_bytes - info->allocation_size + bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  return true;
 }
 
 absl::Status DeviceHeap::Free(CUdeviceptr ptr, bool driver_gone) {

@@ -65,6 +65,7 @@
 #include "core/peer_access.h"
 #include "core/peer_policy.h"
 #include "core/slab.h"
+#include "core/stream_ordered.h"
 #include "core/va_arena.h"
 #include "core/vmm_mapping.h"
 
@@ -100,6 +101,9 @@ struct DeviceStats {
   uint64_t context_releases = 0;  // ReleaseContext calls that released memory here
   CompressionState compression = CompressionState::kOff;
   std::array<PeerCounters, kMaxDevices> peers{};  // indexed by peer device
+  // The stream-ordered cache's figures (filled by the Allocator; the
+  // allocations above include these).
+  StreamOrderedFigures stream_ordered;
 };
 
 // What Find() knows about a pointer inside shim memory.
@@ -111,19 +115,26 @@ struct PointerInfo {
   int device = -1;
   CUcontext context = nullptr;      // current when allocated
   bool packed = false;
+  bool stream_ordered = false;      // cuMemAllocAsync memory (core/stream_ordered.h)
 };
 
-// The placement of an allocation (header comment).
+// The placement of an allocation (header comment). `stream_ordered`: the
+// allocation is stream-ordered memory of the device's default pool, whose
+// peers enable access with cuMemPoolSetAccess, not cuCtxEnablePeerAccess
+// (CUDA Programming Guide, "Stream Ordered Memory Allocator", peer access):
+// the two kinds never share a mapping, since access belongs to a mapping.
 struct Placement {
   CUcontext context = nullptr;
   DeviceSet allowed;
   std::string tag;
+  bool stream_ordered = false;
   bool operator==(const Placement& o) const {
-    return context == o.context && allowed == o.allowed && tag == o.tag;
+    return context == o.context && allowed == o.allowed && tag == o.tag &&
+           stream_ordered == o.stream_ordered;
   }
   template <typename H>
   friend H AbslHashValue(H h, const Placement& p) {
-    return H::combine(std::move(h), p.context, p.allowed, p.tag);
+    return H::combine(std::move(h), p.context, p.allowed, p.tag, p.stream_ordered);
   }
 };
 
@@ -148,9 +159,13 @@ class DeviceHeap {
     CompressionState compression = CompressionState::kOff;
   };
   // Everything referenced must outlive the heap.
+  // `peers`: who enabled access with cuCtxEnablePeerAccess (for ordinary
+  // allocations); `pool_peers`: who was given access to the default pool
+  // with cuMemPoolSetAccess (for stream-ordered ones).
   DeviceHeap(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
-             const PeerEnableTable& peers, ExportRegistry& exports, ReservationMap& ranges,
-             GlobalCounters& global, Options options);
+             const PeerEnableTable& peers, const PeerEnableTable& pool_peers,
+             ExportRegistry& exports, ReservationMap& ranges, GlobalCounters& global,
+             Options options);
   ~DeviceHeap();
   DeviceHeap(const DeviceHeap&) = delete;
   DeviceHeap& operator=(const DeviceHeap&) = delete;
@@ -177,6 +192,12 @@ class DeviceHeap {
   // released. `driver_gone`: the driver is deinitialized (exit); only forget
   // it. CUDA_ERROR_INVALID_VALUE when `ptr` does not start a live allocation.
   absl::Status Free(CUdeviceptr ptr, bool driver_gone) ABSL_LOCKS_EXCLUDED(mu_);
+  // Changes the requested size of the live allocation starting at `ptr` to
+  // `bytes`, which must take the same memory: for a large block at most its
+  // size, for a packed one the same number of units (stream-ordered reuse
+  // of a freed block by a request of another size). false, and nothing
+  // changed, otherwise.
+  bool Resize(CUdeviceptr ptr, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Defers the free of the allocation starting at `ptr` (header comment).
   absl::Status DeferFree(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(mu_);
   // The contexts with deferred frees.
@@ -196,9 +217,10 @@ class DeviceHeap {
   size_t ReleaseContext(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Brings every block's access to its target after a change of the
-  // enabled peers. `peer` (>= 0) just enabled access: its grants and
+  // enabled peers. `peer` (>= 0) just enabled access to the blocks of one
+  // kind (`stream_ordered`: through the default pool): their grants and
   // denials are counted and logged.
-  absl::Status ApplyPeerChange(int peer) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplyPeerChange(int peer, bool stream_ordered = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Explicit grant (true) or revoke of `peer` on the allocation containing
   // `ptr` (Allocator::GrantPeer states the rule).
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
@@ -255,6 +277,8 @@ class DeviceHeap {
   std::optional<PointerInfo> FindLocked(CUdeviceptr ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeviceSet Target(const Block& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The peers that enabled access to allocations of `placement`'s kind.
+  DeviceSet EnabledFor(const Placement& placement) const;
   absl::StatusOr<CUdeviceptr> CreateBlockLocked(const Placement& placement, size_t size,
                                                 bool packed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveMoreLocked(size_t at_least) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -296,6 +320,7 @@ class DeviceHeap {
   const VmmMapper& mapper_;
   const PeerPolicy& policy_;
   const PeerEnableTable& peers_;
+  const PeerEnableTable& pool_peers_;
   ExportRegistry& exports_;
   ReservationMap& ranges_;
   GlobalCounters& global_;

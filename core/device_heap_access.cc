@@ -64,13 +64,13 @@ absl::Status DeviceHeap::ApplyAccessLocked() {
   return first;
 }
 
-absl::Status DeviceHeap::ApplyPeerChange(int peer) {
+absl::Status DeviceHeap::ApplyPeerChange(int peer, bool stream_ordered) {
   MutexLock lock(&mu_);
   if (peer < 0) return ApplyAccessLocked();
   const DeviceSet bit = DeviceSet::Of(peer);
   uint64_t granted = 0, denied = 0, granted_bytes = 0;
   for (const auto& [base, b] : blocks_) {
-    if (b->cached) continue;
+    if (b->cached || b->placement.stream_ordered != stream_ordered) continue;
     NotePeerDecisions(b->placement.allowed, bit, b->allocations(),
                       b->slab != nullptr ? b->slab->used_bytes() : b->requested,
                       b->placement.tag);
@@ -83,9 +83,10 @@ absl::Status DeviceHeap::ApplyPeerChange(int peer) {
   }
   absl::Status applied = ApplyAccessLocked();
   if (applied.ok()) {
-    Log().info("peer {} enabled access to device {}: {} allocation(s) granted ({} bytes "
+    Log().info("peer {} enabled access to device {}{}: {} allocation(s) granted ({} bytes "
                "mapped), {} denied by policy {}",
-               peer, options_.device, granted, granted_bytes, denied, policy_.Describe());
+               peer, options_.device, stream_ordered ? "'s default pool" : "", granted,
+               granted_bytes, denied, policy_.Describe());
   }
   return applied;
 }
@@ -151,6 +152,11 @@ absl::StatusOr<std::pair<PointerInfo, ExportToken>> DeviceHeap::Export(CUdevicep
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
   Block& block = *blocks_[info->range_base];
+  if (block.placement.stream_ordered) {
+    // As natively: pool memory has no legacy IPC handle (pools are shared
+    // with cuMemPoolExportPointer, which the shim does not serve).
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
+  }
   if (!block.exportable) {
     Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} was made without a "
                "shareable handle type (VMMSHIM_IPC=0 or no POSIX-fd support)",

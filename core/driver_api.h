@@ -128,7 +128,30 @@ namespace vmmshim {
     false)                                                                             \
   X(cuStreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, false)  \
   X(cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz",                              \
-    PFN_cuStreamSynchronize_v7000_ptsz, false)
+    PFN_cuStreamSynchronize_v7000_ptsz, false)                                         \
+  /* stream-ordered allocation (core/stream_ordered.h) */                              \
+  X(cuMemAllocAsync, "cuMemAllocAsync", PFN_cuMemAllocAsync_v11020, false)             \
+  X(cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz", PFN_cuMemAllocAsync_v11020_ptsz, false) \
+  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", PFN_cuMemAllocFromPoolAsync_v11020, \
+    false)                                                                             \
+  X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync_ptsz",                      \
+    PFN_cuMemAllocFromPoolAsync_v11020_ptsz, false)                                    \
+  X(cuMemPoolSetAccess, "cuMemPoolSetAccess", PFN_cuMemPoolSetAccess_v11020, false)    \
+  X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", PFN_cuMemPoolGetAttribute_v11020, false) \
+  X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", PFN_cuMemPoolSetAttribute_v11020, false) \
+  X(cuMemPoolTrimTo, "cuMemPoolTrimTo", PFN_cuMemPoolTrimTo_v11020, false)             \
+  X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool",                            \
+    PFN_cuDeviceGetDefaultMemPool_v11020, false)                                       \
+  X(cuDeviceGetMemPool, "cuDeviceGetMemPool", PFN_cuDeviceGetMemPool_v11020, false)    \
+  X(cuDeviceSetMemPool, "cuDeviceSetMemPool", PFN_cuDeviceSetMemPool_v11020, false)    \
+  X(cuMemSetMemPool, "cuMemSetMemPool", PFN_cuMemSetMemPool_v13000, false)             \
+  X(cuStreamQuery, "cuStreamQuery", PFN_cuStreamQuery_v2000, false)                    \
+  X(cuStreamGetCtx, "cuStreamGetCtx", PFN_cuStreamGetCtx_v9020, false)                 \
+  X(cuStreamDestroy_v2, "cuStreamDestroy_v2", PFN_cuStreamDestroy_v4000, false)        \
+  X(cuEventCreate, "cuEventCreate", PFN_cuEventCreate_v2000, false)                    \
+  X(cuEventRecord, "cuEventRecord", PFN_cuEventRecord_v2000, false)                    \
+  X(cuEventQuery, "cuEventQuery", PFN_cuEventQuery_v2000, false)                       \
+  X(cuEventDestroy_v2, "cuEventDestroy_v2", PFN_cuEventDestroy_v4000, false)
 
 struct DriverApi {
 #define VMMSHIM_DECLARE_ENTRY(member, symbol, type, required) type member = nullptr;

@@ -41,6 +41,17 @@ std::optional<size_t> Slab::Free(size_t offset) {
   return bytes;
 }
 
+bool Slab::Resize(size_t offset, size_t bytes) {
+  if (offset % kUnit != 0 || bytes == 0) return false;
+  auto it = live_.find(static_cast<uint32_t>(offset / kUnit));
+  if (it == live_.end() || (it->second + kUnit - 1) / kUnit != (bytes + kUnit - 1) / kUnit) {
+    return false;
+  }
+  requested_bytes_ = requested_bytes_ - it->second + bytes;
+  it->second = static_cast<uint32_t>(bytes);
+  return true;
+}
+
 std::optional<std::pair<size_t, size_t>> Slab::Find(size_t offset) const {
   auto it = live_.upper_bound(static_cast<uint32_t>(offset / kUnit));
   if (it == live_.begin()) return std::nullopt;

@@ -46,6 +46,11 @@ class Slab {
   // double free).
   std::optional<size_t> Free(size_t offset);
 
+  // Changes the requested size of the allocation starting at `offset` to
+  // `bytes` when it takes the same number of units; false (nothing changed)
+  // otherwise.
+  bool Resize(size_t offset, size_t bytes);
+
   // The (start offset, requested bytes) of the allocation containing
   // `offset`, or nullopt when that byte is free.
   std::optional<std::pair<size_t, size_t>> Find(size_t offset) const;

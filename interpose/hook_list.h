@@ -57,6 +57,18 @@
   X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)          \
   X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
   X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                            \
-  X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
+  X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)                 \
+  /* stream-ordered allocation: interpose/hooks_stream_ordered.cc */              \
+  X(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020)                                  \
+  X(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz)                        \
+  X(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020)                  \
+  X(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz)        \
+  X(cuMemPoolSetAccess, PFN_cuMemPoolSetAccess_v11020)                            \
+  X(cuMemPoolGetAttribute, PFN_cuMemPoolGetAttribute_v11020)                      \
+  X(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020)                      \
+  X(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020)                                  \
+  X(cuDeviceSetMemPool, PFN_cuDeviceSetMemPool_v11020)                            \
+  X(cuMemSetMemPool, PFN_cuMemSetMemPool_v13000)                                  \
+  X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000)
 
 #endif  // VMMSHIM_INTERPOSE_HOOK_LIST_H_

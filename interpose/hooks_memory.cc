@@ -107,8 +107,11 @@ VMMSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (r != CUDA_SUCCESS || !rt->enabled() || free == nullptr) return r;
   // Memory the shim keeps mapped without serving an allocation is free to
   // the application.
+  // Stream-ordered blocks beyond the pool's release threshold are released
+  // first, as the driver would have at the last synchronize.
   CUdevice device = 0;
   if (rt->driver.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
+    rt->allocator->SettleStreamOrdered(device);
     *free += rt->allocator->IdleBytes(device);
   }
   return r;
@@ -132,12 +135,18 @@ VMMSHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psiz
 namespace {
 
 // Overrides the attributes whose answer the shim defines for its own memory:
-// the range (the backing handle, as for any VMM memory) and the context (the
-// one current at allocation, as for cuMemAlloc memory). Everything else is
-// the driver's answer about the VMM mapping.
-void PatchAttribute(const vmmshim::PointerInfo& info, CUpointer_attribute attribute,
-                    void* data) {
+// the range (the backing handle, as for any VMM memory), the context (the
+// one current at allocation, as for cuMemAlloc memory) and, for
+// stream-ordered memory, the pool (the device's default pool, as natively).
+// Everything else is the driver's answer about the VMM mapping.
+void PatchAttribute(const Runtime& rt, const vmmshim::PointerInfo& info,
+                    CUpointer_attribute attribute, void* data) {
   switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      if (info.stream_ordered) {
+        *static_cast<CUmemoryPool*>(data) = rt.allocator->DefaultPool(info.device);
+      }
+      break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       *static_cast<CUdeviceptr*>(data) = info.range_base;
       break;
@@ -159,9 +168,14 @@ VMMSHIM_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute at
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = rt->driver.cuPointerGetAttribute(data, attribute, ptr);
-  if (r != CUDA_SUCCESS || !rt->enabled()) return r;
+  if (!rt->enabled() || data == nullptr) return r;
+  if (r != CUDA_SUCCESS && attribute != CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) return r;
   if (absl::StatusOr<vmmshim::PointerInfo> info = rt->allocator->Find(ptr); info.ok()) {
-    PatchAttribute(*info, attribute, data);
+    // The driver knows no pool for VMM memory; the shim's stream-ordered
+    // memory has one.
+    if (r != CUDA_SUCCESS && !info->stream_ordered) return r;
+    PatchAttribute(*rt, *info, attribute, data);
+    return CUDA_SUCCESS;
   }
   return r;
 }
@@ -175,7 +189,7 @@ VMMSHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int count,
   if (r != CUDA_SUCCESS || !rt->enabled()) return r;
   if (absl::StatusOr<vmmshim::PointerInfo> info = rt->allocator->Find(ptr); info.ok()) {
     for (unsigned int i = 0; i < count; ++i) {
-      if (data[i] != nullptr) PatchAttribute(*info, attributes[i], data[i]);
+      if (data[i] != nullptr) PatchAttribute(*rt, *info, attributes[i], data[i]);
     }
   }
   return r;

@@ -120,6 +120,7 @@ struct State {
   // a test holds the stream (HoldStream); an event recorded on a held stream
   // completes when the stream is released or synchronized.
   struct Stream {
+    CUcontext context = nullptr;  // current at cuStreamCreate
     bool held = false;
     std::vector<CUstream> waiters;  // streams held until this one's work is done
   };
@@ -1112,8 +1113,23 @@ CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
   if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
   (void)flags;
   *stream = reinterpret_cast<CUstream>(s.next_stream++);
-  s.streams[*stream];
+  s.streams[*stream].context = Current();
   return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream stream) {
+  SIM_ENTER("cuStreamQuery");
+  return StreamHeldLocked(s, stream) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCtx(CUstream stream, CUcontext* ctx) {
+  SIM_ENTER("cuStreamGetCtx");
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // A created stream's context; any other handle (tests name streams by
+  // arbitrary values) belongs to the current context.
+  auto it = s.streams.find(stream);
+  *ctx = it != s.streams.end() && it->second.context != nullptr ? it->second.context : Current();
+  return *ctx == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
 }
 
 CUresult cuStreamDestroy_v2(CUstream stream) {
@@ -1232,7 +1248,11 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   SIM_ENTER("cuMemAllocAsync");
-  const int d = CurrentDevice();
+  // The current pool of the stream's device.
+  int d = CurrentDevice();
+  if (auto it = s.streams.find(stream); it != s.streams.end() && it->second.context != nullptr) {
+    d = reinterpret_cast<Context*>(it->second.context)->device;
+  }
   if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
   return AllocFromPoolLocked(s, dptr, bytes, s.devices[d].current_pool, stream);
 }
@@ -1245,6 +1265,19 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool p
                                  CUstream stream) {
   SIM_ENTER("cuMemAllocFromPoolAsync");
   return AllocFromPoolLocked(s, dptr, bytes, pool, stream);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                                      CUstream stream) {
+  return vmmshim::sim::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+}
+
+CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
+  if (location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      type != CU_MEM_ALLOCATION_TYPE_PINNED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return vmmshim::sim::cuDeviceSetMemPool(location->id, pool);
 }
 
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
@@ -1813,7 +1846,10 @@ constexpr ProcEntry kProcTable[] = {
     {"cuMemPoolCreate", 11020, "cuMemPoolCreate", nullptr},
     {"cuMemPoolDestroy", 11020, "cuMemPoolDestroy", nullptr},
     {"cuMemAllocAsync", 11020, "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
-    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", nullptr},
+    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"},
+    {"cuMemSetMemPool", 13000, "cuMemSetMemPool", nullptr},
+    {"cuStreamQuery", 2000, "cuStreamQuery", nullptr},
+    {"cuStreamGetCtx", 9020, "cuStreamGetCtx", nullptr},
     {"cuMemPoolGetAttribute", 11020, "cuMemPoolGetAttribute", nullptr},
     {"cuMemPoolSetAttribute", 11020, "cuMemPoolSetAttribute", nullptr},
     {"cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo", nullptr},

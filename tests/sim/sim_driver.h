@@ -231,6 +231,13 @@ DriverApi Api();
   X(cuMemAllocFromPoolAsync,                                                         \
     (CUdeviceptr * dptr, size_t bytes, CUmemoryPool pool, CUstream stream),          \
     (dptr, bytes, pool, stream))                                                     \
+  X(cuMemAllocFromPoolAsync_ptsz,                                                    \
+    (CUdeviceptr * dptr, size_t bytes, CUmemoryPool pool, CUstream stream),          \
+    (dptr, bytes, pool, stream))                                                     \
+  X(cuMemSetMemPool, (CUmemLocation * location, CUmemAllocationType type, CUmemoryPool pool), \
+    (location, type, pool))                                                          \
+  X(cuStreamQuery, (CUstream stream), (stream))                                      \
+  X(cuStreamGetCtx, (CUstream stream, CUcontext * ctx), (stream, ctx))               \
   X(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value), \
     (pool, attr, value))                                                             \
   X(cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value), \

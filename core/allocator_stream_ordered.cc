@@ -1,0 +1,350 @@
+// Allocator (core/allocator.h): stream-ordered allocation on default pools,
+// served from VMM through each device's StreamOrderedCache
+// (core/stream_ordered.h), and the pool calls that must stay consistent with
+// it. Split from allocator.cc by subject.
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/cu_status.h"
+#include "core/log.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
+
+// The context and device of recently used streams, per thread, so that a
+// cache hit makes no cuStreamGetCtx call. A destroyed stream's handle can
+// name a new stream of another context: StreamDestroyed and ForgetContext
+// move the epoch.
+std::atomic<uint64_t> g_stream_epoch{1};
+struct StreamMemo {
+  CUstream stream = nullptr;
+  CUcontext context = nullptr;
+  int device = -1;
+  uint64_t epoch = 0;
+};
+constexpr int kStreamMemos = 4;
+thread_local StreamMemo t_stream_memo[kStreamMemos];
+thread_local int t_stream_memo_next = 0;
+
+}  // namespace
+
+void Allocator::ForgetStreamMemos() { g_stream_epoch.fetch_add(1, std::memory_order_acq_rel); }
+
+absl::Status Allocator::ResolveStream(CUstream stream, bool per_thread, StreamKey* key,
+                                      int* device) {
+  if (stream == nullptr) stream = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+  if (stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+    // Streams of the current context.
+    CUcontext context = nullptr;
+    if (!CurrentContext(&context, device)) {
+      return DriverError(CUDA_ERROR_INVALID_CONTEXT, "cuMemAllocAsync");
+    }
+    *key = StreamKey{stream, context, stream == CU_STREAM_PER_THREAD ? ThisThreadId() : 0};
+    return absl::OkStatus();
+  }
+  const uint64_t epoch = g_stream_epoch.load(std::memory_order_acquire);
+  for (const StreamMemo& m : t_stream_memo) {
+    if (m.stream == stream && m.epoch == epoch) {
+      *key = StreamKey{stream, m.context, 0};
+      *device = m.device;
+      return absl::OkStatus();
+    }
+  }
+  if (driver_.cuStreamGetCtx == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "cuStreamGetCtx");
+  }
+  CUcontext context = nullptr;
+  CUresult r = driver_.cuStreamGetCtx(stream, &context);
+  if (r != CUDA_SUCCESS) return DriverError(r, "cuStreamGetCtx");
+  CUcontext current = nullptr;
+  int d = -1;
+  if (CurrentContext(&current, &d) && current == context) {
+    *device = d;
+  } else {
+    // Another context's stream: its device, with that context current.
+    r = driver_.cuCtxPushCurrent_v2(context);
+    if (r != CUDA_SUCCESS) return DriverError(r, "cuCtxPushCurrent");
+    CUdevice dev = -1;
+    r = driver_.cuCtxGetDevice(&dev);
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+    if (r != CUDA_SUCCESS) return DriverError(r, "cuCtxGetDevice");
+    *device = dev;
+  }
+  t_stream_memo[t_stream_memo_next] = StreamMemo{stream, context, *device, epoch};
+  t_stream_memo_next = (t_stream_memo_next + 1) % kStreamMemos;
+  *key = StreamKey{stream, context, 0};
+  return absl::OkStatus();
+}
+
+CUmemoryPool Allocator::DefaultPool(int device) {
+  if (!DeviceSet::IsOrdinal(device)) return nullptr;
+  CUmemoryPool pool = default_pools_[device].load(std::memory_order_acquire);
+  if (pool != nullptr || driver_.cuDeviceGetDefaultMemPool == nullptr) return pool;
+  if (driver_.cuDeviceGetDefaultMemPool(&pool, device) != CUDA_SUCCESS) return nullptr;
+  default_pools_[device].store(pool, std::memory_order_release);
+  return pool;
+}
+
+void Allocator::CurrentPoolChanged(int device, CUmemoryPool pool) {
+  if (!DeviceSet::IsOrdinal(device)) return;
+  const bool is_default = pool != nullptr && pool == DefaultPool(device);
+  default_pool_current_[device].store(is_default ? 1 : 2, std::memory_order_release);
+}
+
+int Allocator::DeviceOfDefaultPool(CUmemoryPool pool) const {
+  if (pool == nullptr) return -1;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (default_pools_[d].load(std::memory_order_acquire) == pool && CacheFor(d) != nullptr) {
+      return d;
+    }
+  }
+  return -1;
+}
+
+size_t Allocator::SizeClass(const DeviceHeap& heap, size_t bytes) {
+  return bytes <= heap.packing_threshold() ? RoundUp(bytes, Slab::kUnit)
+                                           : RoundUp(bytes, heap.granularity());
+}
+
+size_t Allocator::SizeClassOf(const PointerInfo& info) {
+  // A large allocation may sit in a cached block somewhat larger than its
+  // rounded request: its class is the block's size.
+  return info.packed ? RoundUp(info.allocation_size, Slab::kUnit) : info.range_size;
+}
+
+void Allocator::ReleaseToHeap(DeviceHeap* heap, const std::vector<CUdeviceptr>& blocks) {
+  for (CUdeviceptr ptr : blocks) {
+    // Their work is done (core/stream_ordered.h): no synchronization.
+    if (absl::Status s = heap->Free(ptr, false); !s.ok()) {
+      Log().warn("device {}: releasing a freed stream-ordered block at {:#x}: {}",
+                 heap->device(), ptr, s.ToString());
+    }
+  }
+}
+
+absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUstream stream,
+                                                               bool per_thread, CUmemoryPool pool,
+                                                               absl::string_view tag) {
+  if (captures_.any()) {
+    // A capturing stream records a graph memory node: the driver's.
+    auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (capturing == nullptr || capturing(stream, &status) != CUDA_SUCCESS ||
+        status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return Allocation{};
+    }
+  }
+  StreamKey key;
+  int device = -1;
+  if (!ResolveStream(stream, per_thread, &key, &device).ok()) return Allocation{};
+  const CUmemoryPool default_pool = DefaultPool(device);
+  if (default_pool == nullptr) return Allocation{};
+  if (pool == nullptr) {
+    std::atomic<int>& current = default_pool_current_[device];
+    if (current.load(std::memory_order_acquire) == 0 && driver_.cuDeviceGetMemPool != nullptr) {
+      CUmemoryPool now = nullptr;
+      if (driver_.cuDeviceGetMemPool(&now, device) == CUDA_SUCCESS) {
+        CurrentPoolChanged(device, now);
+      }
+    }
+    if (current.load(std::memory_order_acquire) != 1) return Allocation{};
+  } else if (pool != default_pool) {
+    return Allocation{};  // a pool the program created: the driver's
+  }
+  absl::StatusOr<DeviceHeap*> heap = HeapFor(device);
+  if (!heap.ok() || *heap == nullptr) return Allocation{};
+  if (bytes > std::numeric_limits<size_t>::max() - (*heap)->granularity()) {
+    return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocAsync");
+  }
+  StreamOrderedCache* cache = CacheFor(device);
+  const size_t size_class = SizeClass(**heap, bytes);
+  std::optional<StreamOrderedCache::Reuse> reuse = cache->Take(key, size_class);
+  if (!reuse && !captures_.any() && cache->HasPending()) {
+    // Blocks freed on other streams may be ready by now.
+    ReleaseToHeap(*heap, cache->Harvest());
+    reuse = cache->Take(key, size_class);
+  }
+  if (reuse) {
+    if (reuse->bytes != bytes && !(*heap)->Resize(reuse->ptr, bytes)) {
+      // Cannot happen for a block of the same class; keep it correct anyway.
+      ReleaseToHeap(*heap, {reuse->ptr});
+      reuse.reset();
+    } else {
+      cache->NoteAllocated(key.context, size_class, bytes, true);
+      return Allocation{reuse->ptr, true};
+    }
+  }
+  absl::StatusOr<int> device_count = DeviceCount();
+  if (!device_count.ok()) return device_count.status();
+  const Placement placement{key.context,
+                            options_.peer_policy.Allowed(device, *device_count, bytes, tag),
+                            std::string(tag), /*stream_ordered=*/true};
+  absl::StatusOr<CUdeviceptr> ptr;
+  if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
+    ptr = *hit;
+  } else {
+    ptr = (*heap)->AllocateSlow(placement, bytes);
+    if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
+        (ReclaimStreamOrdered(-1) | ReclaimDeferred())) {
+      ptr = (*heap)->AllocateSlow(placement, bytes);
+    }
+  }
+  if (!ptr.ok()) return ptr.status();
+  // The class of the block actually served (a cached large block can be
+  // larger than the rounded request).
+  size_t served_class = size_class;
+  if (bytes > (*heap)->packing_threshold()) {
+    if (std::optional<PointerInfo> info = (*heap)->Find(*ptr)) served_class = info->range_size;
+  }
+  cache->NoteAllocated(key.context, served_class, bytes, false);
+  return Allocation{*ptr, true};
+}
+
+absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& info,
+                                          CUstream stream, bool per_thread) {
+  if (captures_.any()) {
+    // As for other shim memory on a capturing stream (core/capture.h).
+    auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (capturing != nullptr && capturing(stream, &status) == CUDA_SUCCESS &&
+        status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
+    }
+  }
+  StreamKey key;
+  int stream_device = -1;
+  if (absl::Status s = ResolveStream(stream, per_thread, &key, &stream_device); !s.ok()) return s;
+  StreamOrderedCache* cache = CacheFor(heap->device());
+  absl::StatusOr<bool> harvest = cache->Put(key, info.allocation_base, info.context,
+                                            SizeClassOf(info), info.allocation_size);
+  if (!harvest.ok()) return harvest.status();
+  if (*harvest && !captures_.any()) ReleaseToHeap(heap, cache->Harvest());
+  return absl::OkStatus();
+}
+
+bool Allocator::ReclaimStreamOrdered(int device) {
+  if (captures_.any()) return false;  // contexts cannot be synchronized
+  bool any = false;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (device >= 0 && d != device) continue;
+    StreamOrderedCache* cache = CacheFor(d);
+    if (cache == nullptr) continue;
+    std::vector<CUcontext> contexts;
+    const uint64_t mark = cache->PendingContexts(&contexts);
+    bool synced = true;
+    for (CUcontext c : contexts) synced = SynchronizeContext(c).ok() && synced;
+    if (synced) cache->MarkReady(mark);
+    const std::vector<CUdeviceptr> blocks = cache->Harvest(0);
+    any = any || !blocks.empty();
+    ReleaseToHeap(heaps_[d].load(std::memory_order_acquire), blocks);
+  }
+  return any;
+}
+
+absl::Status Allocator::SetPoolPeer(int peer, int owner, bool enable) {
+  MutexLock lock(&peers_mu_);
+  const bool enabled = pool_peers_.Enabled(owner).Contains(peer);
+  if (enable == enabled) return absl::OkStatus();  // pool access is a state, not a count
+  if (enable) {
+    pool_peers_.Enable(peer, owner);
+  } else {
+    pool_peers_.Reset(peer, owner);
+  }
+  DeviceHeap* heap = heaps_[owner].load(std::memory_order_acquire);
+  if (heap == nullptr) return absl::OkStatus();
+  absl::Status applied = heap->ApplyPeerChange(enable ? peer : -1, /*stream_ordered=*/true);
+  if (!applied.ok() && enable) {
+    pool_peers_.Reset(peer, owner);
+    heap->ApplyPeerChange(-1, true).IgnoreError();
+  }
+  return applied;
+}
+
+absl::Status Allocator::PoolAccessChanged(CUmemoryPool pool, const CUmemAccessDesc* map,
+                                          size_t count) {
+  if (map == nullptr) return absl::OkStatus();
+  int owner = DeviceOfDefaultPool(pool);
+  if (owner < 0) {
+    // The pool may be a default pool the shim has not asked about yet (no
+    // stream-ordered allocation so far): its access must still be known.
+    absl::StatusOr<int> devices = DeviceCount();
+    for (int d = 0; devices.ok() && d < *devices; ++d) {
+      if (DefaultPool(d) == pool) owner = d;
+    }
+    if (owner < 0) return absl::OkStatus();
+  }
+  absl::Status first;
+  for (size_t i = 0; i < count; ++i) {
+    const CUmemAccessDesc& desc = map[i];
+    if (desc.location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc.location.id == owner ||
+        !DeviceSet::IsOrdinal(desc.location.id)) {
+      continue;
+    }
+    first.Update(SetPoolPeer(desc.location.id, owner, desc.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE));
+  }
+  return first;
+}
+
+std::optional<StreamOrderedFigures> Allocator::PoolFigures(CUmemoryPool pool) {
+  const int d = DeviceOfDefaultPool(pool);
+  if (d < 0) return std::nullopt;
+  SettleStreamOrdered(d);
+  return CacheFor(d)->figures();
+}
+
+void Allocator::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribute,
+                                 const void* value) {
+  int d = DeviceOfDefaultPool(pool);
+  if (d < 0 || value == nullptr) return;
+  StreamOrderedCache* cache = CacheFor(d);
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      cache->SetReleaseThreshold(*static_cast<const cuuint64_t*>(value));
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      cache->ResetHigh(/*reserved=*/true);
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      cache->ResetHigh(/*reserved=*/false);
+      break;
+    default:
+      break;
+  }
+}
+
+size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
+  const int d = DeviceOfDefaultPool(pool);
+  if (d < 0 || captures_.any()) return 0;
+  const std::vector<CUdeviceptr> blocks = CacheFor(d)->Harvest(keep);
+  size_t bytes = 0;
+  DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
+  for (CUdeviceptr ptr : blocks) {
+    if (std::optional<PointerInfo> info = heap->Find(ptr)) bytes += SizeClassOf(*info);
+  }
+  ReleaseToHeap(heap, blocks);
+  return bytes;
+}
+
+void Allocator::SettleStreamOrdered(int device) {
+  StreamOrderedCache* cache = CacheFor(device);
+  if (cache == nullptr || captures_.any()) return;
+  ReleaseToHeap(heaps_[device].load(std::memory_order_acquire), cache->Harvest());
+}
+
+void Allocator::StreamDestroyed(CUstream stream) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return;
+  ForgetStreamMemos();
+  for (auto& slot : stream_caches_) {
+    if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) {
+      cache->StreamDestroyed(stream);
+    }
+  }
+}
+
+}  // namespace vmmshim

@@ -1,0 +1,389 @@
+#include "core/stream_ordered.h"
+
+#include <algorithm>
+#include <atomic>
+#include <new>
+
+#include "core/cu_status.h"
+
+namespace vmmshim {
+namespace {
+
+// Every this many frees, the caller harvests: blocks freed on streams that
+// never allocate again become ready for the others, and the release
+// threshold applies, at one cuStreamQuery per stream per period.
+constexpr size_t kHarvestPeriod = 256;
+
+// Makes `context` current for the scope when it is not (events belong to
+// the context current at their creation; CU_STREAM_LEGACY and
+// CU_STREAM_PER_THREAD name a stream of the current context).
+class ContextScope {
+ public:
+  ContextScope(const DriverApi& driver, CUcontext context) : driver_(driver) {
+    CUcontext current = nullptr;
+    if (context == nullptr || driver_.cuCtxGetCurrent(&current) != CUDA_SUCCESS ||
+        current == context) {
+      return;
+    }
+    pushed_ = driver_.cuCtxPushCurrent_v2(context) == CUDA_SUCCESS;
+  }
+  ~ContextScope() {
+    if (!pushed_) return;
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  bool pushed_ = false;
+};
+
+}  // namespace
+
+uint64_t ThisThreadId() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t id = next.fetch_add(1, std::memory_order_relaxed);
+  return id;
+}
+
+void StreamOrderedCache::AfterForkChild() { new (&mu_) Mutex; }
+
+std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Take(const StreamKey& key,
+                                                                  size_t size_class) {
+  MutexLock lock(&mu_);
+  CUdeviceptr ptr = 0;
+  if (auto it = lists_.find(key); it != lists_.end()) {
+    StreamList& list = it->second;
+    auto c = list.by_class.lower_bound({size_class, 0});
+    if (c != list.by_class.end() && c->first == size_class) {
+      auto s = list.by_seq.find(c->second);
+      ptr = s->second;
+      list.by_seq.erase(s);
+      list.by_class.erase(c);
+      --pending_;
+    }
+  }
+  if (ptr == 0) {
+    auto r = ready_.lower_bound({size_class, 0});
+    if (r == ready_.end() || r->first != size_class) return std::nullopt;
+    ptr = r->second;
+    ready_.erase(r);
+  }
+  auto e = entries_.find(ptr);
+  const Reuse reuse{ptr, e->second.bytes};
+  f_.cached -= e->second.size_class;
+  entries_.erase(e);
+  return reuse;
+}
+
+bool StreamOrderedCache::HasPending() const {
+  MutexLock lock(&mu_);
+  return pending_ > 0;
+}
+
+void StreamOrderedCache::NoteAllocated(CUcontext context, size_t size_class, size_t bytes,
+                                       bool reused) {
+  MutexLock lock(&mu_);
+  Live& live = live_[context];
+  live.classes += size_class;
+  live.bytes += bytes;
+  ++live.count;
+  live_classes_ += size_class;
+  ++f_.live_allocations;
+  ++f_.allocations;
+  if (reused) ++f_.reuses;
+  f_.used += bytes;
+  NoteHighLocked();
+}
+
+void StreamOrderedCache::NoteHighLocked() {
+  f_.reserved_high = std::max<uint64_t>(f_.reserved_high, live_classes_ + f_.cached);
+  f_.used_high = std::max(f_.used_high, f_.used);
+}
+
+absl::StatusOr<bool> StreamOrderedCache::Put(const StreamKey& key, CUdeviceptr ptr,
+                                             CUcontext context, size_t size_class,
+                                             size_t bytes) {
+  MutexLock lock(&mu_);
+  if (entries_.contains(ptr)) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
+  const uint64_t seq = next_seq_++;
+  entries_[ptr] = Entry{size_class, bytes, seq, context, false, false, key};
+  StreamList& list = lists_[key];
+  list.by_class.insert({size_class, seq});
+  list.by_seq[seq] = ptr;
+  ++pending_;
+  // The reserved bytes stay: the block moves from live to cached.
+  f_.cached += size_class;
+  if (auto it = live_.find(context); it != live_.end()) {
+    it->second.classes -= size_class;
+    it->second.bytes -= bytes;
+    --it->second.count;
+    live_classes_ -= size_class;
+    --f_.live_allocations;
+    f_.used -= bytes;
+  }
+  ++f_.frees;
+  return ++puts_since_harvest_ >= kHarvestPeriod;
+}
+
+bool StreamOrderedCache::Contains(CUdeviceptr ptr) const {
+  MutexLock lock(&mu_);
+  return entries_.contains(ptr);
+}
+
+void StreamOrderedCache::NoteFreed(CUcontext context, size_t size_class, size_t bytes) {
+  MutexLock lock(&mu_);
+  auto it = live_.find(context);
+  if (it == live_.end()) return;  // released with its context already
+  it->second.classes -= size_class;
+  it->second.bytes -= bytes;
+  --it->second.count;
+  live_classes_ -= size_class;
+  --f_.live_allocations;
+  ++f_.frees;
+  f_.used -= bytes;
+}
+
+void StreamOrderedCache::MakeReadyLocked(CUdeviceptr ptr) {
+  Entry& e = entries_.at(ptr);
+  e.ready = true;
+  e.retired = false;
+  ready_.insert({e.size_class, ptr});
+  --pending_;
+}
+
+void StreamOrderedCache::MarkListReadyLocked(StreamList& list, uint64_t upto) {
+  for (auto it = list.by_seq.begin(); it != list.by_seq.end() && it->first <= upto;) {
+    const CUdeviceptr ptr = it->second;
+    list.by_class.erase({entries_.at(ptr).size_class, it->first});
+    MakeReadyLocked(ptr);
+    it = list.by_seq.erase(it);
+  }
+}
+
+void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list) {
+  if (list.by_seq.empty()) return;
+  if (list.event_pending) {
+    const CUresult r = driver_.cuEventQuery(list.event);
+    if (r == CUDA_SUCCESS) MarkListReadyLocked(list, list.event_covers);
+    if (r != CUDA_ERROR_NOT_READY) list.event_pending = false;
+    if (list.by_seq.empty()) return;
+  }
+  // The per-thread default stream is the calling thread's.
+  if (key.stream == CU_STREAM_PER_THREAD && key.thread != ThisThreadId()) return;
+  if (driver_.cuStreamQuery == nullptr) return;
+  const uint64_t mark = next_seq_ - 1;
+  ContextScope scope(driver_, key.context);
+  const CUresult r = driver_.cuStreamQuery(key.stream);
+  if (r == CUDA_SUCCESS) {
+    MarkListReadyLocked(list, mark);
+    return;
+  }
+  if (r != CUDA_ERROR_NOT_READY || list.event_pending) return;
+  if (driver_.cuEventCreate == nullptr || driver_.cuEventRecord == nullptr) return;
+  if (list.event == nullptr &&
+      driver_.cuEventCreate(&list.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    list.event = nullptr;
+    return;
+  }
+  if (driver_.cuEventRecord(list.event, key.stream) == CUDA_SUCCESS) {
+    list.event_covers = mark;
+    list.event_pending = true;
+  }
+}
+
+std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
+  std::vector<CUdeviceptr> out;
+  while (live_classes_ + f_.cached > keep && !ready_.empty()) {
+    auto last = std::prev(ready_.end());  // the largest first: the fewest frees
+    const CUdeviceptr ptr = last->second;
+    f_.cached -= last->first;
+    ready_.erase(last);
+    entries_.erase(ptr);
+    out.push_back(ptr);
+  }
+  return out;
+}
+
+std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> keep) {
+  MutexLock lock(&mu_);
+  puts_since_harvest_ = 0;
+  for (auto& [key, list] : lists_) QueryListLocked(key, list);
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if (it->event == nullptr || driver_.cuEventQuery(it->event) != CUDA_SUCCESS) {
+      ++it;
+      continue;
+    }
+    for (CUdeviceptr ptr : it->blocks) MakeReadyLocked(ptr);
+    if (driver_.cuEventDestroy_v2 != nullptr) driver_.cuEventDestroy_v2(it->event);
+    it = retired_.erase(it);
+  }
+  return ReleaseReadyLocked(keep.value_or(f_.release_threshold));
+}
+
+uint64_t StreamOrderedCache::PendingContexts(std::vector<CUcontext>* contexts) const {
+  MutexLock lock(&mu_);
+  auto add = [contexts](CUcontext c) {
+    if (std::find(contexts->begin(), contexts->end(), c) == contexts->end()) {
+      contexts->push_back(c);
+    }
+  };
+  for (const auto& [key, list] : lists_) {
+    if (!list.by_seq.empty()) add(key.context);
+  }
+  for (const Retired& r : retired_) add(r.context);
+  return next_seq_ - 1;
+}
+
+void StreamOrderedCache::MarkReady(uint64_t mark) {
+  MutexLock lock(&mu_);
+  for (auto& [key, list] : lists_) MarkListReadyLocked(list, mark);
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    auto& blocks = it->blocks;
+    for (auto b = blocks.begin(); b != blocks.end();) {
+      if (entries_.at(*b).seq <= mark) {
+        MakeReadyLocked(*b);
+        b = blocks.erase(b);
+      } else {
+        ++b;
+      }
+    }
+    if (!blocks.empty()) {
+      ++it;
+      continue;
+    }
+    if (it->event != nullptr && driver_.cuEventDestroy_v2 != nullptr) {
+      driver_.cuEventDestroy_v2(it->event);
+    }
+    it = retired_.erase(it);
+  }
+}
+
+void StreamOrderedCache::StreamDestroyed(CUstream stream) {
+  MutexLock lock(&mu_);
+  for (auto it = lists_.begin(); it != lists_.end();) {
+    if (it->first.stream != stream) {
+      ++it;
+      continue;
+    }
+    const StreamKey key = it->first;
+    StreamList& list = it->second;
+    if (!list.by_seq.empty()) {
+      ContextScope scope(driver_, key.context);
+      if (driver_.cuStreamQuery != nullptr && driver_.cuStreamQuery(stream) == CUDA_SUCCESS) {
+        MarkListReadyLocked(list, next_seq_);
+      } else {
+        Retired r;
+        r.context = key.context;
+        if (list.event == nullptr && driver_.cuEventCreate != nullptr &&
+            driver_.cuEventCreate(&list.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+          list.event = nullptr;
+        }
+        // Without an event the blocks wait for an out-of-memory
+        // synchronization (MarkReady).
+        if (list.event != nullptr && driver_.cuEventRecord != nullptr &&
+            driver_.cuEventRecord(list.event, stream) == CUDA_SUCCESS) {
+          r.event = list.event;
+          list.event = nullptr;
+        }
+        for (const auto& [seq, ptr] : list.by_seq) {
+          r.blocks.push_back(ptr);
+          entries_.at(ptr).retired = true;
+        }
+        retired_.push_back(std::move(r));
+      }
+    }
+    if (list.event != nullptr && driver_.cuEventDestroy_v2 != nullptr) {
+      driver_.cuEventDestroy_v2(list.event);
+    }
+    lists_.erase(it++);
+  }
+}
+
+void StreamOrderedCache::RemoveLocked(CUdeviceptr ptr) {
+  auto it = entries_.find(ptr);
+  const Entry& e = it->second;
+  if (e.ready) {
+    ready_.erase({e.size_class, ptr});
+  } else if (e.retired) {
+    for (Retired& r : retired_) r.blocks.erase(std::remove(r.blocks.begin(), r.blocks.end(), ptr),
+                                               r.blocks.end());
+    --pending_;
+  } else {
+    StreamList& list = lists_.at(e.key);
+    list.by_class.erase({e.size_class, e.seq});
+    list.by_seq.erase(e.seq);
+    --pending_;
+  }
+  f_.cached -= e.size_class;
+  entries_.erase(it);
+}
+
+std::vector<CUdeviceptr> StreamOrderedCache::DropContext(CUcontext context) {
+  MutexLock lock(&mu_);
+  if (auto it = live_.find(context); it != live_.end()) {
+    live_classes_ -= it->second.classes;
+    f_.used -= it->second.bytes;
+    f_.live_allocations -= it->second.count;
+    live_.erase(it);
+  }
+  // Everything freed on the context's streams is ready now (the context
+  // was synchronized, or is gone).
+  for (auto it = lists_.begin(); it != lists_.end();) {
+    if (it->first.context != context) {
+      ++it;
+      continue;
+    }
+    MarkListReadyLocked(it->second, next_seq_);
+    lists_.erase(it++);  // its event goes with the context
+  }
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if (it->context != context) {
+      ++it;
+      continue;
+    }
+    for (CUdeviceptr ptr : it->blocks) MakeReadyLocked(ptr);
+    it = retired_.erase(it);
+  }
+  // Blocks of `context` are the heap's to release with it; blocks of other
+  // contexts freed on its streams go back to the caller for a free.
+  std::vector<CUdeviceptr> mine, others;
+  for (const auto& [ptr, e] : entries_) {
+    if (e.context == context) {
+      mine.push_back(ptr);
+    } else if (e.key.context == context) {
+      others.push_back(ptr);
+    }
+  }
+  for (CUdeviceptr ptr : mine) RemoveLocked(ptr);
+  for (CUdeviceptr ptr : others) RemoveLocked(ptr);
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+                                [](const Retired& r) { return r.blocks.empty(); }),
+                 retired_.end());
+  return others;
+}
+
+StreamOrderedFigures StreamOrderedCache::figures() const {
+  MutexLock lock(&mu_);
+  StreamOrderedFigures out = f_;
+  out.reserved = live_classes_ + f_.cached;
+  return out;
+}
+
+void StreamOrderedCache::ResetHigh(bool reserved) {
+  MutexLock lock(&mu_);
+  if (reserved) {
+    f_.reserved_high = live_classes_ + f_.cached;
+  } else {
+    f_.used_high = f_.used;
+  }
+}
+
+void StreamOrderedCache::SetReleaseThreshold(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  f_.release_threshold = bytes;
+}
+
+}  // namespace vmmshim

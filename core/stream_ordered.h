@@ -1,0 +1,233 @@
+// Stream-ordered allocation (cuMemAllocAsync / cuMemFreeAsync on a device's
+// default pool) served from VMM: the cache of freed blocks per stream, and
+// the rule for reusing them (docs/stream-ordered.md has the measured
+// driver behaviour this follows).
+//
+// Reuse rule, the driver's (CUDA Programming Guide, "Stream Ordered Memory
+// Allocator"; measured on H200): a block freed on stream S is reusable at
+// once by later allocations on S, which stream order puts after everything
+// queued before the free; on any other stream only once the work S had
+// queued before the free is done. The cache learns that without
+// synchronizing:
+//   1. cuStreamQuery(S) returns CUDA_SUCCESS: all of S's work is done, so
+//      every block freed on S before the query is ready;
+//   2. otherwise an event is recorded on S; it covers every block freed on S
+//      before it, and once cuEventQuery says it completed, they are ready.
+//      An event recorded after the free covers more work than the free
+//      needs: a block becomes ready later than it could, never earlier.
+// That is the driver's CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC policy.
+// The shim never makes one stream wait for another (the driver's
+// ..._ALLOW_INTERNAL_DEPENDENCIES) and does not follow event waits between
+// streams (..._FOLLOW_EVENT_DEPENDENCIES): a block not known to be ready is
+// not reused, and the allocation takes other memory.
+//
+// Blocks are matched by size class: a packed allocation's 512-byte units
+// (core/slab.h), a large allocation's block size (a multiple of the
+// granularity); a reuse by a request of another size in the same class
+// keeps the block's address and alignment.
+//
+// Streams are named as the driver orders work (StreamKey): an explicit
+// handle; the legacy default stream of a context (handle 0 or
+// CU_STREAM_LEGACY); a thread's per-thread default stream (handle 0 through
+// a _ptsz entry point, or CU_STREAM_PER_THREAD). The per-thread stream can
+// only be asked about from its own thread: on other threads only an event
+// recorded earlier tells about its blocks.
+//
+// Release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0 as
+// natively): ready blocks stay in the cache while the pool's reserved bytes
+// (live allocations plus this cache) are at most the threshold; the rest
+// leaves the cache, back to the device heap, where the memory is free to
+// every allocation and counts as free in cuMemGetInfo. The driver applies
+// the threshold at synchronize calls; the cache applies it at its harvests
+// (the shim does not hook synchronization), which run before every figure
+// the program can read (cuMemGetInfo, pool attributes, cuMemPoolTrimTo).
+//
+// Units: bytes. Errors: Put of a block already in the cache is
+// CUDA_ERROR_INVALID_VALUE, the driver's code for a double free (measured).
+// Thread safety: every method takes the cache's mutex; lock order: cache
+// mutex -> the driver (queries, event records) ; the caller returns blocks
+// to the device heap after the call, never under this mutex.
+// Process exit: events are not destroyed (the driver tears them down with
+// its contexts).
+#ifndef VMMSHIM_CORE_STREAM_ORDERED_H_
+#define VMMSHIM_CORE_STREAM_ORDERED_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/driver_api.h"
+#include "core/mutex.h"
+
+namespace vmmshim {
+
+// A stream as the driver orders work (header comment).
+struct StreamKey {
+  CUstream stream = nullptr;    // an explicit handle, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD
+  CUcontext context = nullptr;  // the stream's context
+  uint64_t thread = 0;          // CU_STREAM_PER_THREAD: the owning thread (ThisThreadId)
+  bool operator==(const StreamKey& o) const {
+    return stream == o.stream && context == o.context && thread == o.thread;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const StreamKey& k) {
+    return H::combine(std::move(h), k.stream, k.context, k.thread);
+  }
+};
+
+// A number naming the calling thread for the life of the process (never 0).
+uint64_t ThisThreadId();
+
+// What the pool attributes report for the shim's part of a default pool.
+struct StreamOrderedFigures {
+  uint64_t reserved = 0;       // live allocations' size classes plus cached bytes
+  uint64_t reserved_high = 0;
+  uint64_t used = 0;           // requested bytes of live allocations
+  uint64_t used_high = 0;
+  uint64_t cached = 0;         // freed blocks held for reuse
+  uint64_t live_allocations = 0;
+  uint64_t allocations = 0;    // served, in total
+  uint64_t reuses = 0;         // of them, served from this cache
+  uint64_t frees = 0;
+  uint64_t release_threshold = 0;
+};
+
+class StreamOrderedCache {
+ public:
+  // A block taken from the cache for reuse.
+  struct Reuse {
+    CUdeviceptr ptr = 0;
+    size_t bytes = 0;  // its previous requested size
+  };
+
+  explicit StreamOrderedCache(const DriverApi& driver) : driver_(driver) {}
+  ~StreamOrderedCache() = default;
+  StreamOrderedCache(const StreamOrderedCache&) = delete;
+  StreamOrderedCache& operator=(const StreamOrderedCache&) = delete;
+
+  // A cached block of `size_class` for an allocation on `key`: one freed on
+  // `key` itself, else a ready one. No driver call.
+  std::optional<Reuse> Take(const StreamKey& key, size_t size_class) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether blocks freed on other streams wait to become ready (a harvest
+  // could free them for others).
+  bool HasPending() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A live allocation was made (`reused`: by Take) in `context`.
+  void NoteAllocated(CUcontext context, size_t size_class, size_t bytes, bool reused)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // cuMemFreeAsync on `key` of the live allocation at `ptr` made in
+  // `context`: CUDA_ERROR_INVALID_VALUE when it is already cached (double
+  // free). Returns true when the cache has grown past its bound and should
+  // be harvested.
+  absl::StatusOr<bool> Put(const StreamKey& key, CUdeviceptr ptr, CUcontext context,
+                           size_t size_class, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `ptr` is a freed block held here.
+  bool Contains(CUdeviceptr ptr) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A live allocation was freed by other means (cuMemFree): it leaves the
+  // figures.
+  void NoteFreed(CUcontext context, size_t size_class, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Asks the driver which freed blocks are ready (header comment) and
+  // returns the ready blocks that leave the cache: beyond `keep` reserved
+  // bytes, or the release threshold when `keep` is nullopt. The caller
+  // frees them in the heap. Call only while no stream capture is in
+  // progress (queries are unsafe calls in a global capture).
+  std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // For out-of-memory: the contexts whose streams hold freed blocks, and a
+  // mark covering every block freed so far; once the caller synchronized
+  // those contexts, MarkReady(mark) makes them ready.
+  uint64_t PendingContexts(std::vector<CUcontext>* contexts) const ABSL_LOCKS_EXCLUDED(mu_);
+  void MarkReady(uint64_t mark) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // `stream` is about to be destroyed: its blocks are covered by one last
+  // event (or become ready at once when it is idle) and the handle is
+  // forgotten, since a new stream may get it.
+  void StreamDestroyed(CUstream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // `context` is being released (after its synchronization, when it could
+  // be synchronized): its allocations leave the figures, its streams are
+  // forgotten. Returns the cached blocks of other contexts that were freed
+  // on its streams, for the caller to free in the heap (the heap releases
+  // the blocks of `context` itself).
+  std::vector<CUdeviceptr> DropContext(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
+
+  StreamOrderedFigures figures() const ABSL_LOCKS_EXCLUDED(mu_);
+  // cuMemPoolSetAttribute(RESERVED_MEM_HIGH or USED_MEM_HIGH, 0): the high
+  // mark becomes the current value.
+  void ResetHigh(bool reserved) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetReleaseThreshold(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  struct Entry {
+    size_t size_class = 0;
+    size_t bytes = 0;
+    uint64_t seq = 0;           // order of frees, cache-wide
+    CUcontext context = nullptr;  // the allocation's
+    bool ready = false;
+    bool retired = false;       // not ready, and its stream destroyed (in retired_)
+    StreamKey key;              // freed on
+  };
+  struct Live {
+    uint64_t classes = 0;  // bytes of their size classes
+    uint64_t bytes = 0;    // requested
+    uint64_t count = 0;
+  };
+  // Blocks freed on one stream and not yet ready, and the event covering
+  // some of them.
+  struct StreamList {
+    absl::btree_set<std::pair<size_t, uint64_t>> by_class;  // (size class, seq)
+    absl::btree_map<uint64_t, CUdeviceptr> by_seq;
+    CUevent event = nullptr;
+    uint64_t event_covers = 0;  // blocks with seq <= this, when event_pending
+    bool event_pending = false;
+  };
+  // A destroyed stream's blocks, ready once `event` completes.
+  struct Retired {
+    CUcontext context = nullptr;
+    CUevent event = nullptr;
+    std::vector<CUdeviceptr> blocks;
+  };
+
+  // Makes the blocks of `list` with seq <= `upto` ready.
+  void MarkListReadyLocked(StreamList& list, uint64_t upto) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MakeReadyLocked(CUdeviceptr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a cached block out, wherever it waits.
+  void RemoveLocked(CUdeviceptr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver's view of one list (steps 1 and 2 of the header comment).
+  void QueryListLocked(const StreamKey& key, StreamList& list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ready blocks leaving the cache until reserved <= `keep`.
+  std::vector<CUdeviceptr> ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteHighLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DriverApi& driver_;
+  mutable Mutex mu_;
+  absl::flat_hash_map<CUdeviceptr, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<StreamKey, StreamList> lists_ ABSL_GUARDED_BY(mu_);
+  absl::btree_set<std::pair<size_t, CUdeviceptr>> ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // entries not ready
+  size_t puts_since_harvest_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<CUcontext, Live> live_ ABSL_GUARDED_BY(mu_);
+  uint64_t live_classes_ ABSL_GUARDED_BY(mu_) = 0;  // sum over live_
+  // reserved is computed (live_classes_ + cached), the rest kept here.
+  StreamOrderedFigures f_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_STREAM_ORDERED_H_
