@@ -1,0 +1,415 @@
+// The shim's stream-ordered path (core/stream_ordered.h, Allocator::
+// AllocateAsync) against the simulated driver, whose streams keep the
+// driver's reuse rule: a block freed on a stream is reused on it at once,
+// on another stream only once the work queued before the free is done.
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/cu_status.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
+
+namespace vmmshim {
+namespace {
+
+class StreamOrderedTest : public SimTest {
+ protected:
+  void SetUp() override { Start(2); }
+  void Start(int devices, size_t memory = 1024 * kTestMiB, PeerPolicy policy = {}) {
+    StartSim(devices, memory);
+    ctx_ = MakeCurrent(0);
+    ASSERT_EQ(sim::cuDeviceGetDefaultMemPool(&pool_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuStreamCreate(&s1_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuStreamCreate(&s2_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    AllocatorOptions o;
+    o.peer_policy = std::move(policy);
+    a_ = std::make_unique<Allocator>(api_, o);
+  }
+  CUdeviceptr AllocAsync(size_t bytes, CUstream stream, CUmemoryPool pool = nullptr) {
+    absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(bytes, stream, false, pool);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+  CUresult FreeAsync(CUdeviceptr p, CUstream stream) {
+    return ToCuResult(a_->FreeAsync(p, stream, false));
+  }
+  StreamOrderedFigures Figures() {
+    std::optional<StreamOrderedFigures> f = a_->PoolFigures(pool_);
+    EXPECT_TRUE(f.has_value());
+    return f.value_or(StreamOrderedFigures{});
+  }
+  static PeerPolicy Policy(PeerPolicy::Kind kind, size_t min_bytes = 0) {
+    PeerPolicy p;
+    p.kind = kind;
+    p.min_bytes = min_bytes;
+    return p;
+  }
+  // cuMemPoolSetAccess as the hook does it: the driver first, then the shim.
+  void SetPoolAccess(int owner, int peer, CUmemAccess_flags flags) {
+    CUmemoryPool pool = nullptr;
+    ASSERT_EQ(sim::cuDeviceGetDefaultMemPool(&pool, owner), CUDA_SUCCESS);
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = peer;
+    desc.flags = flags;
+    ASSERT_EQ(sim::cuMemPoolSetAccess(pool, &desc, 1), CUDA_SUCCESS);
+    ASSERT_TRUE(a_->PoolAccessChanged(pool, &desc, 1).ok());
+  }
+  static bool CanRead(int device, CUdeviceptr p) {
+    char c;
+    return sim::DeviceRead(device, &c, p, 1) == CUDA_SUCCESS;
+  }
+
+  CUcontext ctx_ = nullptr;
+  CUmemoryPool pool_ = nullptr;
+  CUstream s1_ = nullptr, s2_ = nullptr;
+  std::unique_ptr<Allocator> a_;
+};
+
+TEST_F(StreamOrderedTest, ServedFromVmmAndNamedByTheDefaultPool) {
+  const CUdeviceptr p = AllocAsync(kTestMiB, s1_);
+  absl::StatusOr<PointerInfo> info = a_->Find(p);
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->stream_ordered);
+  EXPECT_EQ(info->allocation_size, kTestMiB);
+  EXPECT_EQ(a_->DefaultPool(0), pool_);
+  EXPECT_EQ(sim::CallCount("cuMemAllocAsync"), 0u);  // not the driver's pool
+  EXPECT_TRUE(CanRead(0, p));
+  StreamOrderedFigures f = Figures();
+  EXPECT_EQ(f.used, kTestMiB);
+  EXPECT_EQ(f.reserved, kTestMiB);  // one 1 MiB packed class
+  EXPECT_EQ(f.live_allocations, 1u);
+  EXPECT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(a_->GetStats().stream_ordered_allocations, 1u);
+}
+
+TEST_F(StreamOrderedTest, SameStreamReuseIsImmediateAndMakesNoDriverCall) {
+  for (size_t bytes : {size_t{256}, size_t{100000}, 8 * kTestMiB}) {
+    const CUdeviceptr p = AllocAsync(bytes, s1_);
+    sim::HoldStream(s1_);  // the free's work is not done: same-stream reuse needs no wait
+    ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+    sim::ResetCallCounts();
+    EXPECT_EQ(AllocAsync(bytes, s1_), p) << bytes;
+    EXPECT_EQ(sim::CallCount("cuMemCreate") + sim::CallCount("cuStreamQuery") +
+                  sim::CallCount("cuEventRecord") + sim::CallCount("cuStreamSynchronize") +
+                  sim::CallCount("cuStreamGetCtx"),
+              0u);
+    sim::ReleaseStream(s1_);
+    ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(a_->GetStats().stream_ordered_reuses, 3u);
+}
+
+TEST_F(StreamOrderedTest, OtherStreamsWaitForTheFreeingStreamsWork) {
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  // s1's work before the free is not done: s2 gets other memory, and an
+  // event now covers the free.
+  const CUdeviceptr q = AllocAsync(4 * kTestMiB, s2_);
+  EXPECT_NE(q, p);
+  EXPECT_EQ(sim::CallCount("cuEventRecord"), 1u);
+  sim::ReleaseStream(s1_);  // the event completes
+  const CUdeviceptr r = AllocAsync(4 * kTestMiB, s2_);
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
+  EXPECT_EQ(FreeAsync(r, s2_), CUDA_SUCCESS);
+}
+
+TEST_F(StreamOrderedTest, AStreamThatStaysBusyIsCoveredByAnEvent) {
+  const CUdeviceptr p = AllocAsync(2 * kTestMiB, s1_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  const CUdeviceptr q = AllocAsync(2 * kTestMiB, s2_);  // records the event
+  EXPECT_NE(q, p);
+  // The event completes (the stream's work up to it is done) although the
+  // stream gets new work, held again.
+  sim::ReleaseStream(s1_);
+  sim::HoldStream(s1_);
+  EXPECT_EQ(AllocAsync(2 * kTestMiB, s2_), p);
+  sim::ReleaseStream(s1_);
+}
+
+TEST_F(StreamOrderedTest, AnotherSizeOfTheSameClassReusesTheBlock) {
+  const CUdeviceptr small = AllocAsync(1000, s1_);
+  ASSERT_EQ(FreeAsync(small, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(AllocAsync(900, s1_), small);  // two 512-byte units both
+  EXPECT_EQ(a_->Find(small)->allocation_size, 900u);
+  const CUdeviceptr large = AllocAsync(3 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(large, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(AllocAsync(3 * kTestMiB + kTestMiB / 2, s1_), large);  // a 4 MiB block both
+  EXPECT_EQ(a_->Find(large)->allocation_size, 3 * kTestMiB + kTestMiB / 2);
+  EXPECT_EQ(a_->GetDeviceStats()[0].live_bytes, 900 + 3 * kTestMiB + kTestMiB / 2);
+  EXPECT_EQ(Figures().used, 900 + 3 * kTestMiB + kTestMiB / 2);
+}
+
+TEST_F(StreamOrderedTest, FreesGetTheDriversCodes) {
+  const CUdeviceptr p = AllocAsync(4096, s1_);
+  EXPECT_EQ(FreeAsync(p + 512, s1_), CUDA_ERROR_INVALID_VALUE);  // interior
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(FreeAsync(p, s1_), CUDA_ERROR_INVALID_VALUE);  // double free (measured: 1)
+  EXPECT_EQ(ToCuResult(a_->Free(p)), CUDA_ERROR_INVALID_VALUE);
+  // cudaFree of stream-ordered memory succeeds (measured), once.
+  const CUdeviceptr q = AllocAsync(4096, s2_);
+  EXPECT_EQ(ToCuResult(a_->Free(q)), CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(a_->Free(q)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FreeAsync(q, s2_), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Figures().used, 0u);
+  // cudaFreeAsync of cudaMalloc memory frees it (measured); a second free: 1.
+  const CUdeviceptr m = MustAllocate(*a_, 4096);
+  EXPECT_EQ(FreeAsync(m, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(a_->Free(m)), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(StreamOrderedTest, OnlyTheCurrentDefaultPoolIsServed) {
+  // A pool the program created, explicitly or made current: the driver's.
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool mine = nullptr;
+  ASSERT_EQ(sim::cuMemPoolCreate(&mine, &props), CUDA_SUCCESS);
+  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(256, s1_, false, mine);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->served);
+  EXPECT_TRUE(a_->AllocateAsync(256, s1_, false, pool_)->served);  // the default, explicitly
+  ASSERT_EQ(sim::cuDeviceSetMemPool(0, mine), CUDA_SUCCESS);
+  a_->CurrentPoolChanged(0, mine);
+  EXPECT_FALSE(a_->AllocateAsync(256, s1_, false, nullptr)->served);
+  ASSERT_EQ(sim::cuDeviceSetMemPool(0, pool_), CUDA_SUCCESS);
+  a_->CurrentPoolChanged(0, pool_);
+  EXPECT_TRUE(a_->AllocateAsync(256, s1_, false, nullptr)->served);
+}
+
+TEST_F(StreamOrderedTest, ACapturingStreamGetsGraphMemoryFromTheDriver) {
+  ASSERT_EQ(a_->captures().BeginCapture(s1_, false,
+                                        [&] {
+                                          return sim::cuStreamBeginCapture_v2(
+                                              s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
+                                        }),
+            CUDA_SUCCESS);
+  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(256, s1_, false, nullptr);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->served);
+  EXPECT_TRUE(a_->AllocateAsync(256, s2_, false, nullptr)->served);  // not capturing
+  CUgraph graph = nullptr;
+  ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
+  a_->CaptureEnded(s1_, false);
+}
+
+TEST_F(StreamOrderedTest, ReleaseThresholdAndTrimActOnTheCache) {
+  const CUdeviceptr p = AllocAsync(8 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  // Threshold 0 (the default): a ready block leaves the cache at the next
+  // look, as the driver's pool gives it back at a synchronize.
+  EXPECT_EQ(Figures().reserved, 0u);
+  EXPECT_EQ(Figures().cached, 0u);
+  // With a threshold it stays, and cuMemPoolTrimTo releases it.
+  cuuint64_t keep_all = ~cuuint64_t{0};
+  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  const CUdeviceptr q = AllocAsync(8 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(q, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
+  EXPECT_EQ(Figures().used, 0u);
+  EXPECT_EQ(AllocAsync(8 * kTestMiB, s2_), q);  // ready: any stream
+  ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
+  EXPECT_EQ(a_->PoolTrimTo(pool_, 0), 8 * kTestMiB);
+  EXPECT_EQ(Figures().reserved, 0u);
+  EXPECT_GE(Figures().reserved_high, 8 * kTestMiB);
+  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
+  EXPECT_EQ(Figures().reserved_high, 0u);
+}
+
+TEST_F(StreamOrderedTest, ADestroyedStreamsBlocksBecomeReadyWhenItsWorkIsDone) {
+  CUstream s3 = nullptr;
+  ASSERT_EQ(sim::cuStreamCreate(&s3, 0), CUDA_SUCCESS);
+  const CUdeviceptr p = AllocAsync(2 * kTestMiB, s3);
+  sim::HoldStream(s3);
+  ASSERT_EQ(FreeAsync(p, s3), CUDA_SUCCESS);
+  a_->StreamDestroyed(s3);  // the hook's order: before the driver's destroy
+  EXPECT_NE(AllocAsync(2 * kTestMiB, s2_), p);
+  sim::ReleaseStream(s3);
+  ASSERT_EQ(sim::cuStreamDestroy_v2(s3), CUDA_SUCCESS);
+  EXPECT_EQ(AllocAsync(2 * kTestMiB, s2_), p);
+}
+
+TEST_F(StreamOrderedTest, OutOfMemoryWaitsForFreedBlocks) {
+  Start(1, 64 * kTestMiB);
+  const CUdeviceptr p = AllocAsync(40 * kTestMiB, s1_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  // Not ready for s2, and no room for another 40 MiB: the shim synchronizes
+  // and takes the freed block's memory, as the driver's pool does.
+  const CUdeviceptr q = AllocAsync(40 * kTestMiB, s2_);
+  EXPECT_NE(q, 0u);
+  // The same for cudaMalloc.
+  sim::HoldStream(s2_);
+  ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
+  EXPECT_NE(MustAllocate(*a_, 40 * kTestMiB), 0u);
+}
+
+TEST_F(StreamOrderedTest, ReleaseContextForgetsEverything) {
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
+  const CUdeviceptr q = AllocAsync(4096, s1_);
+  AllocAsync(4096, s2_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  ASSERT_EQ(FreeAsync(q, s1_), CUDA_SUCCESS);
+  sim::ReleaseStream(s1_);
+  a_->ReleaseContext(ctx_, true);
+  StreamOrderedFigures f = Figures();
+  EXPECT_EQ(f.used, 0u);
+  EXPECT_EQ(f.reserved, 0u);
+  EXPECT_EQ(f.live_allocations, 0u);
+  a_->Trim();
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+}
+
+TEST_F(StreamOrderedTest, PerThreadDefaultStreamsAreDistinct) {
+  // Handle 0 through a _ptsz entry point: this thread's stream.
+  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(4096, nullptr, true, nullptr);
+  ASSERT_TRUE(r.ok() && r->served);
+  ASSERT_TRUE(a_->FreeAsync(r->ptr, nullptr, true).ok());
+  std::thread other([&] {
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    sim::HoldStream(CU_STREAM_PER_THREAD);  // the sim keys streams by handle: not ready
+    absl::StatusOr<Allocator::Allocation> mine = a_->AllocateAsync(4096, nullptr, true, nullptr);
+    ASSERT_TRUE(mine.ok() && mine->served);
+    // The first thread's stream cannot be asked about from here: its block
+    // is not known to be ready.
+    EXPECT_NE(mine->ptr, r->ptr);
+    sim::ReleaseStream(CU_STREAM_PER_THREAD);
+    ASSERT_TRUE(a_->FreeAsync(mine->ptr, nullptr, true).ok());
+  });
+  other.join();
+}
+
+// ---- Pool access is the peer event ----
+
+class StreamOrderedPeerTest : public StreamOrderedTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(StreamOrderedPeerTest, PoolAccessGrantsStreamOrderedMemoryOnly) {
+  Start(4, 1024 * kTestMiB, Policy(PeerPolicy::Kind::kAll));
+  const CUdeviceptr so = AllocAsync(4 * kTestMiB, s1_);
+  const CUdeviceptr m = MustAllocate(*a_, 4 * kTestMiB);
+  SetPoolAccess(0, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  EXPECT_TRUE(CanRead(1, so));
+  EXPECT_FALSE(CanRead(1, m));  // cudaMalloc memory waits for cuCtxEnablePeerAccess
+  EXPECT_EQ(sim::PeerMappedBytes(1), 4 * kTestMiB);
+  // Later stream-ordered allocations are mapped too; a context enable maps
+  // cudaMalloc memory and leaves the pool's peers alone.
+  const CUdeviceptr later = AllocAsync(64 * 1024, s2_);
+  EXPECT_TRUE(CanRead(1, later));
+  ASSERT_TRUE(a_->EnablePeer(2, 0).ok());
+  EXPECT_TRUE(CanRead(2, m));
+  EXPECT_FALSE(CanRead(2, so));
+  // Access NONE takes it away.
+  SetPoolAccess(0, 1, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  EXPECT_FALSE(CanRead(1, so));
+  EXPECT_FALSE(CanRead(1, later));
+}
+
+TEST_F(StreamOrderedPeerTest, PolicyDecidesPerStreamOrderedAllocation) {
+  Start(4, 1024 * kTestMiB, Policy(PeerPolicy::Kind::kMinSize, kTestMiB));
+  const CUdeviceptr small = AllocAsync(4096, s1_);
+  const CUdeviceptr big = AllocAsync(8 * kTestMiB, s1_);
+  for (int peer : {1, 2, 3}) SetPoolAccess(0, peer, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  for (int peer : {1, 2, 3}) {
+    EXPECT_FALSE(CanRead(peer, small));
+    EXPECT_TRUE(CanRead(peer, big));
+    EXPECT_EQ(sim::PeerMappedBytes(peer), 8 * kTestMiB);
+  }
+  // The explicit C API works on stream-ordered memory too.
+  ASSERT_TRUE(a_->GrantPeer(big, 1).ok());
+  ASSERT_TRUE(a_->RevokePeer(big, 2).ok());
+  EXPECT_FALSE(CanRead(2, big));
+  EXPECT_TRUE(CanRead(3, big));
+}
+
+TEST_F(StreamOrderedPeerTest, PolicyNoneMapsNothingIntoPeers) {
+  Start(4, 1024 * kTestMiB, Policy(PeerPolicy::Kind::kNone));
+  const CUdeviceptr p = AllocAsync(8 * kTestMiB, s1_);
+  for (int peer : {1, 2, 3}) SetPoolAccess(0, peer, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  for (int peer : {1, 2, 3}) EXPECT_EQ(sim::PeerMappedBytes(peer), 0u);
+  EXPECT_TRUE(CanRead(0, p));
+  EXPECT_EQ(a_->GetDeviceStats()[0].peers[1].denials, 1u);
+}
+
+// ---- Stress: many threads and streams ----
+
+TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
+  constexpr int kThreads = 6, kStreams = 5, kOps = 1500;
+  std::vector<CUstream> streams(kStreams);
+  for (CUstream& s : streams) ASSERT_EQ(sim::cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  std::mutex mu;
+  std::map<CUdeviceptr, size_t> live;  // every live allocation, to check overlaps
+  std::atomic<int> failures{0};
+  auto worker = [&](int seed) {
+    sim::cuCtxSetCurrent(ctx_);
+    std::mt19937 rng(seed);
+    std::vector<std::pair<CUdeviceptr, size_t>> mine;
+    const size_t sizes[] = {256, 1000, 4096, 70000, 3 * kTestMiB};
+    for (int i = 0; i < kOps; ++i) {
+      CUstream s = streams[rng() % kStreams];
+      if (mine.size() < 8 && (mine.empty() || rng() % 2 == 0)) {
+        const size_t bytes = sizes[rng() % 5];
+        absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(bytes, s, false, nullptr);
+        if (!r.ok() || !r->served) {
+          ++failures;
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        auto next = live.lower_bound(r->ptr);
+        if ((next != live.end() && next->first < r->ptr + bytes) ||
+            (next != live.begin() && std::prev(next)->first + std::prev(next)->second > r->ptr)) {
+          ++failures;  // overlaps a live allocation
+        }
+        live[r->ptr] = bytes;
+        mine.push_back({r->ptr, bytes});
+      } else {
+        const size_t k = rng() % mine.size();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          live.erase(mine[k].first);
+        }
+        if (rng() % 7 == 0) sim::HoldStream(s);
+        if (!a_->FreeAsync(mine[k].first, s, false).ok()) ++failures;
+        if (rng() % 5 == 0) sim::ReleaseStream(s);
+        mine.erase(mine.begin() + k);
+      }
+      if (rng() % 200 == 0) a_->PoolFigures(pool_);
+    }
+    for (auto& [p, bytes] : mine) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        live.erase(p);
+      }
+      if (!a_->FreeAsync(p, streams[0], false).ok()) ++failures;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t + 1);
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (CUstream s : streams) sim::ReleaseStream(s);
+  StreamOrderedFigures f = Figures();
+  EXPECT_EQ(f.used, 0u);
+  EXPECT_EQ(f.live_allocations, 0u);
+  a_->PoolTrimTo(pool_, 0);
+  EXPECT_EQ(Figures().reserved, 0u);
+  EXPECT_EQ(a_->GetDeviceStats()[0].live_allocations, 0u);
+}
+
+}  // namespace
+}  // namespace vmmshim
