@@ -32,7 +32,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                    {"frees", t.frees},
                    {"live_allocations", t.live_allocations},
                    {"live_bytes", t.live_bytes},
-                   {"peak_physical_bytes", t.peak_handle_bytes}};
+                   {"peak_physical_bytes", t.peak_handle_bytes},
+                   {"stream_ordered_allocations", t.stream_ordered_allocations},
+                   {"stream_ordered_reuses", t.stream_ordered_reuses}};
   doc["devices"] = nlohmann::json::array();
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
     nlohmann::json peers = nlohmann::json::array();
@@ -59,6 +61,16 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                               {"ipc_exports", d.exports},
                               {"context_releases", d.context_releases},
                               {"compression", CompressionName(d.compression)},
+                              {"stream_ordered",
+                               {{"allocations", d.stream_ordered.allocations},
+                                {"reuses", d.stream_ordered.reuses},
+                                {"frees", d.stream_ordered.frees},
+                                {"live_allocations", d.stream_ordered.live_allocations},
+                                {"used_bytes", d.stream_ordered.used},
+                                {"used_high_bytes", d.stream_ordered.used_high},
+                                {"reserved_bytes", d.stream_ordered.reserved},
+                                {"reserved_high_bytes", d.stream_ordered.reserved_high},
+                                {"cached_bytes", d.stream_ordered.cached}}},
                               {"peers", peers}});
   }
   doc["driver_calls"] = nlohmann::json::array();
@@ -104,7 +116,12 @@ std::string ExitSummary(const Allocator& allocator) {
                       " bytes) through to the driver; peak physical memory ",
                       s.peak_handle_bytes, " bytes; peers: ", grants, " grants, ", denials,
                       " denials, at most ", peak, " bytes mapped into peers; ", exports,
-                      " IPC exports", compression);
+                      " IPC exports", compression,
+                      s.stream_ordered_allocations == 0
+                          ? std::string()
+                          : absl::StrCat("; stream-ordered: ", s.stream_ordered_allocations,
+                                         " allocations served (", s.stream_ordered_reuses,
+                                         " reused from its cache)"));
 }
 
 }  // namespace vmmshim
