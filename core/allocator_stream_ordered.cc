@@ -167,7 +167,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   std::optional<StreamOrderedCache::Reuse> reuse = cache->Take(key, size_class);
   if (!reuse && !captures_.any() && cache->HasPending()) {
     // Blocks freed on other streams may be ready by now.
-    ReleaseToHeap(*heap, cache->Harvest());
+    ReleaseToHeap(*heap, cache->Harvest(std::nullopt, size_class));
     reuse = cache->Take(key, size_class);
   }
   if (reuse) {

@@ -207,7 +207,8 @@ std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
   return out;
 }
 
-std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> keep) {
+std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> keep,
+                                                     std::optional<size_t> wanted) {
   MutexLock lock(&mu_);
   puts_since_harvest_ = 0;
   for (auto& [key, list] : lists_) QueryListLocked(key, list);
@@ -220,7 +221,18 @@ std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> kee
     if (driver_.cuEventDestroy_v2 != nullptr) driver_.cuEventDestroy_v2(it->event);
     it = retired_.erase(it);
   }
-  return ReleaseReadyLocked(keep.value_or(f_.release_threshold));
+  // The block the caller wants stays out of the release.
+  std::optional<std::pair<size_t, CUdeviceptr>> kept;
+  if (wanted) {
+    auto w = ready_.lower_bound({*wanted, 0});
+    if (w != ready_.end() && w->first == *wanted) {
+      kept = *w;
+      ready_.erase(w);
+    }
+  }
+  std::vector<CUdeviceptr> out = ReleaseReadyLocked(keep.value_or(f_.release_threshold));
+  if (kept) ready_.insert(*kept);
+  return out;
 }
 
 uint64_t StreamOrderedCache::PendingContexts(std::vector<CUcontext>* contexts) const {

@@ -142,7 +142,10 @@ class StreamOrderedCache {
   // bytes, or the release threshold when `keep` is nullopt. The caller
   // frees them in the heap. Call only while no stream capture is in
   // progress (queries are unsafe calls in a global capture).
-  std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt)
+  // `wanted`: a size class the caller is about to Take; one ready block of
+  // it stays, whatever the threshold says.
+  std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt,
+                                   std::optional<size_t> wanted = std::nullopt)
       ABSL_LOCKS_EXCLUDED(mu_);
   // For out-of-memory: the contexts whose streams hold freed blocks, and a
   // mark covering every block freed so far; once the caller synchronized

@@ -58,7 +58,11 @@ struct Alloc {
 
 // Runs the workload on `gpus` simulated GPUs under `policy_name`, checks
 // every (allocation, peer) pair against the policy and fills `row`.
-void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
+// `stream_ordered`: the allocations are cuMemAllocAsync on each device's
+// default pool, and peers get access with cuMemPoolSetAccess (the pool's
+// peer event) instead of cuCtxEnablePeerAccess.
+void RunWorkload(int gpus, const std::string& policy_name, Row* row,
+                 bool stream_ordered = false) {
   sim::SimOptions o;
   o.device_count = gpus;
   o.memory_per_device = size_t{4} << 30;
@@ -69,7 +73,17 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
   options.peer_policy = MakePolicy(policy_name, gpus);
   Allocator a(api, options);
   std::vector<CUcontext> ctx(gpus);
-  for (int d = 0; d < gpus; ++d) ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx[d], d), 0);
+  std::vector<CUstream> stream(gpus);
+  std::vector<CUmemoryPool> pool(gpus);
+  for (int d = 0; d < gpus; ++d) {
+    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx[d], d), 0);
+    ASSERT_EQ(sim::cuCtxSetCurrent(ctx[d]), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuStreamCreate(&stream[d], 0), CUDA_SUCCESS);
+    ASSERT_EQ(sim::cuDeviceGetDefaultMemPool(&pool[d], d), CUDA_SUCCESS);
+  }
+  auto alloc = [&](int d, size_t bytes) {
+    return stream_ordered ? a.AllocateAsync(bytes, stream[d], false, nullptr) : a.Allocate(bytes);
+  };
 
   std::vector<Alloc> allocs;
   auto allocate = [&](int small, int large) {
@@ -77,13 +91,13 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
       ASSERT_EQ(sim::cuCtxSetCurrent(ctx[d]), CUDA_SUCCESS);
       for (int i = 0; i < small; ++i) {
         size_t bytes = 256 + (i * 37) % 3841;  // 256 B .. 4 KiB
-        auto r = a.Allocate(bytes);
+        auto r = alloc(d, bytes);
         ASSERT_TRUE(r.ok() && r->served);
         allocs.push_back({r->ptr, bytes, d});
       }
       for (int i = 0; i < large; ++i) {
         size_t bytes = (size_t{2} + (i * 7) % 63) * kMiB;  // 2 .. 64 MiB
-        auto r = a.Allocate(bytes);
+        auto r = alloc(d, bytes);
         ASSERT_TRUE(r.ok() && r->served);
         allocs.push_back({r->ptr, bytes, d});
       }
@@ -99,7 +113,15 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
   const uint64_t before_enables = sim::CallCount("cuMemSetAccess");
   for (int owner = 0; owner < gpus; ++owner) {
     for (int peer = 0; peer < gpus; ++peer) {
-      if (peer != owner) {
+      if (peer == owner) continue;
+      if (stream_ordered) {
+        CUmemAccessDesc desc{};
+        desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc.location.id = peer;
+        desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        ASSERT_EQ(sim::cuMemPoolSetAccess(pool[owner], &desc, 1), CUDA_SUCCESS);
+        ASSERT_TRUE(a.PoolAccessChanged(pool[owner], &desc, 1).ok());
+      } else {
         ASSERT_TRUE(a.EnablePeer(peer, owner).ok());
       }
     }
@@ -141,19 +163,21 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row) {
   }
 }
 
-TEST(PeerOverheadTest, TableOn4And8Gpus) {
+void PrintTable(bool stream_ordered) {
   std::vector<Row> table;
   for (int gpus : {4, 8}) {
     for (const char* policy : {"all", "none", "min-size 1MiB", "rules: ring"}) {
       Row row;
-      RunWorkload(gpus, policy, &row);
-      if (HasFatalFailure()) return;
+      RunWorkload(gpus, policy, &row, stream_ordered);
+      if (::testing::Test::HasFatalFailure()) return;
       table.push_back(row);
     }
   }
-  std::printf("\nPeer-mapping overhead: per device 10,000 small (256 B-4 KiB) + 64 large "
-              "(2-64 MiB)\nallocations, peer access enabled between all pairs, then 1,000 small "
-              "+ 8 large more.\n\n");
+  std::printf("\nPeer-mapping overhead%s: per device 10,000 small (256 B-4 KiB) + 64 large "
+              "(2-64 MiB)\nallocations, peer access %s between all pairs, then 1,000 small "
+              "+ 8 large more.\n\n",
+              stream_ordered ? " of stream-ordered memory (cuMemAllocAsync)" : "",
+              stream_ordered ? "given to the default pools (cuMemPoolSetAccess)" : "enabled");
   std::printf("| GPUs | policy | cuMemSetAccess calls (by the enables) | bytes mapped into "
               "peers | vs all | mappings per device | peer-readable (allocation, peer) pairs |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -171,6 +195,12 @@ TEST(PeerOverheadTest, TableOn4And8Gpus) {
                 static_cast<unsigned long long>(r.pairs));
   }
 }
+
+TEST(PeerOverheadTest, TableOn4And8Gpus) { PrintTable(/*stream_ordered=*/false); }
+
+// The same workload as stream-ordered memory: natively, cuMemPoolSetAccess
+// maps every allocation of the pool into the peer ("all").
+TEST(PeerOverheadTest, StreamOrderedTableOn4And8Gpus) { PrintTable(/*stream_ordered=*/true); }
 
 }  // namespace
 }  // namespace vmmshim
