@@ -192,6 +192,77 @@ PY
     grep -q 'lifecycle_probe: OK' <<<"$out" || fail "the program failed with compression"
     grep -qE 'compression granted|not granted|does not support' <<<"$out" || fail "no compression outcome logged"
     ;;
+  stream_ordered)
+    # cudaMallocAsync served from VMM: the driver-behaviour probe gives the
+    # same PARITY lines, the streamOrderedAllocation-style sample the same
+    # results (docs/stream-ordered.md).
+    bin=$build/examples/stream_ordered_probe; need "$bin"
+    native=$("$bin" 2>&1) || fail "native probe: $native"
+    shimmed=$(under_shim "$bin" 2>&1) || fail "shim probe: $shimmed"
+    diff <(grep ^PARITY <<<"$native") <(grep ^PARITY <<<"$shimmed") ||
+      fail "PARITY lines differ (left: native, right: shim)"
+    echo "probe: $(grep -c ^PARITY <<<"$native") PARITY lines identical"
+    grep ^INFO <<<"$native" | sed 's/^/native /'; grep ^INFO <<<"$shimmed" | sed 's/^/shim   /'
+    grep 'exit report' <<<"$shimmed"
+    bin=$build/examples/stream_ordered_sample; need "$bin"
+    native=$("$bin" 2>&1) || fail "native sample: $native"
+    shimmed=$(under_shim "$bin" 2>&1) || fail "shim sample: $shimmed"
+    echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -v '^\[vmmshim' | sed 's/^/shim   /'
+    diff <(grep ^RESULT <<<"$native") <(grep ^RESULT <<<"$shimmed") || fail "results differ"
+    grep 'exit report' <<<"$shimmed"
+    grep -qE 'stream-ordered: [1-9][0-9]* allocations served' <<<"$shimmed" ||
+      fail "cudaMallocAsync not served from VMM"
+    ;;
+  torch_async)
+    # PyTorch's cudaMallocAsync backend: identical weights, served from VMM.
+    have_torch
+    export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+    native=$(python3 "$src/examples/train_mlp.py" --steps 100 2>&1) || fail "native: $native"
+    shimmed=$(under_shim python3 "$src/examples/train_mlp.py" --steps 100 2>&1) || fail "shim: $shimmed"
+    echo "native: $(grep train_mlp: <<<"$native")"; echo "shim:   $(grep train_mlp: <<<"$shimmed")"
+    grep 'exit report' <<<"$shimmed"
+    [ "$(grep train_mlp: <<<"$native")" = "$(grep train_mlp: <<<"$shimmed")" ] || fail "weights differ"
+    grep -qE 'stream-ordered: [1-9][0-9]* allocations served' <<<"$shimmed" ||
+      fail "PyTorch's cudaMallocAsync not served from VMM"
+    python3 -c 'import torch; print("backend", torch.cuda.get_allocator_backend())'
+    ;;
+  cupy_async)
+    python3 -c "import cupy" 2>/dev/null || { echo "SKIP: CuPy is not installed"; exit 77; }
+    native=$(python3 "$src/examples/cupy_async.py" 2>&1) || fail "native: $native"
+    shimmed=$(under_shim python3 "$src/examples/cupy_async.py" 2>&1) || fail "shim: $shimmed"
+    echo "$native" | sed 's/^/native /'; echo "$shimmed" | grep -E 'cupy_async|exit report' | sed 's/^/shim   /'
+    [ "$(grep -o 'checksum [0-9]*' <<<"$native")" = "$(grep -o 'checksum [0-9]*' <<<"$shimmed")" ] ||
+      fail "checksums differ"
+    grep -qE 'stream-ordered: [1-9][0-9]* allocations served' <<<"$shimmed" ||
+      fail "CuPy's MemoryAsyncPool not served from VMM"
+    ;;
+  rmm_async)
+    # RMM's stream-ordered resources (wheels from tools/fetch-rmm-wheels.sh,
+    # installed into a temporary directory when RMM is not installed).
+    python3 -c "import cupy" 2>/dev/null || { echo "SKIP: CuPy is not installed"; exit 77; }
+    if ! python3 -c "import rmm" 2>/dev/null; then
+      ls "$src"/.gpu/wheels/rmm*.whl >/dev/null 2>&1 ||
+        { echo "SKIP: RMM is not installed and no wheels in .gpu/wheels (tools/fetch-rmm-wheels.sh)"; exit 77; }
+      site=$(mktemp -d)
+      pip install --quiet --no-index --no-deps --target "$site" "$src"/.gpu/wheels/*.whl ||
+        fail "installing the RMM wheels"
+      export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    for resource in view async; do
+      native=$(python3 "$src/examples/rmm_async.py" --resource $resource 2>&1) ||
+        fail "native ($resource): $native"
+      shimmed=$(under_shim python3 "$src/examples/rmm_async.py" --resource $resource 2>&1) ||
+        fail "shim ($resource): $shimmed"
+      echo "native: $(grep rmm_async <<<"$native")"; echo "shim:   $(grep rmm_async <<<"$shimmed")"
+      grep 'exit report' <<<"$shimmed"
+      [ "$(grep -o 'checksum [0-9]*' <<<"$native")" = "$(grep -o 'checksum [0-9]*' <<<"$shimmed")" ] ||
+        fail "checksums differ ($resource)"
+      [ $resource = view ] && view=$shimmed
+    done
+    # The view on the default pool is served; the resource's own pool is not.
+    grep -qE 'stream-ordered: [1-9][0-9]* allocations served' <<<"$view" ||
+      fail "RMM's view resource not served"
+    ;;
   torch_ipc)
     have_torch
     native=$(python3 "$src/examples/torch_ipc.py" 2>&1) || fail "native: $native"
