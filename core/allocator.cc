@@ -137,7 +137,9 @@ absl::StatusOr<DeviceHeap*> Allocator::HeapFor(int device) {
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               o.granularity, o.reservation_bytes);
   // Before the heap is published: whoever sees the heap sees its cache.
-  stream_caches_[device].store(new StreamOrderedCache(driver_), std::memory_order_release);
+  stream_caches_[device].store(
+      new StreamOrderedCache(driver_, options_.stream_query_interval_ns),
+      std::memory_order_release);
   heaps_[device].store(heap, std::memory_order_release);
   return heap;
 }

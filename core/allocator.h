@@ -99,6 +99,11 @@ struct AllocatorOptions {
   // handle is checked with cuMemGetAllocationPropertiesFromHandle and, when
   // the driver did not grant compression, later ones are made without it.
   bool compression = false;
+  // Stream-ordered allocation (core/stream_ordered.h): a stream found busy
+  // while its freed blocks wait is asked about again after this many
+  // nanoseconds at the earliest, so that allocations that miss do not pay a
+  // driver query each; 0: at every miss.
+  int64_t stream_query_interval_ns = 20000;
 };
 
 // Process-wide figures: sums over the devices' DeviceStats (the one source
@@ -356,6 +361,9 @@ class Allocator {
   }
   // The device whose default pool is `pool` and that the shim serves, or -1.
   int DeviceOfDefaultPool(CUmemoryPool pool) const;
+  // The same, asking the driver about every device's default pool and
+  // creating that device's heap (and stream-ordered cache) when needed.
+  int DeviceOfPoolCreatingHeap(CUmemoryPool pool);
   // The size class of a stream-ordered request (core/stream_ordered.h).
   static size_t SizeClass(const DeviceHeap& heap, size_t bytes);
   static size_t SizeClassOf(const PointerInfo& info);

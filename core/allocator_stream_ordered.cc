@@ -164,19 +164,24 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   }
   StreamOrderedCache* cache = CacheFor(device);
   const size_t size_class = SizeClass(**heap, bytes);
-  std::optional<StreamOrderedCache::Reuse> reuse = cache->Take(key, size_class);
-  if (!reuse && !captures_.any() && cache->HasPending()) {
+  // Packed: the same units exactly; large: up to a quarter more, as the
+  // heap's cache allows.
+  const size_t max_class =
+      bytes <= (*heap)->packing_threshold() ? size_class : size_class + size_class / 4;
+  std::optional<StreamOrderedCache::Reuse> reuse = cache->Take(key, size_class, max_class);
+  if (!reuse && !captures_.any() && cache->HarvestMayHelp()) {
     // Blocks freed on other streams may be ready by now.
-    ReleaseToHeap(*heap, cache->Harvest(std::nullopt, size_class));
-    reuse = cache->Take(key, size_class);
+    std::vector<CUdeviceptr> released;
+    reuse = cache->HarvestAndTake(key, size_class, max_class, &released);
+    ReleaseToHeap(*heap, released);
   }
   if (reuse) {
     if (reuse->bytes != bytes && !(*heap)->Resize(reuse->ptr, bytes)) {
-      // Cannot happen for a block of the same class; keep it correct anyway.
+      // Cannot happen for a block of a matching class; keep it correct anyway.
       ReleaseToHeap(*heap, {reuse->ptr});
       reuse.reset();
     } else {
-      cache->NoteAllocated(key.context, size_class, bytes, true);
+      cache->NoteAllocated(key.context, reuse->size_class, bytes, true);
       return Allocation{reuse->ptr, true};
     }
   }
@@ -266,19 +271,25 @@ absl::Status Allocator::SetPoolPeer(int peer, int owner, bool enable) {
   return applied;
 }
 
+int Allocator::DeviceOfPoolCreatingHeap(CUmemoryPool pool) {
+  int owner = DeviceOfDefaultPool(pool);
+  if (owner >= 0 || pool == nullptr) return owner;
+  // A default pool the shim has not served yet (programs set its threshold
+  // or access before their first allocation): its state must be kept.
+  absl::StatusOr<int> devices = DeviceCount();
+  for (int d = 0; devices.ok() && d < *devices && owner < 0; ++d) {
+    if (DefaultPool(d) == pool) owner = d;
+  }
+  if (owner < 0) return -1;
+  absl::StatusOr<DeviceHeap*> heap = HeapFor(owner);
+  return heap.ok() && *heap != nullptr ? owner : -1;
+}
+
 absl::Status Allocator::PoolAccessChanged(CUmemoryPool pool, const CUmemAccessDesc* map,
                                           size_t count) {
   if (map == nullptr) return absl::OkStatus();
-  int owner = DeviceOfDefaultPool(pool);
-  if (owner < 0) {
-    // The pool may be a default pool the shim has not asked about yet (no
-    // stream-ordered allocation so far): its access must still be known.
-    absl::StatusOr<int> devices = DeviceCount();
-    for (int d = 0; devices.ok() && d < *devices; ++d) {
-      if (DefaultPool(d) == pool) owner = d;
-    }
-    if (owner < 0) return absl::OkStatus();
-  }
+  const int owner = DeviceOfPoolCreatingHeap(pool);
+  if (owner < 0) return absl::OkStatus();
   absl::Status first;
   for (size_t i = 0; i < count; ++i) {
     const CUmemAccessDesc& desc = map[i];
@@ -300,8 +311,8 @@ std::optional<StreamOrderedFigures> Allocator::PoolFigures(CUmemoryPool pool) {
 
 void Allocator::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribute,
                                  const void* value) {
-  int d = DeviceOfDefaultPool(pool);
-  if (d < 0 || value == nullptr) return;
+  const int d = value == nullptr ? -1 : DeviceOfPoolCreatingHeap(pool);
+  if (d < 0) return;
   StreamOrderedCache* cache = CacheFor(d);
   switch (attribute) {
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:

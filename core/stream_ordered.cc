@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <new>
 
 #include "core/cu_status.h"
@@ -40,6 +42,12 @@ class ContextScope {
   bool pushed_ = false;
 };
 
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 uint64_t ThisThreadId() {
@@ -51,13 +59,20 @@ uint64_t ThisThreadId() {
 void StreamOrderedCache::AfterForkChild() { new (&mu_) Mutex; }
 
 std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Take(const StreamKey& key,
-                                                                  size_t size_class) {
+                                                                  size_t size_class,
+                                                                  size_t max_class) {
   MutexLock lock(&mu_);
+  return TakeLocked(key, size_class, max_class);
+}
+
+std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(const StreamKey& key,
+                                                                        size_t size_class,
+                                                                        size_t max_class) {
   CUdeviceptr ptr = 0;
   if (auto it = lists_.find(key); it != lists_.end()) {
     StreamList& list = it->second;
     auto c = list.by_class.lower_bound({size_class, 0});
-    if (c != list.by_class.end() && c->first == size_class) {
+    if (c != list.by_class.end() && c->first <= max_class) {
       auto s = list.by_seq.find(c->second);
       ptr = s->second;
       list.by_seq.erase(s);
@@ -67,20 +82,30 @@ std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Take(const StreamKe
   }
   if (ptr == 0) {
     auto r = ready_.lower_bound({size_class, 0});
-    if (r == ready_.end() || r->first != size_class) return std::nullopt;
+    if (r == ready_.end() || r->first > max_class) return std::nullopt;
     ptr = r->second;
     ready_.erase(r);
   }
   auto e = entries_.find(ptr);
-  const Reuse reuse{ptr, e->second.bytes};
+  const Reuse reuse{ptr, e->second.bytes, e->second.size_class};
   f_.cached -= e->second.size_class;
   entries_.erase(e);
   return reuse;
 }
 
-bool StreamOrderedCache::HasPending() const {
+bool StreamOrderedCache::HarvestMayHelp() const {
   MutexLock lock(&mu_);
-  return pending_ > 0;
+  return pending_ > 0 && NowNs() >= next_harvest_ns_;
+}
+
+std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::HarvestAndTake(
+    const StreamKey& key, size_t size_class, size_t max_class,
+    std::vector<CUdeviceptr>* released) {
+  MutexLock lock(&mu_);
+  HarvestLocked(/*force=*/false);
+  std::optional<Reuse> reuse = TakeLocked(key, size_class, max_class);
+  *released = ReleaseReadyLocked(f_.release_threshold);
+  return reuse;
 }
 
 void StreamOrderedCache::NoteAllocated(CUcontext context, size_t size_class, size_t bytes,
@@ -163,13 +188,20 @@ void StreamOrderedCache::MarkListReadyLocked(StreamList& list, uint64_t upto) {
   }
 }
 
-void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list) {
+void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list, int64_t now,
+                                         bool force) {
   if (list.by_seq.empty()) return;
+  if (!force && now < list.next_query_ns) return;
   if (list.event_pending) {
     const CUresult r = driver_.cuEventQuery(list.event);
     if (r == CUDA_SUCCESS) MarkListReadyLocked(list, list.event_covers);
     if (r != CUDA_ERROR_NOT_READY) list.event_pending = false;
     if (list.by_seq.empty()) return;
+    if (list.event_pending) {
+      // Work queued before the event is not done, so neither is the stream.
+      list.next_query_ns = now + query_interval_ns_;
+      return;
+    }
   }
   // The per-thread default stream is the calling thread's.
   if (key.stream == CU_STREAM_PER_THREAD && key.thread != ThisThreadId()) return;
@@ -181,7 +213,8 @@ void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list)
     MarkListReadyLocked(list, mark);
     return;
   }
-  if (r != CUDA_ERROR_NOT_READY || list.event_pending) return;
+  list.next_query_ns = now + query_interval_ns_;
+  if (r != CUDA_ERROR_NOT_READY) return;
   if (driver_.cuEventCreate == nullptr || driver_.cuEventRecord == nullptr) return;
   if (list.event == nullptr &&
       driver_.cuEventCreate(&list.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
@@ -207,11 +240,10 @@ std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
   return out;
 }
 
-std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> keep,
-                                                     std::optional<size_t> wanted) {
-  MutexLock lock(&mu_);
+void StreamOrderedCache::HarvestLocked(bool force) {
   puts_since_harvest_ = 0;
-  for (auto& [key, list] : lists_) QueryListLocked(key, list);
+  const int64_t now = NowNs();
+  for (auto& [key, list] : lists_) QueryListLocked(key, list, now, force);
   for (auto it = retired_.begin(); it != retired_.end();) {
     if (it->event == nullptr || driver_.cuEventQuery(it->event) != CUDA_SUCCESS) {
       ++it;
@@ -221,18 +253,18 @@ std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> kee
     if (driver_.cuEventDestroy_v2 != nullptr) driver_.cuEventDestroy_v2(it->event);
     it = retired_.erase(it);
   }
-  // The block the caller wants stays out of the release.
-  std::optional<std::pair<size_t, CUdeviceptr>> kept;
-  if (wanted) {
-    auto w = ready_.lower_bound({*wanted, 0});
-    if (w != ready_.end() && w->first == *wanted) {
-      kept = *w;
-      ready_.erase(w);
-    }
+  // The earliest time a list with blocks may be asked again.
+  next_harvest_ns_ = std::numeric_limits<int64_t>::max();
+  for (const auto& [key, list] : lists_) {
+    if (!list.by_seq.empty()) next_harvest_ns_ = std::min(next_harvest_ns_, list.next_query_ns);
   }
-  std::vector<CUdeviceptr> out = ReleaseReadyLocked(keep.value_or(f_.release_threshold));
-  if (kept) ready_.insert(*kept);
-  return out;
+  if (!retired_.empty()) next_harvest_ns_ = 0;
+}
+
+std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> keep, bool force) {
+  MutexLock lock(&mu_);
+  HarvestLocked(force);
+  return ReleaseReadyLocked(keep.value_or(f_.release_threshold));
 }
 
 uint64_t StreamOrderedCache::PendingContexts(std::vector<CUcontext>* contexts) const {

@@ -22,9 +22,15 @@
 // not reused, and the allocation takes other memory.
 //
 // Blocks are matched by size class: a packed allocation's 512-byte units
-// (core/slab.h), a large allocation's block size (a multiple of the
-// granularity); a reuse by a request of another size in the same class
-// keeps the block's address and alignment.
+// (core/slab.h), exactly, so that a reuse keeps the address and alignment
+// the request would get; a large allocation's block size (a multiple of the
+// granularity), from the request's rounded size up to a quarter more, as
+// the device heap's own cache serves.
+//
+// Asking the driver costs a call per stream (about a microsecond on H200
+// while the stream is busy), so a stream found busy is asked again only
+// after `query_interval_ns` (AllocatorOptions); meanwhile allocations that
+// find nothing take other memory.
 //
 // Streams are named as the driver orders work (StreamKey): an explicit
 // handle; the legacy default stream of a context (handle 0 or
@@ -107,20 +113,24 @@ class StreamOrderedCache {
   // A block taken from the cache for reuse.
   struct Reuse {
     CUdeviceptr ptr = 0;
-    size_t bytes = 0;  // its previous requested size
+    size_t bytes = 0;       // its previous requested size
+    size_t size_class = 0;  // the block's
   };
 
-  explicit StreamOrderedCache(const DriverApi& driver) : driver_(driver) {}
+  StreamOrderedCache(const DriverApi& driver, int64_t query_interval_ns)
+      : driver_(driver), query_interval_ns_(query_interval_ns) {}
   ~StreamOrderedCache() = default;
   StreamOrderedCache(const StreamOrderedCache&) = delete;
   StreamOrderedCache& operator=(const StreamOrderedCache&) = delete;
 
-  // A cached block of `size_class` for an allocation on `key`: one freed on
-  // `key` itself, else a ready one. No driver call.
-  std::optional<Reuse> Take(const StreamKey& key, size_t size_class) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether blocks freed on other streams wait to become ready (a harvest
-  // could free them for others).
-  bool HasPending() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A cached block of a class in [size_class, max_class] for an allocation
+  // on `key`: one freed on `key` itself, else a ready one; the smallest that
+  // fits. No driver call.
+  std::optional<Reuse> Take(const StreamKey& key, size_t size_class, size_t max_class)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether freed blocks wait to become ready and a stream holding them may
+  // be asked about now (a harvest could make them reusable).
+  bool HarvestMayHelp() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A live allocation was made (`reused`: by Take) in `context`.
   void NoteAllocated(CUcontext context, size_t size_class, size_t bytes, bool reused)
@@ -142,11 +152,14 @@ class StreamOrderedCache {
   // bytes, or the release threshold when `keep` is nullopt. The caller
   // frees them in the heap. Call only while no stream capture is in
   // progress (queries are unsafe calls in a global capture).
-  // `wanted`: a size class the caller is about to Take; one ready block of
-  // it stays, whatever the threshold says.
-  std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt,
-                                   std::optional<size_t> wanted = std::nullopt)
+  // Streams found busy are asked again only after the query interval,
+  // unless `force`.
+  std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt, bool force = true)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // An allocation found nothing: a harvest (not forced), then Take; the
+  // blocks that left the cache go to *released.
+  std::optional<Reuse> HarvestAndTake(const StreamKey& key, size_t size_class, size_t max_class,
+                                      std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
   // For out-of-memory: the contexts whose streams hold freed blocks, and a
   // mark covering every block freed so far; once the caller synchronized
   // those contexts, MarkReady(mark) makes them ready.
@@ -197,6 +210,7 @@ class StreamOrderedCache {
     CUevent event = nullptr;
     uint64_t event_covers = 0;  // blocks with seq <= this, when event_pending
     bool event_pending = false;
+    int64_t next_query_ns = 0;  // not asked again before (found busy)
   };
   // A destroyed stream's blocks, ready once `event` completes.
   struct Retired {
@@ -210,13 +224,19 @@ class StreamOrderedCache {
   void MakeReadyLocked(CUdeviceptr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a cached block out, wherever it waits.
   void RemoveLocked(CUdeviceptr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The driver's view of one list (steps 1 and 2 of the header comment).
-  void QueryListLocked(const StreamKey& key, StreamList& list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver's view of one list (steps 1 and 2 of the header comment);
+  // `force`: ignore the query interval (pool figures, trim, out of memory).
+  void QueryListLocked(const StreamKey& key, StreamList& list, int64_t now, bool force)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<Reuse> TakeLocked(const StreamKey& key, size_t size_class, size_t max_class)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HarvestLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ready blocks leaving the cache until reserved <= `keep`.
   std::vector<CUdeviceptr> ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteHighLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DriverApi& driver_;
+  const int64_t query_interval_ns_;
   mutable Mutex mu_;
   absl::flat_hash_map<CUdeviceptr, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamKey, StreamList> lists_ ABSL_GUARDED_BY(mu_);
@@ -224,6 +244,8 @@ class StreamOrderedCache {
   std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // entries not ready
+  // No list may be asked about before this (all found busy at the last look).
+  int64_t next_harvest_ns_ ABSL_GUARDED_BY(mu_) = 0;
   size_t puts_since_harvest_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<CUcontext, Live> live_ ABSL_GUARDED_BY(mu_);
   uint64_t live_classes_ ABSL_GUARDED_BY(mu_) = 0;  // sum over live_

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #define P(fmt, ...) std::printf("PARITY " fmt "\n", __VA_ARGS__)
@@ -75,7 +76,26 @@ double MedianUs(std::vector<double> v) {
 
 }  // namespace
 
-int main() {
+// `stream_ordered_probe destroyed-stream`: cuMemFreeAsync on a destroyed
+// stream, alone in its process (natively it ended the process on H200: the
+// call is undefined, the handle may even name a new stream).
+int DestroyedStream() {
+  cudaFree(nullptr);
+  CUstream gone = nullptr;
+  cuStreamCreate(&gone, CU_STREAM_NON_BLOCKING);
+  CUdeviceptr x = 0;
+  cuMemAllocAsync(&x, 256, gone);
+  cuStreamSynchronize(gone);
+  cuStreamDestroy(gone);
+  std::printf("destroyed-stream: freeing on the destroyed stream\n");
+  std::fflush(stdout);
+  const CUresult r = cuMemFreeAsync(x, gone);
+  std::printf("destroyed-stream: cuMemFreeAsync = %d\n", r);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "destroyed-stream") return DestroyedStream();
   cudaFree(nullptr);  // the primary context, current
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
@@ -194,16 +214,12 @@ int main() {
   P("cudaFree(it) afterwards = %d", e);
   cudaGetLastError();
 
-  // A free on a destroyed stream.
+  // Memory allocated on a stream that is then destroyed, freed on another.
   CUstream gone = nullptr;
   cuStreamCreate(&gone, CU_STREAM_NON_BLOCKING);
   cuMemAllocAsync(&x, 256, gone);
   cuStreamSynchronize(gone);
   cuStreamDestroy(gone);
-  // Undefined natively (the handle may be reused): the code is a figure.
-  std::fflush(stdout);
-  r = cuMemFreeAsync(x, gone);
-  std::printf("INFO cuMemFreeAsync on a destroyed stream = %d\n", r);
   cuMemFreeAsync(x, s1);
   cuStreamSynchronize(s1);
   cuMemPoolGetAttribute(g_default, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);

@@ -204,6 +204,11 @@ PY
     echo "probe: $(grep -c ^PARITY <<<"$native") PARITY lines identical"
     grep ^INFO <<<"$native" | sed 's/^/native /'; grep ^INFO <<<"$shimmed" | sed 's/^/shim   /'
     grep 'exit report' <<<"$shimmed"
+    # Undefined natively: what each does is recorded, not compared.
+    for mode in native shim; do
+      if [ $mode = native ]; then o=$("$bin" destroyed-stream 2>&1); else o=$(under_shim "$bin" destroyed-stream 2>&1); fi
+      echo "free on a destroyed stream, $mode: exit status $?: $(grep -v '^\[vmmshim' <<<"$o" | tr '\n' ' ')"
+    done
     bin=$build/examples/stream_ordered_sample; need "$bin"
     native=$("$bin" 2>&1) || fail "native sample: $native"
     shimmed=$(under_shim "$bin" 2>&1) || fail "shim sample: $shimmed"

@@ -31,6 +31,9 @@ class StreamOrderedTest : public SimTest {
     ASSERT_EQ(sim::cuStreamCreate(&s2_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     AllocatorOptions o;
     o.peer_policy = std::move(policy);
+    // The simulated streams change state between calls: ask at every miss
+    // (QueryIntervalLimitsDriverCalls covers the interval).
+    o.stream_query_interval_ns = query_interval_ns_;
     a_ = std::make_unique<Allocator>(api_, o);
   }
   CUdeviceptr AllocAsync(size_t bytes, CUstream stream, CUmemoryPool pool = nullptr) {
@@ -68,6 +71,7 @@ class StreamOrderedTest : public SimTest {
     return sim::DeviceRead(device, &c, p, 1) == CUDA_SUCCESS;
   }
 
+  int64_t query_interval_ns_ = 0;
   CUcontext ctx_ = nullptr;
   CUmemoryPool pool_ = nullptr;
   CUstream s1_ = nullptr, s2_ = nullptr;
@@ -136,6 +140,35 @@ TEST_F(StreamOrderedTest, AStreamThatStaysBusyIsCoveredByAnEvent) {
   sim::HoldStream(s1_);
   EXPECT_EQ(AllocAsync(2 * kTestMiB, s2_), p);
   sim::ReleaseStream(s1_);
+}
+
+TEST_F(StreamOrderedTest, QueryIntervalLimitsDriverCalls) {
+  query_interval_ns_ = int64_t{3600} * 1000000000;  // an hour: never again in this test
+  Start(2);
+  const CUdeviceptr p = AllocAsync(2 * kTestMiB, s1_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  sim::ResetCallCounts();
+  std::vector<CUdeviceptr> live;
+  for (int i = 0; i < 10; ++i) live.push_back(AllocAsync(2 * kTestMiB, s2_));  // ten misses
+  // s1 was asked once (found busy, an event recorded), then left alone.
+  EXPECT_EQ(sim::CallCount("cuStreamQuery"), 1u);
+  EXPECT_EQ(sim::CallCount("cuEventQuery"), 0u);
+  EXPECT_EQ(sim::CallCount("cuEventRecord"), 1u);
+  // What the program reads is asked about regardless (forced).
+  sim::ReleaseStream(s1_);
+  Figures();
+  EXPECT_EQ(Figures().cached, 0u);  // ready, released (threshold 0)
+  for (CUdeviceptr q : live) EXPECT_NE(q, p);
+  for (CUdeviceptr q : live) ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
+}
+
+TEST_F(StreamOrderedTest, ALargerCachedBlockServesUpToAQuarterMore) {
+  const CUdeviceptr p = AllocAsync(10 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(AllocAsync(8 * kTestMiB, s1_), p);  // a 10 MiB block for 8 MiB
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_NE(AllocAsync(6 * kTestMiB, s1_), p);  // more than a quarter: other memory
 }
 
 TEST_F(StreamOrderedTest, AnotherSizeOfTheSameClassReusesTheBlock) {
@@ -226,6 +259,16 @@ TEST_F(StreamOrderedTest, ReleaseThresholdAndTrimActOnTheCache) {
   EXPECT_GE(Figures().reserved_high, 8 * kTestMiB);
   a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
   EXPECT_EQ(Figures().reserved_high, 0u);
+}
+
+TEST_F(StreamOrderedTest, AThresholdSetBeforeTheFirstAllocationIsKept) {
+  // PyTorch's cudaMallocAsync backend raises the threshold at start-up.
+  cuuint64_t keep_all = ~cuuint64_t{0};
+  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  const CUdeviceptr p = AllocAsync(8 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
+  EXPECT_EQ(Figures().release_threshold, keep_all);
 }
 
 TEST_F(StreamOrderedTest, ADestroyedStreamsBlocksBecomeReadyWhenItsWorkIsDone) {
