@@ -139,6 +139,8 @@ absl::StatusOr<bool> StreamOrderedCache::Put(const StreamKey& key, CUdeviceptr p
   list.by_class.insert({size_class, seq});
   list.by_seq[seq] = ptr;
   ++pending_;
+  // A harvest may help from when this stream may be asked again.
+  next_harvest_ns_ = std::min(next_harvest_ns_, list.next_query_ns);
   // The reserved bytes stay: the block moves from live to cached.
   f_.cached += size_class;
   if (auto it = live_.find(context); it != live_.end()) {

@@ -4,6 +4,7 @@
 // on another stream only once the work queued before the free is done.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -161,6 +162,33 @@ TEST_F(StreamOrderedTest, QueryIntervalLimitsDriverCalls) {
   EXPECT_EQ(Figures().cached, 0u);  // ready, released (threshold 0)
   for (CUdeviceptr q : live) EXPECT_NE(q, p);
   for (CUdeviceptr q : live) ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
+}
+
+// Regression (H200 benchmark): with the default query interval, blocks freed
+// after a harvest must still make the next miss harvest; they did not, and
+// every cross-stream 64 MiB allocation created new memory.
+TEST_F(StreamOrderedTest, CrossStreamLoopReusesWithTheDefaultInterval) {
+  query_interval_ns_ = AllocatorOptions{}.stream_query_interval_ns;
+  Start(1);
+  for (size_t bytes : {size_t{256}, kTestMiB, 64 * kTestMiB}) {
+    const CUdeviceptr first = AllocAsync(bytes, s1_);
+    ASSERT_EQ(FreeAsync(first, s2_), CUDA_SUCCESS);
+    sim::ResetCallCounts();
+    for (int i = 0; i < 1000; ++i) {
+      const CUdeviceptr p = AllocAsync(bytes, s1_);
+      ASSERT_EQ(FreeAsync(p, s2_), CUDA_SUCCESS);
+    }
+    EXPECT_EQ(sim::CallCount("cuMemCreate"), 0u) << bytes;
+  }
+  // A stream found busy is asked again once the interval has passed.
+  const CUdeviceptr x = AllocAsync(4 * kTestMiB, s1_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(x, s1_), CUDA_SUCCESS);
+  const CUdeviceptr z = AllocAsync(4 * kTestMiB, s2_);
+  EXPECT_NE(z, x);
+  sim::ReleaseStream(s1_);
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  EXPECT_EQ(AllocAsync(4 * kTestMiB, s2_), x);
 }
 
 TEST_F(StreamOrderedTest, ALargerCachedBlockServesUpToAQuarterMore) {
