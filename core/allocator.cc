@@ -192,9 +192,10 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   // (AllocateSlow releases the cache, where those frees went, on OOM itself.)
   // So is memory freed with cuMemFreeAsync that waits in the stream-ordered
   // caches.
-  if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
-      (ReclaimDeferred() | ReclaimStreamOrdered(-1))) {
-    ptr = (*heap)->AllocateSlow(placement, bytes);
+  if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+    const bool deferred = ReclaimDeferred();         // both run:
+    const bool async = ReclaimStreamOrdered(-1);     // each may free memory
+    if (deferred || async) ptr = (*heap)->AllocateSlow(placement, bytes);
   }
   if (!ptr.ok()) return ptr.status();
   return Allocation{*ptr, true};

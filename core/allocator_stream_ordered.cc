@@ -195,9 +195,10 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
     ptr = *hit;
   } else {
     ptr = (*heap)->AllocateSlow(placement, bytes);
-    if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
-        (ReclaimStreamOrdered(-1) | ReclaimDeferred())) {
-      ptr = (*heap)->AllocateSlow(placement, bytes);
+    if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+      const bool async = ReclaimStreamOrdered(-1);  // both run:
+      const bool deferred = ReclaimDeferred();      // each may free memory
+      if (async || deferred) ptr = (*heap)->AllocateSlow(placement, bytes);
     }
   }
   if (!ptr.ok()) return ptr.status();

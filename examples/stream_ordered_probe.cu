@@ -166,29 +166,30 @@ int main(int argc, char** argv) {
   cuStreamSynchronize(s1);
   PoolAttributes("after the free");
 
-  // Reuse rules with the default attributes.
+  // Reuse rules. The release threshold is raised for them: with 0, the
+  // pool gives freed memory back at every synchronize, and whether a later
+  // allocation lands at the same address says nothing about reuse.
+  cuuint64_t keep_all = ~cuuint64_t{0};
+  cuMemPoolSetAttribute(g_default, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   CUdeviceptr x = 0, y = 0;
   cuMemAllocAsync(&x, 4 << 20, s1);
   cuMemFreeAsync(x, s1);
   cuMemAllocAsync(&y, 4 << 20, s1);
   P("reuse on the same stream, no synchronize: %s", Same(x == y));
-  cuMemFreeAsync(y, s1);
-  CUdeviceptr z = 0;
-  cuMemAllocAsync(&x, 4 << 20, s1);
+  CUdeviceptr z = 0, w = 0;
   Spin<<<1, 1, 0, reinterpret_cast<cudaStream_t>(s1)>>>(200000000);  // ~0.1 s of work on s1
-  cuMemFreeAsync(x, s1);  // ordered after the work: not yet done
+  cuMemFreeAsync(y, s1);  // ordered after the work: not yet done
   cuMemAllocAsync(&z, 4 << 20, s2);
-  P("reuse on another stream while the freeing stream is busy: %s", Same(x == z));
+  P("reuse on another stream while the freeing stream is busy: %s", Same(y == z));
   cuCtxSynchronize();
+  cuMemAllocAsync(&w, 4 << 20, s2);  // z is still live
+  P("reuse on another stream after the freeing stream's work is done: %s", Same(y == w));
   cuMemFreeAsync(z, s2);
+  cuMemFreeAsync(w, s2);
   cuStreamSynchronize(s2);
-  cuMemAllocAsync(&x, 4 << 20, s1);
-  cuMemFreeAsync(x, s1);
-  cuStreamSynchronize(s1);
-  cuMemAllocAsync(&z, 4 << 20, s2);
-  P("reuse on another stream after the freeing stream synchronized: %s", Same(x == z));
-  cuMemFreeAsync(z, s2);
-  cuStreamSynchronize(s2);
+  cuuint64_t zero = 0;
+  cuMemPoolSetAttribute(g_default, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
+  cuMemPoolTrimTo(g_default, 0);
 
   // cudaFree of stream-ordered memory, cudaFreeAsync of cudaMalloc memory.
   void* d = nullptr;
