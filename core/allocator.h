@@ -35,7 +35,8 @@
 // taken only after those before it, never the other way): the capture gate
 // (CaptureTracker::gate, shared by Free across its synchronize, exclusive
 // across cuStreamBeginCapture) -> peer mutex (EnablePeer/DisablePeer) ->
-// heap creation mutex -> a DeviceHeap's mutex -> ReservationMap,
+// heap creation mutex -> a StreamOrderedCache's mutex (never held while a
+// heap mutex is taken) -> a DeviceHeap's mutex -> ReservationMap,
 // ExportRegistry, the CaptureTracker's own mutex (leaves).
 //
 // Process exit: the shim never destroys its Allocator. When the driver is
