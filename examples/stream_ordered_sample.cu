@@ -20,15 +20,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,             \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "cuda_check.h"
 
 namespace {
 
@@ -48,25 +40,25 @@ void AddOnce(cudaStream_t produce, cudaStream_t consume, const std::vector<float
   const int n = static_cast<int>(a.size());
   const size_t bytes = n * sizeof(float);
   float *da = nullptr, *db = nullptr, *dc = nullptr;
-  CHECK(cudaMallocAsync(&da, bytes, produce));
-  CHECK(cudaMallocAsync(&db, bytes, produce));
-  CHECK(cudaMemcpyAsync(da, a.data(), bytes, cudaMemcpyHostToDevice, produce));
-  CHECK(cudaMemcpyAsync(db, b.data(), bytes, cudaMemcpyHostToDevice, produce));
+  CHECK_CUDA(cudaMallocAsync(&da, bytes, produce));
+  CHECK_CUDA(cudaMallocAsync(&db, bytes, produce));
+  CHECK_CUDA(cudaMemcpyAsync(da, a.data(), bytes, cudaMemcpyHostToDevice, produce));
+  CHECK_CUDA(cudaMemcpyAsync(db, b.data(), bytes, cudaMemcpyHostToDevice, produce));
   if (consume != produce) {
     cudaEvent_t ready;
-    CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CHECK(cudaEventRecord(ready, produce));
-    CHECK(cudaStreamWaitEvent(consume, ready, 0));
-    CHECK(cudaEventDestroy(ready));
+    CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventRecord(ready, produce));
+    CHECK_CUDA(cudaStreamWaitEvent(consume, ready, 0));
+    CHECK_CUDA(cudaEventDestroy(ready));
   }
-  CHECK(cudaMallocAsync(&dc, bytes, consume));
+  CHECK_CUDA(cudaMallocAsync(&dc, bytes, consume));
   VectorAdd<<<(n + 255) / 256, 256, 0, consume>>>(da, db, dc, n);
-  CHECK(cudaGetLastError());
-  CHECK(cudaMemcpyAsync(c.data(), dc, bytes, cudaMemcpyDeviceToHost, consume));
-  CHECK(cudaFreeAsync(da, consume));
-  CHECK(cudaFreeAsync(db, consume));
-  CHECK(cudaFreeAsync(dc, consume));
-  CHECK(cudaStreamSynchronize(consume));
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaMemcpyAsync(c.data(), dc, bytes, cudaMemcpyDeviceToHost, consume));
+  CHECK_CUDA(cudaFreeAsync(da, consume));
+  CHECK_CUDA(cudaFreeAsync(db, consume));
+  CHECK_CUDA(cudaFreeAsync(dc, consume));
+  CHECK_CUDA(cudaStreamSynchronize(consume));
   for (int i = 0; i < n; ++i) {
     if (c[i] != a[i] + b[i]) ++out->errors;
     out->checksum += c[i];
@@ -94,13 +86,13 @@ void Report(const char* name, const Result& r, double seconds, int iterations) {
 
 void PoolInfo(const char* when) {
   int device = 0;
-  CHECK(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDevice(&device));
   cudaMemPool_t pool;
-  CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
   uint64_t reserved = 0, used = 0, high = 0;
-  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
-  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
   std::printf("INFO default pool %s: reserved %llu, used %llu, used high %llu bytes\n", when,
               static_cast<unsigned long long>(reserved), static_cast<unsigned long long>(used),
               static_cast<unsigned long long>(high));
@@ -111,7 +103,7 @@ void PoolInfo(const char* when) {
 int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 200;
   int supported = 0;
-  CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, 0));
   if (!supported) {
     std::printf("stream-ordered allocation not supported on device 0\n");
     return 0;
@@ -120,8 +112,8 @@ int main(int argc, char** argv) {
   const std::vector<float> a = Input(n, 1), b = Input(n, 2);
   std::vector<float> c(n);
   cudaStream_t s1, s2;
-  CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
   long total_errors = 0;
 
   Result basic;
@@ -134,16 +126,16 @@ int main(int argc, char** argv) {
   // The sample's post-sync variant: keep the pool's memory across the
   // synchronizes.
   int device = 0;
-  CHECK(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDevice(&device));
   cudaMemPool_t pool;
-  CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
   uint64_t threshold = UINT64_MAX;
-  CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   Result post_sync;
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) {
     AddOnce(s1, s1, a, b, c, &post_sync);
-    CHECK(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaDeviceSynchronize());
   }
   Report("post-sync", post_sync, Seconds(t0), iterations);
   total_errors += post_sync.errors;
@@ -161,12 +153,12 @@ int main(int argc, char** argv) {
   t0 = std::chrono::steady_clock::now();
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      CHECK(cudaSetDevice(device));
+      CHECK_CUDA(cudaSetDevice(device));
       cudaStream_t s;
-      CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       std::vector<float> mine(n);
       for (int i = 0; i < iterations / kThreads; ++i) AddOnce(s, s, a, b, mine, &per[t]);
-      CHECK(cudaStreamDestroy(s));
+      CHECK_CUDA(cudaStreamDestroy(s));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -179,11 +171,11 @@ int main(int argc, char** argv) {
   total_errors += all.errors;
 
   threshold = 0;
-  CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  CHECK(cudaMemPoolTrimTo(pool, 0));
+  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
   PoolInfo("after the trim");
-  CHECK(cudaStreamDestroy(s1));
-  CHECK(cudaStreamDestroy(s2));
+  CHECK_CUDA(cudaStreamDestroy(s1));
+  CHECK_CUDA(cudaStreamDestroy(s2));
   std::printf(total_errors == 0 ? "PASSED\n" : "FAILED\n");
   return total_errors == 0 ? 0 : 1;
 }
