@@ -231,6 +231,15 @@ class Allocator {
   void SettleStreamOrdered(int device);
   // `stream` is about to be destroyed (cuStreamDestroy).
   void StreamDestroyed(CUstream stream);
+  // Around the program's cuStreamSynchronize / cuCtxSynchronize: the mark
+  // to take before the call (0: nothing waits, and nothing need be done
+  // after it), and after a successful call, the blocks freed on the stream
+  // (per_thread: through _ptsz; or on every stream of `context`, nullptr:
+  // the current one) before the mark are ready, and the release threshold
+  // applies, as the driver applies it at a synchronize.
+  static uint64_t SynchronizeMark() { return StreamOrderedCache::Mark(); }
+  void StreamSynchronized(CUstream stream, bool per_thread, uint64_t mark);
+  void ContextSynchronized(CUcontext context, uint64_t mark);
 
   // The live allocation containing `ptr`: NotShimMemory() outside the
   // shim's VA, CUDA_ERROR_NOT_FOUND inside it but not in a live allocation.

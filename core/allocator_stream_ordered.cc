@@ -349,6 +349,36 @@ void Allocator::SettleStreamOrdered(int device) {
   ReleaseToHeap(heaps_[device].load(std::memory_order_acquire), cache->Harvest());
 }
 
+void Allocator::StreamSynchronized(CUstream stream, bool per_thread, uint64_t mark) {
+  if (mark == 0) return;
+  StreamKey key;
+  int device = -1;
+  if (!ResolveStream(stream, per_thread, &key, &device).ok()) return;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    // Blocks of any device may have been freed on this stream.
+    if (StreamOrderedCache* cache = CacheFor(d)) {
+      ReleaseToHeap(heaps_[d].load(std::memory_order_acquire),
+                    cache->Synchronized(key, /*whole_context=*/false, mark));
+    }
+  }
+}
+
+void Allocator::ContextSynchronized(CUcontext context, uint64_t mark) {
+  if (mark == 0) return;
+  if (context == nullptr && (driver_.cuCtxGetCurrent(&context) != CUDA_SUCCESS ||
+                             context == nullptr)) {
+    return;
+  }
+  StreamKey key;
+  key.context = context;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (StreamOrderedCache* cache = CacheFor(d)) {
+      ReleaseToHeap(heaps_[d].load(std::memory_order_acquire),
+                    cache->Synchronized(key, /*whole_context=*/true, mark));
+    }
+  }
+}
+
 void Allocator::StreamDestroyed(CUstream stream) {
   if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return;
   ForgetStreamMemos();

@@ -70,7 +70,8 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                                 {"used_high_bytes", d.stream_ordered.used_high},
                                 {"reserved_bytes", d.stream_ordered.reserved},
                                 {"reserved_high_bytes", d.stream_ordered.reserved_high},
-                                {"cached_bytes", d.stream_ordered.cached}}},
+                                {"cached_bytes", d.stream_ordered.cached},
+                                {"driver_queries", d.stream_ordered.driver_queries}}},
                               {"peers", peers}});
   }
   doc["driver_calls"] = nlohmann::json::array();
@@ -95,10 +96,11 @@ absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::stri
 
 std::string ExitSummary(const Allocator& allocator) {
   const AllocatorStats s = allocator.GetStats();
-  uint64_t grants = 0, denials = 0, peak = 0, exports = 0;
+  uint64_t grants = 0, denials = 0, peak = 0, exports = 0, queries = 0;
   std::string compression;
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
     exports += d.exports;
+    queries += d.stream_ordered.driver_queries;
     if (d.compression != CompressionState::kOff) {
       absl::StrAppend(&compression, "; device ", d.device, " compression ",
                       CompressionName(d.compression));
@@ -121,7 +123,8 @@ std::string ExitSummary(const Allocator& allocator) {
                           ? std::string()
                           : absl::StrCat("; stream-ordered: ", s.stream_ordered_allocations,
                                          " allocations served (", s.stream_ordered_reuses,
-                                         " reused from its cache)"));
+                                         " reused from its cache, ", queries,
+                                         " driver queries)"));
 }
 
 }  // namespace vmmshim

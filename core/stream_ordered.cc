@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <limits>
 #include <new>
 
@@ -42,6 +43,12 @@ class ContextScope {
   bool pushed_ = false;
 };
 
+// Frees are numbered process-wide, so that one mark taken before a
+// synchronize covers every cache; and the blocks not yet ready are counted
+// process-wide, so that a synchronize hook with nothing to do costs one load.
+std::atomic<uint64_t> g_free_seq{0};
+std::atomic<int64_t> g_pending{0};
+
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -54,6 +61,10 @@ uint64_t ThisThreadId() {
   static std::atomic<uint64_t> next{1};
   thread_local const uint64_t id = next.fetch_add(1, std::memory_order_relaxed);
   return id;
+}
+
+StreamOrderedCache::~StreamOrderedCache() {
+  g_pending.fetch_sub(static_cast<int64_t>(pending_), std::memory_order_acq_rel);
 }
 
 void StreamOrderedCache::AfterForkChild() { new (&mu_) Mutex; }
@@ -77,7 +88,7 @@ std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(const St
       ptr = s->second;
       list.by_seq.erase(s);
       list.by_class.erase(c);
-      --pending_;
+      AddPendingLocked(-1);
     }
   }
   if (ptr == 0) {
@@ -91,6 +102,25 @@ std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(const St
   f_.cached -= e->second.size_class;
   entries_.erase(e);
   return reuse;
+}
+
+void StreamOrderedCache::AddPendingLocked(int64_t delta) {
+  pending_ = static_cast<size_t>(static_cast<int64_t>(pending_) + delta);
+  g_pending.fetch_add(delta, std::memory_order_acq_rel);
+}
+
+uint64_t StreamOrderedCache::Mark() {
+  return g_pending.load(std::memory_order_acquire) > 0 ? g_free_seq.load(std::memory_order_acquire)
+                                                       : 0;
+}
+
+std::vector<CUdeviceptr> StreamOrderedCache::Synchronized(const StreamKey& key,
+                                                          bool whole_context, uint64_t mark) {
+  MutexLock lock(&mu_);
+  for (auto& [k, list] : lists_) {
+    if (whole_context ? k.context == key.context : k == key) MarkListReadyLocked(list, mark);
+  }
+  return ReleaseReadyLocked(f_.release_threshold);
 }
 
 bool StreamOrderedCache::HarvestMayHelp() const {
@@ -133,12 +163,12 @@ absl::StatusOr<bool> StreamOrderedCache::Put(const StreamKey& key, CUdeviceptr p
                                              size_t bytes) {
   MutexLock lock(&mu_);
   if (entries_.contains(ptr)) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
-  const uint64_t seq = next_seq_++;
+  const uint64_t seq = g_free_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
   entries_[ptr] = Entry{size_class, bytes, seq, context, false, false, key};
   StreamList& list = lists_[key];
   list.by_class.insert({size_class, seq});
   list.by_seq[seq] = ptr;
-  ++pending_;
+  AddPendingLocked(1);
   // A harvest may help from when this stream may be asked again.
   next_harvest_ns_ = std::min(next_harvest_ns_, list.next_query_ns);
   // The reserved bytes stay: the block moves from live to cached.
@@ -178,7 +208,7 @@ void StreamOrderedCache::MakeReadyLocked(CUdeviceptr ptr) {
   e.ready = true;
   e.retired = false;
   ready_.insert({e.size_class, ptr});
-  --pending_;
+  AddPendingLocked(-1);
 }
 
 void StreamOrderedCache::MarkListReadyLocked(StreamList& list, uint64_t upto) {
@@ -195,6 +225,7 @@ void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list,
   if (list.by_seq.empty()) return;
   if (!force && now < list.next_query_ns) return;
   if (list.event_pending) {
+    ++f_.driver_queries;
     const CUresult r = driver_.cuEventQuery(list.event);
     if (r == CUDA_SUCCESS) MarkListReadyLocked(list, list.event_covers);
     if (r != CUDA_ERROR_NOT_READY) list.event_pending = false;
@@ -208,8 +239,9 @@ void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list,
   // The per-thread default stream is the calling thread's.
   if (key.stream == CU_STREAM_PER_THREAD && key.thread != ThisThreadId()) return;
   if (driver_.cuStreamQuery == nullptr) return;
-  const uint64_t mark = next_seq_ - 1;
+  const uint64_t mark = g_free_seq.load(std::memory_order_acquire);
   ContextScope scope(driver_, key.context);
+  ++f_.driver_queries;
   const CUresult r = driver_.cuStreamQuery(key.stream);
   if (r == CUDA_SUCCESS) {
     MarkListReadyLocked(list, mark);
@@ -223,6 +255,7 @@ void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list,
     list.event = nullptr;
     return;
   }
+  ++f_.driver_queries;
   if (driver_.cuEventRecord(list.event, key.stream) == CUDA_SUCCESS) {
     list.event_covers = mark;
     list.event_pending = true;
@@ -280,7 +313,7 @@ uint64_t StreamOrderedCache::PendingContexts(std::vector<CUcontext>* contexts) c
     if (!list.by_seq.empty()) add(key.context);
   }
   for (const Retired& r : retired_) add(r.context);
-  return next_seq_ - 1;
+  return g_free_seq.load(std::memory_order_acquire);
 }
 
 void StreamOrderedCache::MarkReady(uint64_t mark) {
@@ -319,7 +352,7 @@ void StreamOrderedCache::StreamDestroyed(CUstream stream) {
     if (!list.by_seq.empty()) {
       ContextScope scope(driver_, key.context);
       if (driver_.cuStreamQuery != nullptr && driver_.cuStreamQuery(stream) == CUDA_SUCCESS) {
-        MarkListReadyLocked(list, next_seq_);
+        MarkListReadyLocked(list, UINT64_MAX);
       } else {
         Retired r;
         r.context = key.context;
@@ -356,12 +389,12 @@ void StreamOrderedCache::RemoveLocked(CUdeviceptr ptr) {
   } else if (e.retired) {
     for (Retired& r : retired_) r.blocks.erase(std::remove(r.blocks.begin(), r.blocks.end(), ptr),
                                                r.blocks.end());
-    --pending_;
+    AddPendingLocked(-1);
   } else {
     StreamList& list = lists_.at(e.key);
     list.by_class.erase({e.size_class, e.seq});
     list.by_seq.erase(e.seq);
-    --pending_;
+    AddPendingLocked(-1);
   }
   f_.cached -= e.size_class;
   entries_.erase(it);
@@ -382,7 +415,7 @@ std::vector<CUdeviceptr> StreamOrderedCache::DropContext(CUcontext context) {
       ++it;
       continue;
     }
-    MarkListReadyLocked(it->second, next_seq_);
+    MarkListReadyLocked(it->second, UINT64_MAX);
     lists_.erase(it++);  // its event goes with the context
   }
   for (auto it = retired_.begin(); it != retired_.end();) {

@@ -14,7 +14,13 @@
 //   2. otherwise an event is recorded on S; it covers every block freed on S
 //      before it, and once cuEventQuery says it completed, they are ready.
 //      An event recorded after the free covers more work than the free
-//      needs: a block becomes ready later than it could, never earlier.
+//      needs: a block becomes ready later than it could, never earlier;
+//   3. the program's own synchronizations say it for free: once
+//      cuStreamSynchronize(S) returns, every block freed on S before the
+//      call is ready, and after cuCtxSynchronize every block freed on the
+//      context's streams (Synchronized, with a Mark taken before the call).
+//      That is where the driver applies the release threshold, and so does
+//      the cache.
 // That is the driver's CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC policy.
 // The shim never makes one stream wait for another (the driver's
 // ..._ALLOW_INTERNAL_DEPENDENCIES) and does not follow event waits between
@@ -105,6 +111,7 @@ struct StreamOrderedFigures {
   uint64_t allocations = 0;    // served, in total
   uint64_t reuses = 0;         // of them, served from this cache
   uint64_t frees = 0;
+  uint64_t driver_queries = 0; // cuStreamQuery / cuEventQuery / cuEventRecord by harvests
   uint64_t release_threshold = 0;
 };
 
@@ -119,7 +126,7 @@ class StreamOrderedCache {
 
   StreamOrderedCache(const DriverApi& driver, int64_t query_interval_ns)
       : driver_(driver), query_interval_ns_(query_interval_ns) {}
-  ~StreamOrderedCache() = default;
+  ~StreamOrderedCache();
   StreamOrderedCache(const StreamOrderedCache&) = delete;
   StreamOrderedCache& operator=(const StreamOrderedCache&) = delete;
 
@@ -160,6 +167,15 @@ class StreamOrderedCache {
   // blocks that left the cache go to *released.
   std::optional<Reuse> HarvestAndTake(const StreamKey& key, size_t size_class, size_t max_class,
                                       std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
+  // A mark covering every block freed so far, in any cache (frees are
+  // numbered process-wide); 0 when no cache holds a block that is not ready.
+  static uint64_t Mark();
+  // The program synchronized `key`'s stream (`whole_context`: every stream
+  // of key.context) after taking `mark`: those blocks are ready, and the
+  // release threshold applies. Returns the blocks that leave the cache. No
+  // driver call.
+  std::vector<CUdeviceptr> Synchronized(const StreamKey& key, bool whole_context, uint64_t mark)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // For out-of-memory: the contexts whose streams hold freed blocks, and a
   // mark covering every block freed so far; once the caller synchronized
   // those contexts, MarkReady(mark) makes them ready.
@@ -234,6 +250,8 @@ class StreamOrderedCache {
   // Ready blocks leaving the cache until reserved <= `keep`.
   std::vector<CUdeviceptr> ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteHighLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // pending_ changed by `delta` (kept in the process-wide count too).
+  void AddPendingLocked(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DriverApi& driver_;
   const int64_t query_interval_ns_;
@@ -242,7 +260,6 @@ class StreamOrderedCache {
   absl::flat_hash_map<StreamKey, StreamList> lists_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<std::pair<size_t, CUdeviceptr>> ready_ ABSL_GUARDED_BY(mu_);
   std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // entries not ready
   // No list may be asked about before this (all found busy at the last look).
   int64_t next_harvest_ns_ ABSL_GUARDED_BY(mu_) = 0;

@@ -69,6 +69,10 @@
   X(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020)                                  \
   X(cuDeviceSetMemPool, PFN_cuDeviceSetMemPool_v11020)                            \
   X(cuMemSetMemPool, PFN_cuMemSetMemPool_v13000)                                  \
-  X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000)
+  X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000)                                \
+  X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                           \
+  X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)                 \
+  X(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                                 \
+  X(cuCtxSynchronize_v2, PFN_cuCtxSynchronize_v13000)
 
 #endif  // VMMSHIM_INTERPOSE_HOOK_LIST_H_

@@ -182,3 +182,51 @@ VMMSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
   if (rt->enabled()) rt->allocator->StreamDestroyed(stream);
   return rt->driver.cuStreamDestroy_v2(stream);
 }
+
+// ---- The program's synchronizations: freed blocks ready, threshold applied ----
+// (core/stream_ordered.h, step 3). One atomic load when nothing waits.
+
+namespace {
+
+template <typename Real>
+CUresult SynchronizeStream(const Runtime& rt, Real real, CUstream stream, bool per_thread) {
+  const uint64_t mark = rt.enabled() ? vmmshim::Allocator::SynchronizeMark() : 0;
+  const CUresult r = real(stream);
+  if (r == CUDA_SUCCESS && mark != 0) rt.allocator->StreamSynchronized(stream, per_thread, mark);
+  return r;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (rt->driver.cuStreamSynchronize == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return SynchronizeStream(*rt, rt->driver.cuStreamSynchronize, stream, false);
+}
+
+VMMSHIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (rt->driver.cuStreamSynchronize_ptsz == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return SynchronizeStream(*rt, rt->driver.cuStreamSynchronize_ptsz, stream, true);
+}
+
+VMMSHIM_EXPORT CUresult cuCtxSynchronize() {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const uint64_t mark = rt->enabled() ? vmmshim::Allocator::SynchronizeMark() : 0;
+  const CUresult r = rt->driver.cuCtxSynchronize();
+  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->ContextSynchronized(nullptr, mark);
+  return r;
+}
+
+VMMSHIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext context) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (rt->driver.cuCtxSynchronize_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const uint64_t mark = rt->enabled() ? vmmshim::Allocator::SynchronizeMark() : 0;
+  const CUresult r = rt->driver.cuCtxSynchronize_v2(context);
+  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->ContextSynchronized(context, mark);
+  return r;
+}

@@ -30,6 +30,14 @@ for i in 1 2; do
   echo "native $(python3 "$root/examples/rmm_async.py" --resource view 2>&1 | head -1)"
   echo "shim   $(LD_PRELOAD=$shim python3 "$root/examples/rmm_async.py" --resource view 2>&1 | head -1)"
 done
+echo "== the streamOrderedAllocation-style sample, alternating (us per iteration)"
+for i in 1 2 3; do
+  echo "native $("$b/examples/stream_ordered_sample" 2>&1 | grep -oE '^INFO [a-z-]+: .*each' | sed 's/ iterations in [0-9.]* s//' | tr '\n' ' ')"
+  echo "shim   $(LD_PRELOAD=$shim "$b/examples/stream_ordered_sample" 2>/dev/null | grep -oE '^INFO [a-z-]+: .*each' | sed 's/ iterations in [0-9.]* s//' | tr '\n' ' ')"
+done
+echo "== the same, with the shim's exit report"
+LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info "$root/.gpu/build/examples/stream_ordered_sample" 2>&1 | grep 'exit report'
+LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info python3 "$root/examples/cupy_async.py" 2>&1 | grep 'exit report'
 echo "== benchmark: bench/run_bench.sh --rounds 2"
 bash "$root/bench/run_bench.sh" --rounds 2 "$b/bench/alloc_bench" "$shim" /tmp/bench > "$out/bench.txt" 2>&1
 cp /tmp/bench/results.csv "$out/bench-results.csv"

@@ -191,6 +191,36 @@ TEST_F(StreamOrderedTest, CrossStreamLoopReusesWithTheDefaultInterval) {
   EXPECT_EQ(AllocAsync(4 * kTestMiB, s2_), x);
 }
 
+TEST_F(StreamOrderedTest, TheProgramsSynchronizeMakesBlocksReadyWithoutQueries) {
+  cuuint64_t keep_all = ~cuuint64_t{0};
+  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
+  EXPECT_EQ(Allocator::SynchronizeMark(), 0u);  // nothing waits: the hooks do nothing
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  const uint64_t mark = Allocator::SynchronizeMark();
+  EXPECT_NE(mark, 0u);
+  const CUdeviceptr later = AllocAsync(2 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(later, s1_), CUDA_SUCCESS);  // after the mark: not covered
+  ASSERT_EQ(sim::cuStreamSynchronize(s1_), CUDA_SUCCESS);
+  sim::ResetCallCounts();
+  a_->StreamSynchronized(s1_, false, mark);
+  // Another stream reuses p at once, asking the driver nothing; `later`
+  // still waits (freed after the mark), so s1 is asked about it.
+  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(4 * kTestMiB, s2_, false, nullptr);
+  ASSERT_TRUE(r.ok() && r->served);
+  EXPECT_EQ(r->ptr, p);
+  EXPECT_EQ(sim::CallCount("cuStreamQuery") + sim::CallCount("cuEventQuery"), 0u);
+  // A context synchronize covers every stream of the context; with
+  // threshold 0 the ready blocks leave the cache there, as natively.
+  cuuint64_t zero = 0;
+  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
+  const uint64_t mark2 = Allocator::SynchronizeMark();
+  a_->ContextSynchronized(nullptr, mark2);
+  EXPECT_EQ(sim::CallCount("cuStreamQuery"), 0u);
+  EXPECT_EQ(a_->GetDeviceStats()[0].stream_ordered.cached, 0u);
+  ASSERT_EQ(FreeAsync(r->ptr, s2_), CUDA_SUCCESS);
+}
+
 TEST_F(StreamOrderedTest, ALargerCachedBlockServesUpToAQuarterMore) {
   const CUdeviceptr p = AllocAsync(10 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
