@@ -132,7 +132,16 @@ std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::HarvestAndTake(
     const StreamKey& key, size_t size_class, size_t max_class,
     std::vector<CUdeviceptr>* released) {
   MutexLock lock(&mu_);
-  HarvestLocked(/*force=*/false);
+  // Only streams holding a block this allocation could take are asked:
+  // blocks of other sizes wait for the program's next synchronize, the
+  // periodic harvest or an out-of-memory (CuPy allocates a new size most
+  // iterations, and paid a query per allocation otherwise).
+  const int64_t now = NowNs();
+  for (auto& [k, list] : lists_) {
+    auto c = list.by_class.lower_bound({size_class, 0});
+    if (c != list.by_class.end() && c->first <= max_class) QueryListLocked(k, list, now, false);
+  }
+  QueryRetiredLocked();  // destroyed streams: one event query each, rare
   std::optional<Reuse> reuse = TakeLocked(key, size_class, max_class);
   *released = ReleaseReadyLocked(f_.release_threshold);
   return reuse;
@@ -275,10 +284,7 @@ std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
   return out;
 }
 
-void StreamOrderedCache::HarvestLocked(bool force) {
-  puts_since_harvest_ = 0;
-  const int64_t now = NowNs();
-  for (auto& [key, list] : lists_) QueryListLocked(key, list, now, force);
+void StreamOrderedCache::QueryRetiredLocked() {
   for (auto it = retired_.begin(); it != retired_.end();) {
     if (it->event == nullptr || driver_.cuEventQuery(it->event) != CUDA_SUCCESS) {
       ++it;
@@ -288,6 +294,13 @@ void StreamOrderedCache::HarvestLocked(bool force) {
     if (driver_.cuEventDestroy_v2 != nullptr) driver_.cuEventDestroy_v2(it->event);
     it = retired_.erase(it);
   }
+}
+
+void StreamOrderedCache::HarvestLocked(bool force) {
+  puts_since_harvest_ = 0;
+  const int64_t now = NowNs();
+  for (auto& [key, list] : lists_) QueryListLocked(key, list, now, force);
+  QueryRetiredLocked();
   // The earliest time a list with blocks may be asked again.
   next_harvest_ns_ = std::numeric_limits<int64_t>::max();
   for (const auto& [key, list] : lists_) {

@@ -163,8 +163,9 @@ class StreamOrderedCache {
   // unless `force`.
   std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt, bool force = true)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // An allocation found nothing: a harvest (not forced), then Take; the
-  // blocks that left the cache go to *released.
+  // An allocation found nothing: the streams holding a block of a class in
+  // [size_class, max_class] are asked (not forced), then Take; the blocks
+  // that left the cache go to *released.
   std::optional<Reuse> HarvestAndTake(const StreamKey& key, size_t size_class, size_t max_class,
                                       std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
   // A mark covering every block freed so far, in any cache (frees are
@@ -247,6 +248,8 @@ class StreamOrderedCache {
   std::optional<Reuse> TakeLocked(const StreamKey& key, size_t size_class, size_t max_class)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroyed streams' events: their blocks ready once complete.
+  void QueryRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ready blocks leaving the cache until reserved <= `keep`.
   std::vector<CUdeviceptr> ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteHighLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

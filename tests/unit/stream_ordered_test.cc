@@ -221,6 +221,20 @@ TEST_F(StreamOrderedTest, TheProgramsSynchronizeMakesBlocksReadyWithoutQueries) 
   ASSERT_EQ(FreeAsync(r->ptr, s2_), CUDA_SUCCESS);
 }
 
+TEST_F(StreamOrderedTest, AMissAsksOnlyStreamsHoldingAUsableBlock) {
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  sim::ResetCallCounts();
+  // s1 holds a 4 MiB block: a 64 KiB or a 16 MiB request on s2 cannot use
+  // it, so s1 is not asked.
+  const CUdeviceptr small = AllocAsync(64 * 1024, s2_);
+  const CUdeviceptr big = AllocAsync(16 * kTestMiB, s2_);
+  EXPECT_EQ(sim::CallCount("cuStreamQuery"), 0u);
+  EXPECT_EQ(AllocAsync(4 * kTestMiB, s2_), p);  // this one can: asked, ready, reused
+  EXPECT_EQ(sim::CallCount("cuStreamQuery"), 1u);
+  for (CUdeviceptr q : {small, big, p}) ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
+}
+
 TEST_F(StreamOrderedTest, ALargerCachedBlockServesUpToAQuarterMore) {
   const CUdeviceptr p = AllocAsync(10 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
