@@ -168,22 +168,19 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   // heap's cache allows.
   const size_t max_class =
       bytes <= (*heap)->packing_threshold() ? size_class : size_class + size_class / 4;
-  std::optional<StreamOrderedCache::Reuse> reuse = cache->Take(key, size_class, max_class);
-  if (!reuse && !captures_.any() && cache->HarvestMayHelp()) {
-    // Blocks freed on other streams may be ready by now.
-    std::vector<CUdeviceptr> released;
-    reuse = cache->HarvestAndTake(key, size_class, max_class, &released);
-    ReleaseToHeap(*heap, released);
-  }
+  // A block freed on this stream, or ready; else the streams that may free
+  // one for it are asked (no query is an unsafe call during a capture).
+  std::vector<CUdeviceptr> released;
+  std::optional<StreamOrderedCache::Reuse> reuse = cache->Allocate(
+      key, key.context, size_class, max_class, bytes, !captures_.any(), &released);
+  if (!released.empty()) ReleaseToHeap(*heap, released);
   if (reuse) {
-    if (reuse->bytes != bytes && !(*heap)->Resize(reuse->ptr, bytes)) {
-      // Cannot happen for a block of a matching class; keep it correct anyway.
-      ReleaseToHeap(*heap, {reuse->ptr});
-      reuse.reset();
-    } else {
-      cache->NoteAllocated(key.context, reuse->size_class, bytes, true);
+    if (reuse->bytes == bytes || (*heap)->Resize(reuse->ptr, bytes)) {
       return Allocation{reuse->ptr, true};
     }
+    // Cannot happen for a block of a matching class; keep it correct anyway.
+    cache->NoteFreed(key.context, reuse->size_class, bytes);
+    ReleaseToHeap(*heap, {reuse->ptr});
   }
   absl::StatusOr<int> device_count = DeviceCount();
   if (!device_count.ok()) return device_count.status();

@@ -69,13 +69,6 @@ StreamOrderedCache::~StreamOrderedCache() {
 
 void StreamOrderedCache::AfterForkChild() { new (&mu_) Mutex; }
 
-std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Take(const StreamKey& key,
-                                                                  size_t size_class,
-                                                                  size_t max_class) {
-  MutexLock lock(&mu_);
-  return TakeLocked(key, size_class, max_class);
-}
-
 std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(const StreamKey& key,
                                                                         size_t size_class,
                                                                         size_t max_class) {
@@ -123,33 +116,41 @@ std::vector<CUdeviceptr> StreamOrderedCache::Synchronized(const StreamKey& key,
   return ReleaseReadyLocked(f_.release_threshold);
 }
 
-bool StreamOrderedCache::HarvestMayHelp() const {
+std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Allocate(
+    const StreamKey& key, CUcontext context, size_t size_class, size_t max_class, size_t bytes,
+    bool may_ask, std::vector<CUdeviceptr>* released) {
   MutexLock lock(&mu_);
-  return pending_ > 0 && NowNs() >= next_harvest_ns_;
-}
-
-std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::HarvestAndTake(
-    const StreamKey& key, size_t size_class, size_t max_class,
-    std::vector<CUdeviceptr>* released) {
-  MutexLock lock(&mu_);
-  // Only streams holding a block this allocation could take are asked:
-  // blocks of other sizes wait for the program's next synchronize, the
-  // periodic harvest or an out-of-memory (CuPy allocates a new size most
-  // iterations, and paid a query per allocation otherwise).
-  const int64_t now = NowNs();
-  for (auto& [k, list] : lists_) {
-    auto c = list.by_class.lower_bound({size_class, 0});
-    if (c != list.by_class.end() && c->first <= max_class) QueryListLocked(k, list, now, false);
-  }
-  QueryRetiredLocked();  // destroyed streams: one event query each, rare
   std::optional<Reuse> reuse = TakeLocked(key, size_class, max_class);
-  *released = ReleaseReadyLocked(f_.release_threshold);
+  if (!reuse && may_ask && pending_ > 0) {
+    const int64_t now = NowNs();
+    if (now >= next_harvest_ns_) {
+      // Only streams holding a block this allocation could take are asked:
+      // blocks of other sizes wait for the program's next synchronize, the
+      // periodic harvest or an out-of-memory (CuPy allocates a new size
+      // most iterations, and paid a query per allocation otherwise).
+      for (auto& [k, list] : lists_) {
+        auto c = list.by_class.lower_bound({size_class, 0});
+        if (c != list.by_class.end() && c->first <= max_class) {
+          QueryListLocked(k, list, now, false);
+        }
+      }
+      QueryRetiredLocked();  // destroyed streams: one event query each, rare
+      reuse = TakeLocked(key, size_class, max_class);
+      *released = ReleaseReadyLocked(f_.release_threshold);
+    }
+  }
+  if (reuse) NoteAllocatedLocked(context, reuse->size_class, bytes, true);
   return reuse;
 }
 
 void StreamOrderedCache::NoteAllocated(CUcontext context, size_t size_class, size_t bytes,
                                        bool reused) {
   MutexLock lock(&mu_);
+  NoteAllocatedLocked(context, size_class, bytes, reused);
+}
+
+void StreamOrderedCache::NoteAllocatedLocked(CUcontext context, size_t size_class, size_t bytes,
+                                             bool reused) {
   Live& live = live_[context];
   live.classes += size_class;
   live.bytes += bytes;

@@ -131,13 +131,16 @@ class StreamOrderedCache {
   StreamOrderedCache& operator=(const StreamOrderedCache&) = delete;
 
   // A cached block of a class in [size_class, max_class] for an allocation
-  // on `key`: one freed on `key` itself, else a ready one; the smallest that
-  // fits. No driver call.
-  std::optional<Reuse> Take(const StreamKey& key, size_t size_class, size_t max_class)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether freed blocks wait to become ready and a stream holding them may
-  // be asked about now (a harvest could make them reusable).
-  bool HarvestMayHelp() const ABSL_LOCKS_EXCLUDED(mu_);
+  // of `bytes` in `context` on `key`: one freed on `key` itself, else a
+  // ready one, the smallest that fits; no driver call. When there is none
+  // and `may_ask` (no capture in progress), the streams holding a block of
+  // such a class are asked first (not before their query interval). A block
+  // returned is counted as allocated (as NoteAllocated); blocks that left
+  // the cache meanwhile go to *released, for the caller to free in the heap.
+  // One critical section.
+  std::optional<Reuse> Allocate(const StreamKey& key, CUcontext context, size_t size_class,
+                                size_t max_class, size_t bytes, bool may_ask,
+                                std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A live allocation was made (`reused`: by Take) in `context`.
   void NoteAllocated(CUcontext context, size_t size_class, size_t bytes, bool reused)
@@ -163,11 +166,6 @@ class StreamOrderedCache {
   // unless `force`.
   std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt, bool force = true)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // An allocation found nothing: the streams holding a block of a class in
-  // [size_class, max_class] are asked (not forced), then Take; the blocks
-  // that left the cache go to *released.
-  std::optional<Reuse> HarvestAndTake(const StreamKey& key, size_t size_class, size_t max_class,
-                                      std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
   // A mark covering every block freed so far, in any cache (frees are
   // numbered process-wide); 0 when no cache holds a block that is not ready.
   static uint64_t Mark();
@@ -253,6 +251,8 @@ class StreamOrderedCache {
   // Ready blocks leaving the cache until reserved <= `keep`.
   std::vector<CUdeviceptr> ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteHighLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteAllocatedLocked(CUcontext context, size_t size_class, size_t bytes, bool reused)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // pending_ changed by `delta` (kept in the process-wide count too).
   void AddPendingLocked(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
