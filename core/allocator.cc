@@ -7,12 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cu_status.h"
+#include "core/round_up.h"
 #include "core/log.h"
 
 namespace vmmshim {
 namespace {
-
-constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
 // The device of a context, remembered per thread so that a cache hit makes
 // no cuCtxGetDevice call. A context handle names one device for its whole

@@ -9,12 +9,11 @@
 
 #include "core/allocator.h"
 #include "core/cu_status.h"
+#include "core/round_up.h"
 #include "core/log.h"
 
 namespace vmmshim {
 namespace {
-
-constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
 // The context and device of recently used streams, per thread, so that a
 // cache hit makes no cuStreamGetCtx call. A destroyed stream's handle can

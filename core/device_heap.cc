@@ -6,12 +6,11 @@
 #include <utility>
 
 #include "core/cu_status.h"
+#include "core/round_up.h"
 #include "core/log.h"
 
 namespace vmmshim {
 namespace {
-
-constexpr size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
 
 }  // namespace
 
