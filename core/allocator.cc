@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cu_status.h"
-#include "core/round_up.h"
 #include "core/log.h"
+#include "core/round_up.h"
 
 namespace vmmshim {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "core/allocator.h"
 #include "core/cu_status.h"
-#include "core/round_up.h"
 #include "core/log.h"
+#include "core/round_up.h"
 
 namespace vmmshim {
 namespace {

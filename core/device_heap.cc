@@ -6,13 +6,10 @@
 #include <utility>
 
 #include "core/cu_status.h"
-#include "core/round_up.h"
 #include "core/log.h"
+#include "core/round_up.h"
 
 namespace vmmshim {
-namespace {
-
-}  // namespace
 
 // ---- DeviceHeap ----
 
