@@ -249,6 +249,18 @@ absl::Status Allocator::Free(CUdeviceptr ptr) {
 }
 
 absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
+  std::optional<PointerInfo> info = heap->Find(ptr);
+  const bool valid = info && info->allocation_base == ptr;
+  // cudaFree of cudaMallocAsync memory succeeds natively (measured), once: a
+  // block already freed with cuMemFreeAsync is a double free, also during a
+  // capture. The stream-ordered figures count the free once it happened.
+  StreamOrderedCache* cache = valid && info->stream_ordered ? CacheFor(heap->device()) : nullptr;
+  if (cache != nullptr && cache->Contains(ptr)) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+  }
+  auto note_stream_ordered = [&] {
+    if (cache != nullptr) cache->NoteFreed(info->context, SizeClassOf(*info), info->allocation_size);
+  };
   if (captures_.any()) {
     // The driver refuses the call where the capture prohibits it (and the
     // pointer stays live); elsewhere the free succeeds, but the context
@@ -256,26 +268,19 @@ absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
     if (CUresult r = captures_.ProbeUnsafeCall(); r != CUDA_SUCCESS) {
       return DriverError(r, "cuMemFree");
     }
-    return heap->DeferFree(ptr);
+    absl::Status deferred = heap->DeferFree(ptr);
+    if (deferred.ok()) note_stream_ordered();
+    return deferred;
   }
-  // Validate and find the context, then synchronize without the heap lock so
+  // Validated and its context found; synchronize without the heap lock so
   // other threads keep allocating on this device while the GPU drains.
-  std::optional<PointerInfo> info = heap->Find(ptr);
-  if (!info || info->allocation_base != ptr) {
-    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
-  }
-  if (info->stream_ordered) {
-    // cudaFree of cudaMallocAsync memory succeeds natively (measured); a
-    // block already freed with cuMemFreeAsync is a double free.
-    StreamOrderedCache* cache = CacheFor(heap->device());
-    if (cache->Contains(ptr)) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
-    cache->NoteFreed(info->context, SizeClassOf(*info), info->allocation_size);
-  }
+  if (!valid) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
   absl::Status synced = SynchronizeContext(info->context);
   const bool driver_gone = ToCuResult(synced) == CUDA_ERROR_DEINITIALIZED;
   if (!synced.ok() && !driver_gone) return synced;
   absl::Status freed = heap->Free(ptr, driver_gone);
   if (!freed.ok()) return freed;
+  note_stream_ordered();
   if (driver_gone) return synced;
   CompleteDeferred(info->context);
   return absl::OkStatus();
@@ -349,9 +354,11 @@ size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
   if (context == nullptr) return 0;
   ForgetContext(context);
   bool any = false;
-  for (auto& slot : heaps_) {
-    DeviceHeap* heap = slot.load(std::memory_order_acquire);
-    any = any || (heap != nullptr && heap->Holds(context));
+  for (int d = 0; d < kMaxDevices && !any; ++d) {
+    DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
+    // Also a context that only freed other contexts' stream-ordered memory
+    // on its streams: those blocks must leave with its streams.
+    any = heap != nullptr && (heap->Holds(context) || CacheFor(d)->Holds(context));
   }
   // No driver call for a context the shim never served (it may be invalid).
   if (!any) return 0;

@@ -167,11 +167,24 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   // heap's cache allows.
   const size_t max_class =
       bytes <= (*heap)->packing_threshold() ? size_class : size_class + size_class / 4;
-  // A block freed on this stream, or ready; else the streams that may free
-  // one for it are asked (no query is an unsafe call during a capture).
+  absl::StatusOr<int> device_count = DeviceCount();
+  if (!device_count.ok()) return device_count.status();
+  const DeviceSet allowed = options_.peer_policy.Allowed(device, *device_count, bytes, tag);
+  // A block of this placement freed on this stream, or ready; else the
+  // streams that may free one for it are asked, with the capture gate held
+  // so that no capture begins meanwhile (a query is an unsafe call in a
+  // global capture).
+  const ReusePlacement reuse_placement{key.context, allowed, std::string(tag), true};
   std::vector<CUdeviceptr> released;
   std::optional<StreamOrderedCache::Reuse> reuse = cache->Allocate(
-      key, key.context, size_class, max_class, bytes, !captures_.any(), &released);
+      key, reuse_placement, size_class, max_class, bytes, /*may_ask=*/false, &released);
+  if (!reuse && !captures_.any()) {
+    ReaderMutexLock gate(&captures_.gate());
+    if (!captures_.any()) {
+      reuse = cache->Allocate(key, reuse_placement, size_class, max_class, bytes,
+                              /*may_ask=*/true, &released);
+    }
+  }
   if (!released.empty()) ReleaseToHeap(*heap, released);
   if (reuse) {
     if (reuse->bytes == bytes || (*heap)->Resize(reuse->ptr, bytes)) {
@@ -181,11 +194,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
     cache->NoteFreed(key.context, reuse->size_class, bytes);
     ReleaseToHeap(*heap, {reuse->ptr});
   }
-  absl::StatusOr<int> device_count = DeviceCount();
-  if (!device_count.ok()) return device_count.status();
-  const Placement placement{key.context,
-                            options_.peer_policy.Allowed(device, *device_count, bytes, tag),
-                            std::string(tag), /*stream_ordered=*/true};
+  const Placement placement{key.context, allowed, std::string(tag), /*stream_ordered=*/true};
   absl::StatusOr<CUdeviceptr> ptr;
   if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
     ptr = *hit;
@@ -223,14 +232,24 @@ absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& i
   int stream_device = -1;
   if (absl::Status s = ResolveStream(stream, per_thread, &key, &stream_device); !s.ok()) return s;
   StreamOrderedCache* cache = CacheFor(heap->device());
-  absl::StatusOr<bool> harvest = cache->Put(key, info.allocation_base, info.context,
-                                            SizeClassOf(info), info.allocation_size);
+  // Explicit grants belong to this allocation: such a block is not reused.
+  const ReusePlacement placement{info.context, info.allowed, info.tag, !info.has_explicit};
+  absl::StatusOr<bool> harvest =
+      cache->Put(key, info.allocation_base, placement, SizeClassOf(info), info.allocation_size);
   if (!harvest.ok()) return harvest.status();
-  if (*harvest && !captures_.any()) ReleaseToHeap(heap, cache->Harvest());
+  if (*harvest && !captures_.any()) {
+    ReaderMutexLock gate(&captures_.gate());  // no capture begins during the queries
+    if (!captures_.any()) ReleaseToHeap(heap, cache->Harvest());
+  }
   return absl::OkStatus();
 }
 
 bool Allocator::ReclaimStreamOrdered(int device) {
+  if (captures_.any()) return false;
+  // Held across the check and the synchronizes: a capture begun meanwhile
+  // would be invalidated by them.
+  ReaderMutexLock gate(&captures_.gate());
+  captures_.Refresh();
   if (captures_.any()) return false;  // contexts cannot be synchronized
   bool any = false;
   for (int d = 0; d < kMaxDevices; ++d) {
@@ -329,6 +348,8 @@ void Allocator::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribut
 size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
   const int d = DeviceOfDefaultPool(pool);
   if (d < 0 || captures_.any()) return 0;
+  ReaderMutexLock gate(&captures_.gate());
+  if (captures_.any()) return 0;
   const std::vector<CUdeviceptr> blocks = CacheFor(d)->Harvest(keep);
   size_t bytes = 0;
   DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
@@ -342,6 +363,8 @@ size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
 void Allocator::SettleStreamOrdered(int device) {
   StreamOrderedCache* cache = CacheFor(device);
   if (cache == nullptr || captures_.any()) return;
+  ReaderMutexLock gate(&captures_.gate());
+  if (captures_.any()) return;
   ReleaseToHeap(heaps_[device].load(std::memory_order_acquire), cache->Harvest());
 }
 
@@ -378,9 +401,13 @@ void Allocator::ContextSynchronized(CUcontext context, uint64_t mark) {
 void Allocator::StreamDestroyed(CUstream stream) {
   if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return;
   ForgetStreamMemos();
+  // No query or event record while a capture is in progress: the blocks
+  // then wait for a context synchronize or an out-of-memory.
+  ReaderMutexLock gate(&captures_.gate());
+  const bool may_query = !captures_.any();
   for (auto& slot : stream_caches_) {
     if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) {
-      cache->StreamDestroyed(stream);
+      cache->StreamDestroyed(stream, may_query);
     }
   }
 }

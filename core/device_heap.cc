@@ -63,6 +63,9 @@ std::optional<PointerInfo> DeviceHeap::FindLocked(CUdeviceptr ptr) const {
   info.device = options_.device;
   info.context = block->placement.context;
   info.stream_ordered = block->placement.stream_ordered;
+  info.allowed = block->placement.allowed;
+  if (!block->placement.tag.empty()) info.tag = block->placement.tag;
+  info.has_explicit = block->has_explicit();
   if (block->slab == nullptr) {
     if (ptr >= base + block->requested) return std::nullopt;
     info.allocation_base = base;

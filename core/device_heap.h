@@ -116,6 +116,11 @@ struct PointerInfo {
   CUcontext context = nullptr;      // current when allocated
   bool packed = false;
   bool stream_ordered = false;      // cuMemAllocAsync memory (core/stream_ordered.h)
+  // The rest of the placement, for a reuse of the memory: the peers the
+  // policy allowed, the tag, and whether explicit grants or revokes apply.
+  DeviceSet allowed;
+  std::string tag;
+  bool has_explicit = false;
 };
 
 // The placement of an allocation (header comment). `stream_ordered`: the

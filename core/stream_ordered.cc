@@ -69,26 +69,31 @@ StreamOrderedCache::~StreamOrderedCache() {
 
 void StreamOrderedCache::AfterForkChild() { new (&mu_) Mutex; }
 
-std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(const StreamKey& key,
-                                                                        size_t size_class,
-                                                                        size_t max_class) {
+std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(
+    const StreamKey& key, const ReusePlacement& placement, size_t size_class, size_t max_class) {
   CUdeviceptr ptr = 0;
   if (auto it = lists_.find(key); it != lists_.end()) {
     StreamList& list = it->second;
-    auto c = list.by_class.lower_bound({size_class, 0});
-    if (c != list.by_class.end() && c->first <= max_class) {
+    for (auto c = list.by_class.lower_bound({size_class, 0});
+         c != list.by_class.end() && c->first <= max_class; ++c) {
       auto s = list.by_seq.find(c->second);
+      if (!entries_.at(s->second).placement.Matches(placement)) continue;
       ptr = s->second;
       list.by_seq.erase(s);
       list.by_class.erase(c);
       AddPendingLocked(-1);
+      break;
     }
   }
   if (ptr == 0) {
-    auto r = ready_.lower_bound({size_class, 0});
-    if (r == ready_.end() || r->first > max_class) return std::nullopt;
-    ptr = r->second;
-    ready_.erase(r);
+    for (auto r = ready_.lower_bound({size_class, 0}); r != ready_.end() && r->first <= max_class;
+         ++r) {
+      if (!entries_.at(r->second).placement.Matches(placement)) continue;
+      ptr = r->second;
+      ready_.erase(r);
+      break;
+    }
+    if (ptr == 0) return std::nullopt;
   }
   auto e = entries_.find(ptr);
   const Reuse reuse{ptr, e->second.bytes, e->second.size_class};
@@ -113,14 +118,18 @@ std::vector<CUdeviceptr> StreamOrderedCache::Synchronized(const StreamKey& key,
   for (auto& [k, list] : lists_) {
     if (whole_context ? k.context == key.context : k == key) MarkListReadyLocked(list, mark);
   }
+  if (whole_context) {
+    // Destroyed streams of the context (their last event may be missing).
+    MarkRetiredReadyLocked(mark, key.context);
+  }
   return ReleaseReadyLocked(f_.release_threshold);
 }
 
 std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Allocate(
-    const StreamKey& key, CUcontext context, size_t size_class, size_t max_class, size_t bytes,
-    bool may_ask, std::vector<CUdeviceptr>* released) {
+    const StreamKey& key, const ReusePlacement& placement, size_t size_class, size_t max_class,
+    size_t bytes, bool may_ask, std::vector<CUdeviceptr>* released) {
   MutexLock lock(&mu_);
-  std::optional<Reuse> reuse = TakeLocked(key, size_class, max_class);
+  std::optional<Reuse> reuse = TakeLocked(key, placement, size_class, max_class);
   if (!reuse && may_ask && pending_ > 0) {
     const int64_t now = NowNs();
     if (now >= next_harvest_ns_) {
@@ -135,11 +144,11 @@ std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Allocate(
         }
       }
       QueryRetiredLocked();  // destroyed streams: one event query each, rare
-      reuse = TakeLocked(key, size_class, max_class);
+      reuse = TakeLocked(key, placement, size_class, max_class);
       *released = ReleaseReadyLocked(f_.release_threshold);
     }
   }
-  if (reuse) NoteAllocatedLocked(context, reuse->size_class, bytes, true);
+  if (reuse) NoteAllocatedLocked(placement.context, reuse->size_class, bytes, true);
   return reuse;
 }
 
@@ -169,12 +178,13 @@ void StreamOrderedCache::NoteHighLocked() {
 }
 
 absl::StatusOr<bool> StreamOrderedCache::Put(const StreamKey& key, CUdeviceptr ptr,
-                                             CUcontext context, size_t size_class,
-                                             size_t bytes) {
+                                             const ReusePlacement& placement,
+                                             size_t size_class, size_t bytes) {
   MutexLock lock(&mu_);
   if (entries_.contains(ptr)) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
   const uint64_t seq = g_free_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
-  entries_[ptr] = Entry{size_class, bytes, seq, context, false, false, key};
+  entries_[ptr] = Entry{size_class, bytes, seq, placement, false, false, key};
+  const CUcontext context = placement.context;
   StreamList& list = lists_[key];
   list.by_class.insert({size_class, seq});
   list.by_seq[seq] = ptr;
@@ -217,8 +227,27 @@ void StreamOrderedCache::MakeReadyLocked(CUdeviceptr ptr) {
   Entry& e = entries_.at(ptr);
   e.ready = true;
   e.retired = false;
-  ready_.insert({e.size_class, ptr});
+  if (e.placement.reusable) {
+    ready_.insert({e.size_class, ptr});
+  } else {
+    release_now_.insert(ptr);
+  }
   AddPendingLocked(-1);
+}
+
+bool StreamOrderedCache::Holds(CUcontext context) const {
+  MutexLock lock(&mu_);
+  if (live_.contains(context)) return true;
+  for (const auto& [key, list] : lists_) {
+    if (key.context == context) return true;
+  }
+  for (const Retired& r : retired_) {
+    if (r.context == context) return true;
+  }
+  for (const auto& [ptr, e] : entries_) {
+    if (e.placement.context == context) return true;
+  }
+  return false;
 }
 
 void StreamOrderedCache::MarkListReadyLocked(StreamList& list, uint64_t upto) {
@@ -274,6 +303,12 @@ void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list,
 
 std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
   std::vector<CUdeviceptr> out;
+  for (CUdeviceptr ptr : release_now_) {
+    f_.cached -= entries_.at(ptr).size_class;
+    entries_.erase(ptr);
+    out.push_back(ptr);
+  }
+  release_now_.clear();
   while (live_classes_ + f_.cached > keep && !ready_.empty()) {
     auto last = std::prev(ready_.end());  // the largest first: the fewest frees
     const CUdeviceptr ptr = last->second;
@@ -333,7 +368,15 @@ uint64_t StreamOrderedCache::PendingContexts(std::vector<CUcontext>* contexts) c
 void StreamOrderedCache::MarkReady(uint64_t mark) {
   MutexLock lock(&mu_);
   for (auto& [key, list] : lists_) MarkListReadyLocked(list, mark);
+  MarkRetiredReadyLocked(mark, nullptr);
+}
+
+void StreamOrderedCache::MarkRetiredReadyLocked(uint64_t mark, CUcontext only) {
   for (auto it = retired_.begin(); it != retired_.end();) {
+    if (only != nullptr && it->context != only) {
+      ++it;
+      continue;
+    }
     auto& blocks = it->blocks;
     for (auto b = blocks.begin(); b != blocks.end();) {
       if (entries_.at(*b).seq <= mark) {
@@ -354,7 +397,7 @@ void StreamOrderedCache::MarkReady(uint64_t mark) {
   }
 }
 
-void StreamOrderedCache::StreamDestroyed(CUstream stream) {
+void StreamOrderedCache::StreamDestroyed(CUstream stream, bool may_query) {
   MutexLock lock(&mu_);
   for (auto it = lists_.begin(); it != lists_.end();) {
     if (it->first.stream != stream) {
@@ -364,19 +407,20 @@ void StreamOrderedCache::StreamDestroyed(CUstream stream) {
     const StreamKey key = it->first;
     StreamList& list = it->second;
     if (!list.by_seq.empty()) {
-      ContextScope scope(driver_, key.context);
-      if (driver_.cuStreamQuery != nullptr && driver_.cuStreamQuery(stream) == CUDA_SUCCESS) {
+      ContextScope scope(driver_, may_query ? key.context : nullptr);
+      if (may_query && driver_.cuStreamQuery != nullptr &&
+          driver_.cuStreamQuery(stream) == CUDA_SUCCESS) {
         MarkListReadyLocked(list, UINT64_MAX);
       } else {
         Retired r;
         r.context = key.context;
-        if (list.event == nullptr && driver_.cuEventCreate != nullptr &&
+        if (may_query && list.event == nullptr && driver_.cuEventCreate != nullptr &&
             driver_.cuEventCreate(&list.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
           list.event = nullptr;
         }
-        // Without an event the blocks wait for an out-of-memory
-        // synchronization (MarkReady).
-        if (list.event != nullptr && driver_.cuEventRecord != nullptr &&
+        // Without an event the blocks wait for a synchronize of the context
+        // or an out-of-memory (MarkRetiredReadyLocked).
+        if (may_query && list.event != nullptr && driver_.cuEventRecord != nullptr &&
             driver_.cuEventRecord(list.event, stream) == CUDA_SUCCESS) {
           r.event = list.event;
           list.event = nullptr;
@@ -388,7 +432,8 @@ void StreamOrderedCache::StreamDestroyed(CUstream stream) {
         retired_.push_back(std::move(r));
       }
     }
-    if (list.event != nullptr && driver_.cuEventDestroy_v2 != nullptr) {
+    // (During a capture the event is left to its context.)
+    if (may_query && list.event != nullptr && driver_.cuEventDestroy_v2 != nullptr) {
       driver_.cuEventDestroy_v2(list.event);
     }
     lists_.erase(it++);
@@ -400,6 +445,7 @@ void StreamOrderedCache::RemoveLocked(CUdeviceptr ptr) {
   const Entry& e = it->second;
   if (e.ready) {
     ready_.erase({e.size_class, ptr});
+    release_now_.erase(ptr);
   } else if (e.retired) {
     for (Retired& r : retired_) r.blocks.erase(std::remove(r.blocks.begin(), r.blocks.end(), ptr),
                                                r.blocks.end());
@@ -444,7 +490,7 @@ std::vector<CUdeviceptr> StreamOrderedCache::DropContext(CUcontext context) {
   // contexts freed on its streams go back to the caller for a free.
   std::vector<CUdeviceptr> mine, others;
   for (const auto& [ptr, e] : entries_) {
-    if (e.context == context) {
+    if (e.placement.context == context) {
       mine.push_back(ptr);
     } else if (e.key.context == context) {
       others.push_back(ptr);

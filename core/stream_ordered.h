@@ -69,6 +69,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -76,8 +77,10 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/device_set.h"
 #include "core/driver_api.h"
 #include "core/mutex.h"
 
@@ -94,6 +97,21 @@ struct StreamKey {
   template <typename H>
   friend H AbslHashValue(H h, const StreamKey& k) {
     return H::combine(std::move(h), k.stream, k.context, k.thread);
+  }
+};
+
+// What a freed block may be reused for: an allocation of the same placement
+// (core/device_heap.h: its context, the peers the policy allows it, its tag),
+// since the heap's block keeps the old allocation's mapping and access. A
+// block with explicit grants or revokes is never reused (they belonged to
+// the old allocation): it leaves the cache once ready.
+struct ReusePlacement {
+  CUcontext context = nullptr;
+  DeviceSet allowed;
+  std::string tag;
+  bool reusable = true;
+  bool Matches(const ReusePlacement& o) const {
+    return reusable && o.reusable && context == o.context && allowed == o.allowed && tag == o.tag;
   }
 };
 
@@ -130,16 +148,16 @@ class StreamOrderedCache {
   StreamOrderedCache(const StreamOrderedCache&) = delete;
   StreamOrderedCache& operator=(const StreamOrderedCache&) = delete;
 
-  // A cached block of a class in [size_class, max_class] for an allocation
-  // of `bytes` in `context` on `key`: one freed on `key` itself, else a
-  // ready one, the smallest that fits; no driver call. When there is none
+  // A cached block of a class in [size_class, max_class] and of the same
+  // placement for an allocation of `bytes` on `key`: one freed on `key`
+  // itself, else a ready one, the smallest that fits; no driver call. When there is none
   // and `may_ask` (no capture in progress), the streams holding a block of
   // such a class are asked first (not before their query interval). A block
   // returned is counted as allocated (as NoteAllocated); blocks that left
   // the cache meanwhile go to *released, for the caller to free in the heap.
   // One critical section.
-  std::optional<Reuse> Allocate(const StreamKey& key, CUcontext context, size_t size_class,
-                                size_t max_class, size_t bytes, bool may_ask,
+  std::optional<Reuse> Allocate(const StreamKey& key, const ReusePlacement& placement,
+                                size_t size_class, size_t max_class, size_t bytes, bool may_ask,
                                 std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A live allocation was made (`reused`: by Take) in `context`.
@@ -149,8 +167,11 @@ class StreamOrderedCache {
   // `context`: CUDA_ERROR_INVALID_VALUE when it is already cached (double
   // free). Returns true when the cache has grown past its bound and should
   // be harvested.
-  absl::StatusOr<bool> Put(const StreamKey& key, CUdeviceptr ptr, CUcontext context,
+  absl::StatusOr<bool> Put(const StreamKey& key, CUdeviceptr ptr, const ReusePlacement& placement,
                            size_t size_class, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether anything of `context` is held here (its allocations, or blocks
+  // freed on its streams).
+  bool Holds(CUcontext context) const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `ptr` is a freed block held here.
   bool Contains(CUdeviceptr ptr) const ABSL_LOCKS_EXCLUDED(mu_);
   // A live allocation was freed by other means (cuMemFree): it leaves the
@@ -184,7 +205,9 @@ class StreamOrderedCache {
   // `stream` is about to be destroyed: its blocks are covered by one last
   // event (or become ready at once when it is idle) and the handle is
   // forgotten, since a new stream may get it.
-  void StreamDestroyed(CUstream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // `may_query` false (a capture is in progress): no driver call; the blocks
+  // wait for a synchronize of their context.
+  void StreamDestroyed(CUstream stream, bool may_query) ABSL_LOCKS_EXCLUDED(mu_);
   // `context` is being released (after its synchronization, when it could
   // be synchronized): its allocations leave the figures, its streams are
   // forgotten. Returns the cached blocks of other contexts that were freed
@@ -207,7 +230,7 @@ class StreamOrderedCache {
     size_t size_class = 0;
     size_t bytes = 0;
     uint64_t seq = 0;           // order of frees, cache-wide
-    CUcontext context = nullptr;  // the allocation's
+    ReusePlacement placement;   // the allocation's (placement.context: its context)
     bool ready = false;
     bool retired = false;       // not ready, and its stream destroyed (in retired_)
     StreamKey key;              // freed on
@@ -243,9 +266,13 @@ class StreamOrderedCache {
   // `force`: ignore the query interval (pool figures, trim, out of memory).
   void QueryListLocked(const StreamKey& key, StreamList& list, int64_t now, bool force)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<Reuse> TakeLocked(const StreamKey& key, size_t size_class, size_t max_class)
+  std::optional<Reuse> TakeLocked(const StreamKey& key, const ReusePlacement& placement,
+                                  size_t size_class, size_t max_class)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks of destroyed streams (of context `only`, nullptr: all) freed
+  // before `mark` become ready (their contexts were synchronized).
+  void MarkRetiredReadyLocked(uint64_t mark, CUcontext only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroyed streams' events: their blocks ready once complete.
   void QueryRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ready blocks leaving the cache until reserved <= `keep`.
@@ -262,6 +289,9 @@ class StreamOrderedCache {
   absl::flat_hash_map<CUdeviceptr, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamKey, StreamList> lists_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<std::pair<size_t, CUdeviceptr>> ready_ ABSL_GUARDED_BY(mu_);
+  // Ready blocks that may not be reused (explicit access): leave at the next
+  // release, whatever the threshold.
+  absl::flat_hash_set<CUdeviceptr> release_now_ ABSL_GUARDED_BY(mu_);
   std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // entries not ready
   // No list may be asked about before this (all found busy at the last look).

@@ -526,5 +526,172 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
   EXPECT_EQ(a_->GetDeviceStats()[0].live_allocations, 0u);
 }
 
+
+// ---- Review findings ----
+
+// A ready block of one context is handed to an allocation of another
+// context on the same device; releasing the first context then destroys
+// memory that is live in the second.
+// ---- Regressions from a review of the stream-ordered path (each failed
+// before its fix) ----
+
+// A freed block belongs to its placement (context, allowed peers, tag): a
+// reuse in another context made the block's release with its old context
+// unmap live memory.
+TEST_F(StreamOrderedTest, ABlockIsNotReusedInAnotherContext) {
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);  // primary context (A)
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  CUcontext b = nullptr;
+  ASSERT_EQ(sim::cuCtxCreate_v2(&b, 0, 0), CUDA_SUCCESS);  // device 0 again, now current
+  CUstream sb = nullptr;
+  ASSERT_EQ(sim::cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const CUdeviceptr q = AllocAsync(4 * kTestMiB, sb);  // live in context B
+  ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  a_->ReleaseContext(ctx_, true);  // context A goes (cuCtxDestroy / primary reset)
+  EXPECT_TRUE(a_->Find(q).ok()) << "B's live allocation was released with A (q == p: "
+                                << (q == p) << ")";
+  EXPECT_TRUE(CanRead(0, q));
+}
+
+// The same cross-context reuse: the free is charged to the block's old
+// context, and releasing the new one makes the pool figures wrap.
+TEST_F(StreamOrderedTest, ReuseAcrossContextsKeepsTheFiguresRight) {
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  CUcontext b = nullptr;
+  ASSERT_EQ(sim::cuCtxCreate_v2(&b, 0, 0), CUDA_SUCCESS);
+  CUstream sb = nullptr;
+  ASSERT_EQ(sim::cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const CUdeviceptr r = AllocAsync(64 * 1024, sb);  // B's own (new) allocation, kept live
+  const CUdeviceptr q = AllocAsync(4 * kTestMiB, sb);  // not A's ready block any more
+  EXPECT_NE(q, p);
+  EXPECT_NE(r, 0u);
+  ASSERT_EQ(FreeAsync(q, sb), CUDA_SUCCESS);  // charged to A (the heap's placement)
+  a_->ReleaseContext(b, true);  // r goes with B
+  ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  StreamOrderedFigures f = Figures();
+  EXPECT_EQ(f.live_allocations, 0u);
+  EXPECT_EQ(f.used, 0u);
+  EXPECT_EQ(f.reserved, 0u);
+}
+
+// The stream-ordered cache ignores the placement: a block the policy kept
+// from the peer (15 MiB < min-size 16 MiB) serves a 16 MiB request, which
+// the policy grants, and the peer cannot read it.
+TEST_F(StreamOrderedPeerTest, AReusedBlockHasTheRequestsPeerAccess) {
+  Start(4, 1024 * kTestMiB, Policy(PeerPolicy::Kind::kMinSize, 16 * kTestMiB));
+  SetPoolAccess(0, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  const CUdeviceptr p = AllocAsync(15 * kTestMiB, s1_);
+  EXPECT_FALSE(CanRead(1, p));  // denied by the policy: right
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  const CUdeviceptr q = AllocAsync(16 * kTestMiB, s1_);  // granted by the policy
+  EXPECT_TRUE(CanRead(1, q)) << "q == p: " << (q == p);
+}
+
+// cudaFree of stream-ordered memory during a relaxed capture (on another
+// stream) is deferred by the heap, but the cache never hears of it.
+TEST_F(StreamOrderedTest, CudaFreeDuringACaptureLeavesTheFigures) {
+  const CUdeviceptr p = AllocAsync(4096, s2_);
+  const CUdeviceptr m = MustAllocate(*a_, 4096);
+  ASSERT_EQ(a_->captures().BeginCapture(s1_, false,
+                                        [&] {
+                                          return sim::cuStreamBeginCapture_v2(
+                                              s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
+                                        }),
+            CUDA_SUCCESS);
+  EXPECT_TRUE(a_->Free(p).ok());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
+  a_->CaptureEnded(s1_, false);
+  EXPECT_TRUE(a_->Free(m).ok());  // completes the deferred free
+  StreamOrderedFigures f = Figures();
+  EXPECT_EQ(f.used, 0u);
+  EXPECT_EQ(f.live_allocations, 0u);
+}
+
+// cudaFree of a block already freed with cudaFreeAsync, during a relaxed
+// capture: natively CUDA_ERROR_INVALID_VALUE (a double free); here it
+// succeeds and is deferred, the heap frees the block later while the
+// stream-ordered cache still holds it, and both hand the address out.
+TEST_F(StreamOrderedTest, DoubleFreeDuringACaptureIsRefused) {
+  const CUdeviceptr p = AllocAsync(4096, s2_);
+  const CUdeviceptr m = MustAllocate(*a_, 4096);
+  ASSERT_EQ(FreeAsync(p, s2_), CUDA_SUCCESS);
+  ASSERT_EQ(a_->captures().BeginCapture(s1_, false,
+                                        [&] {
+                                          return sim::cuStreamBeginCapture_v2(
+                                              s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
+                                        }),
+            CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(a_->Free(p)), CUDA_ERROR_INVALID_VALUE);  // measured natively: 1
+  CUgraph graph = nullptr;
+  ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
+  a_->CaptureEnded(s1_, false);
+  EXPECT_TRUE(a_->Free(m).ok());  // completes whatever was deferred
+  const CUdeviceptr q1 = AllocAsync(4096, s2_);  // from the stream-ordered cache
+  const CUdeviceptr q2 = AllocAsync(4096, s1_);  // from the heap
+  EXPECT_TRUE(a_->Find(q1).ok());
+  EXPECT_NE(q1, q2) << "two live allocations at one address";
+}
+
+
+// Device 0's block freed on a stream of device 1, whose context has no shim
+// allocation of its own: releasing that context (cudaDeviceReset on device
+// 1, cuCtxDestroy) returns early at `if (!any)`, so DropContext never runs
+// and the block stays cached, keyed by a stream that no longer exists.
+TEST_F(StreamOrderedTest, ReleasingAContextThatOnlyFreedReleasesItsStreamsBlocks) {
+  const CUcontext ctx1 = MakeCurrent(1);
+  CUstream t = nullptr;
+  ASSERT_EQ(sim::cuStreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);  // device 1's
+  ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);  // device 0's memory
+  sim::HoldStream(t);
+  ASSERT_EQ(FreeAsync(p, t), CUDA_SUCCESS);
+  a_->ReleaseContext(ctx1, true);  // what the cuDevicePrimaryCtxReset(1) hook does
+  EXPECT_EQ(a_->GetDeviceStats()[0].stream_ordered.cached, 0u);
+  sim::ReleaseStream(t);
+}
+
+
+// The out-of-memory reclaim synchronizes contexts without the capture gate
+// (ReclaimDeferred takes it): a global capture begun by another thread after
+// the captures_.any() check is invalidated by the reclaim's cuCtxSynchronize.
+TEST_F(StreamOrderedTest, OutOfMemoryReclaimDoesNotBreakACaptureBegunMeanwhile) {
+  Start(1, 64 * kTestMiB);
+  const CUdeviceptr p = AllocAsync(40 * kTestMiB, s1_);
+  sim::HoldStream(s1_);
+  ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  sim::HoldCalls("cuCtxSynchronize_v2");
+  std::thread alloc([&] {
+    sim::cuCtxSetCurrent(ctx_);
+    (void)a_->AllocateAsync(40 * kTestMiB, s2_, false, nullptr);  // OOM: reclaim
+  });
+  ASSERT_TRUE(sim::WaitForHeldCall(5000));
+  const CUstream cap = reinterpret_cast<CUstream>(0x7777);
+  std::atomic<bool> begun{false};
+  std::thread begin([&] {
+    sim::cuCtxSetCurrent(ctx_);
+    EXPECT_EQ(a_->captures().BeginCapture(cap, false,
+                                          [&] {
+                                            return sim::cuStreamBeginCapture_v2(
+                                                cap, CU_STREAM_CAPTURE_MODE_GLOBAL);
+                                          }),
+              CUDA_SUCCESS);
+    begun = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool begun_during_sync = begun.load();
+  sim::ReleaseHeldCalls();
+  alloc.join();
+  begin.join();
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  ASSERT_EQ(sim::cuStreamIsCapturing(cap, &st), CUDA_SUCCESS);
+  EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE) << "began during the reclaim's synchronize: "
+                                                 << begun_during_sync;
+  CUgraph graph = nullptr;
+  sim::cuStreamEndCapture(cap, &graph);
+  a_->CaptureEnded(cap, false);
+}
+
 }  // namespace
 }  // namespace vmmshim
