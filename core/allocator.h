@@ -380,7 +380,7 @@ class Allocator {
   // Every thread asks the driver again about the streams it met.
   static void ForgetStreamMemos();
   // Frees blocks that left a stream-ordered cache in their heap.
-  static void ReleaseToHeap(DeviceHeap* heap, const std::vector<CUdeviceptr>& blocks);
+  static void ReleaseToHeap(DeviceHeap* heap, const ReleasedBlocks& blocks);
   // Out of memory: synchronizes the contexts holding freed stream-ordered
   // blocks of `device` (-1: every device), then releases every ready block;
   // true when any was released. Nothing while a capture is in progress.

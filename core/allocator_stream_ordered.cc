@@ -117,12 +117,13 @@ size_t Allocator::SizeClassOf(const PointerInfo& info) {
   return info.packed ? RoundUp(info.allocation_size, Slab::kUnit) : info.range_size;
 }
 
-void Allocator::ReleaseToHeap(DeviceHeap* heap, const std::vector<CUdeviceptr>& blocks) {
-  for (CUdeviceptr ptr : blocks) {
-    // Their work is done (core/stream_ordered.h): no synchronization.
-    if (absl::Status s = heap->Free(ptr, false); !s.ok()) {
-      Log().warn("device {}: releasing a freed stream-ordered block at {:#x}: {}",
-                 heap->device(), ptr, s.ToString());
+void Allocator::ReleaseToHeap(DeviceHeap* heap, const ReleasedBlocks& blocks) {
+  for (const ReleasedBlock& b : blocks) {
+    // Their work is done (core/stream_ordered.h): no synchronization. Only
+    // while the heap still holds that allocation of that context there.
+    if (absl::Status s = heap->FreeStreamOrdered(b.ptr, b.context); !s.ok()) {
+      Log().debug("device {}: a freed stream-ordered block at {:#x} was already released: {}",
+                  heap->device(), b.ptr, s.ToString());
     }
   }
 }
@@ -175,7 +176,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   // so that no capture begins meanwhile (a query is an unsafe call in a
   // global capture).
   const ReusePlacement reuse_placement{key.context, allowed, std::string(tag), true};
-  std::vector<CUdeviceptr> released;
+  ReleasedBlocks released;
   std::optional<StreamOrderedCache::Reuse> reuse = cache->Allocate(
       key, reuse_placement, size_class, max_class, bytes, /*may_ask=*/false, &released);
   if (!reuse && !captures_.any()) {
@@ -192,7 +193,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
     }
     // Cannot happen for a block of a matching class; keep it correct anyway.
     cache->NoteFreed(key.context, reuse->size_class, bytes);
-    ReleaseToHeap(*heap, {reuse->ptr});
+    ReleaseToHeap(*heap, {{reuse->ptr, key.context}});
   }
   const Placement placement{key.context, allowed, std::string(tag), /*stream_ordered=*/true};
   absl::StatusOr<CUdeviceptr> ptr;
@@ -261,7 +262,7 @@ bool Allocator::ReclaimStreamOrdered(int device) {
     bool synced = true;
     for (CUcontext c : contexts) synced = SynchronizeContext(c).ok() && synced;
     if (synced) cache->MarkReady(mark);
-    const std::vector<CUdeviceptr> blocks = cache->Harvest(0);
+    const ReleasedBlocks blocks = cache->Harvest(0);
     any = any || !blocks.empty();
     ReleaseToHeap(heaps_[d].load(std::memory_order_acquire), blocks);
   }
@@ -350,11 +351,11 @@ size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
   if (d < 0 || captures_.any()) return 0;
   ReaderMutexLock gate(&captures_.gate());
   if (captures_.any()) return 0;
-  const std::vector<CUdeviceptr> blocks = CacheFor(d)->Harvest(keep);
+  const ReleasedBlocks blocks = CacheFor(d)->Harvest(keep);
   size_t bytes = 0;
   DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
-  for (CUdeviceptr ptr : blocks) {
-    if (std::optional<PointerInfo> info = heap->Find(ptr)) bytes += SizeClassOf(*info);
+  for (const ReleasedBlock& b : blocks) {
+    if (std::optional<PointerInfo> info = heap->Find(b.ptr)) bytes += SizeClassOf(*info);
   }
   ReleaseToHeap(heap, blocks);
   return bytes;

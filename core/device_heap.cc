@@ -341,6 +341,17 @@ absl::Status DeviceHeap::DestroyBlockLocked(CUdeviceptr base) {
   return absl::OkStatus();
 }
 
+absl::Status DeviceHeap::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr || !info->stream_ordered || info->context != context) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "stream-ordered release");
+  }
+  absl::Status status;
+  FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
+  return status;
+}
+
 bool DeviceHeap::Resize(CUdeviceptr ptr, size_t bytes) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);

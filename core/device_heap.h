@@ -197,6 +197,12 @@ class DeviceHeap {
   // released. `driver_gone`: the driver is deinitialized (exit); only forget
   // it. CUDA_ERROR_INVALID_VALUE when `ptr` does not start a live allocation.
   absl::Status Free(CUdeviceptr ptr, bool driver_gone) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the stream-ordered allocation starting at `ptr` made in
+  // `context`, whose work is done (it left the stream-ordered cache);
+  // CUDA_ERROR_INVALID_VALUE, and nothing freed, when no such allocation
+  // starts there any more (its context was released meanwhile, and the
+  // address may serve another allocation).
+  absl::Status FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
   // Changes the requested size of the live allocation starting at `ptr` to
   // `bytes`, which must take the same memory: for a large block at most its
   // size, for a packed one the same number of units (stream-ordered reuse

@@ -112,7 +112,7 @@ uint64_t StreamOrderedCache::Mark() {
                                                        : 0;
 }
 
-std::vector<CUdeviceptr> StreamOrderedCache::Synchronized(const StreamKey& key,
+ReleasedBlocks StreamOrderedCache::Synchronized(const StreamKey& key,
                                                           bool whole_context, uint64_t mark) {
   MutexLock lock(&mu_);
   for (auto& [k, list] : lists_) {
@@ -127,7 +127,7 @@ std::vector<CUdeviceptr> StreamOrderedCache::Synchronized(const StreamKey& key,
 
 std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Allocate(
     const StreamKey& key, const ReusePlacement& placement, size_t size_class, size_t max_class,
-    size_t bytes, bool may_ask, std::vector<CUdeviceptr>* released) {
+    size_t bytes, bool may_ask, ReleasedBlocks* released) {
   MutexLock lock(&mu_);
   std::optional<Reuse> reuse = TakeLocked(key, placement, size_class, max_class);
   if (!reuse && may_ask && pending_ > 0) {
@@ -301,12 +301,13 @@ void StreamOrderedCache::QueryListLocked(const StreamKey& key, StreamList& list,
   }
 }
 
-std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
-  std::vector<CUdeviceptr> out;
+ReleasedBlocks StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
+  ReleasedBlocks out;
   for (CUdeviceptr ptr : release_now_) {
-    f_.cached -= entries_.at(ptr).size_class;
+    const Entry& e = entries_.at(ptr);
+    f_.cached -= e.size_class;
+    out.push_back({ptr, e.placement.context});
     entries_.erase(ptr);
-    out.push_back(ptr);
   }
   release_now_.clear();
   while (live_classes_ + f_.cached > keep && !ready_.empty()) {
@@ -314,8 +315,8 @@ std::vector<CUdeviceptr> StreamOrderedCache::ReleaseReadyLocked(uint64_t keep) {
     const CUdeviceptr ptr = last->second;
     f_.cached -= last->first;
     ready_.erase(last);
+    out.push_back({ptr, entries_.at(ptr).placement.context});
     entries_.erase(ptr);
-    out.push_back(ptr);
   }
   return out;
 }
@@ -345,7 +346,7 @@ void StreamOrderedCache::HarvestLocked(bool force) {
   if (!retired_.empty()) next_harvest_ns_ = 0;
 }
 
-std::vector<CUdeviceptr> StreamOrderedCache::Harvest(std::optional<uint64_t> keep, bool force) {
+ReleasedBlocks StreamOrderedCache::Harvest(std::optional<uint64_t> keep, bool force) {
   MutexLock lock(&mu_);
   HarvestLocked(force);
   return ReleaseReadyLocked(keep.value_or(f_.release_threshold));
@@ -460,7 +461,7 @@ void StreamOrderedCache::RemoveLocked(CUdeviceptr ptr) {
   entries_.erase(it);
 }
 
-std::vector<CUdeviceptr> StreamOrderedCache::DropContext(CUcontext context) {
+ReleasedBlocks StreamOrderedCache::DropContext(CUcontext context) {
   MutexLock lock(&mu_);
   if (auto it = live_.find(context); it != live_.end()) {
     live_classes_ -= it->second.classes;
@@ -488,16 +489,17 @@ std::vector<CUdeviceptr> StreamOrderedCache::DropContext(CUcontext context) {
   }
   // Blocks of `context` are the heap's to release with it; blocks of other
   // contexts freed on its streams go back to the caller for a free.
-  std::vector<CUdeviceptr> mine, others;
+  std::vector<CUdeviceptr> mine;
+  ReleasedBlocks others;
   for (const auto& [ptr, e] : entries_) {
     if (e.placement.context == context) {
       mine.push_back(ptr);
     } else if (e.key.context == context) {
-      others.push_back(ptr);
+      others.push_back({ptr, e.placement.context});
     }
   }
   for (CUdeviceptr ptr : mine) RemoveLocked(ptr);
-  for (CUdeviceptr ptr : others) RemoveLocked(ptr);
+  for (const ReleasedBlock& b : others) RemoveLocked(b.ptr);
   retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
                                 [](const Retired& r) { return r.blocks.empty(); }),
                  retired_.end());

@@ -115,6 +115,16 @@ struct ReusePlacement {
   }
 };
 
+// A block that left the cache, with its allocation's context: the caller
+// frees it in the heap only if the heap still holds that allocation there
+// (between the two, a release of the context may have unmapped it and the
+// address may serve a new allocation).
+struct ReleasedBlock {
+  CUdeviceptr ptr = 0;
+  CUcontext context = nullptr;
+};
+using ReleasedBlocks = std::vector<ReleasedBlock>;
+
 // A number naming the calling thread for the life of the process (never 0).
 uint64_t ThisThreadId();
 
@@ -158,7 +168,7 @@ class StreamOrderedCache {
   // One critical section.
   std::optional<Reuse> Allocate(const StreamKey& key, const ReusePlacement& placement,
                                 size_t size_class, size_t max_class, size_t bytes, bool may_ask,
-                                std::vector<CUdeviceptr>* released) ABSL_LOCKS_EXCLUDED(mu_);
+                                ReleasedBlocks* released) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A live allocation was made (`reused`: by Take) in `context`.
   void NoteAllocated(CUcontext context, size_t size_class, size_t bytes, bool reused)
@@ -185,7 +195,7 @@ class StreamOrderedCache {
   // progress (queries are unsafe calls in a global capture).
   // Streams found busy are asked again only after the query interval,
   // unless `force`.
-  std::vector<CUdeviceptr> Harvest(std::optional<uint64_t> keep = std::nullopt, bool force = true)
+  ReleasedBlocks Harvest(std::optional<uint64_t> keep = std::nullopt, bool force = true)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A mark covering every block freed so far, in any cache (frees are
   // numbered process-wide); 0 when no cache holds a block that is not ready.
@@ -194,7 +204,7 @@ class StreamOrderedCache {
   // of key.context) after taking `mark`: those blocks are ready, and the
   // release threshold applies. Returns the blocks that leave the cache. No
   // driver call.
-  std::vector<CUdeviceptr> Synchronized(const StreamKey& key, bool whole_context, uint64_t mark)
+  ReleasedBlocks Synchronized(const StreamKey& key, bool whole_context, uint64_t mark)
       ABSL_LOCKS_EXCLUDED(mu_);
   // For out-of-memory: the contexts whose streams hold freed blocks, and a
   // mark covering every block freed so far; once the caller synchronized
@@ -213,7 +223,7 @@ class StreamOrderedCache {
   // forgotten. Returns the cached blocks of other contexts that were freed
   // on its streams, for the caller to free in the heap (the heap releases
   // the blocks of `context` itself).
-  std::vector<CUdeviceptr> DropContext(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
+  ReleasedBlocks DropContext(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
 
   StreamOrderedFigures figures() const ABSL_LOCKS_EXCLUDED(mu_);
   // cuMemPoolSetAttribute(RESERVED_MEM_HIGH or USED_MEM_HIGH, 0): the high
@@ -276,7 +286,7 @@ class StreamOrderedCache {
   // Destroyed streams' events: their blocks ready once complete.
   void QueryRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ready blocks leaving the cache until reserved <= `keep`.
-  std::vector<CUdeviceptr> ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ReleasedBlocks ReleaseReadyLocked(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteHighLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteAllocatedLocked(CUcontext context, size_t size_class, size_t bytes, bool reused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

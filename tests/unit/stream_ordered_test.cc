@@ -407,6 +407,42 @@ TEST_F(StreamOrderedTest, PerThreadDefaultStreamsAreDistinct) {
   other.join();
 }
 
+// A block that left the stream-ordered cache is freed in the heap after the
+// cache's lock is released; a release of its context in between unmaps it,
+// and its address may serve another context's allocation: the late free must
+// not touch that one (review finding).
+TEST_F(StreamOrderedTest, ALateReleaseDoesNotFreeAnotherContextsAllocation) {
+  const VmmMapper mapper(api_);
+  const PeerPolicy policy;
+  PeerEnableTable peers, pool_peers;
+  ExportRegistry exports;
+  ReservationMap ranges;
+  GlobalCounters global;
+  DeviceHeap::Options o;
+  o.device = 0;
+  o.granularity = 2 * kTestMiB;
+  o.reservation_bytes = 64 * kTestMiB;
+  o.packing_threshold = kTestMiB;
+  o.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  o.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  o.prop.location.id = 0;
+  DeviceHeap heap(api_, mapper, policy, peers, pool_peers, exports, ranges, global, o);
+  const Placement in_a{ctx_, DeviceSet::Of(0), "", /*stream_ordered=*/true};
+  absl::StatusOr<CUdeviceptr> p = heap.AllocateSlow(in_a, 4 * kTestMiB);
+  ASSERT_TRUE(p.ok());
+  heap.ReleaseContext(ctx_);  // the block goes with its context
+  CUcontext b = nullptr;
+  ASSERT_EQ(sim::cuCtxCreate_v2(&b, 0, 0), CUDA_SUCCESS);
+  const Placement in_b{b, DeviceSet::Of(0), "", /*stream_ordered=*/true};
+  absl::StatusOr<CUdeviceptr> q = heap.AllocateSlow(in_b, 4 * kTestMiB);
+  ASSERT_TRUE(q.ok());
+  ASSERT_EQ(*q, *p);  // the address serves B now
+  EXPECT_EQ(ToCuResult(heap.FreeStreamOrdered(*p, ctx_)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(heap.Find(*q).has_value());
+  EXPECT_TRUE(heap.FreeStreamOrdered(*q, b).ok());
+  heap.ReleaseAll().IgnoreError();
+}
+
 // ---- Pool access is the peer event ----
 
 class StreamOrderedPeerTest : public StreamOrderedTest {
