@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The stream-ordered validation of issue 12 in one GPU call, from the
 # repository root on a GPU host after tools/gpu-bundle.sh (and
-# tools/fetch-rmm-wheels.sh) ran on the build machine. Writes to $OUT.
+# tools/fetch-gpu-wheels.sh) ran on the build machine. Writes to $OUT.
 #   - the gpu checks stream_ordered, torch_async, cupy_async, rmm_async;
 #   - CuPy's MemoryAsyncPool loop and RMM's view resource timed natively and
 #     under the shim, alternating, 4 and 2 times each (first runs included:
