@@ -295,10 +295,7 @@ absl::Status Allocator::FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thr
   }
   ReaderMutexLock gate(&captures_.gate());
   if (captures_.any()) {
-    auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (capturing != nullptr && capturing(stream, &status) == CUDA_SUCCESS &&
-        status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    if (captures_.IsCapturing(stream, per_thread).value_or(false)) {
       return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
     }
     return FreeGated(heap, ptr);  // probed, and deferred where allowed

@@ -131,14 +131,10 @@ void Allocator::ReleaseToHeap(DeviceHeap* heap, const ReleasedBlocks& blocks) {
 absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUstream stream,
                                                                bool per_thread, CUmemoryPool pool,
                                                                absl::string_view tag) {
-  if (captures_.any()) {
-    // A capturing stream records a graph memory node: the driver's.
-    auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (capturing == nullptr || capturing(stream, &status) != CUDA_SUCCESS ||
-        status != CU_STREAM_CAPTURE_STATUS_NONE) {
-      return Allocation{};
-    }
+  // A capturing stream records a graph memory node: the driver's (also when
+  // the driver cannot say).
+  if (captures_.any() && captures_.IsCapturing(stream, per_thread).value_or(true)) {
+    return Allocation{};
   }
   StreamKey key;
   int device = -1;
@@ -220,14 +216,9 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
 
 absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& info,
                                           CUstream stream, bool per_thread) {
-  if (captures_.any()) {
-    // As for other shim memory on a capturing stream (core/capture.h).
-    auto capturing = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (capturing != nullptr && capturing(stream, &status) == CUDA_SUCCESS &&
-        status != CU_STREAM_CAPTURE_STATUS_NONE) {
-      return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
-    }
+  // As for other shim memory on a capturing stream (core/capture.h).
+  if (captures_.any() && captures_.IsCapturing(stream, per_thread).value_or(false)) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
   }
   StreamKey key;
   int stream_device = -1;

@@ -24,11 +24,15 @@ bool CaptureTracker::StillCapturing(const Capture& c) const {
   if (IsThreadRelative(c.stream, c.per_thread) && c.thread != std::this_thread::get_id()) {
     return true;  // only its own thread can ask
   }
-  auto query = c.per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
-  if (query == nullptr) return false;
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   // An error (a destroyed stream) means no capture there any more.
-  return query(c.stream, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return IsCapturing(c.stream, c.per_thread).value_or(false);
+}
+
+std::optional<bool> CaptureTracker::IsCapturing(CUstream stream, bool per_thread) const {
+  auto query = per_thread ? driver_.cuStreamIsCapturing_ptsz : driver_.cuStreamIsCapturing;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (query == nullptr || query(stream, &status) != CUDA_SUCCESS) return std::nullopt;
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 void CaptureTracker::Ended(CUstream stream, bool per_thread) {

@@ -28,6 +28,8 @@
 
 #include <cuda.h>
 
+#include <optional>
+
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -73,6 +75,11 @@ class CaptureTracker {
   bool any() const { return active_.load(std::memory_order_acquire) > 0; }
   // Re-asks the driver about every capture this thread can ask about.
   void Refresh() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // cuStreamIsCapturing(_ptsz) of `stream`: true or false, nullopt when the
+  // driver cannot say (no such entry point, or an error: a destroyed or
+  // invalid stream). No lock.
+  std::optional<bool> IsCapturing(CUstream stream, bool per_thread) const;
 
   // The driver's verdict on a potentially unsafe call from this thread now:
   // CUDA_SUCCESS, or the code (and capture invalidation) the driver gives
