@@ -116,6 +116,13 @@ bool ApplyCompression(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyArenas(absl::string_view value, int, Config* config) {
+  int n = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &n) || n < 0 || n > 64) return false;
+  config->arenas = n;
+  return true;
+}
+
 // Resolves the peer policy from the options; problems are fatal.
 void ResolvePeerPolicy(ParseResult* result) {
   Config& c = result->config;
@@ -220,6 +227,11 @@ constexpr OptionInfo kOptions[] = {
      "generic compression support; whether the driver granted it is logged once per device and "
      "in the exit report.",
      &ApplyCompression, false},
+    {"VMMSHIM_ARENAS", "int", "0", "0 (automatic) or 1 to 64",
+     "Heap arenas per device: each thread allocates in one of them, so threads up to this "
+     "number never share a lock on the fast path (core/device_heap.h). 0: the number of CPUs "
+     "the process may run on, at most 8. 1: one arena (one lock per device).",
+     &ApplyArenas, false},
 };
 
 }  // namespace

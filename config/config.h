@@ -57,6 +57,8 @@ struct Config {
   std::string ipc_dir;
   // VMMSHIM_COMPRESSION=generic: request compressible memory.
   bool compression = false;
+  // VMMSHIM_ARENAS: heap arenas per device; 0 = automatic.
+  int arenas = 0;
 };
 
 struct OptionInfo {

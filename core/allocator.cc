@@ -1,5 +1,7 @@
 #include "core/allocator.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <limits>
 #include <new>
@@ -25,6 +27,15 @@ struct ContextMemo {
   uint64_t epoch = 0;
 };
 thread_local ContextMemo t_context_memo;
+
+// One arena per CPU the process may run on, at most 8: more arenas than
+// threads that allocate at once only spread small allocations over more
+// granules.
+int DefaultArenas() {
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return std::clamp(cpus, 1, 8);
+}
 
 }  // namespace
 
@@ -131,6 +142,7 @@ absl::StatusOr<DeviceHeap*> Allocator::HeapFor(int device) {
   o.cache_limit = options_.cache_limit_percent >= 0
                       ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
                       : options_.cache_limit_bytes;
+  o.arenas = options_.arenas > 0 ? options_.arenas : DefaultArenas();
   auto* heap = new DeviceHeap(driver_, mapper_, options_.peer_policy, peers_, pool_peers_,
                               exports_, ranges_, global_, o);
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
@@ -275,7 +287,7 @@ absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
   // Validated and its context found; synchronize without the heap lock so
   // other threads keep allocating on this device while the GPU drains.
   if (!valid) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
-  absl::Status synced = SynchronizeContext(info->context);
+  absl::Status synced = free_syncs_.Synchronize(info->context);
   const bool driver_gone = ToCuResult(synced) == CUDA_ERROR_DEINITIALIZED;
   if (!synced.ok() && !driver_gone) return synced;
   absl::Status freed = heap->Free(ptr, driver_gone);
@@ -413,6 +425,7 @@ void Allocator::AfterForkChild() {
   // mutex (they do not exist here) and spin forever: the child, alone, gets
   // fresh, unlocked mutexes instead.
   captures_.AfterForkChild();
+  free_syncs_.AfterForkChild();
   exports_.AfterForkChild();
   ranges_.AfterForkChild();
   for (auto& slot : heaps_) {

@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/capture.h"
+#include "core/context_sync.h"
 #include "core/device_heap.h"
 #include "core/device_set.h"
 #include "core/driver_api.h"
@@ -105,6 +106,9 @@ struct AllocatorOptions {
   // nanoseconds at the earliest, so that allocations that miss do not pay a
   // driver query each; 0: at every miss.
   int64_t stream_query_interval_ns = 20000;
+  // Heap arenas per device (core/device_heap.h); 0: the CPUs this process
+  // may run on (sched_getaffinity), at most 8.
+  int arenas = 0;
 };
 
 // Process-wide figures: sums over the devices' DeviceStats (the one source
@@ -404,6 +408,8 @@ class Allocator {
   ReservationMap ranges_;
   ExportRegistry exports_;
   CaptureTracker captures_;
+  // Frees' synchronizes of their contexts, combined across threads.
+  SyncCombiner free_syncs_{[this](CUcontext c) { return SynchronizeContext(c); }};
   GlobalCounters global_;
   // Changed only under peers_mu_; Enabled() reads are lock-free.
   PeerEnableTable peers_;

@@ -1,4 +1,4 @@
-#include "core/device_heap.h"
+#include "core/heap_arena.h"
 
 #include <algorithm>
 #include <iterator>
@@ -11,12 +11,13 @@
 
 namespace vmmshim {
 
-// ---- DeviceHeap ----
+// ---- HeapArena ----
 
-DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
+HeapArena::HeapArena(const DriverApi& driver, const VmmMapper& mapper,
                        const PeerPolicy& policy, const PeerEnableTable& peers,
                        const PeerEnableTable& pool_peers, ExportRegistry& exports,
-                       ReservationMap& ranges, GlobalCounters& global, Options options)
+                       ReservationMap& ranges, GlobalCounters& global, DeviceCounters& shared,
+                       Options options)
     : driver_(driver),
       mapper_(mapper),
       policy_(policy),
@@ -25,6 +26,7 @@ DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
       exports_(exports),
       ranges_(ranges),
       global_(global),
+      shared_(shared),
       options_(options),
       arena_(options.granularity) {
   MutexLock lock(&mu_);  // not yet shared; for the analysis
@@ -33,11 +35,11 @@ DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
   stats_.compression = options.compression;
 }
 
-DeviceHeap::~DeviceHeap() = default;
+HeapArena::~HeapArena() = default;
 
-void DeviceHeap::AfterForkChild() { new (&mu_) Mutex; }
+void HeapArena::AfterForkChild() { new (&mu_) Mutex; }
 
-std::pair<CUdeviceptr, DeviceHeap::Block*> DeviceHeap::BlockAt(CUdeviceptr ptr) const {
+std::pair<CUdeviceptr, HeapArena::Block*> HeapArena::BlockAt(CUdeviceptr ptr) const {
   auto it = blocks_.upper_bound(ptr);
   if (it == blocks_.begin()) return {0, nullptr};
   --it;
@@ -45,16 +47,16 @@ std::pair<CUdeviceptr, DeviceHeap::Block*> DeviceHeap::BlockAt(CUdeviceptr ptr) 
   return {it->first, it->second.get()};
 }
 
-DeviceSet DeviceHeap::EnabledFor(const Placement& placement) const {
+DeviceSet HeapArena::EnabledFor(const Placement& placement) const {
   return (placement.stream_ordered ? pool_peers_ : peers_).Enabled(options_.device);
 }
 
-DeviceSet DeviceHeap::Target(const Block& b) const {
+DeviceSet HeapArena::Target(const Block& b) const {
   return TargetAccess(options_.device, b.placement.allowed, b.explicit_grant, b.explicit_revoke,
                       EnabledFor(b.placement));
 }
 
-std::optional<PointerInfo> DeviceHeap::FindLocked(CUdeviceptr ptr) const {
+std::optional<PointerInfo> HeapArena::FindLocked(CUdeviceptr ptr) const {
   const auto [base, block] = BlockAt(ptr);
   if (block == nullptr || block->cached) return std::nullopt;
   PointerInfo info;
@@ -82,12 +84,13 @@ std::optional<PointerInfo> DeviceHeap::FindLocked(CUdeviceptr ptr) const {
   return info;
 }
 
-std::optional<PointerInfo> DeviceHeap::Find(CUdeviceptr ptr) const {
+std::optional<PointerInfo> HeapArena::Find(CUdeviceptr ptr) const {
   MutexLock lock(&mu_);
   return FindLocked(ptr);
 }
 
-std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, size_t bytes) {
+std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, size_t bytes,
+                                                   bool cached_only) {
   MutexLock lock(&mu_);
   auto bins_it = bins_.find(placement);
   if (bins_it == bins_.end()) return std::nullopt;
@@ -101,22 +104,28 @@ std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, 
     if (it == bins.cached_large.end() || it->first > rounded + rounded / 4) return std::nullopt;
     const CUdeviceptr base = it->second;
     Block& b = *blocks_[base];
-    cached_bytes_ -= b.size;
+    AddCachedLocked(-static_cast<int64_t>(b.size));
     bins.cached_large.erase(it);
     b.cached = false;
     b.requested = bytes;
     ++stats_.cache_hits;
     ptr = base;
   } else {
-    for (auto it = bins.open_granules.begin(); it != bins.open_granules.end(); ++it) {
+    // Another arena's thread takes only an empty granule (cached memory);
+    // packing into granules in use stays with this arena's threads.
+    const absl::btree_set<CUdeviceptr>& search =
+        cached_only ? bins.empty_granules : bins.open_granules;
+    for (auto it = search.begin(); it != search.end(); ++it) {
       const CUdeviceptr base = *it;
       Block& block = *blocks_[base];
       const bool was_empty = block.slab->empty();
       std::optional<size_t> offset = block.slab->Allocate(bytes);
       if (!offset) continue;
-      if (was_empty && bins.empty_granules.erase(base) > 0) cached_bytes_ -= block.size;
+      if (was_empty && bins.empty_granules.erase(base) > 0) {
+        AddCachedLocked(-static_cast<int64_t>(block.size));
+      }
       // A full granule leaves the search until a free in it.
-      if (block.slab->used_bytes() == block.size) bins.open_granules.erase(it);
+      if (block.slab->used_bytes() == block.size) bins.open_granules.erase(base);
       ptr = base + *offset;
       break;
     }
@@ -126,7 +135,7 @@ std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, 
   return ptr;
 }
 
-absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement, size_t bytes) {
+absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, size_t bytes) {
   MutexLock lock(&mu_);
   const bool packed = bytes <= options_.packing_threshold;
   if (!packed) ++stats_.cache_misses;
@@ -145,26 +154,25 @@ absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement,
   return ptr;
 }
 
-void DeviceHeap::NoteAllocationLocked(const Placement& placement, size_t bytes) {
+void HeapArena::NoteAllocationLocked(const Placement& placement, size_t bytes) {
   ++stats_.allocations;
   ++stats_.live_allocations;
   stats_.bytes += bytes;
-  stats_.live_bytes += bytes;
-  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  AddLiveLocked(static_cast<int64_t>(bytes));
   NotePeerDecisions(placement.allowed, EnabledFor(placement), 1, bytes, placement.tag);
 }
 
-absl::Status DeviceHeap::ReserveMoreLocked(size_t at_least) {
+absl::Status HeapArena::ReserveMoreLocked(size_t at_least) {
   const size_t size =
       std::max(options_.reservation_bytes, RoundUp(at_least, options_.granularity));
   absl::StatusOr<CUdeviceptr> base = mapper_.Reserve(size, options_.granularity);
   if (!base.ok()) return base.status();
   arena_.AddReservation(*base, size);
-  ranges_.Add(*base, size, options_.device);
+  ranges_.Add(*base, size, options_.device, options_.arena);
   return absl::OkStatus();
 }
 
-absl::StatusOr<CUdeviceptr> DeviceHeap::CreateBlockLocked(const Placement& placement,
+absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placement,
                                                           size_t size, bool packed) {
   // The driver calls (tens of microseconds each) run without the heap lock;
   // the new block joins the heap only when fully mapped. Physical memory
@@ -246,35 +254,47 @@ absl::StatusOr<CUdeviceptr> DeviceHeap::CreateBlockLocked(const Placement& place
   return *va;
 }
 
-void DeviceHeap::AccountHandle(int64_t delta) {
+void HeapArena::AccountHandle(int64_t delta) {
   if (delta > 0) {
     ++stats_.handles;
   } else {
     --stats_.handles;
   }
   stats_.handle_bytes += delta;
-  stats_.peak_handle_bytes = std::max(stats_.peak_handle_bytes, stats_.handle_bytes);
-  const uint64_t now = global_.bytes.fetch_add(delta, std::memory_order_relaxed) + delta;
-  uint64_t peak = global_.peak.load(std::memory_order_relaxed);
-  while (now > peak && !global_.peak.compare_exchange_weak(peak, now)) {
-  }
+  AddWithPeak(shared_.handle_bytes, shared_.peak_handle_bytes, delta);
+  AddWithPeak(global_.bytes, global_.peak, delta);
 }
 
-void DeviceHeap::SyncDeferredLocked() {
+void HeapArena::AddLiveLocked(int64_t delta) {
+  stats_.live_bytes += delta;
+  AddWithPeak(shared_.live_bytes, shared_.peak_live_bytes, delta);
+}
+
+void HeapArena::AddCachedLocked(int64_t delta) {
+  cached_bytes_ += delta;
+  cached_hint_.store(cached_bytes_, std::memory_order_relaxed);
+  shared_.cached_bytes.fetch_add(delta, std::memory_order_relaxed);
+}
+
+bool HeapArena::FitsCacheLocked(size_t size) const {
+  return shared_.cached_bytes.load(std::memory_order_relaxed) + size <= options_.cache_limit;
+}
+
+void HeapArena::SyncDeferredLocked() {
   const uint64_t now = deferred_.size();
   global_.deferred.fetch_add(now - stats_.deferred_frees, std::memory_order_acq_rel);
   stats_.deferred_frees = now;
 }
 
-void DeviceHeap::AccountMapped(DeviceSet peers, int64_t delta) {
+void HeapArena::AccountMapped(DeviceSet peers, int64_t delta) {
   for (int d : peers) {
     PeerCounters& c = stats_.peers[d];
     c.mapped_bytes += delta;
-    c.peak_mapped_bytes = std::max(c.peak_mapped_bytes, c.mapped_bytes);
+    AddWithPeak(shared_.mapped_bytes[d], shared_.peak_mapped_bytes[d], delta);
   }
 }
 
-void DeviceHeap::ForgetBlockLocked(CUdeviceptr base, Forget how) {
+void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   auto it = blocks_.find(base);
   Block& b = *it->second;
   const DeviceSet peers = b.access - DeviceSet::Of(options_.device);
@@ -289,8 +309,10 @@ void DeviceHeap::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   if (bins_it != bins_.end()) {
     Bins& bins = bins_it->second;
     bins.open_granules.erase(base);
-    if (bins.empty_granules.erase(base) > 0) cached_bytes_ -= b.size;
-    if (b.cached && bins.cached_large.erase({b.size, base}) > 0) cached_bytes_ -= b.size;
+    if (bins.empty_granules.erase(base) > 0) AddCachedLocked(-static_cast<int64_t>(b.size));
+    if (b.cached && bins.cached_large.erase({b.size, base}) > 0) {
+      AddCachedLocked(-static_cast<int64_t>(b.size));
+    }
     if (bins.open_granules.empty() && bins.empty_granules.empty() &&
         bins.cached_large.empty()) {
       bins_.erase(bins_it);
@@ -298,10 +320,10 @@ void DeviceHeap::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   }
   if (b.slab != nullptr) {
     stats_.live_allocations -= b.slab->allocations();
-    stats_.live_bytes -= b.slab->requested_bytes();
+    AddLiveLocked(-static_cast<int64_t>(b.slab->requested_bytes()));
   } else if (!b.cached && b.requested > 0) {  // 0: a new block not yet handed out
     --stats_.live_allocations;
-    stats_.live_bytes -= b.requested;
+    AddLiveLocked(-static_cast<int64_t>(b.requested));
   }
   if (!deferred_.empty()) {
     for (auto d = deferred_.begin(); d != deferred_.end();) {
@@ -316,7 +338,7 @@ void DeviceHeap::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   blocks_.erase(it);
 }
 
-void DeviceHeap::DiscardBlockLocked(CUdeviceptr base) {
+void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
   if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
     Log().warn("device {}: unmapping {:#x}: {}; retried by Trim", options_.device, base,
                s.ToString());
@@ -324,7 +346,7 @@ void DeviceHeap::DiscardBlockLocked(CUdeviceptr base) {
   }
 }
 
-absl::Status DeviceHeap::DestroyBlockLocked(CUdeviceptr base) {
+absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
   Block& b = *blocks_.at(base);
   if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
   // The mapping is gone, so the VA is free again, whatever cuMemRelease
@@ -341,7 +363,7 @@ absl::Status DeviceHeap::DestroyBlockLocked(CUdeviceptr base) {
   return absl::OkStatus();
 }
 
-absl::Status DeviceHeap::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
+absl::Status HeapArena::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info || info->allocation_base != ptr || !info->stream_ordered || info->context != context) {
@@ -352,7 +374,7 @@ absl::Status DeviceHeap::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
   return status;
 }
 
-bool DeviceHeap::Resize(CUdeviceptr ptr, size_t bytes) {
+bool HeapArena::Resize(CUdeviceptr ptr, size_t bytes) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info || info->allocation_base != ptr || bytes == 0) return false;
@@ -363,12 +385,11 @@ bool DeviceHeap::Resize(CUdeviceptr ptr, size_t bytes) {
     if (bytes > block.size || bytes <= options_.packing_threshold) return false;
     block.requested = bytes;
   }
-  stats_.live_bytes = stats_.live_bytes - info->allocation_size + bytes;
-  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  AddLiveLocked(static_cast<int64_t>(bytes) - static_cast<int64_t>(info->allocation_size));
   return true;
 }
 
-absl::Status DeviceHeap::Free(CUdeviceptr ptr, bool driver_gone) {
+absl::Status HeapArena::Free(CUdeviceptr ptr, bool driver_gone) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info || info->allocation_base != ptr) {
@@ -379,7 +400,7 @@ absl::Status DeviceHeap::Free(CUdeviceptr ptr, bool driver_gone) {
   return status;
 }
 
-void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
+void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
                             absl::Status* status) {
   const CUdeviceptr base = info.range_base;
   Block& block = *blocks_[base];
@@ -393,14 +414,14 @@ void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool drive
       return;
     }
     if (!block.has_explicit() && !block.exported &&
-        cached_bytes_ + block.size <= options_.cache_limit) {
+        FitsCacheLocked(block.size)) {
       // Keep it mapped, with its access set, for the next request that fits.
       --stats_.live_allocations;
-      stats_.live_bytes -= block.requested;
+      AddLiveLocked(-static_cast<int64_t>(block.requested));
       block.cached = true;
       block.requested = 0;
       bins_[block.placement].cached_large.insert({block.size, base});
-      cached_bytes_ += block.size;
+      AddCachedLocked(static_cast<int64_t>(block.size));
     } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       *status = s;
       if (blocks_.contains(base)) return;  // still mapped: the free failed
@@ -410,7 +431,7 @@ void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool drive
   }
   block.slab->Free(ptr - base);
   --stats_.live_allocations;
-  stats_.live_bytes -= info.allocation_size;
+  AddLiveLocked(-static_cast<int64_t>(info.allocation_size));
   ++stats_.frees;
   if (block.sealed) {
     if (block.slab->empty() && !driver_gone) {
@@ -423,9 +444,9 @@ void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool drive
   Bins& bins = bins_[block.placement];
   bins.open_granules.insert(base);
   if (!block.slab->empty() || driver_gone) return;
-  if (!block.has_explicit() && cached_bytes_ + block.size <= options_.cache_limit) {
+  if (!block.has_explicit() && FitsCacheLocked(block.size)) {
     bins.empty_granules.insert(base);
-    cached_bytes_ += block.size;
+    AddCachedLocked(static_cast<int64_t>(block.size));
   } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
     // The application's free succeeded; an empty granule that could not be
     // released stays mapped and serves later requests.
@@ -433,7 +454,7 @@ void DeviceHeap::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool drive
   }
 }
 
-absl::Status DeviceHeap::DeferFree(CUdeviceptr ptr) {
+absl::Status HeapArena::DeferFree(CUdeviceptr ptr) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info || info->allocation_base != ptr) {
@@ -444,7 +465,7 @@ absl::Status DeviceHeap::DeferFree(CUdeviceptr ptr) {
   return absl::OkStatus();
 }
 
-std::vector<CUcontext> DeviceHeap::DeferredContexts() const {
+std::vector<CUcontext> HeapArena::DeferredContexts() const {
   MutexLock lock(&mu_);
   std::vector<CUcontext> out;
   for (const auto& [ptr, context] : deferred_) {
@@ -453,7 +474,7 @@ std::vector<CUcontext> DeviceHeap::DeferredContexts() const {
   return out;
 }
 
-void DeviceHeap::CompleteDeferred(CUcontext context) {
+void HeapArena::CompleteDeferred(CUcontext context) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> ready;
   for (const auto& [ptr, ctx] : deferred_) {
@@ -470,7 +491,7 @@ void DeviceHeap::CompleteDeferred(CUcontext context) {
   SyncDeferredLocked();
 }
 
-void DeviceHeap::ReleaseOrphansLocked() {
+void HeapArena::ReleaseOrphansLocked() {
   std::vector<OrphanMapping> still_mapped;
   for (const OrphanMapping& m : orphan_mappings_) {
     if (!mapper_.Unmap(m.base, m.size).ok()) {
@@ -493,7 +514,7 @@ void DeviceHeap::ReleaseOrphansLocked() {
   orphan_handles_ = std::move(left);
 }
 
-void DeviceHeap::TrimLocked() {
+void HeapArena::TrimLocked() {
   ReleaseOrphansLocked();
   std::vector<CUdeviceptr> bases;
   for (const auto& [placement, bins] : bins_) {
@@ -513,19 +534,19 @@ void DeviceHeap::TrimLocked() {
   }
 }
 
-size_t DeviceHeap::Trim() {
+size_t HeapArena::Trim() {
   MutexLock lock(&mu_);
   const size_t before = cached_bytes_;
   TrimLocked();
   return before - cached_bytes_;
 }
 
-size_t DeviceHeap::cached_bytes() const {
+size_t HeapArena::cached_bytes() const {
   MutexLock lock(&mu_);
   return cached_bytes_;
 }
 
-bool DeviceHeap::Holds(CUcontext context) const {
+bool HeapArena::Holds(CUcontext context) const {
   MutexLock lock(&mu_);
   for (const auto& [base, block] : blocks_) {
     if (block->placement.context == context) return true;
@@ -533,7 +554,7 @@ bool DeviceHeap::Holds(CUcontext context) const {
   return false;
 }
 
-size_t DeviceHeap::ReleaseContext(CUcontext context) {
+size_t HeapArena::ReleaseContext(CUcontext context) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> bases;
   for (const auto& [base, block] : blocks_) {
@@ -552,11 +573,10 @@ size_t DeviceHeap::ReleaseContext(CUcontext context) {
     }
     released += size;
   }
-  ++stats_.context_releases;
   return released;
 }
 
-void DeviceHeap::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
+void HeapArena::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
   compression_checked_ = true;
   CUmemAllocationProp got = {};
   CUresult r = driver_.cuMemGetAllocationPropertiesFromHandle != nullptr
@@ -576,14 +596,14 @@ void DeviceHeap::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
              r == CUDA_SUCCESS ? "the handle reports no compression" : CuResultName(r));
 }
 
-DeviceStats DeviceHeap::stats() const {
+DeviceStats HeapArena::stats() const {
   MutexLock lock(&mu_);
   DeviceStats out = stats_;
   out.cached_bytes = cached_bytes_;
   return out;
 }
 
-absl::Status DeviceHeap::ReleaseAll() {
+absl::Status HeapArena::ReleaseAll() {
   MutexLock lock(&mu_);
   absl::Status first;
   std::vector<CUdeviceptr> bases;
@@ -604,7 +624,7 @@ absl::Status DeviceHeap::ReleaseAll() {
   arena_ = VaArena(options_.granularity);
   bins_.clear();
   deferred_.clear();
-  cached_bytes_ = 0;
+  AddCachedLocked(-static_cast<int64_t>(cached_bytes_));
   SyncDeferredLocked();
   return first;
 }

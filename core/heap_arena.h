@@ -1,6 +1,9 @@
-// The device heap: one device's VMM memory as blocks (one physical handle
-// mapped at its base each), the packing of small allocations into granules,
-// and the cache of freed memory, indexed by placement.
+// A heap arena: part of one device's VMM memory as blocks (one physical
+// handle mapped at its base each), the packing of small allocations into
+// granules, and the cache of freed memory, indexed by placement. A device's
+// heap (core/device_heap.h) is one or more arenas, each with its own lock and
+// its own VA reservations, so that threads working in different arenas never
+// wait for each other.
 //
 // A placement is what an allocation shares a mapping with: its context (so
 // that a free synchronizes the context the memory was allocated in), its
@@ -33,11 +36,12 @@
 // device; process-wide handle bytes and their peak are updated in the same
 // place (AccountHandle), so the two cannot drift.
 //
-// Thread safety: every public method takes the heap's mutex itself
-// (ABSL_LOCKS_EXCLUDED); lock order in docs/architecture.md: peer mutex ->
-// heap mutex -> reservation map / export registry.
-#ifndef VMMSHIM_CORE_DEVICE_HEAP_H_
-#define VMMSHIM_CORE_DEVICE_HEAP_H_
+// Thread safety: every public method takes the arena's mutex itself
+// (ABSL_LOCKS_EXCLUDED) and no other arena's; lock order in
+// docs/architecture.md: peer mutex -> arena mutex -> reservation map /
+// export registry.
+#ifndef VMMSHIM_CORE_HEAP_ARENA_H_
+#define VMMSHIM_CORE_HEAP_ARENA_H_
 
 #include <cuda.h>
 
@@ -152,14 +156,37 @@ struct GlobalCounters {
   std::atomic<uint64_t> deferred{0};  // deferred frees, all devices
 };
 
-class DeviceHeap {
+// A device's figures that are sums over its arenas and whose peaks must be
+// peaks of the sum, and what the arenas share: the cache limit holds for all
+// of them together, and a denial is logged once per pair whichever arena
+// made it. Relaxed atomics (figures, not synchronization).
+struct DeviceCounters {
+  std::atomic<uint64_t> cached_bytes{0};
+  std::atomic<uint64_t> live_bytes{0}, peak_live_bytes{0};
+  std::atomic<uint64_t> handle_bytes{0}, peak_handle_bytes{0};
+  std::array<std::atomic<uint64_t>, kMaxDevices> mapped_bytes{}, peak_mapped_bytes{};
+  std::array<std::atomic<int>, kMaxDevices> denials_logged{};
+};
+
+// value += delta, and peak = max(peak, value).
+inline void AddWithPeak(std::atomic<uint64_t>& value, std::atomic<uint64_t>& peak,
+                        int64_t delta) {
+  const uint64_t now = value.fetch_add(delta, std::memory_order_relaxed) + delta;
+  if (delta <= 0) return;
+  uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+
+class HeapArena {
  public:
   struct Options {
     int device = -1;
+    int arena = 0;                 // its index among the device's arenas
     size_t granularity = 0;
     size_t reservation_bytes = 0;  // per VA reservation, a multiple of granularity
     size_t packing_threshold = 0;  // requests of at most this many bytes are packed
-    size_t cache_limit = 0;        // bytes kept mapped for reuse at most
+    size_t cache_limit = 0;        // bytes kept mapped for reuse at most, all arenas together
     CUmemAllocationProp prop = {}; // what cuMemCreate is asked for
     CompressionState compression = CompressionState::kOff;
   };
@@ -167,22 +194,24 @@ class DeviceHeap {
   // `peers`: who enabled access with cuCtxEnablePeerAccess (for ordinary
   // allocations); `pool_peers`: who was given access to the default pool
   // with cuMemPoolSetAccess (for stream-ordered ones).
-  DeviceHeap(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
+  HeapArena(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
              const PeerEnableTable& peers, const PeerEnableTable& pool_peers,
              ExportRegistry& exports, ReservationMap& ranges, GlobalCounters& global,
-             Options options);
-  ~DeviceHeap();
-  DeviceHeap(const DeviceHeap&) = delete;
-  DeviceHeap& operator=(const DeviceHeap&) = delete;
+             DeviceCounters& shared, Options options);
+  ~HeapArena();
+  HeapArena(const HeapArena&) = delete;
+  HeapArena& operator=(const HeapArena&) = delete;
 
   int device() const { return options_.device; }
   size_t granularity() const { return options_.granularity; }
   size_t packing_threshold() const { return options_.packing_threshold; }
 
   // Fast path (header comment): a pointer, or nullopt when a new block is
-  // needed. No driver call.
-  std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // needed. No driver call. `cached_only`: only freed memory (a cached
+  // large block or an empty cached granule) may serve it, not room in a
+  // granule in use (another arena's thread looking for cached memory).
+  std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes,
+                                          bool cached_only = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Slow path: a new block for the request (after AllocateFast failed);
   // on CUDA_ERROR_OUT_OF_MEMORY the cache is released and cuMemCreate tried
   // once more. Undoes itself on failure.
@@ -220,11 +249,13 @@ class DeviceHeap {
   // Releases the cache; returns the bytes released.
   size_t Trim() ABSL_LOCKS_EXCLUDED(mu_);
   size_t cached_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The same without the lock (a hint: it may change at once).
+  size_t cached_bytes_hint() const { return cached_hint_.load(std::memory_order_relaxed); }
 
   // Whether anything of `context` is held here.
   bool Holds(CUcontext context) const ABSL_LOCKS_EXCLUDED(mu_);
   // Releases every block of `context` (allocations, cache, exports, deferred
-  // frees); returns the physical bytes released.
+  // frees); returns the physical bytes released (0: it held nothing here).
   size_t ReleaseContext(CUcontext context) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Brings every block's access to its target after a change of the
@@ -320,6 +351,11 @@ class DeviceHeap {
   // figures.
   void SyncDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AccountMapped(DeviceSet peers, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live and cached bytes, here and in the device's shared figures.
+  void AddLiveLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddCachedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `size` more cached bytes stay within the device's cache limit.
+  bool FitsCacheLocked(size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                          size_t bytes, absl::string_view tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -335,6 +371,7 @@ class DeviceHeap {
   ExportRegistry& exports_;
   ReservationMap& ranges_;
   GlobalCounters& global_;
+  DeviceCounters& shared_;
   const Options options_;
 
   mutable Mutex mu_;
@@ -345,6 +382,7 @@ class DeviceHeap {
   absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Placement, Bins> bins_ ABSL_GUARDED_BY(mu_);
   size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<size_t> cached_hint_{0};  // cached_bytes_, for lock-free peeks
   // Deferred frees: allocation base -> its context.
   absl::flat_hash_map<CUdeviceptr, CUcontext> deferred_ ABSL_GUARDED_BY(mu_);
   // Unmapped handles whose cuMemRelease failed, with their bytes (still
@@ -360,9 +398,8 @@ class DeviceHeap {
   };
   std::vector<OrphanMapping> orphan_mappings_ ABSL_GUARDED_BY(mu_);
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
-  std::array<int, kMaxDevices> denials_logged_ ABSL_GUARDED_BY(mu_){};
 };
 
 }  // namespace vmmshim
 
-#endif  // VMMSHIM_CORE_DEVICE_HEAP_H_
+#endif  // VMMSHIM_CORE_HEAP_ARENA_H_

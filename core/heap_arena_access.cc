@@ -1,4 +1,4 @@
-// DeviceHeap (core/device_heap.h): peer access (policy decisions, the
+// HeapArena (core/heap_arena.h): peer access (policy decisions, the
 // planner's runs applied with cuMemSetAccess, explicit grants) and IPC
 // exports of one device's blocks. Split from device_heap.cc by subject.
 #include <string>
@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "core/cu_status.h"
-#include "core/device_heap.h"
+#include "core/heap_arena.h"
 #include "core/log.h"
 
 namespace vmmshim {
 
-void DeviceHeap::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
+void HeapArena::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                                    size_t bytes, absl::string_view tag) {
   for (int p : enabled - DeviceSet::Of(options_.device)) {
     PeerCounters& c = stats_.peers[p];
@@ -22,10 +22,12 @@ void DeviceHeap::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_
     c.denials += allocations;
     // Rate-limited: a missing grant can hang NVLink collectives instead of
     // faulting, so the first denial of each pair is a warning.
-    int& logged = denials_logged_[p];
-    if (logged >= 101) continue;  // one warning, then up to 100 info lines
+    // One warning per pair and device, then up to 100 info lines.
+    std::atomic<int>& count = shared_.denials_logged[p];
+    if (count.load(std::memory_order_relaxed) >= 101) continue;
+    const int logged = count.fetch_add(1, std::memory_order_relaxed);
     const std::string reason = policy_.DenialReason(options_.device, p, bytes, tag);
-    if (logged++ == 0) {
+    if (logged == 0) {
       Log().warn("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
                  "further denials for this pair are logged at info level, up to 100",
                  p, allocations, bytes, options_.device, reason);
@@ -36,7 +38,7 @@ void DeviceHeap::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_
   }
 }
 
-absl::Status DeviceHeap::ApplyAccessLocked() {
+absl::Status HeapArena::ApplyAccessLocked() {
   std::vector<AccessBlock> view;
   std::vector<Block*> blocks;
   view.reserve(blocks_.size());
@@ -64,7 +66,7 @@ absl::Status DeviceHeap::ApplyAccessLocked() {
   return first;
 }
 
-absl::Status DeviceHeap::ApplyPeerChange(int peer, bool stream_ordered) {
+absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {
   MutexLock lock(&mu_);
   if (peer < 0) return ApplyAccessLocked();
   const DeviceSet bit = DeviceSet::Of(peer);
@@ -91,15 +93,17 @@ absl::Status DeviceHeap::ApplyPeerChange(int peer, bool stream_ordered) {
   return applied;
 }
 
-void DeviceHeap::Seal(CUdeviceptr base, Block& block) {
+void HeapArena::Seal(CUdeviceptr base, Block& block) {
   block.sealed = true;
   auto it = bins_.find(block.placement);
   if (it == bins_.end()) return;
   it->second.open_granules.erase(base);
-  if (it->second.empty_granules.erase(base) > 0) cached_bytes_ -= block.size;
+  if (it->second.empty_granules.erase(base) > 0) {
+    AddCachedLocked(-static_cast<int64_t>(block.size));
+  }
 }
 
-absl::Status DeviceHeap::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
+absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
@@ -140,14 +144,14 @@ absl::Status DeviceHeap::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> DeviceHeap::PeerHasAccess(CUdeviceptr ptr, int peer) const {
+absl::StatusOr<bool> HeapArena::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
   return blocks_.at(info->range_base)->access.Contains(peer);
 }
 
-absl::StatusOr<std::pair<PointerInfo, ExportToken>> DeviceHeap::Export(CUdeviceptr ptr) {
+absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdeviceptr ptr) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
@@ -174,7 +178,7 @@ absl::StatusOr<std::pair<PointerInfo, ExportToken>> DeviceHeap::Export(CUdevicep
   return std::make_pair(*info, *token);
 }
 
-absl::StatusOr<int> DeviceHeap::ExportFd(const ExportToken& token, CUdeviceptr base,
+absl::StatusOr<int> HeapArena::ExportFd(const ExportToken& token, CUdeviceptr base,
                                          uint64_t offset, uint64_t size,
                                          uint64_t* handle_size) {
   const absl::Status invalid = DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle");

@@ -1,8 +1,9 @@
 #include "core/va_arena.h"
 
-#include <new>
-
+#include <algorithm>
 #include <iterator>
+#include <new>
+#include <utility>
 
 namespace vmmshim {
 
@@ -67,22 +68,42 @@ void VaArena::Erase(absl::btree_map<CUdeviceptr, size_t>::iterator it) {
   free_by_address_.erase(it);
 }
 
-void ReservationMap::Add(CUdeviceptr base, size_t size, int device) {
+ReservationMap::~ReservationMap() = default;
+
+void ReservationMap::PublishLocked(Snapshot next) {
+  snapshots_.push_back(std::make_unique<const Snapshot>(std::move(next)));
+  current_.store(snapshots_.back().get(), std::memory_order_release);
+}
+
+void ReservationMap::Add(CUdeviceptr base, size_t size, int device, int arena) {
   MutexLock lock(&mu_);
-  ranges_[base] = {size, device};
+  const Snapshot* now = current_.load(std::memory_order_relaxed);
+  Snapshot next = now != nullptr ? *now : Snapshot{};
+  auto at = std::lower_bound(next.begin(), next.end(), base,
+                             [](const Entry& e, CUdeviceptr b) { return e.base < b; });
+  next.insert(at, Entry{base, size, Owner{device, arena}});
+  PublishLocked(std::move(next));
 }
 
 void ReservationMap::Remove(CUdeviceptr base) {
   MutexLock lock(&mu_);
-  ranges_.erase(base);
+  const Snapshot* now = current_.load(std::memory_order_relaxed);
+  if (now == nullptr) return;
+  Snapshot next;
+  for (const Entry& e : *now) {
+    if (e.base != base) next.push_back(e);
+  }
+  PublishLocked(std::move(next));
 }
 
-int ReservationMap::DeviceOf(CUdeviceptr ptr) const {
-  ReaderMutexLock lock(&mu_);
-  auto it = ranges_.upper_bound(ptr);
-  if (it == ranges_.begin()) return -1;
+ReservationMap::Owner ReservationMap::Lookup(CUdeviceptr ptr) const {
+  const Snapshot* now = current_.load(std::memory_order_acquire);
+  if (now == nullptr) return {};
+  auto it = std::upper_bound(now->begin(), now->end(), ptr,
+                             [](CUdeviceptr p, const Entry& e) { return p < e.base; });
+  if (it == now->begin()) return {};
   --it;
-  return ptr < it->first + it->second.first ? it->second.second : -1;
+  return ptr < it->base + it->size ? it->owner : Owner{};
 }
 
 void ReservationMap::AfterForkChild() { new (&mu_) Mutex; }

@@ -16,7 +16,10 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
+#include <memory>
+#include <vector>
 #include <optional>
 #include <utility>
 
@@ -67,21 +70,45 @@ class VaArena {
   absl::btree_set<std::pair<size_t, CUdeviceptr>> free_by_size_;  // (size, base)
 };
 
-// VA reservation base -> (size, device), for finding the heap of a pointer.
-// Thread safety: its own reader/writer mutex, a leaf in the lock order.
+// VA reservation base -> (size, device, arena), for finding the heap and
+// the arena of a pointer on every free.
+// Thread safety: lookups take no lock: writers (a new reservation, rare)
+// publish a new sorted snapshot under the mutex, and earlier snapshots stay
+// alive until the map is destroyed (a reader may still hold one), so memory
+// grows by one small array per reservation change.
 class ReservationMap {
  public:
-  void Add(CUdeviceptr base, size_t size, int device) ABSL_LOCKS_EXCLUDED(mu_);
+  struct Owner {
+    int device = -1;
+    int arena = 0;
+  };
+  ReservationMap() = default;
+  ~ReservationMap();
+  ReservationMap(const ReservationMap&) = delete;
+  ReservationMap& operator=(const ReservationMap&) = delete;
+
+  void Add(CUdeviceptr base, size_t size, int device, int arena = 0) ABSL_LOCKS_EXCLUDED(mu_);
   void Remove(CUdeviceptr base) ABSL_LOCKS_EXCLUDED(mu_);
+  // The device and arena whose reservation holds `ptr`; device -1 if none.
+  Owner Lookup(CUdeviceptr ptr) const;
   // The device whose reservation holds `ptr`, or -1.
-  int DeviceOf(CUdeviceptr ptr) const ABSL_LOCKS_EXCLUDED(mu_);
+  int DeviceOf(CUdeviceptr ptr) const { return Lookup(ptr).device; }
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
+  struct Entry {
+    CUdeviceptr base;
+    size_t size;
+    Owner owner;
+  };
+  using Snapshot = std::vector<Entry>;  // sorted by base
+  void PublishLocked(Snapshot next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable Mutex mu_;
-  absl::btree_map<CUdeviceptr, std::pair<size_t, int>> ranges_ ABSL_GUARDED_BY(mu_);
+  std::atomic<const Snapshot*> current_{nullptr};
+  std::vector<std::unique_ptr<const Snapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vmmshim

@@ -130,6 +130,7 @@ const Runtime* Initialize() {
     options.cache_limit_bytes = rt->config.cache_limit_bytes;
     options.exportable = rt->config.ipc;
     options.compression = rt->config.compression;
+    options.arenas = rt->config.arenas;
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
     if (!rt->config.trace_file.empty()) {

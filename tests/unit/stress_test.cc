@@ -39,6 +39,7 @@ TEST(StressTest, SixteenThreadsFourGpus) {
   ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
   DriverApi api = sim::Api();
   AllocatorOptions options;
+  options.arenas = 4;  // threads share arenas and free into each other's
   options.peer_policy.kind = PeerPolicy::Kind::kMinSize;
   options.peer_policy.min_bytes = kMiB;
   Allocator a(api, options);

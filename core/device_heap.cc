@@ -1,0 +1,225 @@
+#include "core/device_heap.h"
+
+#include <algorithm>
+
+#include "core/cu_status.h"
+
+namespace vmmshim {
+namespace {
+
+std::atomic<int> g_next_slot{0};
+thread_local int t_slot = -1;
+
+}  // namespace
+
+int DeviceHeap::ThreadSlot() {
+  if (t_slot < 0) t_slot = g_next_slot.fetch_add(1, std::memory_order_relaxed) & 0x3fffffff;
+  return t_slot;
+}
+
+DeviceHeap::DeviceHeap(const DriverApi& driver, const VmmMapper& mapper,
+                       const PeerPolicy& policy, const PeerEnableTable& peers,
+                       const PeerEnableTable& pool_peers, ExportRegistry& exports,
+                       ReservationMap& ranges, GlobalCounters& global, Options options)
+    : ranges_(ranges),
+      device_(options.device),
+      granularity_(options.granularity),
+      packing_threshold_(options.packing_threshold) {
+  const int n = std::max(1, options.arenas);
+  for (int i = 0; i < n; ++i) {
+    HeapArena::Options o = options;
+    o.arena = i;
+    arenas_.push_back(std::make_unique<HeapArena>(driver, mapper, policy, peers, pool_peers,
+                                                  exports, ranges, global, shared_, o));
+  }
+}
+
+HeapArena* DeviceHeap::Own() const {
+  return arenas_.size() == 1 ? arenas_[0].get() : arenas_[ThreadSlot() % arenas_.size()].get();
+}
+
+HeapArena* DeviceHeap::ArenaOf(CUdeviceptr ptr) const {
+  const ReservationMap::Owner owner = ranges_.Lookup(ptr);
+  if (owner.device != device_ || owner.arena < 0 ||
+      owner.arena >= static_cast<int>(arenas_.size())) {
+    return nullptr;
+  }
+  return arenas_[owner.arena].get();
+}
+
+std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, size_t bytes) {
+  HeapArena* own = Own();
+  if (std::optional<CUdeviceptr> hit = own->AllocateFast(placement, bytes)) return hit;
+  for (const auto& arena : arenas_) {
+    if (arena.get() == own || arena->cached_bytes_hint() == 0) continue;
+    if (std::optional<CUdeviceptr> hit = arena->AllocateFast(placement, bytes, true)) return hit;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement, size_t bytes) {
+  HeapArena* own = Own();
+  absl::StatusOr<CUdeviceptr> ptr = own->AllocateSlow(placement, bytes);
+  if (ptr.ok() || ToCuResult(ptr.status()) != CUDA_ERROR_OUT_OF_MEMORY) return ptr;
+  // The arena released its own cache already; the others' is free memory
+  // to the application too.
+  size_t released = 0;
+  for (const auto& arena : arenas_) {
+    if (arena.get() != own) released += arena->Trim();
+  }
+  return released > 0 ? own->AllocateSlow(placement, bytes) : ptr;
+}
+
+std::optional<PointerInfo> DeviceHeap::Find(CUdeviceptr ptr) const {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return std::nullopt;
+  return arena->Find(ptr);
+}
+
+absl::Status DeviceHeap::Free(CUdeviceptr ptr, bool driver_gone) {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+  return arena->Free(ptr, driver_gone);
+}
+
+absl::Status DeviceHeap::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "stream-ordered release");
+  return arena->FreeStreamOrdered(ptr, context);
+}
+
+bool DeviceHeap::Resize(CUdeviceptr ptr, size_t bytes) {
+  HeapArena* arena = ArenaOf(ptr);
+  return arena != nullptr && arena->Resize(ptr, bytes);
+}
+
+absl::Status DeviceHeap::DeferFree(CUdeviceptr ptr) {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+  return arena->DeferFree(ptr);
+}
+
+absl::Status DeviceHeap::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  return arena->SetExplicit(ptr, peer, grant);
+}
+
+absl::StatusOr<bool> DeviceHeap::PeerHasAccess(CUdeviceptr ptr, int peer) const {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
+  return arena->PeerHasAccess(ptr, peer);
+}
+
+absl::StatusOr<std::pair<PointerInfo, ExportToken>> DeviceHeap::Export(CUdeviceptr ptr) {
+  HeapArena* arena = ArenaOf(ptr);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
+  return arena->Export(ptr);
+}
+
+absl::StatusOr<int> DeviceHeap::ExportFd(const ExportToken& token, CUdeviceptr base,
+                                         uint64_t offset, uint64_t size,
+                                         uint64_t* handle_size) {
+  HeapArena* arena = ArenaOf(base);
+  if (arena == nullptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle");
+  return arena->ExportFd(token, base, offset, size, handle_size);
+}
+
+std::vector<CUcontext> DeviceHeap::DeferredContexts() const {
+  std::vector<CUcontext> out;
+  for (const auto& arena : arenas_) {
+    for (CUcontext c : arena->DeferredContexts()) {
+      if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+void DeviceHeap::CompleteDeferred(CUcontext context) {
+  for (const auto& arena : arenas_) arena->CompleteDeferred(context);
+}
+
+size_t DeviceHeap::Trim() {
+  size_t released = 0;
+  for (const auto& arena : arenas_) released += arena->Trim();
+  return released;
+}
+
+bool DeviceHeap::Holds(CUcontext context) const {
+  return std::any_of(arenas_.begin(), arenas_.end(),
+                     [&](const auto& arena) { return arena->Holds(context); });
+}
+
+size_t DeviceHeap::ReleaseContext(CUcontext context) {
+  size_t released = 0;
+  bool any = false;
+  for (const auto& arena : arenas_) {
+    if (!arena->Holds(context)) continue;
+    any = true;
+    released += arena->ReleaseContext(context);
+  }
+  if (any) context_releases_.fetch_add(1, std::memory_order_relaxed);
+  return released;
+}
+
+absl::Status DeviceHeap::ApplyPeerChange(int peer, bool stream_ordered) {
+  absl::Status first;
+  for (const auto& arena : arenas_) first.Update(arena->ApplyPeerChange(peer, stream_ordered));
+  return first;
+}
+
+DeviceStats DeviceHeap::stats() const {
+  DeviceStats out;
+  out.device = device_;
+  for (const auto& arena : arenas_) {
+    const DeviceStats a = arena->stats();
+    out.allocations += a.allocations;
+    out.bytes += a.bytes;
+    out.frees += a.frees;
+    out.live_allocations += a.live_allocations;
+    out.live_bytes += a.live_bytes;
+    out.handles += a.handles;
+    out.handle_bytes += a.handle_bytes;
+    out.set_access_calls += a.set_access_calls;
+    out.cache_hits += a.cache_hits;
+    out.cache_misses += a.cache_misses;
+    out.cached_bytes += a.cached_bytes;
+    out.deferred_frees += a.deferred_frees;
+    out.exports += a.exports;
+    // kOff < kUnsupported < kGranted < kNotGranted: an arena refused
+    // compression is what the device reports.
+    out.compression = std::max(out.compression, a.compression);
+    for (int d = 0; d < kMaxDevices; ++d) {
+      out.peers[d].grants += a.peers[d].grants;
+      out.peers[d].denials += a.peers[d].denials;
+      out.peers[d].mapped_bytes += a.peers[d].mapped_bytes;
+    }
+  }
+  out.context_releases = context_releases_.load(std::memory_order_relaxed);
+  out.peak_live_bytes = shared_.peak_live_bytes.load(std::memory_order_relaxed);
+  out.peak_handle_bytes = shared_.peak_handle_bytes.load(std::memory_order_relaxed);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    out.peers[d].peak_mapped_bytes = shared_.peak_mapped_bytes[d].load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+absl::Status DeviceHeap::ReleaseAll() {
+  absl::Status first;
+  for (const auto& arena : arenas_) first.Update(arena->ReleaseAll());
+  return first;
+}
+
+void DeviceHeap::PrepareFork() {
+  for (const auto& arena : arenas_) arena->PrepareFork();
+}
+
+void DeviceHeap::AfterForkParent() {
+  for (auto it = arenas_.rbegin(); it != arenas_.rend(); ++it) (*it)->AfterForkParent();
+}
+
+void DeviceHeap::AfterForkChild() {
+  for (const auto& arena : arenas_) arena->AfterForkChild();
+}
+
+}  // namespace vmmshim

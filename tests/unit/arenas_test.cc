@@ -1,0 +1,293 @@
+// The per-thread front end (issue 13): heap arenas (core/device_heap.h) and
+// frees' combined synchronizes (core/context_sync.h).
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/context_sync.h"
+#include "core/cu_status.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
+
+namespace vmmshim {
+namespace {
+
+CUcontext Ctx(uintptr_t v) { return reinterpret_cast<CUcontext>(v); }
+
+// ---- SyncCombiner ----
+
+TEST(SyncCombinerTest, OneThreadRunsOneSynchronizePerCall) {
+  int calls = 0;
+  SyncCombiner c([&](CUcontext) {
+    ++calls;
+    return absl::OkStatus();
+  });
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c.Synchronize(Ctx(0x100)).ok());
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(c.synchronizes(), 5u);
+  EXPECT_EQ(c.shared(), 0u);
+}
+
+TEST(SyncCombinerTest, ACallDuringARunningSynchronizeWaitsForTheNextOne) {
+  // The running synchronize began before the second call, so it does not
+  // cover the work that call must wait for.
+  std::atomic<int> started{0}, finished{0};
+  std::atomic<bool> release_first{false};
+  SyncCombiner c([&](CUcontext) {
+    const int n = ++started;
+    if (n == 1) {
+      while (!release_first) std::this_thread::yield();
+    }
+    ++finished;
+    return absl::OkStatus();
+  });
+  std::thread first([&] { EXPECT_TRUE(c.Synchronize(Ctx(0x100)).ok()); });
+  while (started < 1) std::this_thread::yield();
+  std::atomic<bool> second_done{false};
+  int finished_when_second_returned = -1;
+  std::thread second([&] {
+    EXPECT_TRUE(c.Synchronize(Ctx(0x100)).ok());
+    finished_when_second_returned = finished.load();
+    second_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(second_done.load());  // still waiting behind the first
+  release_first = true;
+  first.join();
+  second.join();
+  EXPECT_EQ(started.load(), 2);
+  EXPECT_EQ(finished_when_second_returned, 2);
+}
+
+TEST(SyncCombinerTest, ConcurrentCallsShareSynchronizesAndEachIsCovered) {
+  // Each call must return only after a synchronize that started after the
+  // call did has completed. Synchronizes of one context never overlap, so
+  // "completed > started-before-the-call" says exactly that.
+  std::atomic<uint64_t> started{0}, completed{0};
+  std::atomic<int> running{0};
+  std::atomic<bool> overlap{false};
+  SyncCombiner c([&](CUcontext) {
+    if (running.fetch_add(1) != 0) overlap = true;
+    ++started;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    ++completed;
+    running.fetch_sub(1);
+    return absl::OkStatus();
+  });
+  constexpr int kThreads = 8, kCalls = 300;
+  std::atomic<int> uncovered{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = 0; i < kCalls; ++i) {
+        const uint64_t before = started.load();
+        if (!c.Synchronize(Ctx(0x200)).ok()) ++uncovered;
+        if (completed.load() <= before) ++uncovered;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(uncovered.load(), 0);
+  EXPECT_FALSE(overlap.load());
+  EXPECT_EQ(c.synchronizes() + c.shared(), uint64_t{kThreads} * kCalls);
+  EXPECT_GT(c.shared(), 0u);  // eight threads: callers shared synchronizes
+  EXPECT_LT(c.synchronizes(), uint64_t{kThreads} * kCalls);
+}
+
+TEST(SyncCombinerTest, TheSynchronizesErrorReachesTheCallsItCovered) {
+  SyncCombiner c([](CUcontext) { return DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, "sync"); });
+  EXPECT_EQ(ToCuResult(c.Synchronize(Ctx(0x100))), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+
+TEST(SyncCombinerTest, ContextsDoNotWaitForEachOther) {
+  std::atomic<bool> release{false};
+  std::atomic<int> a_started{0};
+  SyncCombiner c([&](CUcontext ctx) {
+    if (ctx == Ctx(0xA0)) {
+      ++a_started;
+      while (!release) std::this_thread::yield();
+    }
+    return absl::OkStatus();
+  });
+  std::thread a([&] { EXPECT_TRUE(c.Synchronize(Ctx(0xA0)).ok()); });
+  while (a_started < 1) std::this_thread::yield();
+  EXPECT_TRUE(c.Synchronize(Ctx(0xB0)).ok());  // returns while A's runs
+  release = true;
+  a.join();
+}
+
+TEST(SyncCombinerTest, MoreContextsThanSlotsStillSynchronize) {
+  int calls = 0;
+  SyncCombiner c([&](CUcontext) {
+    ++calls;
+    return absl::OkStatus();
+  });
+  for (uintptr_t i = 1; i <= SyncCombiner::kSlots + 10; ++i) {
+    ASSERT_TRUE(c.Synchronize(Ctx(i << 8)).ok());
+  }
+  EXPECT_EQ(calls, SyncCombiner::kSlots + 10);
+}
+
+// ---- Heap arenas ----
+
+class ArenaTest : public SimTest {
+ protected:
+  void SetUp() override {
+    StartSim(2, 256 * kTestMiB);
+    ctx_ = MakeCurrent(0);
+  }
+  // Runs `fn` on a new thread with this test's context current, and waits.
+  // Two calls in a row run on consecutive thread slots, so with two arenas
+  // they work in different arenas.
+  template <typename Fn>
+  void OnNewThread(Fn fn) {
+    std::thread t([&] {
+      ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+      fn();
+    });
+    t.join();
+  }
+  static AllocatorOptions TwoArenas() {
+    AllocatorOptions o;
+    o.arenas = 2;
+    return o;
+  }
+
+  CUcontext ctx_ = nullptr;
+};
+
+TEST_F(ArenaTest, ThreadsOfDifferentArenasPackIntoDifferentGranules) {
+  Allocator a(api_, TwoArenas());
+  CUdeviceptr p = 0, q = 0;
+  OnNewThread([&] { p = MustAllocate(a, 512); });
+  sim::ResetCallCounts();
+  OnNewThread([&] { q = MustAllocate(a, 512); });
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 1u);  // the second arena's own granule
+  EXPECT_NE(a.Find(p)->range_base, a.Find(q)->range_base);
+  ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(a.Free(q).ok());
+
+  // With one arena both share the granule (the behaviour before arenas).
+  AllocatorOptions one;
+  one.arenas = 1;
+  Allocator b(api_, one);
+  OnNewThread([&] { p = MustAllocate(b, 512); });
+  OnNewThread([&] { q = MustAllocate(b, 512); });
+  EXPECT_EQ(b.Find(p)->range_base, b.Find(q)->range_base);
+  ASSERT_TRUE(b.Free(p).ok());
+  ASSERT_TRUE(b.Free(q).ok());
+}
+
+TEST_F(ArenaTest, AMissTakesAnotherArenasCachedBlockWithoutADriverCall) {
+  Allocator a(api_, TwoArenas());
+  CUdeviceptr p = 0, q = 0;
+  OnNewThread([&] {
+    p = MustAllocate(a, 4 * kTestMiB);
+    ASSERT_TRUE(a.Free(p).ok());
+  });
+  sim::ResetCallCounts();
+  OnNewThread([&] { q = MustAllocate(a, 4 * kTestMiB); });
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 0u);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 0u);
+  ASSERT_TRUE(a.Free(q).ok());
+}
+
+TEST_F(ArenaTest, AnEmptyGranuleIsTakenButNotOneInUse) {
+  Allocator a(api_, TwoArenas());
+  CUdeviceptr kept = 0, p = 0, q = 0;
+  // Arena X: one granule holding a live allocation.
+  OnNewThread([&] { kept = MustAllocate(a, 512); });
+  sim::ResetCallCounts();
+  // Arena Y does not pack into X's granule in use: a granule of its own.
+  OnNewThread([&] { p = MustAllocate(a, 512); });
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 1u);
+  const CUdeviceptr y_granule = a.Find(p)->range_base;
+  EXPECT_NE(y_granule, a.Find(kept)->range_base);
+  ASSERT_TRUE(a.Free(p).ok());  // Y's granule is empty now (cached)
+  // The next thread works in X again; its granule has room, so it packs
+  // there; the one after works in Y again and reuses its empty granule.
+  sim::ResetCallCounts();
+  OnNewThread([&] { q = MustAllocate(a, 512); });
+  EXPECT_EQ(a.Find(q)->range_base, a.Find(kept)->range_base);
+  CUdeviceptr r = 0;
+  OnNewThread([&] { r = MustAllocate(a, 512); });
+  EXPECT_EQ(a.Find(r)->range_base, y_granule);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 0u);
+  for (CUdeviceptr x : {kept, q, r}) ASSERT_TRUE(a.Free(x).ok());
+}
+
+TEST_F(ArenaTest, TheCacheLimitHoldsForAllArenasTogether) {
+  AllocatorOptions o = TwoArenas();
+  o.cache_limit_percent = -1;
+  o.cache_limit_bytes = 8 * kTestMiB;
+  Allocator a(api_, o);
+  OnNewThread([&] { ASSERT_TRUE(a.Free(MustAllocate(a, 4 * kTestMiB)).ok()); });
+  EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
+  // 4 + 6 MiB would pass the limit: the second arena's block is released.
+  OnNewThread([&] { ASSERT_TRUE(a.Free(MustAllocate(a, 6 * kTestMiB)).ok()); });
+  EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
+  EXPECT_EQ(a.GetDeviceStats()[0].cached_bytes, 4 * kTestMiB);
+  EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 4 * kTestMiB);
+}
+
+TEST_F(ArenaTest, OutOfMemoryReleasesTheOtherArenasCaches) {
+  AllocatorOptions o = TwoArenas();
+  o.cache_limit_percent = 100;
+  Allocator a(api_, o);  // 256 MiB devices
+  OnNewThread([&] { ASSERT_TRUE(a.Free(MustAllocate(a, 160 * kTestMiB)).ok()); });
+  EXPECT_EQ(a.IdleBytes(0), 160 * kTestMiB);
+  CUdeviceptr q = 0;
+  OnNewThread([&] { q = MustAllocate(a, 200 * kTestMiB); });  // too big for the cached block
+  EXPECT_NE(q, 0u);
+  EXPECT_EQ(a.IdleBytes(0), 0u);
+  ASSERT_TRUE(a.Free(q).ok());
+  // Trim (vmmshim_release_cached_memory) covers both arenas.
+  EXPECT_EQ(a.Trim(-1), 200 * kTestMiB);
+  EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 0u);
+}
+
+TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
+  Allocator a(api_, TwoArenas());
+  CUdeviceptr p = 0, q = 0;
+  OnNewThread([&] { p = MustAllocate(a, 4 * kTestMiB); });
+  OnNewThread([&] { q = MustAllocate(a, 6 * kTestMiB); });
+  ASSERT_TRUE(a.Free(p).ok());  // freed by another thread: in p's arena
+  EXPECT_FALSE(a.Find(p).ok());
+  EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_INVALID_VALUE);  // double free
+  ASSERT_TRUE(a.Free(q).ok());
+  const DeviceStats s = a.GetDeviceStats()[0];
+  EXPECT_EQ(s.allocations, 2u);
+  EXPECT_EQ(s.frees, 2u);
+  EXPECT_EQ(s.live_allocations, 0u);
+  EXPECT_EQ(s.peak_live_bytes, 10 * kTestMiB);
+  EXPECT_EQ(s.peak_handle_bytes, 10 * kTestMiB);
+  EXPECT_EQ(s.handles, 2u);  // both cached
+  EXPECT_EQ(s.cached_bytes, 10 * kTestMiB);
+}
+
+TEST_F(ArenaTest, PeerChangesAndContextReleasesReachEveryArena) {
+  Allocator a(api_, TwoArenas());
+  CUdeviceptr p = 0, q = 0;
+  OnNewThread([&] { p = MustAllocate(a, 4 * kTestMiB); });
+  OnNewThread([&] { q = MustAllocate(a, 512); });
+  ASSERT_TRUE(a.EnablePeer(1, 0).ok());
+  EXPECT_TRUE(*a.PeerHasAccess(p, 1));
+  EXPECT_TRUE(*a.PeerHasAccess(q, 1));
+  char c = 0;
+  EXPECT_EQ(sim::DeviceRead(1, &c, q, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(a.DisablePeer(1, 0).ok());
+  EXPECT_FALSE(*a.PeerHasAccess(p, 1));
+  EXPECT_FALSE(*a.PeerHasAccess(q, 1));
+  EXPECT_EQ(a.ReleaseContext(ctx_, /*synchronize=*/true), 4 * kTestMiB + 2 * kTestMiB);
+  EXPECT_EQ(a.GetDeviceStats()[0].context_releases, 1u);
+  EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace vmmshim
