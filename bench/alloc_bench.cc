@@ -10,7 +10,8 @@
 // the driver API (alloc_bench_driver, BENCH_DRIVER_API), which also runs on
 // the simulated driver for CI's smoke run.
 //
-//   alloc_bench [--quick] [--label NAME]   -> CSV rows on stdout:
+//   alloc_bench [--quick] [--label NAME] [--only GROUP,...]   -> CSV rows on stdout
+//   (groups: empty, batch, resident, churn, async, footprint; default all):
 //   label,metric,bytes,threads,median_us,p99_us,value
 #include <algorithm>
 #include <atomic>
@@ -152,43 +153,78 @@ void Batch(size_t bytes, int count) {
 }
 
 // Each thread keeps up to 32 live allocations of random sizes (log-uniform,
-// 256 B .. 8 MiB) and allocates or frees at random; ops per second.
+// 256 B .. 8 MiB) and allocates or frees at random; operations per second
+// over all threads. Each thread first runs 1,000 unmeasured operations
+// (its per-thread state made, caches filled); the clock starts when every
+// thread is ready and stops when the last one is done.
 void Churn(int threads, int ops_per_thread) {
-  std::atomic<bool> failed{false};
-  const auto t0 = Clock::now();
+  std::atomic<bool> failed{false}, go{false};
+  std::atomic<int> ready{0};
   std::vector<std::thread> pool;
-  std::vector<std::vector<double>> lat(threads);
+  std::vector<std::vector<double>> lat(threads), malloc_lat(threads), free_lat(threads);
+  std::vector<Clock::time_point> done(threads);
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       ThreadInit();
       std::mt19937_64 rng(1234 + t);
       std::uniform_real_distribution<double> logsize(8, 23);  // 2^8 .. 2^23
       std::vector<void*> live;
-      for (int i = 0; i < ops_per_thread; ++i) {
+      // This thread's own vectors, handed over at the end: writing shared
+      // ones (their headers side by side) would bounce cache lines between
+      // the threads on every operation.
+      std::vector<double> all_us, malloc_us, free_us;
+      all_us.reserve(ops_per_thread);
+      malloc_us.reserve(ops_per_thread);
+      free_us.reserve(ops_per_thread);
+      auto op = [&](bool timed) {
         if (live.size() < 32 && (live.empty() || rng() % 2)) {
           const size_t bytes = static_cast<size_t>(std::exp2(logsize(rng)));
           void* p = nullptr;
           const auto s = Clock::now();
           if (!Malloc(&p, bytes)) failed = true;
-          lat[t].push_back(Us(Clock::now() - s));
+          if (timed) {
+            all_us.push_back(Us(Clock::now() - s));
+            malloc_us.push_back(all_us.back());
+          }
           live.push_back(p);
         } else {
           const size_t k = rng() % live.size();
           const auto s = Clock::now();
           if (!Free(live[k])) failed = true;
-          lat[t].push_back(Us(Clock::now() - s));
+          if (timed) {
+            all_us.push_back(Us(Clock::now() - s));
+            free_us.push_back(all_us.back());
+          }
           live.erase(live.begin() + k);
         }
-      }
+      };
+      for (int i = 0; i < 1000; ++i) op(false);
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      for (int i = 0; i < ops_per_thread; ++i) op(true);
+      const auto end = Clock::now();
       for (void* p : live) Free(p);
+      done[t] = end;
+      lat[t] = std::move(all_us);
+      malloc_lat[t] = std::move(malloc_us);
+      free_lat[t] = std::move(free_us);
     });
   }
+  while (ready.load() < threads) std::this_thread::yield();
+  const auto t0 = Clock::now();
+  go.store(true, std::memory_order_release);
   for (auto& th : pool) th.join();
   if (failed) Fail("churn", 0);
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<double> all;
-  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-  Row("churn_op", 0, threads, Summarize(all), threads * ops_per_thread / seconds);
+  const double seconds =
+      std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t0).count();
+  auto merged = [](const std::vector<std::vector<double>>& per_thread) {
+    std::vector<double> all;
+    for (const auto& v : per_thread) all.insert(all.end(), v.begin(), v.end());
+    return all;
+  };
+  Row("churn_op", 0, threads, Summarize(merged(lat)), threads * ops_per_thread / seconds);
+  Row("churn_malloc", 0, threads, Summarize(merged(malloc_lat)));
+  Row("churn_free", 0, threads, Summarize(merged(free_lat)));
 }
 
 // Stream-ordered pairs (cudaMallocAsync + cudaFreeAsync, default pool,
@@ -270,10 +306,15 @@ void Footprint(int count) {
 
 int main(int argc, char** argv) {
   bool quick = false;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--label") == 0 && i + 1 < argc) g_label = argv[++i];
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
   }
+  auto want = [&](const char* group) {
+    return only.empty() || only.find(std::string(",") + group + ",") != std::string::npos;
+  };
   if (!Init()) {
     std::fprintf(stderr, "alloc_bench: no usable CUDA device\n");
     return 1;
@@ -281,17 +322,19 @@ int main(int argc, char** argv) {
   std::printf("label,metric,bytes,threads,median_us,p99_us,value\n");
   const size_t sizes[] = {256, 64 << 10, 2 << 20, 64 << 20, size_t{1} << 30};
   for (size_t bytes : sizes) {
+    if (!want("empty")) break;
     const int n = quick ? 5 : (bytes >= (size_t{64} << 20) ? 60 : 400);
     Latency(bytes, n, /*cold=*/false);
     Latency(bytes, quick ? 3 : std::max(20, n / 4), /*cold=*/true);
   }
   for (size_t bytes : sizes) {
+    if (!want("batch")) break;
     const int count = bytes >= (size_t{1} << 30) ? 8 : bytes >= (size_t{64} << 20) ? 100 : 1000;
     Batch(bytes, quick ? 4 : count);
   }
   // The same latency rows with a resident set of 1,000 live allocations
   // held throughout (metric names "..._resident").
-  {
+  if (want("resident")) {
     std::vector<void*> resident = MakeResidentSet(quick ? 50 : 1000);
     g_suffix = "_resident";
     for (size_t bytes : sizes) {
@@ -302,8 +345,10 @@ int main(int argc, char** argv) {
     g_suffix.clear();
     for (void* p : resident) Free(p);
   }
-  for (int threads : {1, 2, 4, 8}) Churn(threads, quick ? 200 : 4000);
-  AsyncLatency(quick);
-  Footprint(10000);
+  if (want("churn")) {
+    for (int threads : {1, 2, 4, 8}) Churn(threads, quick ? 200 : 20000);
+  }
+  if (want("async")) AsyncLatency(quick);
+  if (want("footprint")) Footprint(10000);
   return 0;
 }

@@ -23,13 +23,13 @@ def load(path):
 
 def value(row):
     m = row["metric"]
-    if m.startswith(("churn", "footprint", "replay")):
+    if m == "churn_op" or m.startswith(("footprint", "replay")):
         return float(row["value"])
     return float(row["median_us"])
 
 
 def higher_is_better(metric):
-    return metric.startswith("churn")
+    return metric == "churn_op"
 
 
 def main():
@@ -51,7 +51,7 @@ def main():
             med[label] = statistics.median(vals)
             spread[label] = (max(vals) - min(vals)) / med[label] if med[label] else 0.0
             row = dict(rounds[0][key])
-            if key[0].startswith(("churn", "footprint", "replay")):
+            if key[0] == "churn_op" or key[0].startswith(("footprint", "replay")):
                 row["value"] = f"{med[label]:.3f}"
             else:
                 row["median_us"] = f"{med[label]:.3f}"

@@ -5,16 +5,17 @@
 # table (shim / native per row, targets marked, medians over the rounds),
 # results.csv and chart.png (with matplotlib) in OUTDIR; with several rounds
 # also each round's figures and their spread (bench/compare.py).
-# usage: bench/run_bench.sh [--quick] [--simulated] [--rounds N] [--baseline LIB]
+# usage: bench/run_bench.sh [--quick] [--simulated] [--rounds N] [--baseline LIB] [--only GROUPS]
 #                           BENCH_BINARY LIBVMMSHIM OUTDIR
 set -euo pipefail
-quick=() simulated=0 rounds=1 baseline=""
+quick=() only=() simulated=0 rounds=1 baseline=""
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --quick) quick=(--quick) ;;
     --simulated) simulated=1 ;;
     --rounds) rounds=$2; shift ;;
     --baseline) baseline=$2; shift ;;
+    --only) only=(--only "$2"); shift ;;
   esac
   shift
 done
@@ -23,13 +24,13 @@ mkdir -p "$out"
 here=$(dirname "$0")
 native_csv=() shim_csv=() base_csv=()
 for ((i = 1; i <= rounds; i++)); do
-  "$bin" "${quick[@]}" --label native > "$out/native-$i.csv"
+  "$bin" "${quick[@]}" "${only[@]}" --label native > "$out/native-$i.csv"
   native_csv+=("$out/native-$i.csv")
   if [ -n "$baseline" ]; then
-    LD_PRELOAD=$baseline "$bin" "${quick[@]}" --label baseline > "$out/baseline-$i.csv"
+    LD_PRELOAD=$baseline "$bin" "${quick[@]}" "${only[@]}" --label baseline > "$out/baseline-$i.csv"
     base_csv+=("$out/baseline-$i.csv")
   fi
-  LD_PRELOAD=$shim "$bin" "${quick[@]}" --label shim > "$out/shim-$i.csv"
+  LD_PRELOAD=$shim "$bin" "${quick[@]}" "${only[@]}" --label shim > "$out/shim-$i.csv"
   shim_csv+=("$out/shim-$i.csv")
 done
 join() { local IFS=,; echo "$*"; }

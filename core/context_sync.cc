@@ -1,7 +1,8 @@
 #include "core/context_sync.h"
 
-#include <new>
 #include <thread>
+
+#include "core/cu_status.h"
 
 namespace vmmshim {
 namespace {
@@ -39,53 +40,42 @@ absl::Status SyncCombiner::Synchronize(CUcontext context) {
     synchronizes_.fetch_add(1, std::memory_order_relaxed);
     return sync_(context);
   }
-  std::unique_lock<std::mutex> lock(s->mu);
-  // A running synchronize began before this call and does not cover it: the
-  // next one to begin does.
-  const uint64_t need = s->started + 1;
-  bool ran = false;
-  while (s->finished.load(std::memory_order_relaxed) < need) {
-    if (!s->running) {
-      s->running = true;
-      const uint64_t mine = ++s->started;
-      lock.unlock();
+  // Every synchronize numbered above what is read here begins after this
+  // call did, so the next number covers it (a conservative bound: one that
+  // begins between the call and this read only makes it wait one more).
+  // A read-modify-write, not a load: the leader's numbering RMW then
+  // synchronizes with it, so this thread's work queued before the free
+  // happens before the leader's cuCtxSynchronize.
+  const uint64_t need = s->started.fetch_add(0, std::memory_order_acq_rel) + 1;
+  int spins = 0;
+  while (s->finished.load(std::memory_order_acquire) < need) {
+    bool idle = false;
+    if (!s->running.load(std::memory_order_relaxed) &&
+        s->running.compare_exchange_strong(idle, true, std::memory_order_acq_rel)) {
+      const uint64_t mine = s->started.fetch_add(1, std::memory_order_acq_rel) + 1;
       absl::Status status = sync_(context);
       synchronizes_.fetch_add(1, std::memory_order_relaxed);
-      lock.lock();
-      s->running = false;
-      s->last = std::move(status);
+      s->result.store(static_cast<int>(ToCuResult(status)), std::memory_order_relaxed);
       s->finished.store(mine, std::memory_order_release);
-      ran = true;
-      if (s->waiters > 0) s->done.notify_all();
-      continue;
+      s->running.store(false, std::memory_order_release);
+      return status;
     }
-    // Spin first: the running synchronize usually ends within microseconds,
-    // and sleeping would add a wake-up to every waiter.
-    lock.unlock();
-    const uint64_t running = need - 1;
-    for (int i = 0; i < 2000 && s->finished.load(std::memory_order_acquire) < running; ++i) {
+    // Another caller runs one; it may have begun before this call (then
+    // the next one is needed, which a waiter starts once it ends).
+    if (++spins < 256) {
       CpuRelax();
-    }
-    lock.lock();
-    if (s->running && s->finished.load(std::memory_order_relaxed) < running) {
-      ++s->waiters;
-      s->done.wait(lock, [&] { return !s->running; });
-      --s->waiters;
+    } else {
+      std::this_thread::yield();
     }
   }
-  if (!ran) shared_.fetch_add(1, std::memory_order_relaxed);
-  return s->last;
+  shared_.fetch_add(1, std::memory_order_relaxed);
+  const auto code = static_cast<CUresult>(s->result.load(std::memory_order_relaxed));
+  return code == CUDA_SUCCESS ? absl::OkStatus() : DriverError(code, "cuCtxSynchronize");
 }
 
 void SyncCombiner::AfterForkChild() {
-  // The parent's other threads do not exist here: fresh locks, no synchronize
-  // running.
-  for (Slot& s : slots_) {
-    new (&s.mu) std::mutex;
-    new (&s.done) std::condition_variable;
-    s.running = false;
-    s.waiters = 0;
-  }
+  // The parent's other threads do not exist here: no synchronize is running.
+  for (Slot& s : slots_) s.running.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace vmmshim

@@ -21,14 +21,16 @@
 //
 // Result: the status of the synchronize that covered the call (the driver's
 // code, e.g. a sticky CUDA_ERROR_ILLEGAL_ADDRESS, reaches every free it
-// covered).
+// covered; a covered caller gets the code, named "cuCtxSynchronize").
 //
 // Capacity: kSlots contexts get combining (a slot is claimed on a context's
 // first free and kept: a handle reused by a later context keeps the slot,
 // which is harmless); beyond that, Synchronize calls the function directly.
-// Thread safety: any thread. Waiting callers first spin briefly (a
-// synchronize lasts about a microsecond) and then sleep on a condition
-// variable. After fork(), the child calls AfterForkChild.
+// Thread safety: any thread; lock-free apart from the waiting: a caller
+// that needs a synchronize that another is running spins (a synchronize
+// lasts about a microsecond), then yields its CPU between checks. No mutex:
+// a contended one puts every free to sleep in the kernel (seen on the H200:
+// medians of 7 us per operation at eight threads).
 #ifndef VMMSHIM_CORE_CONTEXT_SYNC_H_
 #define VMMSHIM_CORE_CONTEXT_SYNC_H_
 
@@ -36,10 +38,8 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 
 #include "absl/status/status.h"
 
@@ -69,13 +69,10 @@ class SyncCombiner {
  private:
   struct Slot {
     std::atomic<CUcontext> context{nullptr};
-    std::mutex mu;
-    std::condition_variable done;
-    uint64_t started = 0;                // synchronizes begun (guarded by mu)
+    std::atomic<bool> running{false};    // a caller is synchronizing
+    std::atomic<uint64_t> started{0};    // synchronizes begun
     std::atomic<uint64_t> finished{0};   // the last one completed
-    bool running = false;                // guarded by mu
-    int waiters = 0;                     // guarded by mu
-    absl::Status last;                   // of `finished` (guarded by mu)
+    std::atomic<int> result{0};          // its CUresult
   };
   // The slot of `context`, claimed on first use; nullptr when all are taken.
   Slot* SlotFor(CUcontext context);

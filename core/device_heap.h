@@ -11,14 +11,17 @@
 // address without a lock (ReservationMap), and a free goes to the arena
 // that holds the memory, whichever thread frees it.
 //
-// Holdings stay visible to everyone: a thread whose own arena misses takes
-// cached memory (a freed large block, an empty granule) of another arena
-// before making new memory, the cache limit holds for all arenas together
-// (DeviceCounters), and Trim, the out-of-memory retry, cuMemGetInfo's idle
-// bytes and context releases cover every arena. Memory belongs to arenas,
-// not threads, so a thread's exit strands nothing. What arenas cost: each
-// packs small allocations into granules of its own, so up to `arenas`
-// partly filled granules per placement instead of one.
+// Holdings stay visible to everyone: the cache limit holds for all arenas
+// together (DeviceCounters), and Trim (vmmshim_release_cached_memory), the
+// out-of-memory retry, cuMemGetInfo's idle bytes and context releases cover
+// every arena. A thread gives its slot back when it exits; the next new
+// thread takes the lowest free slot, and with it that arena and its cache,
+// and a thread whose own arena misses takes cached memory (a freed large
+// block, an empty granule) of arenas no live thread works in before making
+// new memory. What arenas cost: each packs small allocations into granules
+// of its own, so up to `arenas` partly filled granules per placement
+// instead of one, and memory one thread freed is reused by another thread
+// of the same arena, or after the pressure paths above, not at once.
 //
 // Shapes, units, fast path and slow path, frees and statistics: as
 // core/heap_arena.h states for one arena; the figures here are sums over
@@ -56,7 +59,9 @@ class DeviceHeap {
   size_t granularity() const { return granularity_; }
   size_t packing_threshold() const { return packing_threshold_; }
   int arenas() const { return static_cast<int>(arenas_.size()); }
-  // The arena index of the calling thread (the same on every device).
+  // The slot of the calling thread (its arena is slot % arenas(), on every
+  // device): the lowest slot no live thread holds, kept until the thread
+  // exits.
   static int ThreadSlot();
 
   // The calling thread's arena, then cached memory of the others.
@@ -96,6 +101,8 @@ class DeviceHeap {
 
  private:
   HeapArena* Own() const;
+  // Whether no live thread works in arena `arena`.
+  bool ArenaIdle(int arena) const;
   // The arena whose reservation holds `ptr`, or nullptr.
   HeapArena* ArenaOf(CUdeviceptr ptr) const;
 

@@ -115,19 +115,25 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     // packing into granules in use stays with this arena's threads.
     const absl::btree_set<CUdeviceptr>& search =
         cached_only ? bins.empty_granules : bins.open_granules;
-    for (auto it = search.begin(); it != search.end(); ++it) {
-      const CUdeviceptr base = *it;
-      Block& block = *blocks_[base];
+    auto try_granule = [&](CUdeviceptr base) {
+      Block& block = *blocks_.at(base);
       const bool was_empty = block.slab->empty();
       std::optional<size_t> offset = block.slab->Allocate(bytes);
-      if (!offset) continue;
+      if (!offset) return false;
       if (was_empty && bins.empty_granules.erase(base) > 0) {
         AddCachedLocked(-static_cast<int64_t>(block.size));
       }
       // A full granule leaves the search until a free in it.
       if (block.slab->used_bytes() == block.size) bins.open_granules.erase(base);
+      bins.recent = base;
       ptr = base + *offset;
-      break;
+      return true;
+    };
+    const CUdeviceptr recent = bins.recent;
+    if (!cached_only && recent != 0 && bins.open_granules.contains(recent)) try_granule(recent);
+    for (auto it = search.begin(); !ptr && it != search.end(); ++it) {
+      if (*it == recent && !cached_only) continue;  // tried above
+      if (try_granule(*it)) break;
     }
     if (!ptr) return std::nullopt;
   }
@@ -443,6 +449,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
   }
   Bins& bins = bins_[block.placement];
   bins.open_granules.insert(base);
+  bins.recent = base;
   if (!block.slab->empty() || driver_gone) return;
   if (!block.has_explicit() && FitsCacheLocked(block.size)) {
     bins.empty_granules.insert(base);

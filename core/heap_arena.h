@@ -312,6 +312,10 @@ class HeapArena {
     absl::btree_set<CUdeviceptr> open_granules;  // packed, with free units, not sealed
     absl::btree_set<CUdeviceptr> empty_granules; // cached: empty, still mapped
     absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large;  // (size, base)
+    // The open granule that last served or took back an allocation, tried
+    // first: a free followed by an allocation of the same size (the common
+    // case) finds its hole there without trying the granules before it.
+    CUdeviceptr recent = 0;
   };
 
   std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const

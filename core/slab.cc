@@ -35,6 +35,10 @@ std::optional<size_t> Slab::Free(size_t offset) {
   const size_t bytes = it->second;
   const size_t count = (bytes + kUnit - 1) / kUnit;
   Mark(it->first, count, false);
+  // The next search starts at the hole just made: a program that frees and
+  // allocates the same size again (the common case) gets it back without a
+  // scan over the units in use after it.
+  hint_ = it->first;
   used_units_ -= count;
   requested_bytes_ -= bytes;
   live_.erase(it);

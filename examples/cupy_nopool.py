@@ -4,6 +4,10 @@ import time
 
 import cupy
 
+import tms_region
+
+tms_region.enter_if_preloaded()  # no-op unless torch_memory_saver is preloaded
+
 cupy.cuda.set_allocator(None)
 cupy.cuda.set_pinned_memory_allocator(None)
 x = cupy.arange(1 << 20, dtype=cupy.float32)

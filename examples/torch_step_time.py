@@ -5,6 +5,10 @@ import time
 
 import torch
 
+import tms_region
+
+tms_region.enter_if_preloaded()  # no-op unless torch_memory_saver is preloaded
+
 torch.manual_seed(0)
 dev = torch.device("cuda")
 model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 
+#include "absl/synchronization/mutex.h"
 #include "core/cu_status.h"
 #include "core/driver_stats.h"
 #include "core/log.h"
@@ -86,6 +87,10 @@ void ReleaseCacheAtExit() {
 }
 
 const Runtime* Initialize() {
+  // Whatever build of abseil is linked in: no process-wide deadlock graph
+  // behind every Lock (it serializes threads on different mutexes;
+  // tools/build-abseil.sh builds with NDEBUG, where this is the default).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ParseResult parsed = ParseConfigFromEnvironment();
   if (!parsed.fatal_problems.empty()) {
     // Running on with another peer policy than intended can make NVLink

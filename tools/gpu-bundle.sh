@@ -14,10 +14,12 @@ rm -rf .gpu && mkdir -p .gpu/build
 tar -C "$build" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' -cf - . | tar -C .gpu/build -xf -
 find .gpu/build -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
   'file -b "$1" | grep -q ^ELF && strip --strip-debug "$1"' _ {} \;
-# A GPU host (Ubuntu 24.04) has glibc, libstdc++, libgcc and the driver; a
+# A GPU host (Ubuntu 24.04) has glibc, libstdc++, libgcc, the driver and the
+# CUDA Toolkit (libcudart.so.13, for examples/cudart_loop, built with the
+# shared cudart for the torch_memory_saver comparison); a
 # library of the build tree is found there through the tree's own paths
 # (tools/gpu-host-env.sh).
-system='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s\.|libstdc\+\+\.|libcuda\.|libnvidia)'
+system='^(linux-vdso|ld-linux|libcudart\.|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s\.|libstdc\+\+\.|libcuda\.|libnvidia)'
 missing=$(find "$build" -path '*/CMakeFiles' -prune -o -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
   while IFS= read -r -d '' f; do
     file -b "$f" | grep -q '^ELF' || continue

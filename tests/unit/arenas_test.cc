@@ -2,6 +2,9 @@
 // frees' combined synchronizes (core/context_sync.h).
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -135,15 +138,63 @@ TEST(SyncCombinerTest, MoreContextsThanSlotsStillSynchronize) {
 
 // ---- Heap arenas ----
 
+// Threads that stay alive, so that each keeps its slot (and arena) while
+// the others run: Run(i, fn) runs `fn` on thread i with the test's context
+// current and waits for it.
+class Workers {
+ public:
+  Workers(int n, CUcontext ctx) : tasks_(n) {
+    for (int i = 0; i < n; ++i) {
+      threads_.emplace_back([this, i, ctx] {
+        sim::cuCtxSetCurrent(ctx);
+        std::unique_lock<std::mutex> lock(mu_);
+        while (true) {
+          cv_.wait(lock, [&] { return stop_ || tasks_[i] != nullptr; });
+          if (tasks_[i] == nullptr) return;
+          std::function<void()> task = std::move(tasks_[i]);
+          tasks_[i] = nullptr;
+          lock.unlock();
+          task();
+          lock.lock();
+          ++done_;
+          cv_.notify_all();
+        }
+      });
+    }
+  }
+  ~Workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void Run(int i, std::function<void()> fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int target = done_ + 1;
+    tasks_[i] = std::move(fn);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done_ >= target; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::function<void()>> tasks_;
+  std::vector<std::thread> threads_;
+  int done_ = 0;
+  bool stop_ = false;
+};
+
 class ArenaTest : public SimTest {
  protected:
   void SetUp() override {
     StartSim(2, 256 * kTestMiB);
     ctx_ = MakeCurrent(0);
   }
-  // Runs `fn` on a new thread with this test's context current, and waits.
-  // Two calls in a row run on consecutive thread slots, so with two arenas
-  // they work in different arenas.
+  // Runs `fn` on a new thread with this test's context current, and waits
+  // for the thread to exit (its slot is free again afterwards).
   template <typename Fn>
   void OnNewThread(Fn fn) {
     std::thread t([&] {
@@ -152,21 +203,24 @@ class ArenaTest : public SimTest {
     });
     t.join();
   }
-  static AllocatorOptions TwoArenas() {
+  // As many arenas as slots: distinct live threads never share one, and an
+  // arena is idle exactly when its one slot is free.
+  static AllocatorOptions OneArenaPerSlot() {
     AllocatorOptions o;
-    o.arenas = 2;
+    o.arenas = 64;
     return o;
   }
 
   CUcontext ctx_ = nullptr;
 };
 
-TEST_F(ArenaTest, ThreadsOfDifferentArenasPackIntoDifferentGranules) {
-  Allocator a(api_, TwoArenas());
+TEST_F(ArenaTest, LiveThreadsPackIntoGranulesOfTheirOwn) {
+  Allocator a(api_, OneArenaPerSlot());
+  Workers w(2, ctx_);
   CUdeviceptr p = 0, q = 0;
-  OnNewThread([&] { p = MustAllocate(a, 512); });
+  w.Run(0, [&] { p = MustAllocate(a, 512); });
   sim::ResetCallCounts();
-  OnNewThread([&] { q = MustAllocate(a, 512); });
+  w.Run(1, [&] { q = MustAllocate(a, 512); });
   EXPECT_EQ(sim::CallCount("cuMemCreate"), 1u);  // the second arena's own granule
   EXPECT_NE(a.Find(p)->range_base, a.Find(q)->range_base);
   ASSERT_TRUE(a.Free(p).ok());
@@ -176,87 +230,100 @@ TEST_F(ArenaTest, ThreadsOfDifferentArenasPackIntoDifferentGranules) {
   AllocatorOptions one;
   one.arenas = 1;
   Allocator b(api_, one);
-  OnNewThread([&] { p = MustAllocate(b, 512); });
-  OnNewThread([&] { q = MustAllocate(b, 512); });
+  w.Run(0, [&] { p = MustAllocate(b, 512); });
+  w.Run(1, [&] { q = MustAllocate(b, 512); });
   EXPECT_EQ(b.Find(p)->range_base, b.Find(q)->range_base);
   ASSERT_TRUE(b.Free(p).ok());
   ASSERT_TRUE(b.Free(q).ok());
 }
 
-TEST_F(ArenaTest, AMissTakesAnotherArenasCachedBlockWithoutADriverCall) {
-  Allocator a(api_, TwoArenas());
-  CUdeviceptr p = 0, q = 0;
+TEST_F(ArenaTest, ANewThreadTakesTheSlotAndCacheAnExitedThreadLeft) {
+  Allocator a(api_, OneArenaPerSlot());
+  int first_slot = -1, second_slot = -1;
+  CUdeviceptr p = 0, q = 0, g = 0, h = 0;
   OnNewThread([&] {
+    first_slot = DeviceHeap::ThreadSlot();
     p = MustAllocate(a, 4 * kTestMiB);
+    g = MustAllocate(a, 512);
     ASSERT_TRUE(a.Free(p).ok());
+    ASSERT_TRUE(a.Free(g).ok());
   });
   sim::ResetCallCounts();
-  OnNewThread([&] { q = MustAllocate(a, 4 * kTestMiB); });
+  OnNewThread([&] {
+    second_slot = DeviceHeap::ThreadSlot();
+    q = MustAllocate(a, 4 * kTestMiB);
+    h = MustAllocate(a, 512);
+  });
+  EXPECT_EQ(second_slot, first_slot);
   EXPECT_EQ(q, p);
+  EXPECT_EQ(h, g);
   EXPECT_EQ(sim::CallCount("cuMemCreate"), 0u);
-  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 0u);
   ASSERT_TRUE(a.Free(q).ok());
+  ASSERT_TRUE(a.Free(h).ok());
 }
 
-TEST_F(ArenaTest, AnEmptyGranuleIsTakenButNotOneInUse) {
-  Allocator a(api_, TwoArenas());
-  CUdeviceptr kept = 0, p = 0, q = 0;
-  // Arena X: one granule holding a live allocation.
-  OnNewThread([&] { kept = MustAllocate(a, 512); });
+TEST_F(ArenaTest, AMissTakesCachedMemoryOfAnIdleArenaButNotOfABusyOne) {
+  Allocator a(api_, OneArenaPerSlot());
+  Workers w(2, ctx_);
+  CUdeviceptr busy = 0, idle = 0, got = 0;
+  // Worker 0's arena caches a 4 MiB block; worker 0 stays alive.
+  w.Run(0, [&] { ASSERT_TRUE(a.Free(busy = MustAllocate(a, 4 * kTestMiB)).ok()); });
+  // Worker 1 misses in its own arena and does not reach into worker 0's.
   sim::ResetCallCounts();
-  // Arena Y does not pack into X's granule in use: a granule of its own.
-  OnNewThread([&] { p = MustAllocate(a, 512); });
+  w.Run(1, [&] { got = MustAllocate(a, 4 * kTestMiB); });
+  EXPECT_NE(got, busy);
   EXPECT_EQ(sim::CallCount("cuMemCreate"), 1u);
-  const CUdeviceptr y_granule = a.Find(p)->range_base;
-  EXPECT_NE(y_granule, a.Find(kept)->range_base);
-  ASSERT_TRUE(a.Free(p).ok());  // Y's granule is empty now (cached)
-  // The next thread works in X again; its granule has room, so it packs
-  // there; the one after works in Y again and reuses its empty granule.
+  ASSERT_TRUE(a.Free(got).ok());
+  // A thread that exited left a 6 MiB block in an arena no one works in now
+  // (worker 0 and 1 hold theirs; the next new thread would take the exited
+  // one's slot, so worker 1 asks instead).
+  Workers keep(1, ctx_);  // holds the lowest free slot, so the next thread gets another
+  OnNewThread([&] { ASSERT_TRUE(a.Free(idle = MustAllocate(a, 6 * kTestMiB)).ok()); });
   sim::ResetCallCounts();
-  OnNewThread([&] { q = MustAllocate(a, 512); });
-  EXPECT_EQ(a.Find(q)->range_base, a.Find(kept)->range_base);
-  CUdeviceptr r = 0;
-  OnNewThread([&] { r = MustAllocate(a, 512); });
-  EXPECT_EQ(a.Find(r)->range_base, y_granule);
+  w.Run(1, [&] { got = MustAllocate(a, 6 * kTestMiB); });
+  EXPECT_EQ(got, idle);
   EXPECT_EQ(sim::CallCount("cuMemCreate"), 0u);
-  for (CUdeviceptr x : {kept, q, r}) ASSERT_TRUE(a.Free(x).ok());
+  ASSERT_TRUE(a.Free(got).ok());
 }
 
 TEST_F(ArenaTest, TheCacheLimitHoldsForAllArenasTogether) {
-  AllocatorOptions o = TwoArenas();
+  AllocatorOptions o = OneArenaPerSlot();
   o.cache_limit_percent = -1;
   o.cache_limit_bytes = 8 * kTestMiB;
   Allocator a(api_, o);
-  OnNewThread([&] { ASSERT_TRUE(a.Free(MustAllocate(a, 4 * kTestMiB)).ok()); });
+  Workers w(2, ctx_);
+  w.Run(0, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 4 * kTestMiB)).ok()); });
   EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
   // 4 + 6 MiB would pass the limit: the second arena's block is released.
-  OnNewThread([&] { ASSERT_TRUE(a.Free(MustAllocate(a, 6 * kTestMiB)).ok()); });
+  w.Run(1, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 6 * kTestMiB)).ok()); });
   EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
   EXPECT_EQ(a.GetDeviceStats()[0].cached_bytes, 4 * kTestMiB);
   EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 4 * kTestMiB);
 }
 
 TEST_F(ArenaTest, OutOfMemoryReleasesTheOtherArenasCaches) {
-  AllocatorOptions o = TwoArenas();
+  AllocatorOptions o = OneArenaPerSlot();
   o.cache_limit_percent = 100;
   Allocator a(api_, o);  // 256 MiB devices
-  OnNewThread([&] { ASSERT_TRUE(a.Free(MustAllocate(a, 160 * kTestMiB)).ok()); });
+  Workers w(2, ctx_);
+  w.Run(0, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 160 * kTestMiB)).ok()); });
   EXPECT_EQ(a.IdleBytes(0), 160 * kTestMiB);
   CUdeviceptr q = 0;
-  OnNewThread([&] { q = MustAllocate(a, 200 * kTestMiB); });  // too big for the cached block
+  w.Run(1, [&] { q = MustAllocate(a, 200 * kTestMiB); });  // too big for the cached block
   EXPECT_NE(q, 0u);
   EXPECT_EQ(a.IdleBytes(0), 0u);
   ASSERT_TRUE(a.Free(q).ok());
-  // Trim (vmmshim_release_cached_memory) covers both arenas.
+  // Trim (vmmshim_release_cached_memory) covers every arena.
   EXPECT_EQ(a.Trim(-1), 200 * kTestMiB);
   EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 0u);
 }
 
 TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
-  Allocator a(api_, TwoArenas());
+  Allocator a(api_, OneArenaPerSlot());
+  Workers w(2, ctx_);
   CUdeviceptr p = 0, q = 0;
-  OnNewThread([&] { p = MustAllocate(a, 4 * kTestMiB); });
-  OnNewThread([&] { q = MustAllocate(a, 6 * kTestMiB); });
+  w.Run(0, [&] { p = MustAllocate(a, 4 * kTestMiB); });
+  w.Run(1, [&] { q = MustAllocate(a, 6 * kTestMiB); });
   ASSERT_TRUE(a.Free(p).ok());  // freed by another thread: in p's arena
   EXPECT_FALSE(a.Find(p).ok());
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_INVALID_VALUE);  // double free
@@ -272,10 +339,11 @@ TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
 }
 
 TEST_F(ArenaTest, PeerChangesAndContextReleasesReachEveryArena) {
-  Allocator a(api_, TwoArenas());
+  Allocator a(api_, OneArenaPerSlot());
+  Workers w(2, ctx_);
   CUdeviceptr p = 0, q = 0;
-  OnNewThread([&] { p = MustAllocate(a, 4 * kTestMiB); });
-  OnNewThread([&] { q = MustAllocate(a, 512); });
+  w.Run(0, [&] { p = MustAllocate(a, 4 * kTestMiB); });
+  w.Run(1, [&] { q = MustAllocate(a, 512); });
   ASSERT_TRUE(a.EnablePeer(1, 0).ok());
   EXPECT_TRUE(*a.PeerHasAccess(p, 1));
   EXPECT_TRUE(*a.PeerHasAccess(q, 1));

@@ -69,14 +69,19 @@ TEST(SlabTest, ReusesFreedHoles) {
   for (int i = 0; i < 4096; ++i) offs.push_back(*slab.Allocate(256));
   ASSERT_TRUE(slab.Free(offs[100]));
   ASSERT_TRUE(slab.Free(offs[101]));
+  // The search starts at the hole made last (LIFO), then goes on first fit.
   auto again = slab.Allocate(512);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, offs[101]);
+  again = slab.Allocate(512);
   ASSERT_TRUE(again);
   EXPECT_EQ(*again, offs[100]);
 }
 
 // The word-at-a-time search against a unit-at-a-time model of the same
 // rule (first fit of a start aligned to the lowest set bit of the unit
-// count, from the hint, then from the start), on a slab whose size
+// count, from the hint, then from the start; the hint follows the last
+// allocation and moves to each hole a free makes), on a slab whose size
 // is not a multiple of 64 units, with runs that cross words.
 TEST(SlabTest, MatchesAUnitByUnitModel) {
   constexpr size_t kUnits = 1000;
@@ -115,6 +120,7 @@ TEST(SlabTest, MatchesAUnitByUnitModel) {
       for (size_t u = first; u < first + (live[i].second + Slab::kUnit - 1) / Slab::kUnit; ++u) {
         used[u] = false;
       }
+      hint = first;  // the next search starts at the hole just made
       live[i] = live.back();
       live.pop_back();
     }
