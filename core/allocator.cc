@@ -256,7 +256,7 @@ absl::Status Allocator::Free(CUdeviceptr ptr) {
   DeviceHeap* heap = HeapOfPointer(ptr);
   if (heap == nullptr) return NotShimMemory();
   // No capture may begin between the check below and the synchronize.
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   return FreeGated(heap, ptr);
 }
 
@@ -305,7 +305,7 @@ absl::Status Allocator::FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thr
     if (info->allocation_base != ptr) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
     return FreeStreamOrdered(heap, *info, stream, per_thread);
   }
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   if (captures_.any()) {
     if (captures_.IsCapturing(stream, per_thread).value_or(false)) {
       return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
@@ -502,7 +502,7 @@ void Allocator::CaptureEnded(CUstream stream, bool per_thread) {
   {
     // Exclusive: a free that saw the capture in progress finishes deferring
     // before the capture is forgotten, so the reclaim below sees it.
-    MutexLock gate(&captures_.gate());
+    GateWriterLock gate(&captures_.gate());
     captures_.Ended(stream, per_thread);
   }
   if (!captures_.any()) ReclaimDeferred();
@@ -510,7 +510,7 @@ void Allocator::CaptureEnded(CUstream stream, bool per_thread) {
 
 bool Allocator::ReclaimDeferred() {
   if (global_.deferred.load(std::memory_order_acquire) == 0) return false;
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   captures_.Refresh();
   if (captures_.any()) return false;  // their contexts cannot be synchronized yet
   std::vector<CUcontext> contexts;
@@ -579,6 +579,8 @@ AllocatorStats Allocator::GetStats() const {
     s.stream_ordered_reuses += d.stream_ordered.reuses;
     s.stream_ordered_cached_bytes += d.stream_ordered.cached;
   }
+  s.free_synchronizes = free_syncs_.synchronizes();
+  s.free_synchronizes_shared = free_syncs_.shared();
   s.passthrough_allocations = passthrough_allocations_.load();
   s.passthrough_bytes = passthrough_bytes_.load();
   s.peak_handle_bytes = global_.peak.load();

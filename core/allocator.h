@@ -129,6 +129,10 @@ struct AllocatorStats {
                                             // only when they made a new heap allocation)
   uint64_t stream_ordered_reuses = 0;       // of them, from the stream-ordered cache
   uint64_t stream_ordered_cached_bytes = 0; // freed blocks held for reuse now
+  // Frees' context synchronizes (core/context_sync.h): how many ran, and how
+  // many frees returned on one that another free ran.
+  uint64_t free_synchronizes = 0;
+  uint64_t free_synchronizes_shared = 0;
 };
 
 // An allocation made shareable by Export.

@@ -176,7 +176,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   std::optional<StreamOrderedCache::Reuse> reuse = cache->Allocate(
       key, reuse_placement, size_class, max_class, bytes, /*may_ask=*/false, &released);
   if (!reuse && !captures_.any()) {
-    ReaderMutexLock gate(&captures_.gate());
+    GateReaderLock gate(&captures_.gate());
     if (!captures_.any()) {
       reuse = cache->Allocate(key, reuse_placement, size_class, max_class, bytes,
                               /*may_ask=*/true, &released);
@@ -230,7 +230,7 @@ absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& i
       cache->Put(key, info.allocation_base, placement, SizeClassOf(info), info.allocation_size);
   if (!harvest.ok()) return harvest.status();
   if (*harvest && !captures_.any()) {
-    ReaderMutexLock gate(&captures_.gate());  // no capture begins during the queries
+    GateReaderLock gate(&captures_.gate());  // no capture begins during the queries
     if (!captures_.any()) ReleaseToHeap(heap, cache->Harvest());
   }
   return absl::OkStatus();
@@ -240,7 +240,7 @@ bool Allocator::ReclaimStreamOrdered(int device) {
   if (captures_.any()) return false;
   // Held across the check and the synchronizes: a capture begun meanwhile
   // would be invalidated by them.
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   captures_.Refresh();
   if (captures_.any()) return false;  // contexts cannot be synchronized
   bool any = false;
@@ -340,7 +340,7 @@ void Allocator::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribut
 size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
   const int d = DeviceOfDefaultPool(pool);
   if (d < 0 || captures_.any()) return 0;
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   if (captures_.any()) return 0;
   const ReleasedBlocks blocks = CacheFor(d)->Harvest(keep);
   size_t bytes = 0;
@@ -355,7 +355,7 @@ size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
 void Allocator::SettleStreamOrdered(int device) {
   StreamOrderedCache* cache = CacheFor(device);
   if (cache == nullptr || captures_.any()) return;
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   if (captures_.any()) return;
   ReleaseToHeap(heaps_[device].load(std::memory_order_acquire), cache->Harvest());
 }
@@ -395,7 +395,7 @@ void Allocator::StreamDestroyed(CUstream stream) {
   ForgetStreamMemos();
   // No query or event record while a capture is in progress: the blocks
   // then wait for a context synchronize or an out-of-memory.
-  ReaderMutexLock gate(&captures_.gate());
+  GateReaderLock gate(&captures_.gate());
   const bool may_query = !captures_.any();
   for (auto& slot : stream_caches_) {
     if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) {

@@ -62,7 +62,7 @@ CUresult CaptureTracker::ProbeUnsafeCall() const { return driver_.cuMemFree_v2(0
 
 void CaptureTracker::AfterForkChild() {
   new (&mu_) Mutex;
-  new (&gate_) Mutex;
+  gate_.AfterForkChild();
   captures_.clear();  // captures belong to the parent's threads
   active_.store(0, std::memory_order_release);
 }

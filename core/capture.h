@@ -37,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "core/driver_api.h"
 #include "core/mutex.h"
+#include "core/shared_gate.h"
 
 namespace vmmshim {
 
@@ -52,7 +53,7 @@ class CaptureTracker {
   // none is in progress and the synchronize that decision allowed (Free).
   template <typename Begin>
   CUresult BeginCapture(CUstream stream, bool per_thread, Begin begin) ABSL_LOCKS_EXCLUDED(gate_) {
-    MutexLock lock(&gate_);
+    GateWriterLock lock(&gate_);
     CUresult r = begin();
     if (r == CUDA_SUCCESS) Began(stream, per_thread);
     return r;
@@ -62,7 +63,9 @@ class CaptureTracker {
   void Began(CUstream stream, bool per_thread) ABSL_LOCKS_EXCLUDED(mu_);
   // Held shared by a caller from its check of any() to the end of the
   // synchronize it makes when any() was false; see BeginCapture.
-  Mutex& gate() ABSL_LOCK_RETURNED(gate_) { return gate_; }
+  // Its read side costs a free one counter of its own thread slot
+  // (core/shared_gate.h).
+  SharedGate& gate() ABSL_LOCK_RETURNED(gate_) { return gate_; }
   // cuStreamEndCapture(stream) returned: the capture is forgotten once the
   // driver no longer reports the stream as capturing (begun and ended
   // through either entry point). The caller holds the gate exclusively
@@ -106,7 +109,7 @@ class CaptureTracker {
 
   const DriverApi& driver_;
   std::atomic<int> active_{0};
-  Mutex gate_;
+  SharedGate gate_;
   Mutex mu_ ABSL_ACQUIRED_AFTER(gate_);
   std::vector<Capture> captures_ ABSL_GUARDED_BY(mu_);
 };

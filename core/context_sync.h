@@ -67,10 +67,12 @@ class SyncCombiner {
   void AfterForkChild();
 
  private:
-  struct Slot {
+  // Arrivals write `started` (every free); waiters poll `finished`: kept on
+  // cache lines of their own so the polling does not slow the numbering.
+  struct alignas(64) Slot {
     std::atomic<CUcontext> context{nullptr};
-    std::atomic<bool> running{false};    // a caller is synchronizing
     std::atomic<uint64_t> started{0};    // synchronizes begun
+    alignas(64) std::atomic<bool> running{false};  // a caller is synchronizing
     std::atomic<uint64_t> finished{0};   // the last one completed
     std::atomic<int> result{0};          // its CUresult
   };

@@ -4,47 +4,16 @@
 #include <array>
 
 #include "core/cu_status.h"
+#include "core/thread_slot.h"
 
 namespace vmmshim {
-namespace {
 
-// Thread slots: a thread takes the lowest slot no live thread holds, and
-// gives it back when it exits, so that a new thread (a pool's replacement
-// worker, the next request's thread) works in the arena, and with the
-// cached memory, that an exited thread left. More live threads than slots
-// share them round robin.
-constexpr int kSlots = 64;
-std::array<std::atomic<int>, kSlots> g_slot_users{};
-std::atomic<int> g_overflow{0};
-
-struct SlotHold {
-  int slot = -1;
-  ~SlotHold() {
-    if (slot >= 0) g_slot_users[slot].fetch_sub(1, std::memory_order_acq_rel);
-  }
-};
-thread_local SlotHold t_slot;
-
-}  // namespace
-
-int DeviceHeap::ThreadSlot() {
-  if (t_slot.slot >= 0) return t_slot.slot;
-  for (int s = 0; s < kSlots; ++s) {
-    int free = 0;
-    if (g_slot_users[s].load(std::memory_order_relaxed) == 0 &&
-        g_slot_users[s].compare_exchange_strong(free, 1, std::memory_order_acq_rel)) {
-      return t_slot.slot = s;
-    }
-  }
-  const int s = g_overflow.fetch_add(1, std::memory_order_relaxed) % kSlots;
-  g_slot_users[s].fetch_add(1, std::memory_order_acq_rel);
-  return t_slot.slot = s;
-}
+int DeviceHeap::ThreadSlot() { return vmmshim::ThreadSlot(); }
 
 bool DeviceHeap::ArenaIdle(int arena) const {
   const int n = static_cast<int>(arenas_.size());
-  for (int s = arena; s < kSlots; s += n) {
-    if (g_slot_users[s].load(std::memory_order_acquire) > 0) return false;
+  for (int s = arena; s < kThreadSlots; s += n) {
+    if (ThreadSlotHeld(s)) return false;
   }
   return true;
 }

@@ -59,9 +59,8 @@ class DeviceHeap {
   size_t granularity() const { return granularity_; }
   size_t packing_threshold() const { return packing_threshold_; }
   int arenas() const { return static_cast<int>(arenas_.size()); }
-  // The slot of the calling thread (its arena is slot % arenas(), on every
-  // device): the lowest slot no live thread holds, kept until the thread
-  // exits.
+  // The slot of the calling thread (core/thread_slot.h); its arena is
+  // slot % arenas(), on every device.
   static int ThreadSlot();
 
   // The calling thread's arena, then cached memory of the others.

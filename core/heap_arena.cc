@@ -145,8 +145,19 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
   MutexLock lock(&mu_);
   const bool packed = bytes <= options_.packing_threshold;
   if (!packed) ++stats_.cache_misses;
-  const size_t size = packed ? options_.granularity : RoundUp(bytes, options_.granularity);
+  size_t size = RoundUp(bytes, options_.granularity);
+  if (packed) {
+    auto it = bins_.find(placement);
+    const int held = it == bins_.end() ? 0 : it->second.packed_blocks;
+    size = options_.granularity << std::min(held, 3);  // 1, 2, 4, 8 granules
+    static_assert(kMaxPackedGranules == 8, "the shift above");
+  }
   absl::StatusOr<CUdeviceptr> base = CreateBlockLocked(placement, size, packed);
+  if (!base.ok() && packed && size > options_.granularity &&
+      ToCuResult(base.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+    size = options_.granularity;  // a larger step does not fit: one granule may
+    base = CreateBlockLocked(placement, size, packed);
+  }
   if (!base.ok()) return base.status();
   Block& block = *blocks_[*base];
   CUdeviceptr ptr = *base;
@@ -242,7 +253,10 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   block.placement = placement;
   block.access = target;
   block.exportable = prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  if (packed) block.slab = std::make_unique<Slab>(size);
+  if (packed) {
+    block.slab = std::make_unique<Slab>(size);
+    ++bins_[placement].packed_blocks;
+  }
   AccountMapped(target - self, static_cast<int64_t>(size));
   AccountHandle(static_cast<int64_t>(size));
   // A peer enabled or disabled while the lock was released did not see this
@@ -319,8 +333,9 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
     if (b.cached && bins.cached_large.erase({b.size, base}) > 0) {
       AddCachedLocked(-static_cast<int64_t>(b.size));
     }
+    if (b.slab != nullptr) --bins.packed_blocks;
     if (bins.open_granules.empty() && bins.empty_granules.empty() &&
-        bins.cached_large.empty()) {
+        bins.cached_large.empty() && bins.packed_blocks == 0) {
       bins_.erase(bins_it);
     }
   }

@@ -316,7 +316,15 @@ class HeapArena {
     // first: a free followed by an allocation of the same size (the common
     // case) finds its hole there without trying the granules before it.
     CUdeviceptr recent = 0;
+    int packed_blocks = 0;  // packed blocks of the placement held now (open, full or empty)
   };
+  // A placement's packed blocks grow in larger steps: the n-th one held at
+  // once is min(2^n, kMaxPackedGranules) granules, so that one cuMemCreate,
+  // cuMemMap and cuMemSetAccess (each about as costly for 16 MiB as for
+  // 2 MiB on an H200: bench/driver_costs.cu) serve several granules' worth
+  // of small allocations, while a program with few small allocations still
+  // holds one granule.
+  static constexpr int kMaxPackedGranules = 8;
 
   std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

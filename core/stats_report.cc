@@ -34,7 +34,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                    {"live_bytes", t.live_bytes},
                    {"peak_physical_bytes", t.peak_handle_bytes},
                    {"stream_ordered_allocations", t.stream_ordered_allocations},
-                   {"stream_ordered_reuses", t.stream_ordered_reuses}};
+                   {"stream_ordered_reuses", t.stream_ordered_reuses},
+                   {"free_synchronizes", t.free_synchronizes},
+                   {"free_synchronizes_shared", t.free_synchronizes_shared}};
   doc["devices"] = nlohmann::json::array();
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
     nlohmann::json peers = nlohmann::json::array();
@@ -112,7 +114,10 @@ std::string ExitSummary(const Allocator& allocator) {
     }
   }
   return absl::StrCat("served ", s.served_allocations, " allocations (", s.served_bytes,
-                      " bytes) from VMM, ", s.frees, " frees, ", s.live_allocations,
+                      " bytes) from VMM, ", s.frees, " frees (",
+                      s.free_synchronizes, " context synchronizes, ",
+                      s.free_synchronizes_shared, " frees covered by another's), ",
+                      s.live_allocations,
                       " still live (", s.live_bytes, " bytes); passed ",
                       s.passthrough_allocations, " allocations (", s.passthrough_bytes,
                       " bytes) through to the driver; peak physical memory ",

@@ -100,15 +100,49 @@ TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 10000; ++i) ptrs.push_back(MustAllocate(a, 256));
   // 10,000 x 256 B in 512-byte units, aligned as the driver aligns (slab.h):
-  // 4.9 MiB, three granules. Native (H200): 6 MiB.
+  // 4.9 MiB, in a one-granule block and then a two-granule one (packed
+  // blocks grow in larger steps, heap_arena.h): two handles, 6 MiB. Native
+  // (H200): 6 MiB.
   EXPECT_LE(sim::DeviceBytesInUse(0), 6 * kMiB);
-  EXPECT_EQ(sim::CallCount("cuMemCreate"), 3u);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 2u);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 2u);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
-  // The empty granules stay mapped in the cache and count as idle.
+  // The empty blocks stay mapped in the cache and count as idle.
   EXPECT_EQ(a.IdleBytes(0), 3 * kGran);
   EXPECT_EQ(a.Trim(), 3 * kGran);
   EXPECT_EQ(a.IdleBytes(0), 0u);
   EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
+}
+
+TEST_F(AllocatorTest, PackedBlocksGrowInLargerSteps) {
+  // The n-th packed block of a placement held at once is 2^n granules, up
+  // to 8: 1,000 x 64 KiB (62.5 MiB) take 1 + 2 + 4 + 8 + 8 + 8 + 8 granules
+  // in 7 handles instead of 32, and a block of several granules reports its
+  // whole range, as the driver does for any VMM handle.
+  Allocator a(api_);
+  sim::ResetCallCounts();
+  std::vector<CUdeviceptr> ptrs;
+  for (int i = 0; i < 1000; ++i) ptrs.push_back(MustAllocate(a, 64 * 1024));
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 7u);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 7u);
+  EXPECT_EQ(a.Find(ptrs.back())->range_size, 8 * kGran);
+  EXPECT_EQ(a.Find(ptrs.front())->range_size, kGran);
+  for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
+  EXPECT_EQ(a.Trim(), (1 + 2 + 4 + 8 + 8 + 8 + 8) * kGran);
+  // Out of memory for a larger step: one granule still serves.
+  sim::ResetCallCounts();
+  for (int i = 0; i < 40; ++i) ptrs[i] = MustAllocate(a, 64 * 1024);  // 1 + 2 granules
+  sim::FailCall("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+  CUdeviceptr more = 0;
+  for (int i = 0; i < 100 && more == 0; ++i) {
+    CUdeviceptr p = MustAllocate(a, 64 * 1024);
+    if (a.Find(p)->range_size == kGran && a.Find(p)->range_base != a.Find(ptrs[0])->range_base) {
+      more = p;
+    }
+    ptrs.push_back(p);
+  }
+  EXPECT_NE(more, 0u);
+  for (CUdeviceptr p : ptrs) a.Free(p).IgnoreError();
 }
 
 TEST_F(AllocatorTest, LargeAllocationsGetOneHandleEach) {

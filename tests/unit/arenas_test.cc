@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/context_sync.h"
+#include "core/shared_gate.h"
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -134,6 +135,59 @@ TEST(SyncCombinerTest, MoreContextsThanSlotsStillSynchronize) {
     ASSERT_TRUE(c.Synchronize(Ctx(i << 8)).ok());
   }
   EXPECT_EQ(calls, SyncCombiner::kSlots + 10);
+}
+
+// ---- SharedGate (the capture gate's lock) ----
+
+TEST(SharedGateTest, AWriterNeverRunsWithReaders) {
+  SharedGate gate;
+  std::atomic<int> readers_inside{0};
+  std::atomic<bool> writer_inside{false}, stop{false};
+  std::atomic<int> violations{0}, reads{0}, writes{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 6; ++t) {
+    pool.emplace_back([&] {
+      while (!stop) {
+        GateReaderLock lock(&gate);
+        readers_inside.fetch_add(1);
+        if (writer_inside) ++violations;
+        readers_inside.fetch_sub(1);
+        ++reads;
+      }
+    });
+  }
+  std::thread writer([&] {
+    for (int i = 0; i < 200; ++i) {
+      GateWriterLock lock(&gate);
+      writer_inside = true;
+      if (readers_inside.load() != 0) ++violations;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (readers_inside.load() != 0) ++violations;
+      writer_inside = false;
+      ++writes;
+    }
+  });
+  writer.join();
+  stop = true;
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(violations.load(), 0);
+  EXPECT_EQ(writes.load(), 200);
+  EXPECT_GT(reads.load(), 0);
+}
+
+TEST(SharedGateTest, AWriterWaitsForAHeldReadLock) {
+  SharedGate gate;
+  std::atomic<bool> written{false};
+  gate.ReaderLock();
+  std::thread writer([&] {
+    GateWriterLock lock(&gate);
+    written = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(written.load());
+  gate.ReaderUnlock();
+  writer.join();
+  EXPECT_TRUE(written.load());
 }
 
 // ---- Heap arenas ----
