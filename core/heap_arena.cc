@@ -115,7 +115,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     // packing into granules in use stays with this arena's threads.
     const absl::btree_set<CUdeviceptr>& search =
         cached_only ? bins.empty_granules : bins.open_granules;
-    auto try_granule = [&](CUdeviceptr base) {
+    auto try_granule = [&](CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Block& block = *blocks_.at(base);
       const bool was_empty = block.slab->empty();
       std::optional<size_t> offset = block.slab->Allocate(bytes);

@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Issue 13's measurements in one call on a GPU host (after tools/gpu-bundle.sh
-# and tools/fetch-gpu-wheels.sh): the allocation benchmark natively, under
+# and tools/fetch-gpu-wheels.sh): the gpu-labelled checks, the allocation
+# benchmark natively, under
 # vmmshim and (when built/baseline/libvmmshim-before-arenas.so exists) under
 # the allocator before the per-thread front end, alternating, ROUNDS rounds;
 # then the torch_memory_saver side-by-side (tools/compare-tms.sh).
-# BENCH_ONLY=groups limits the benchmark (bench/alloc_bench.cc).
+# BENCH_ONLY=groups limits the benchmark (bench/alloc_bench.cc); GPU_CTEST=0
+# skips the gpu-labelled checks run first; SKIP_TMS=1 the comparison.
 # usage: tools/gpu-issue13.sh [ROUNDS]
 set -uo pipefail
 source "$(dirname "$0")/gpu-host-env.sh"
 rounds=${1:-2}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if [ "${GPU_CTEST:-1}" = 1 ]; then
+  echo "== ctest -L gpu"
+  (cd "$b" && ctest -L gpu --output-on-failure 2>&1) > "$out/ctest-gpu.txt"
+  grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
+fi
 base=()
 [ -f "$b/baseline/libvmmshim-before-arenas.so" ] && base=(--baseline "$b/baseline/libvmmshim-before-arenas.so")
 only=()
 [ -n "${BENCH_ONLY:-}" ] && only=(--only "$BENCH_ONLY")
 echo "== bench/run_bench.sh --rounds $rounds ${base[*]} ${only[*]}"
+work=$(mktemp -d)
 bash "$root/bench/run_bench.sh" --rounds "$rounds" "${base[@]}" "${only[@]}" \
-  "$b/bench/alloc_bench" "$shim" "$out/bench" 2>&1 | tail -120
+  "$b/bench/alloc_bench" "$shim" "$work" 2>&1 | tee "$out/bench-table.txt" | tail -140
+# The table's inputs and outputs, few files (each round's CSVs in one tar).
+cp "$work"/results.csv "$work"/chart*.png "$out/" 2>/dev/null
+tar -C "$work" -czf "$out/bench-rounds.tgz" .
 [ "${SKIP_TMS:-0}" = 1 ] || bash "$root/tools/compare-tms.sh" "${TMS_ROUNDS:-2}"
