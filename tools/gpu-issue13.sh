@@ -2,8 +2,8 @@
 # Issue 13's measurements in one call on a GPU host (after tools/gpu-bundle.sh
 # and tools/fetch-gpu-wheels.sh): the gpu-labelled checks, the allocation
 # benchmark natively, under
-# vmmshim and (when built/baseline/libvmmshim-before-arenas.so exists) under
-# the allocator before the per-thread front end, alternating, ROUNDS rounds;
+# vmmshim and (when build/baseline/libvmmshim-REV.so exists: tools/build-baseline.sh)
+# under the allocator of that revision, alternating, ROUNDS rounds;
 # then the torch_memory_saver side-by-side (tools/compare-tms.sh).
 # BENCH_ONLY=groups limits the benchmark (bench/alloc_bench.cc); GPU_CTEST=0
 # skips the gpu-labelled checks run first; SKIP_TMS=1 the comparison.
@@ -18,7 +18,8 @@ if [ "${GPU_CTEST:-1}" = 1 ]; then
   grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
 fi
 base=()
-[ -f "$b/baseline/libvmmshim-before-arenas.so" ] && base=(--baseline "$b/baseline/libvmmshim-before-arenas.so")
+baseline_lib=$(ls "$b"/baseline/libvmmshim-*.so 2>/dev/null | head -1)
+[ -n "$baseline_lib" ] && base=(--baseline "$baseline_lib")
 only=()
 [ -n "${BENCH_ONLY:-}" ] && only=(--only "$BENCH_ONLY")
 echo "== bench/run_bench.sh --rounds $rounds ${base[*]} ${only[*]}"
