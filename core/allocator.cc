@@ -11,6 +11,7 @@
 #include "core/cu_status.h"
 #include "core/log.h"
 #include "core/round_up.h"
+#include "core/thread_slot.h"
 
 namespace vmmshim {
 namespace {
@@ -426,6 +427,7 @@ void Allocator::AfterForkChild() {
   // fresh, unlocked mutexes instead.
   captures_.AfterForkChild();
   free_syncs_.AfterForkChild();
+  ResetThreadSlotsInForkChild();  // the parent's other threads do not exist here
   exports_.AfterForkChild();
   ranges_.AfterForkChild();
   for (auto& slot : heaps_) {

@@ -144,7 +144,6 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
 absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, size_t bytes) {
   MutexLock lock(&mu_);
   const bool packed = bytes <= options_.packing_threshold;
-  if (!packed) ++stats_.cache_misses;
   size_t size = RoundUp(bytes, options_.granularity);
   if (packed) {
     auto it = bins_.find(placement);
@@ -159,6 +158,7 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
     base = CreateBlockLocked(placement, size, packed);
   }
   if (!base.ok()) return base.status();
+  if (!packed) ++stats_.cache_misses;  // once per request, whatever the retries
   Block& block = *blocks_[*base];
   CUdeviceptr ptr = *base;
   if (packed) {
@@ -293,11 +293,19 @@ void HeapArena::AddLiveLocked(int64_t delta) {
 void HeapArena::AddCachedLocked(int64_t delta) {
   cached_bytes_ += delta;
   cached_hint_.store(cached_bytes_, std::memory_order_relaxed);
-  shared_.cached_bytes.fetch_add(delta, std::memory_order_relaxed);
+  // Growth was reserved in the shared figure by ReserveCacheLocked.
+  if (delta < 0) shared_.cached_bytes.fetch_add(delta, std::memory_order_relaxed);
 }
 
-bool HeapArena::FitsCacheLocked(size_t size) const {
-  return shared_.cached_bytes.load(std::memory_order_relaxed) + size <= options_.cache_limit;
+bool HeapArena::ReserveCacheLocked(size_t size) {
+  // Check and add in one step: two arenas freeing at once must not both
+  // pass the device's limit.
+  uint64_t now = shared_.cached_bytes.load(std::memory_order_relaxed);
+  do {
+    if (now + size > options_.cache_limit) return false;
+  } while (!shared_.cached_bytes.compare_exchange_weak(now, now + size,
+                                                        std::memory_order_relaxed));
+  return true;
 }
 
 void HeapArena::SyncDeferredLocked() {
@@ -435,7 +443,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
       return;
     }
     if (!block.has_explicit() && !block.exported &&
-        FitsCacheLocked(block.size)) {
+        ReserveCacheLocked(block.size)) {
       // Keep it mapped, with its access set, for the next request that fits.
       --stats_.live_allocations;
       AddLiveLocked(-static_cast<int64_t>(block.requested));
@@ -466,7 +474,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
   bins.open_granules.insert(base);
   bins.recent = base;
   if (!block.slab->empty() || driver_gone) return;
-  if (!block.has_explicit() && FitsCacheLocked(block.size)) {
+  if (!block.has_explicit() && ReserveCacheLocked(block.size)) {
     bins.empty_granules.insert(base);
     AddCachedLocked(static_cast<int64_t>(block.size));
   } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {

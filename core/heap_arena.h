@@ -366,8 +366,9 @@ class HeapArena {
   // Live and cached bytes, here and in the device's shared figures.
   void AddLiveLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddCachedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `size` more cached bytes stay within the device's cache limit.
-  bool FitsCacheLocked(size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves `size` more cached bytes in the device's shared figure when
+  // they stay within its cache limit (then AddCachedLocked(+size) follows).
+  bool ReserveCacheLocked(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                          size_t bytes, absl::string_view tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -15,9 +15,11 @@
 // never runs while a writer holds the gate; a reader that sees the flag
 // backs off and waits for the writer.
 // Writers are serialized by a mutex and take precedence (a reader waits
-// while the flag is up). A thread may hold several read locks (its slot's
-// counter counts them; threads sharing a slot add up), but must not take
-// the write lock while holding a read lock (it would wait for itself).
+// while the flag is up). A thread may nest read locks of a gate (it keeps
+// its depth per gate, for up to 4 gates at once, so a nested read lock does
+// not wait for a writer that waits for the outer one; beyond 4 gates held,
+// nesting is not supported), but must not take the write lock while
+// holding a read lock (it would wait for itself).
 // Thread safety: any thread. After fork(), the child calls AfterForkChild
 // (the parent's readers do not exist there).
 #ifndef VMMSHIM_CORE_SHARED_GATE_H_
