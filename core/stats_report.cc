@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/driver_stats.h"
+#include "core/version.h"
 #include "nlohmann/json.hpp"
 
 namespace vmmshim {
@@ -24,6 +25,7 @@ std::string StatsJson(const Allocator& allocator, int pid) {
   const AllocatorStats t = allocator.GetStats();
   nlohmann::json doc;
   doc["pid"] = pid;
+  doc["version"] = VMMSHIM_VERSION;
   doc["policy"] = allocator.peer_policy().Describe();
   doc["totals"] = {{"served_allocations", t.served_allocations},
                    {"served_bytes", t.served_bytes},

@@ -15,6 +15,7 @@
 #include "core/driver_stats.h"
 #include "core/log.h"
 #include "core/stats_report.h"
+#include "core/version.h"
 
 namespace vmmshim {
 namespace {
@@ -60,7 +61,7 @@ void ExitReport() {
   const Runtime* rt = g_runtime_for_exit;
   // A forked child holds a copy of the parent's state: the parent reports.
   if (rt == nullptr || rt->allocator == nullptr || InForkedChild()) return;
-  Log().info("exit report: {}", ExitSummary(*rt->allocator));
+  Log().info("exit report: {}; vmmshim {}", ExitSummary(*rt->allocator), VMMSHIM_VERSION);
   if (rt->trace != nullptr) rt->trace->Flush();
   if (!rt->config.stats_file.empty()) {
     absl::Status written = WriteStatsFile(*rt->allocator, rt->pid, rt->config.stats_file);

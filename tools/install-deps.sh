@@ -7,7 +7,7 @@ set -euo pipefail
 # -fPIC (curl, patch, xz-utils fetch and unpack it) for libvmmshim.so to link
 # statically.
 packages=(cmake g++ make libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
-          nlohmann-json3-dev libcli11-dev file binutils clang libclang-rt-14-dev
+          nlohmann-json3-dev libcli11-dev file binutils pkg-config dpkg-dev clang libclang-rt-14-dev
           python3 curl patch xz-utils)
 missing=()
 for p in "${packages[@]}"; do

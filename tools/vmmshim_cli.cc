@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "core/version.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -62,8 +63,10 @@ int Report(const std::string& path) {
   try {
     in >> doc;
     const auto& t = doc.at("totals");
-    std::printf("vmmshim statistics of pid %d (%s)\npolicy: %s\n\n", doc.at("pid").get<int>(),
-                path.c_str(), doc.at("policy").get<std::string>().c_str());
+    std::printf("vmmshim statistics of pid %d (%s, written by vmmshim %s)\npolicy: %s\n\n",
+                doc.at("pid").get<int>(), path.c_str(),
+                doc.value("version", std::string("an earlier build")).c_str(),
+                doc.at("policy").get<std::string>().c_str());
     std::printf("served %llu allocations (%s) from VMM, passed %llu (%s) through; %llu still "
                 "live; peak physical memory %s\n\n",
                 t.at("served_allocations").get<unsigned long long>(),
@@ -112,6 +115,7 @@ int Report(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"vmmshim: run CUDA programs with VMM-backed allocations and per-allocation "
                "peer access"};
+  app.set_version_flag("--version", "vmmshim " VMMSHIM_VERSION);
   app.require_subcommand(1);
 
   CLI::App* run = app.add_subcommand("run", "run PROGRAM under libvmmshim.so");

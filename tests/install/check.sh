@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the build tree into a staging prefix and uses it as a user would:
+# the files in place, `vmmshim --version`, `vmmshim run` finding the
+# installed library without --lib, pkg-config, and a consumer project built
+# with find_package(vmmshim); then the .deb (cpack -G DEB), unpacked, with
+# its `vmmshim --version`.
+# usage: check.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(realpath "$1") src=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+stage=$work/stage
+cmake --install "$build" --prefix "$stage" >/dev/null
+for f in lib/libvmmshim.so bin/vmmshim include/vmmshim/vmmshim.h \
+         lib/cmake/vmmshim/vmmshimConfig.cmake lib/cmake/vmmshim/vmmshimConfigVersion.cmake \
+         lib/cmake/vmmshim/vmmshimTargets.cmake lib/pkgconfig/vmmshim.pc \
+         share/doc/vmmshim/README.md share/doc/vmmshim/performance.md; do
+  [ -e "$stage/$f" ] || { echo "missing after install: $f"; exit 1; }
+done
+version=$(sed -n 's/^project(vmmshim VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
+[ "$("$stage/bin/vmmshim" --version)" = "vmmshim $version" ] ||
+  { echo "vmmshim --version: $("$stage/bin/vmmshim" --version)"; exit 1; }
+# vmmshim run preloads the installed library (../lib next to bin).
+preload=$("$stage/bin/vmmshim" run -- /bin/sh -c 'echo "$LD_PRELOAD"')
+[ "$preload" = "$stage/bin/../lib/libvmmshim.so" ] || { echo "vmmshim run preloaded: $preload"; exit 1; }
+if command -v pkg-config >/dev/null; then
+  cflags=$(PKG_CONFIG_PATH=$stage/lib/pkgconfig pkg-config --cflags vmmshim | xargs)
+  [ "$(realpath -m "${cflags#-I}")" = "$(realpath "$stage/include")" ] ||
+    { echo "pkg-config --cflags: $cflags"; exit 1; }
+fi
+cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$stage" >/dev/null
+cmake --build "$work/consumer" >/dev/null
+"$work/consumer/consumer"
+# The Debian package.
+(cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/deb" >/dev/null)
+deb=$(ls "$work"/deb/*.deb)
+dpkg-deb -c "$deb" > "$work/contents"
+grep -q './usr/lib/libvmmshim.so' "$work/contents" || { echo "no libvmmshim.so in $deb"; exit 1; }
+dpkg-deb -x "$deb" "$work/unpacked"
+[ "$("$work/unpacked/usr/bin/vmmshim" --version)" = "vmmshim $version" ]
+echo "install, consumer and package: ok ($(basename "$deb"))"
