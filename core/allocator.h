@@ -4,9 +4,12 @@
 //
 // Allocator is a facade over rooms that each own one thing
 // (docs/architecture.md):
-//   - DeviceHeap (core/device_heap.h): one device's blocks, packed granules
-//     and cache, indexed by placement; shapes, rounding, alignment, caching
-//     and address ranges are specified there;
+//   - DeviceHeap (core/device_heap.h): one device's heap as per-thread
+//     arenas (HeapArena, core/heap_arena.h: blocks, packed blocks and cache,
+//     indexed by placement; shapes, rounding, alignment, caching and address
+//     ranges are specified there);
+//   - SyncCombiner (core/context_sync.h): frees' context synchronizes,
+//     shared by concurrent frees;
 //   - VmmMapper (core/vmm_mapping.h): the only caller of the VMM entry
 //     points, undoing every multi-step sequence on failure;
 //   - PeerEnableTable and PlanAccess (core/peer_access.h): which peers
