@@ -148,23 +148,24 @@ int main() {
         native_alloc.push_back(Us(t7 - t6));
         native_free.push_back(Us(t8 - t7));
       }
-      char m[64];
       const char* kind = fd ? "fd" : "plain";
-      const size_t bytes = n * each;
-      std::snprintf(m, sizeof m, "create_%s_x%d", kind, n);
-      Row(m, bytes, 1, create);
-      std::snprintf(m, sizeof m, "map_%s_x%d", kind, n);
-      Row(m, bytes, 1, map);
-      std::snprintf(m, sizeof m, "set_access_%s_x%d", kind, n);
-      Row(m, bytes, 1, access);
-      std::snprintf(m, sizeof m, "unmap_%s_x%d", kind, n);
-      Row(m, bytes, 1, unmap);
-      std::snprintf(m, sizeof m, "release_%s_x%d", kind, n);
-      Row(m, bytes, 1, release);
-      std::snprintf(m, sizeof m, "native_malloc_x%d_%s", n, kind);
-      Row(m, bytes, 1, native_alloc);
-      std::snprintf(m, sizeof m, "native_free_x%d_%s", n, kind);
-      Row(m, bytes, 1, native_free);
+      auto emit = [&](const char* step, const std::vector<double>& v) {
+        char m[64];
+        std::snprintf(m, sizeof m, "%s_%s_x%d", step, kind, n);
+        Row(m, n * each, 1, v);
+      };
+      auto emit_native = [&](const char* step, const std::vector<double>& v) {
+        char m[64];
+        std::snprintf(m, sizeof m, "native_%s_x%d_%s", step, n, kind);
+        Row(m, n * each, 1, v);
+      };
+      emit("create", create);
+      emit("map", map);
+      emit("set_access", access);
+      emit("unmap", unmap);
+      emit("release", release);
+      emit_native("malloc", native_alloc);
+      emit_native("free", native_free);
     }
   }
   Check(cuMemAddressFree(va, span), "cuMemAddressFree");

@@ -96,16 +96,17 @@ TEST(Review13SharedGate, NestedReadLockWhileAWriterWaitsDoesNotDeadlock) {
 // (device_heap.cc:13) never finds those arenas idle, so their cached
 // memory is never reused by the child's threads (a new cuMemCreate each
 // time instead; only OOM/Trim get it back).
-class Review13Fork : public SimTest {
+// One simulated GPU of 1 GiB, its primary context current.
+class Review13 : public SimTest {
  protected:
   void SetUp() override {
-    StartSim(1, 256 * kTestMiB);
+    StartSim(1, 1024 * kTestMiB);
     ctx_ = MakeCurrent(0);
   }
   CUcontext ctx_ = nullptr;
 };
 
-TEST_F(Review13Fork, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
+TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
 #if defined(VMMSHIM_TSAN)
   GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded "
                   "fork (the child here starts one); the other builds run it";
@@ -175,21 +176,13 @@ TEST_F(Review13Fork, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
 
 // ---- Bug 3 (race): the cache limit across arenas is check-then-add ----
 //
-// HeapArena::FitsCacheLocked (heap_arena.cc:299) reads the device's shared
-// cached_bytes, and AddCachedLocked adds to it later, each under its own
-// arena's mutex only: two frees in two arenas both pass the check and the
-// device caches more than the limit ("the cache limit holds for all arenas
-// together", device_heap.h).
-class Review13Arenas : public SimTest {
- protected:
-  void SetUp() override {
-    StartSim(1, 1024 * kTestMiB);
-    ctx_ = MakeCurrent(0);
-  }
-  CUcontext ctx_ = nullptr;
-};
-
-TEST_F(Review13Arenas, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
+// The check (HeapArena::FitsCacheLocked, then) read the device's shared
+// cached_bytes and AddCachedLocked added to it later, each under its own
+// arena's mutex only: two frees in two arenas both passed the check and the
+// device cached more than the limit ("the cache limit holds for all arenas
+// together", device_heap.h). Now ReserveCacheLocked checks and adds in one
+// compare-and-swap.
+TEST_F(Review13, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
   AllocatorOptions o;
   o.arenas = 64;
   o.cache_limit_percent = -1;
