@@ -114,8 +114,10 @@ int main() {
   // One cold block of `n` handles of `each` bytes mapped adjacently, access
   // set once over all of them; each step timed.
   for (bool fd : {false, true}) {
-    for (auto [n, each] : {std::pair<int, size_t>{1, gran}, {4, gran}, {1, 4 * gran},
-                           {16, gran}, {1, 16 * gran}}) {
+    for (const std::pair<int, size_t>& shape : {std::pair<int, size_t>{1, gran}, {4, gran},
+                                                {1, 4 * gran}, {16, gran}, {1, 16 * gran}}) {
+      const int n = shape.first;        // handles
+      const size_t each = shape.second; // bytes per handle
       prop.requestedHandleTypes = fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
                                      : CU_MEM_HANDLE_TYPE_NONE;
       std::vector<double> create, map, access, unmap, release, native_alloc, native_free;

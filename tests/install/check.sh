@@ -36,6 +36,10 @@ cmake --build "$work/consumer" >/dev/null
 deb=$(ls "$work"/deb/*.deb)
 dpkg-deb -c "$deb" > "$work/contents"
 grep -q './usr/lib/libvmmshim.so' "$work/contents" || { echo "no libvmmshim.so in $deb"; exit 1; }
+# Its dependencies come from the binaries (dpkg-shlibdeps): glibc 2.36 for
+# the static C++ runtime inside libvmmshim.so.
+depends=$(dpkg-deb -f "$deb" Depends)
+grep -q 'libc6 (>= 2\.3[6-9]' <<<"$depends" || { echo "Depends: $depends"; exit 1; }
 dpkg-deb -x "$deb" "$work/unpacked"
 [ "$("$work/unpacked/usr/bin/vmmshim" --version)" = "vmmshim $version" ]
 echo "install, consumer and package: ok ($(basename "$deb"))"
