@@ -8,8 +8,6 @@
 
 namespace vmmshim {
 
-int DeviceHeap::ThreadSlot() { return vmmshim::ThreadSlot(); }
-
 bool DeviceHeap::ArenaIdle(int arena) const {
   const int n = static_cast<int>(arenas_.size());
   for (int s = arena; s < kThreadSlots; s += n) {

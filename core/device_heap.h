@@ -59,9 +59,6 @@ class DeviceHeap {
   size_t granularity() const { return granularity_; }
   size_t packing_threshold() const { return packing_threshold_; }
   int arenas() const { return static_cast<int>(arenas_.size()); }
-  // The slot of the calling thread (core/thread_slot.h); its arena is
-  // slot % arenas(), on every device.
-  static int ThreadSlot();
 
   // The calling thread's arena, then cached memory of the others.
   std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes);
@@ -99,6 +96,8 @@ class DeviceHeap {
   void AfterForkChild();
 
  private:
+  // The calling thread's arena: ThreadSlot() % arenas() (core/thread_slot.h),
+  // the same index on every device.
   HeapArena* Own() const;
   // Whether no live thread works in arena `arena`.
   bool ArenaIdle(int arena) const;

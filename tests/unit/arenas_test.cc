@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/context_sync.h"
 #include "core/shared_gate.h"
+#include "core/thread_slot.h"
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -296,7 +297,7 @@ TEST_F(ArenaTest, ANewThreadTakesTheSlotAndCacheAnExitedThreadLeft) {
   int first_slot = -1, second_slot = -1;
   CUdeviceptr p = 0, q = 0, g = 0, h = 0;
   OnNewThread([&] {
-    first_slot = DeviceHeap::ThreadSlot();
+    first_slot = ThreadSlot();
     p = MustAllocate(a, 4 * kTestMiB);
     g = MustAllocate(a, 512);
     ASSERT_TRUE(a.Free(p).ok());
@@ -304,7 +305,7 @@ TEST_F(ArenaTest, ANewThreadTakesTheSlotAndCacheAnExitedThreadLeft) {
   });
   sim::ResetCallCounts();
   OnNewThread([&] {
-    second_slot = DeviceHeap::ThreadSlot();
+    second_slot = ThreadSlot();
     q = MustAllocate(a, 4 * kTestMiB);
     h = MustAllocate(a, 512);
   });

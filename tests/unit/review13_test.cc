@@ -117,13 +117,13 @@ TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
   // more locks at once than ThreadSanitizer's deadlock detector can track.
   o.arenas = 8;
   Allocator a(api_, o);
-  (void)DeviceHeap::ThreadSlot();  // this thread's slot first
+  (void)ThreadSlot();  // this thread's slot first
   std::atomic<int> stage{0};
   int worker_slot = -1;
   CUdeviceptr cached = 0;
   std::thread worker([&] {
     sim::cuCtxSetCurrent(ctx_);
-    worker_slot = DeviceHeap::ThreadSlot();
+    worker_slot = ThreadSlot();
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(4 * kTestMiB);
     if (r.ok() && r->served) {
       cached = r->ptr;
@@ -150,7 +150,7 @@ TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
         std::string msg;
         std::thread t([&] {
           sim::cuCtxSetCurrent(ctx_);
-          const int slot = DeviceHeap::ThreadSlot();
+          const int slot = ThreadSlot();
           sim::ResetCallCounts();
           absl::StatusOr<Allocator::Allocation> r = a.Allocate(4 * kTestMiB);
           if (!r.ok() || !r->served) {
