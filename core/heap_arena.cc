@@ -129,12 +129,11 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
       ptr = base + *offset;
       return true;
     };
-    // The granule that served or took back the last allocation first (a
-    // failed try changes nothing; a successful one ends the search).
     const CUdeviceptr recent = bins.recent;
-    if (recent != 0 && search.contains(recent)) try_granule(recent);
+    if (!cached_only && recent != 0 && bins.open_granules.contains(recent)) try_granule(recent);
     for (auto it = search.begin(); !ptr && it != search.end(); ++it) {
-      if (*it != recent && try_granule(*it)) break;
+      if (*it == recent && !cached_only) continue;  // tried above
+      if (try_granule(*it)) break;
     }
     if (!ptr) return std::nullopt;
   }
