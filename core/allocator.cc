@@ -566,6 +566,11 @@ void Allocator::NotePassThrough(size_t bytes) {
   passthrough_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
+void Allocator::NotePeerEnable(uint64_t nanoseconds) {
+  peer_enable_calls_.fetch_add(1, std::memory_order_relaxed);
+  peer_enable_ns_.fetch_add(nanoseconds, std::memory_order_relaxed);
+}
+
 AllocatorStats Allocator::GetStats() const {
   AllocatorStats s;
   for (const DeviceStats& d : GetDeviceStats()) {
@@ -586,6 +591,8 @@ AllocatorStats Allocator::GetStats() const {
   s.passthrough_allocations = passthrough_allocations_.load();
   s.passthrough_bytes = passthrough_bytes_.load();
   s.peak_handle_bytes = global_.peak.load();
+  s.peer_enable_calls = peer_enable_calls_.load(std::memory_order_relaxed);
+  s.peer_enable_seconds = peer_enable_ns_.load(std::memory_order_relaxed) * 1e-9;
   return s;
 }
 

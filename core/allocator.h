@@ -136,6 +136,11 @@ struct AllocatorStats {
   // many frees returned on one that another free ran.
   uint64_t free_synchronizes = 0;
   uint64_t free_synchronizes_shared = 0;
+  // cuCtxEnablePeerAccess as the program saw it (core/peer_enable.h): calls
+  // and the seconds they took, the driver's enable and the shim's grants
+  // together, whatever they returned.
+  uint64_t peer_enable_calls = 0;
+  double peer_enable_seconds = 0;
 };
 
 // An allocation made shareable by Export.
@@ -349,6 +354,9 @@ class Allocator {
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const;
 
   AllocatorStats GetStats() const;
+  // Adds one cuCtxEnablePeerAccess call of `nanoseconds` to GetStats's
+  // peer_enable figures. Thread-safe (relaxed atomics).
+  void NotePeerEnable(uint64_t nanoseconds);
   // One entry per device the shim served, in device order.
   std::vector<DeviceStats> GetDeviceStats() const;
   const PeerPolicy& peer_policy() const { return options_.peer_policy; }
@@ -434,6 +442,7 @@ class Allocator {
   std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
   std::atomic<int> device_count_{0};
   std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
+  std::atomic<uint64_t> peer_enable_calls_{0}, peer_enable_ns_{0};
 };
 
 }  // namespace vmmshim

@@ -1,5 +1,7 @@
 #include "core/peer_enable.h"
 
+#include <chrono>
+
 #include "core/cu_status.h"
 #include "core/log.h"
 
@@ -15,6 +17,16 @@ CUresult ContextDevice(const DriverApi& driver, CUcontext ctx, CUdevice* device)
 }
 
 CUresult PeerEnable::Enable(CUcontext peer, unsigned int flags) const {
+  const auto start = std::chrono::steady_clock::now();
+  const CUresult r = EnableUntimed(peer, flags);
+  allocator_.NotePeerEnable(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                           start)
+          .count()));
+  return r;
+}
+
+CUresult PeerEnable::EnableUntimed(CUcontext peer, unsigned int flags) const {
   CUcontext current = nullptr;
   CUdevice me = 0, owner = 0;
   if (mode_ == PeerEnableMode::kDriver) {

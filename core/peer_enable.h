@@ -69,12 +69,16 @@ class PeerEnable {
              PeerEnableMode mode)
       : driver_(driver), allocator_(allocator), contexts_(contexts), mode_(mode) {}
 
-  // cuCtxEnablePeerAccess(peer, flags) for the current context.
+  // cuCtxEnablePeerAccess(peer, flags) for the current context. Its
+  // duration (steady clock) goes to Allocator::NotePeerEnable, whatever it
+  // returns: the statistics' time in cuCtxEnablePeerAccess.
   CUresult Enable(CUcontext peer, unsigned int flags) const;
   // cuCtxDisablePeerAccess(peer) for the current context.
   CUresult Disable(CUcontext peer) const;
 
  private:
+  CUresult EnableUntimed(CUcontext peer, unsigned int flags) const;
+
   const DriverApi& driver_;
   Allocator& allocator_;
   PeerContexts& contexts_;

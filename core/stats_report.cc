@@ -38,7 +38,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                    {"stream_ordered_allocations", t.stream_ordered_allocations},
                    {"stream_ordered_reuses", t.stream_ordered_reuses},
                    {"free_synchronizes", t.free_synchronizes},
-                   {"free_synchronizes_shared", t.free_synchronizes_shared}};
+                   {"free_synchronizes_shared", t.free_synchronizes_shared},
+                   {"peer_enable_calls", t.peer_enable_calls},
+                   {"peer_enable_seconds", t.peer_enable_seconds}};
   doc["devices"] = nlohmann::json::array();
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
     nlohmann::json peers = nlohmann::json::array();

@@ -5,7 +5,11 @@
 //   { "pid": int, "policy": str,
 //     "totals": {"served_allocations", "served_bytes", "passthrough_allocations",
 //                "passthrough_bytes", "frees", "live_allocations", "live_bytes",
-//                "peak_physical_bytes"},
+//                "peak_physical_bytes", "stream_ordered_allocations",
+//                "stream_ordered_reuses", "free_synchronizes",
+//                "free_synchronizes_shared", "peer_enable_calls",
+//                "peer_enable_seconds" (time in cuCtxEnablePeerAccess, the
+//                driver's enable and the shim's grants together)},
 //     "devices": [ {"device", "allocations", "bytes", "live_bytes", "peak_live_bytes",
 //                   "physical_bytes", "peak_physical_bytes", "set_access_calls",
 //                   "cache_hits", "cache_misses", "cached_bytes", "ipc_exports",

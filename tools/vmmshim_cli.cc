@@ -8,6 +8,11 @@
 //       so its exit status is the program's.
 //   vmmshim report FILE
 //       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables.
+//   vmmshim compare [--policies LIST] [--repeat N] [--warmup N]
+//                   [--check REGEX | --same-output] [--timeout S] [--out DIR]
+//                   [--lib PATH] -- PROGRAM ARGS...
+//       runs PROGRAM natively and under each policy, alternating, and prints
+//       one table (tools/compare/compare.h, docs/compare.md).
 //
 // Values are checked here only for their form; the shim checks them again
 // and stops on a malformed peer setting (docs/configuration.md).
@@ -25,20 +30,34 @@
 #include "CLI/CLI.hpp"
 #include "core/version.h"
 #include "nlohmann/json.hpp"
+#include "tools/compare/compare.h"
 
 namespace {
 
-std::string DefaultLibrary() {
+// The directory of this program.
+std::string SelfDir() {
   char self[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return "libvmmshim.so";
+  if (n <= 0) return ".";
   std::string dir(self, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  for (const char* candidate : {"/libvmmshim.so", "/../lib/libvmmshim.so"}) {
+  return dir.substr(0, dir.rfind('/'));
+}
+
+// The first of `candidates` (relative to this program's directory) that
+// exists; `fallback` when none does.
+std::string NextToSelf(std::initializer_list<const char*> candidates, std::string fallback) {
+  const std::string dir = SelfDir();
+  for (const char* candidate : candidates) {
     const std::string path = dir + candidate;
     if (access(path.c_str(), R_OK) == 0) return path;
   }
-  return dir + "/libvmmshim.so";
+  return fallback;
+}
+
+// The build tree has libvmmshim.so next to bin/vmmshim; an install has it in
+// ../lib.
+std::string DefaultLibrary() {
+  return NextToSelf({"/libvmmshim.so", "/../lib/libvmmshim.so"}, SelfDir() + "/libvmmshim.so");
 }
 
 std::string Bytes(uint64_t b) {
@@ -137,9 +156,61 @@ int main(int argc, char** argv) {
   std::string report_file;
   report->add_option("file", report_file, "the JSON statistics file")->required();
 
+  CLI::App* compare = app.add_subcommand(
+      "compare", "run PROGRAM natively and under each policy, alternating, and compare");
+  vmmshim::compare::CompareOptions copt;
+  std::string policies = "all,none";
+  std::string check;
+  bool same_output = false;
+  copt.library = lib;
+  compare->add_option("--policies", policies,
+                      "comma-separated: all, none, min-size:BYTES, rules:FILE")
+      ->capture_default_str();
+  compare->add_option("--repeat", copt.repeat, "counted runs of each mode")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  compare->add_option("--warmup", copt.warmup, "uncounted runs of each mode first")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  CLI::Option* check_opt = compare->add_option(
+      "--check", check, "compare only the output lines matching this regex (ECMAScript)");
+  CLI::Option* same_opt = compare->add_flag(
+      "--same-output", same_output, "compare the whole standard output (the default)");
+  check_opt->excludes(same_opt);
+  compare->add_option("--timeout", copt.timeout_seconds,
+                      "seconds per run before it is killed (0: 10x the slowest native run, at "
+                      "least 60)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  compare->add_option("--out", copt.out_dir, "directory for the CSV, JSON, chart and run logs")
+      ->capture_default_str();
+  compare->add_option("--lib", copt.library, "the libvmmshim.so to preload")
+      ->check(CLI::ExistingFile);
+  compare->add_option("command", copt.command, "PROGRAM ARGS... (after --)")->required();
+
   CLI11_PARSE(app, argc, argv);
 
   if (*report) return Report(report_file);
+  if (*compare) {
+    std::string error;
+    auto parsed = vmmshim::compare::ParsePolicies(policies, &error);
+    if (!parsed) {
+      std::fprintf(stderr, "vmmshim compare: --policies: %s\n", error.c_str());
+      return 2;
+    }
+    copt.policies = *std::move(parsed);
+    if (!check.empty()) copt.check_regex = check;
+    if (access(copt.library.c_str(), R_OK) != 0) {
+      std::fprintf(stderr, "vmmshim compare: no libvmmshim.so at %s (give --lib PATH)\n",
+                   copt.library.c_str());
+      return 2;
+    }
+    char real[PATH_MAX];
+    if (realpath(copt.library.c_str(), real) != nullptr) copt.library = real;
+    copt.chart_script = NextToSelf(
+        {"/compare_chart.py", "/../share/vmmshim/compare_chart.py"}, "");
+    return vmmshim::compare::RunCompare(copt);
+  }
 
   auto set = [](const char* name, const std::string& value) {
     if (!value.empty()) setenv(name, value.c_str(), 1);
