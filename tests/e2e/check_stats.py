@@ -22,4 +22,8 @@ assert peer0["grants"] >= 1, peer0
 calls = {c["entry"]: c for c in doc["driver_calls"]}
 assert calls["cuMemCreate"]["calls"] >= 4 and calls["cuMemSetAccess"]["calls"] >= 5, calls
 assert all(c["seconds"] >= 0 for c in calls.values())
+# peer_app calls cuCtxEnablePeerAccess four times (two refused, one accepted,
+# one already enabled): each counted, with its time.
+t = doc["totals"]
+assert t["peer_enable_calls"] == 4 and 0 < t["peer_enable_seconds"] < 10, t
 print("stats file OK")

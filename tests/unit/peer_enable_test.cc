@@ -85,6 +85,22 @@ TEST_F(PeerEnableTest, DriverModeGrantsAfterTheDriverAcceptsAndRevokesOnDisable)
   EXPECT_FALSE(Device0CanRead());
 }
 
+// The statistics' time in cuCtxEnablePeerAccess counts every call, the
+// refused ones too (a program pays for those as well), in both modes.
+TEST_F(PeerEnableTest, EveryEnableIsCountedAndTimed) {
+  EXPECT_EQ(allocator_->GetStats().peer_enable_calls, 0u);
+  EXPECT_EQ(Peer(PeerEnableMode::kDriver).Enable(primary_[1], 0), CUDA_SUCCESS);
+  EXPECT_EQ(Peer(PeerEnableMode::kDriver).Enable(primary_[1], 0),
+            CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  EXPECT_EQ(Peer(PeerEnableMode::kEmulated).Enable(primary_[2], 1), CUDA_ERROR_INVALID_VALUE);
+  const AllocatorStats s = allocator_->GetStats();
+  EXPECT_EQ(s.peer_enable_calls, 3u);
+  EXPECT_GT(s.peer_enable_seconds, 0);
+  EXPECT_LT(s.peer_enable_seconds, 10);
+  EXPECT_EQ(Peer(PeerEnableMode::kDriver).Disable(primary_[1]), CUDA_SUCCESS);
+  EXPECT_EQ(allocator_->GetStats().peer_enable_calls, 3u);  // disables are not enables
+}
+
 TEST_F(PeerEnableTest, DriverModeReturnsTheDriversCodesUnchanged) {
   PeerEnable peer = Peer(PeerEnableMode::kDriver);
   EXPECT_EQ(peer.Enable(primary_[1], 1), CUDA_ERROR_INVALID_VALUE);

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# `vmmshim compare` on the simulated driver with 4 devices: examples/peer_exchange
+# natively and under all, none and min-size:1M; the table, the failure of
+# none with its denials, the files; --check, time limits and bad input.
+# usage: compare.sh VMMSHIM_BINARY PEER_EXCHANGE   (LD_LIBRARY_PATH: the simulated driver)
+set -uo pipefail
+cli=$1 app=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+unset LD_PRELOAD
+export SIMCUDA_DEVICES=4
+# A policy setting of the caller's must not reach the native runs.
+out=$(VMMSHIM_PEER_POLICY=none "$cli" compare --policies all,none,min-size:1M --repeat 2 \
+      --out "$dir/c" -- "$app" 2>"$dir/progress"); rc=$?
+echo "$out"
+[ $rc = 1 ] || fail "exit status $rc, wanted 1 (policy none fails)"
+grep -q "run 12 of 12" "$dir/progress" || fail "not 12 runs: $(cat "$dir/progress")"
+grep -qE "^native +ok " <<<"$out" || fail "native row"
+grep -qE "^all +ok " <<<"$out" || fail "all row"
+grep -qE "^none +FAILED \(2/2\) " <<<"$out" || fail "none row"
+grep -qE "^min-size:1M +ok " <<<"$out" || fail "min-size row"
+grep -q "none: exit 1 (native: exit 0); last line of stderr: peer_exchange: device 0 cannot read device 1's exchange buffer: CUDA_ERROR_ILLEGAL_ADDRESS" <<<"$out" \
+  || fail "none's failure is not explained"
+grep -qE "201 allocation\(s\) of device 0 denied to peer 1, .* and 8 more pairs \(2412 denials in all\)" <<<"$out" \
+  || fail "denials of none"
+grep -qE "^    \[vmmshim [0-9]+\] warning: peer [0-9] denied access to" <<<"$out" || fail "denial log lines"
+python3 - "$dir/c" <<'PY' || fail "files"
+import csv, json, os, sys
+d = sys.argv[1]
+rows = {r["policy"]: r for r in csv.DictReader(open(os.path.join(d, "summary.csv")))}
+assert set(rows) == {"native", "all", "none", "min-size:1M"}, rows.keys()
+mib = 2**20
+# 4 devices x 3 peers: all maps every allocation of each device into each
+# peer, min-size:1M only the 8 MiB exchange buffers, none nothing.
+assert float(rows["min-size:1M"]["mapped_into_peers_bytes"]) == 12 * 8 * mib, rows["min-size:1M"]
+assert float(rows["all"]["mapped_into_peers_bytes"]) >= 12 * (200 * 256 * 1024 + 8 * mib), rows["all"]
+assert float(rows["none"]["mapped_into_peers_bytes"]) == 0
+assert float(rows["all"]["grants"]) == 12 * 201 and float(rows["all"]["denials"]) == 0
+assert float(rows["min-size:1M"]["grants"]) == 12 and float(rows["min-size:1M"]["denials"]) == 12 * 200
+for p in ("all", "none", "min-size:1M"):
+    assert float(rows[p]["peer_enable_calls"]) == 12 and float(rows[p]["peer_enable_seconds"]) > 0, rows[p]
+    assert float(rows[p]["served_allocations"]) == 4 * 201, rows[p]
+assert rows["native"]["served_allocations"] == "" and float(rows["native"]["wall_median_s"]) > 0
+doc = json.load(open(os.path.join(d, "compare.json")))
+assert len(doc["runs"]) == 12 and sum(not r["warmup"] for r in doc["runs"]) == 8
+none = [m for m in doc["modes"] if m["policy"] == "none"][0]
+assert none["failed_runs"] == 2 and len(none["denials_by_pair"]) == 12 and none["denial_log"]
+runs = list(csv.DictReader(open(os.path.join(d, "runs.csv"))))
+assert len(runs) == 12
+# Alternating: the counted rounds start at different modes.
+counted = [r["policy"] for r in runs if r["warmup"] == "0"]
+assert counted[:4] == ["native", "all", "none", "min-size:1M"], counted
+assert counted[4:] == ["all", "none", "min-size:1M", "native"], counted
+print("files OK")
+PY
+if grep -q "^chart: $dir/c/compare.png" <<<"$out"; then
+  [ -s "$dir/c/compare.png" ] || fail "chart announced but missing"
+else
+  grep -q "^chart: not drawn (matplotlib cannot be imported" <<<"$out" || fail "chart line"
+fi
+
+# --check: only the lines that must agree.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --check '^peer_exchange:' \
+      --out "$dir/k" -- "$app" 2>/dev/null); rc=$?
+[ $rc = 0 ] || fail "--check run: $rc: $out"
+grep -q "the lines matching '\^peer_exchange:'" <<<"$out" || fail "--check not reported"
+
+# A run that hangs is killed at the time limit and reported; the table still comes.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --timeout 1 --out "$dir/t" -- \
+      /bin/sh -c 'test -z "$VMMSHIM_PEER_POLICY" || sleep 30' 2>/dev/null); rc=$?
+[ $rc = 1 ] || fail "timeout run: $rc"
+grep -q "all: timed out (killed) (native: exit 0)" <<<"$out" || fail "timeout not reported: $out"
+
+# Output that differs.
+out=$("$cli" compare --policies none --repeat 1 --warmup 0 --out "$dir/d" -- \
+      /bin/sh -c 'echo ${VMMSHIM_PEER_POLICY:-native}' 2>/dev/null); rc=$?
+[ $rc = 1 ] || fail "differing output: $rc"
+grep -q "none: standard output differs from native: line 1: 'none' instead of 'native'" <<<"$out" \
+  || fail "output difference: $out"
+
+# Bad input: one message, exit status 2 (CLI11's own checks: non-zero).
+expect_error() {  # expect_error MESSAGE ARGS...
+  local msg=$1; shift
+  local text; text=$("$cli" compare --out "$dir/e" "$@" 2>&1); local rc=$?
+  [ $rc != 0 ] || fail "accepted: $*"
+  grep -qF -- "$msg" <<<"$text" || fail "message for $*: $text"
+}
+expect_error "policy 'bogus' is not one of" --policies all,bogus -- "$app"
+expect_error "min-size needs a byte count" --policies min-size:lots -- "$app"
+expect_error "rules needs a readable rules file" --policies rules:/nonexistent.toml -- "$app"
+expect_error "cannot run /nonexistent/program: No such file or directory" -- /nonexistent/program
+expect_error "is not a regular expression" --check '(' -- "$app"
+expect_error "--repeat" --repeat 0 -- "$app"
+expect_error "excludes" --check x --same-output -- "$app"
+expect_error "File does not exist: /nonexistent.so" --lib /nonexistent.so -- "$app"
+echo "PASS: compare"
