@@ -2,17 +2,32 @@
 # Builds vmmshim and runs the main job. On a machine with an NVIDIA GPU: a
 # plain nvcc program (static cudart, thousands of allocations from 256 B to
 # 1 GiB, every result checked), natively and under LD_PRELOAD=libvmmshim.so.
-# Without a GPU: a driver-API program under the shim on the SIMULATED driver.
+# Without a GPU: a driver-API program under the shim on the SIMULATED driver,
+# then `vmmshim compare` of a ring exchange on 4 simulated GPUs (bytes mapped
+# into peers per policy). With two GPUs or more, the comparison of
+# examples/peer_access on the real GPUs follows the nvcc program.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/build.sh
 shim=$PWD/build/libvmmshim.so
+# compare's exit status is 1 when a policy broke the program (none does here,
+# on purpose); only 2 (the comparison could not be made) stops the demo.
+compare() {
+  local rc=0
+  build/vmmshim compare "$@" || rc=$?
+  [ $rc -le 1 ] || exit $rc
+}
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   if [ -x build/examples/alloc_mix ]; then
     echo "== native run"
     build/examples/alloc_mix 1
     echo "== the same program under LD_PRELOAD=$shim"
     LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info build/examples/alloc_mix 1
+    if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ] && [ -x build/examples/peer_access ]; then
+      echo "== vmmshim compare: device 0 reads device 1's buffers (examples/peer_access)"
+      compare --policies all,min-size:1M,none --check '^(PASSED|FAILED)' \
+        --out build/compare-demo -- build/examples/peer_access
+    fi
   else
     echo "== nvcc was not found at build time; running the driver-API demo on the GPU"
     LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info build/examples/driver_api_demo
@@ -23,4 +38,12 @@ else
   echo "== host memory, tests/sim), not on a GPU."
   LD_LIBRARY_PATH=$PWD/build/simcuda LD_PRELOAD=$shim VMMSHIM_LOG_LEVEL=info \
     build/examples/driver_api_demo
+  echo
+  echo "== vmmshim compare on 4 SIMULATED GPUs: examples/peer_exchange (each device reads"
+  echo "== its neighbour's 8 MiB exchange buffer; 200 x 256 KiB per device stay local)"
+  echo "== natively and under policies all, min-size:1M and none. none is expected to"
+  echo "== fail: the program needs the exchange buffers mapped. Times are the simulation's."
+  LD_LIBRARY_PATH=$PWD/build/simcuda SIMCUDA_DEVICES=4 \
+    compare --policies all,min-size:1M,none --out build/compare-demo -- \
+    build/examples/peer_exchange
 fi

@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rm -rf .gpu && mkdir -p .gpu/build
 tar -C "$build" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' -cf - . | tar -C .gpu/build -xf -
+# `cmake --install` on the GPU host needs the generated export files.
+if [ -d "$build/CMakeFiles/Export" ]; then
+  mkdir -p .gpu/build/CMakeFiles && cp -r "$build/CMakeFiles/Export" .gpu/build/CMakeFiles/
+fi
 find .gpu/build -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
   'file -b "$1" | grep -q ^ELF && strip --strip-debug "$1"' _ {} \;
 # A GPU host (Ubuntu 24.04) has glibc, libstdc++, libgcc, the driver and the

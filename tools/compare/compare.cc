@@ -630,7 +630,9 @@ int RunCompare(const CompareOptions& options) {
       if (s.mode->policy) any_failed = true;
     }
     std::string enable = "-";
-    if (s.peer_enable_seconds && s.peer_enable_calls) {
+    if (s.peer_enable_calls && *s.peer_enable_calls == 0) {
+      enable = "no calls";
+    } else if (s.peer_enable_seconds && s.peer_enable_calls) {
       enable = FormatSeconds(*s.peer_enable_seconds) + " (" + Cell(s.peer_enable_calls, true) +
                ")";
     }
