@@ -3,7 +3,8 @@
 # the files in place, `vmmshim --version`, `vmmshim run` finding the
 # installed library without --lib, pkg-config, and a consumer project built
 # with find_package(vmmshim); then the .deb (cpack -G DEB), unpacked, with
-# its `vmmshim --version`.
+# its `vmmshim --version`; `vmmshim compare` from the install on the
+# simulated driver.
 # usage: check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(realpath "$1") src=$(realpath "$2")
@@ -14,7 +15,8 @@ cmake --install "$build" --prefix "$stage" >/dev/null
 for f in lib/libvmmshim.so bin/vmmshim include/vmmshim/vmmshim.h \
          lib/cmake/vmmshim/vmmshimConfig.cmake lib/cmake/vmmshim/vmmshimConfigVersion.cmake \
          lib/cmake/vmmshim/vmmshimTargets.cmake lib/pkgconfig/vmmshim.pc \
-         share/doc/vmmshim/README.md share/doc/vmmshim/performance.md; do
+         share/doc/vmmshim/README.md share/doc/vmmshim/performance.md \
+         share/doc/vmmshim/compare.md share/vmmshim/compare_chart.py; do
   [ -e "$stage/$f" ] || { echo "missing after install: $f"; exit 1; }
 done
 version=$(sed -n 's/^project(vmmshim VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
@@ -23,6 +25,16 @@ version=$(sed -n 's/^project(vmmshim VERSION \([0-9.]*\).*/\1/p' "$src/CMakeList
 # vmmshim run preloads the installed library (../lib next to bin).
 preload=$("$stage/bin/vmmshim" run -- /bin/sh -c 'echo "$LD_PRELOAD"')
 [ "$preload" = "$stage/bin/../lib/libvmmshim.so" ] || { echo "vmmshim run preloaded: $preload"; exit 1; }
+# vmmshim compare from the install: the installed library preloaded (its
+# statistics show served allocations), the installed chart script found.
+LD_LIBRARY_PATH=$build/simcuda SIMCUDA_DEVICES=2 "$stage/bin/vmmshim" compare --policies all \
+  --repeat 1 --warmup 0 --out "$work/compare" -- "$build/examples/peer_exchange" \
+  > "$work/compare.txt" 2>&1 ||
+  { cat "$work/compare.txt"; echo "installed vmmshim compare failed"; exit 1; }
+grep -qE '^all +ok .* 402 ' "$work/compare.txt" ||
+  { cat "$work/compare.txt"; echo "installed compare: no allocations served"; exit 1; }
+! grep -q 'compare_chart.py not found' "$work/compare.txt" ||
+  { echo "installed compare did not find share/vmmshim/compare_chart.py"; exit 1; }
 if command -v pkg-config >/dev/null; then
   cflags=$(PKG_CONFIG_PATH=$stage/lib/pkgconfig pkg-config --cflags vmmshim | xargs)
   [ "$(realpath -m "${cflags#-I}")" = "$(realpath "$stage/include")" ] ||
@@ -35,7 +47,9 @@ cmake --build "$work/consumer" >/dev/null
 (cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/deb" >/dev/null)
 deb=$(ls "$work"/deb/*.deb)
 dpkg-deb -c "$deb" > "$work/contents"
-grep -q './usr/lib/libvmmshim.so' "$work/contents" || { echo "no libvmmshim.so in $deb"; exit 1; }
+for f in ./usr/lib/libvmmshim.so ./usr/bin/vmmshim ./usr/share/vmmshim/compare_chart.py; do
+  grep -q "$f" "$work/contents" || { echo "no $f in $deb"; exit 1; }
+done
 # Its dependencies come from the binaries (dpkg-shlibdeps): at least the
 # glibc whose symbols libvmmshim.so's static C++ runtime uses (2.36 where it
 # was built on Debian 12), never below 2.36 when built here.

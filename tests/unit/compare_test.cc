@@ -119,6 +119,11 @@ TEST(CompareOutput, WholeOutputOrTheCheckedLines) {
             "1 lines instead of 3");
   EXPECT_EQ(OutputDifference("a\r\nb\n", "a\nb", std::nullopt), "");  // line ends alone
   EXPECT_EQ(CheckedLines("x=1\ny=2\nx=3\n", "x="), (std::vector<std::string>{"x=1", "x=3"}));
+  // A long line is shown around where it differs, not cut before it.
+  const std::string head(150, 'a');
+  const std::string diff = OutputDifference(head + "1 tail\n", head + "2 tail\n", std::nullopt);
+  EXPECT_NE(diff.find("a2 tail' instead of '...aaa"), std::string::npos) << diff;
+  EXPECT_NE(diff.find("a1 tail'"), std::string::npos) << diff;
 }
 
 TEST(CompareStatistics, AddsUpTheProcessesOfARun) {

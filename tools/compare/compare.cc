@@ -83,6 +83,15 @@ std::string Truncate(std::string s, size_t n) {
   return s;
 }
 
+// At most 100 characters of `line` around position `at` (where two lines
+// first differ), with "..." where it was cut, so the difference shows.
+std::string Around(const std::string& line, size_t at) {
+  if (line.size() <= 100) return line;
+  const size_t from = at > 40 ? std::min(at - 40, line.size() - 94) : 0;
+  const size_t n = std::min<size_t>(94, line.size() - from);
+  return (from > 0 ? "..." : "") + line.substr(from, n) + (from + n < line.size() ? "..." : "");
+}
+
 std::string Slug(const std::string& label) {
   std::string s;
   for (char c : label) s += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_';
@@ -363,8 +372,13 @@ std::string OutputDifference(const std::string& reference, const std::string& ou
   const char* what = regex ? "checked line" : "line";
   for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
     if (want[i] != got[i]) {
-      return std::string(what) + " " + std::to_string(i + 1) + ": '" + Truncate(got[i], 100) +
-             "' instead of '" + Truncate(want[i], 100) + "'";
+      const size_t at = static_cast<size_t>(
+          std::mismatch(want[i].begin(), want[i].begin() + std::min(want[i].size(), got[i].size()),
+                        got[i].begin())
+              .first -
+          want[i].begin());
+      return std::string(what) + " " + std::to_string(i + 1) + ": '" + Around(got[i], at) +
+             "' instead of '" + Around(want[i], at) + "'";
     }
   }
   if (want.size() != got.size()) {
