@@ -180,7 +180,15 @@ int main(int argc, char** argv) {
   compare->add_option("--timeout", copt.timeout_seconds,
                       "seconds per run before it is killed (0: 10x the slowest native run, at "
                       "least 60)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && x >= 0 && x < 1e9
+                       ? std::string()
+                       : "'" + v + "' is not a number of seconds (0 or more)";
+          },
+          "SECONDS"))
       ->capture_default_str();
   compare->add_option("--out", copt.out_dir, "directory for the CSV, JSON, chart and run logs")
       ->capture_default_str();
@@ -188,7 +196,13 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   compare->add_option("command", copt.command, "PROGRAM ARGS... (after --)")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version print and exit 0; a malformed command line exits
+    // 2 with CLI11's one-line message naming the option.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   if (*report) return Report(report_file);
   if (*compare) {

@@ -79,11 +79,11 @@ out=$("$cli" compare --policies none --repeat 1 --warmup 0 --out "$dir/d" -- \
 grep -q "none: standard output differs from native: line 1: 'none' instead of 'native'" <<<"$out" \
   || fail "output difference: $out"
 
-# Bad input: one message, exit status 2 (CLI11's own checks: non-zero).
+# Bad input: one message naming it, exit status 2.
 expect_error() {  # expect_error MESSAGE ARGS...
   local msg=$1; shift
   local text; text=$("$cli" compare --out "$dir/e" "$@" 2>&1); local rc=$?
-  [ $rc != 0 ] || fail "accepted: $*"
+  [ $rc = 2 ] || fail "exit status $rc, wanted 2: $*"
   grep -qF -- "$msg" <<<"$text" || fail "message for $*: $text"
 }
 expect_error "policy 'bogus' is not one of" --policies all,bogus -- "$app"
@@ -94,4 +94,8 @@ expect_error "is not a regular expression" --check '(' -- "$app"
 expect_error "--repeat" --repeat 0 -- "$app"
 expect_error "excludes" --check x --same-output -- "$app"
 expect_error "File does not exist: /nonexistent.so" --lib /nonexistent.so -- "$app"
+expect_error "'abc' is not a number of seconds" --timeout abc -- "$app"
+expect_error "command is required" --policies all
+expect_error "the first native run was killed at the time limit (--timeout 0.5 s)" \
+  --timeout 0.5 --warmup 0 -- /bin/sleep 10
 echo "PASS: compare"

@@ -181,6 +181,7 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
           : Clock::time_point::max();
   Clock::time_point kill_after = Clock::time_point::max();  // SIGKILL once SIGTERM was sent
   Clock::time_point exited_at{};
+  Clock::time_point next_sample = start;
   bool reaped = false, pipe_open = true;
   int status = 0;
   char buf[65536];
@@ -213,8 +214,11 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
         // What it left behind in its group ends with it: a lingering child
         // would hold device memory into the next run.
         kill(-pid, SIGKILL);
-      } else if (while_running) {
+      } else if (while_running && Clock::now() >= next_sample) {
+        // By the clock, not per wake-up: a program writing a lot wakes the
+        // loop often, and a sample (NVML) is not free.
         while_running(pid);
+        next_sample = Clock::now() + std::chrono::milliseconds(10);
       }
     }
     if (reaped && pipe_open && Clock::now() - exited_at > std::chrono::seconds(1)) break;

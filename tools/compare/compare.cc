@@ -540,6 +540,16 @@ int RunCompare(const CompareOptions& options) {
     Run& r = runs.back();
     const ChildResult& c = r.child;
     const ChildResult& want = reference->child;
+    if (&r == reference) {
+      if (c.timed_out) {
+        std::fprintf(stderr,
+                     "vmmshim compare: the first native run was killed at the time limit "
+                     "(--timeout %g s): nothing to compare with; raise --timeout\n",
+                     spec.timeout_seconds);
+        return false;
+      }
+      return !c.interrupted;
+    }
     if (c.timed_out || c.interrupted || c.signal != want.signal ||
         c.exit_code != want.exit_code) {
       r.failure = Describe(c) + " (native: " + Describe(want) + ")";
@@ -572,7 +582,7 @@ int RunCompare(const CompareOptions& options) {
     Summary s;
     s.mode = &m;
     std::vector<double> wall, peak, served, physical, mapped, grants, denials, setaccess,
-        enable_s, enable_n;
+        enable_s, enable_n, failed_wall, failed_peak;
     for (const Run& r : runs) {
       if (r.mode != &m || r.warmup) continue;
       ++s.runs;
@@ -583,8 +593,12 @@ int RunCompare(const CompareOptions& options) {
           s.denial_lines = DenialLogLines(r.log_files, 3);
         }
       }
-      wall.push_back(r.child.wall_seconds);
-      if (r.peak_device_bytes) peak.push_back(static_cast<double>(*r.peak_device_bytes));
+      // Time and memory of runs that matched native; a crashed or killed run's
+      // time says nothing about the program's (all runs where none matched).
+      (r.failure.empty() ? wall : failed_wall).push_back(r.child.wall_seconds);
+      if (r.peak_device_bytes) {
+        (r.failure.empty() ? peak : failed_peak).push_back(static_cast<double>(*r.peak_device_bytes));
+      }
       if (m.policy) {
         if (r.shim.files == 0) {
           s.no_stats = true;
@@ -600,8 +614,8 @@ int RunCompare(const CompareOptions& options) {
         enable_n.push_back(static_cast<double>(r.shim.peer_enable_calls));
       }
     }
-    s.wall = Median(wall);
-    s.peak_device = Median(peak);
+    s.wall = Median(wall.empty() ? failed_wall : wall);
+    s.peak_device = Median(wall.empty() ? failed_peak : peak);
     s.served = Median(served);
     s.peak_physical = Median(physical);
     s.mapped = Median(mapped);
@@ -678,18 +692,19 @@ int RunCompare(const CompareOptions& options) {
   std::printf("- cuCtxEnablePeerAccess: seconds the program spent in it per run (and its "
               "calls), the driver's enable and the shim's grants together.\n");
   for (const Summary& s : summaries) {
-    if (s.failed == 0) {
-      if (s.no_stats) {
-        std::printf("- %s: no statistics file was written (the shim did not start in the "
-                    "program, or it ended by _exit or a signal).\n",
-                    s.mode->label.c_str());
-      }
-      continue;
+    if (s.no_stats) {
+      std::printf("- %s: a run wrote no statistics file (the shim did not start in the "
+                  "program, or the program ended by _exit or a signal); its shim figures are "
+                  "the other runs'.\n",
+                  s.mode->label.c_str());
     }
+    if (s.failed == 0) continue;
     if (!s.mode->policy) {
-      std::printf("- native runs differ from each other (%s): native is compared with its "
-                  "first run; use --check REGEX to compare only the lines that must agree.\n",
-                  s.failure.c_str());
+      const bool output = s.failure.rfind("standard output differs", 0) == 0;
+      std::printf("- native runs do not all agree with the first native run (warm-up "
+                  "included), which every run is compared with: %s%s\n",
+                  s.failure.c_str(),
+                  output ? "; use --check REGEX to compare only the lines that must agree" : "");
       continue;
     }
     std::printf("- %s: %s; %s\n", s.mode->label.c_str(), s.failure.c_str(),
@@ -719,6 +734,11 @@ int RunCompare(const CompareOptions& options) {
   }
   nlohmann::json doc;
   doc["command"] = options.command;
+  doc["policies"] = nlohmann::json::array();
+  for (const PolicySpec& p : options.policies) doc["policies"].push_back(p.label);
+  doc["timeout_seconds"] = options.timeout_seconds;
+  doc["library"] = options.library;
+  doc["out_dir"] = options.out_dir;
   doc["repeat"] = options.repeat;
   doc["warmup"] = options.warmup;
   doc["check"] = options.check_regex ? nlohmann::json(*options.check_regex) : nlohmann::json();
