@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 100))
       ->capture_default_str();
   CLI::Option* check_opt = compare->add_option(
-      "--check", check, "compare only the output lines matching this regex (ECMAScript)");
+      "--check", check, "compare only the output lines matching this regex (POSIX extended, as grep -E)");
   CLI::Option* same_opt = compare->add_flag(
       "--same-output", same_output, "compare the whole standard output (the default)");
   check_opt->excludes(same_opt);

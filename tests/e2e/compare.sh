@@ -2,9 +2,10 @@
 # `vmmshim compare` on the simulated driver with 4 devices: examples/peer_exchange
 # natively and under all, none and min-size:1M; the table, the failure of
 # none with its denials, the files; --check, time limits and bad input.
-# usage: compare.sh VMMSHIM_BINARY PEER_EXCHANGE   (LD_LIBRARY_PATH: the simulated driver)
+# usage: compare.sh VMMSHIM_BINARY PEER_EXCHANGE DRIVER_API_DEMO
+#        (LD_LIBRARY_PATH: the simulated driver)
 set -uo pipefail
-cli=$1 app=$2
+cli=$1 app=$2 demo=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -51,7 +52,8 @@ assert len(runs) == 12
 # Alternating: the counted rounds start at different modes.
 counted = [r["policy"] for r in runs if r["warmup"] == "0"]
 assert counted[:4] == ["native", "all", "none", "min-size:1M"], counted
-assert counted[4:] == ["all", "none", "min-size:1M", "native"], counted
+# Round 1: rotated by one and reversed (neighbours change too).
+assert counted[4:] == ["native", "min-size:1M", "none", "all"], counted
 print("files OK")
 PY
 if grep -q "^chart: $dir/c/compare.png" <<<"$out"; then
@@ -72,12 +74,30 @@ out=$("$cli" compare --policies all --repeat 1 --warmup 0 --timeout 1 --out "$di
 [ $rc = 1 ] || fail "timeout run: $rc"
 grep -q "all: timed out (killed) (native: exit 0)" <<<"$out" || fail "timeout not reported: $out"
 
-# Output that differs.
-out=$("$cli" compare --policies none --repeat 1 --warmup 0 --out "$dir/d" -- \
-      /bin/sh -c 'echo ${VMMSHIM_PEER_POLICY:-native}' 2>/dev/null); rc=$?
+# Output that differs (the demo prints the size of an allocation's range: a
+# granule under the shim), shown around the difference.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/d" -- "$demo" 2>/dev/null); rc=$?
 [ $rc = 1 ] || fail "differing output: $rc"
-grep -q "none: standard output differs from native: line 1: 'none' instead of 'native'" <<<"$out" \
+grep -q "all: standard output differs from native: line 1: '.*lives in a 2097152-byte range' instead of '.*lives in a 512-byte range'" <<<"$out" \
   || fail "output difference: $out"
+
+# Warm-up runs absorb first-run effects: the reference is the first counted native run.
+out=$("$cli" compare --policies all --repeat 2 --warmup 1 --out "$dir/w" -- /bin/sh -c \
+      "if [ -e '$dir/seen' ]; then echo \$0; else touch '$dir/seen'; echo compiling; fi; $app" \
+      2>/dev/null); rc=$?
+[ $rc = 0 ] || fail "warm-up output taken as the reference: $out"
+
+# Output that is not UTF-8 is quoted in compare.json, not refused.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/u" -- /bin/sh -c \
+      "$app >/dev/null; printf '\\377\\376 %s\\n' \"\${VMMSHIM_PEER_POLICY:-native}\"" 2>&1); rc=$?
+[ $rc = 1 ] || fail "non-UTF-8 output: $rc: $out"
+python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$dir/u/compare.json" || fail "compare.json"
+
+# A program that never uses CUDA has no shim in it: NO SHIM, exit status 2.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/n" -- /bin/true 2>/dev/null); rc=$?
+[ $rc = 2 ] || fail "no shim: $rc"
+grep -qE "^all +NO SHIM" <<<"$out" && grep -q "all: no run wrote a statistics file" <<<"$out" \
+  || fail "no shim not reported: $out"
 
 # Bad input: one message naming it, exit status 2.
 expect_error() {  # expect_error MESSAGE ARGS...
@@ -88,7 +108,11 @@ expect_error() {  # expect_error MESSAGE ARGS...
 }
 expect_error "policy 'bogus' is not one of" --policies all,bogus -- "$app"
 expect_error "min-size needs a byte count" --policies min-size:lots -- "$app"
-expect_error "rules needs a readable rules file" --policies rules:/nonexistent.toml -- "$app"
+expect_error "/nonexistent.toml: cannot open the rules file" --policies rules:/nonexistent.toml -- "$app"
+mkdir -p "$dir/sp ace" && cp "$(dirname "$cli")/libvmmshim.so" "$dir/sp ace/"
+expect_error "holds a space or colon" --lib "$dir/sp ace/libvmmshim.so" -- "$app"
+msg=$("$cli" compare --out "" -- "$app" 2>&1); [ $? = 2 ] || fail "--out '' accepted"
+grep -q -- "--out: an empty directory name" <<<"$msg" || fail "--out '': $msg"
 expect_error "cannot run /nonexistent/program: No such file or directory" -- /nonexistent/program
 expect_error "is not a regular expression" --check '(' -- "$app"
 expect_error "--repeat" --repeat 0 -- "$app"
@@ -96,6 +120,6 @@ expect_error "excludes" --check x --same-output -- "$app"
 expect_error "File does not exist: /nonexistent.so" --lib /nonexistent.so -- "$app"
 expect_error "'abc' is not a number of seconds" --timeout abc -- "$app"
 expect_error "command is required" --policies all
-expect_error "the first native run was killed at the time limit (--timeout 0.5 s)" \
+expect_error "the first counted native run was killed at the time limit" \
   --timeout 0.5 --warmup 0 -- /bin/sleep 10
 echo "PASS: compare"

@@ -36,33 +36,45 @@ bool HasName(const std::vector<std::string>& env, const std::string& name) {
   return false;
 }
 
-TEST(ComparePolicies, ParsesEveryForm) {
+TEST(ComparePolicies, ParsesEveryFormAsTheShimDoes) {
   const std::string dir = TempDir();
-  const std::string rules = dir + "/r.toml";
-  std::ofstream(rules) << "[[rule]]\n";
+  std::ofstream(dir + "/r.toml") << "default = \"deny\"\n[[rule]]\ntag = \"kv\"\naction = \"allow\"\n";
+  // A relative rules path becomes absolute: the program may change directory.
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(chdir(dir.c_str()), 0);
   std::string error;
-  auto specs = ParsePolicies("all,none,min-size:1M,min-size:64KiB,rules:" + rules, &error);
+  auto specs = ParsePolicies("all,none,min-size:1M,min-size:64KiB,min-size:512B,rules:r.toml",
+                             &error);
+  ASSERT_EQ(chdir(cwd), 0);
   ASSERT_TRUE(specs) << error;
-  ASSERT_EQ(specs->size(), 5u);
+  ASSERT_EQ(specs->size(), 6u);
   EXPECT_EQ((*specs)[0].policy, "all");
   EXPECT_EQ((*specs)[2].policy, "min-size");
   EXPECT_EQ((*specs)[2].min_bytes, "1M");
   EXPECT_EQ((*specs)[2].label, "min-size:1M");
   EXPECT_EQ((*specs)[3].min_bytes, "64KiB");
-  EXPECT_EQ((*specs)[4].rules_file, rules);
+  EXPECT_EQ((*specs)[4].min_bytes, "512B");
+  EXPECT_EQ((*specs)[5].rules_file, dir + "/r.toml");
+  EXPECT_EQ((*specs)[5].label, "rules:r.toml");
 }
 
 TEST(ComparePolicies, RefusesWhatTheShimWouldRefuseNamingTheItem) {
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/bad.toml") << "[[rule]]\nmin_size = \"lots\"\naction = \"allow\"\n";
   struct Case {
-    const char* list;
-    const char* message;
+    std::string list;
+    std::string message;
   } cases[] = {
       {"all,bogus", "'bogus' is not one of all, none, min-size:BYTES, rules:FILE"},
       {"min-size", "min-size needs a byte count"},
       {"min-size:12 parsecs", "min-size needs a byte count"},
+      {"min-size:99999999999T", "min-size needs a byte count"},  // overflows, as in the shim
       {"none:1M", "none takes no argument"},
-      {"rules:/nonexistent/rules.toml", "rules needs a readable rules file"},
-      {"rules", "rules needs a readable rules file"},
+      {"rules:/nonexistent/rules.toml", "/nonexistent/rules.toml: cannot open the rules file"},
+      {"rules:" + dir, dir + ": not a regular file"},
+      {"rules:" + dir + "/bad.toml", "bad.toml:2: min_size must be a byte count"},
+      {"rules", "rules needs a rules file"},
       {"all,all", "'all' is listed twice"},
       {"", "no policy given"},
   };
@@ -106,24 +118,50 @@ TEST(CompareEnvironment, PolicyRunsSetTheirOwnVariablesAndKeepTheCallersOthers) 
   EXPECT_EQ(policies, 1u);
 }
 
+std::string Difference(const std::string& want, const std::string& got,
+                       const std::optional<std::string>& regex) {
+  std::string error;
+  std::optional<LineFilter> f = LineFilter::Make(regex, &error);
+  EXPECT_TRUE(f) << error;
+  return LinesDifference(f->Lines(want), f->Lines(got), f->filters());
+}
+
 TEST(CompareOutput, WholeOutputOrTheCheckedLines) {
   const std::string native = "step 1 loss 0.5\ntime 12 ms\nresult sha 1234\n";
-  EXPECT_EQ(OutputDifference(native, native, std::nullopt), "");
+  EXPECT_EQ(Difference(native, native, std::nullopt), "");
   const std::string slower = "step 1 loss 0.5\ntime 19 ms\nresult sha 1234\n";
-  EXPECT_EQ(OutputDifference(native, slower, std::nullopt),
+  EXPECT_EQ(Difference(native, slower, std::nullopt),
             "line 2: 'time 19 ms' instead of 'time 12 ms'");
-  EXPECT_EQ(OutputDifference(native, slower, "^(step|result)"), "");
-  EXPECT_EQ(OutputDifference(native, "step 1 loss 0.5\nresult sha 9999\n", "^(step|result)"),
+  EXPECT_EQ(Difference(native, slower, "^(step|result)"), "");
+  EXPECT_EQ(Difference(native, "step 1 loss 0.5\nresult sha 9999\n", "^(step|result)"),
             "checked line 2: 'result sha 9999' instead of 'result sha 1234'");
-  EXPECT_EQ(OutputDifference(native, "step 1 loss 0.5\n", std::nullopt),
-            "1 lines instead of 3");
-  EXPECT_EQ(OutputDifference("a\r\nb\n", "a\nb", std::nullopt), "");  // line ends alone
-  EXPECT_EQ(CheckedLines("x=1\ny=2\nx=3\n", "x="), (std::vector<std::string>{"x=1", "x=3"}));
+  EXPECT_EQ(Difference(native, "step 1 loss 0.5\n", std::nullopt), "1 lines instead of 3");
+  EXPECT_EQ(Difference("a\r\nb\n", "a\nb", std::nullopt), "");  // line ends alone
+  std::string error;
+  EXPECT_EQ(LineFilter::Make("x=", &error)->Lines("x=1\ny=2\nx=3\n"),
+            (std::vector<std::string>{"x=1", "x=3"}));
   // A long line is shown around where it differs, not cut before it.
   const std::string head(150, 'a');
-  const std::string diff = OutputDifference(head + "1 tail\n", head + "2 tail\n", std::nullopt);
+  const std::string diff = Difference(head + "1 tail\n", head + "2 tail\n", std::nullopt);
   EXPECT_NE(diff.find("a2 tail' instead of '...aaa"), std::string::npos) << diff;
   EXPECT_NE(diff.find("a1 tail'"), std::string::npos) << diff;
+}
+
+TEST(CompareOutput, LongLinesAndHeavyPatternsAreSafe) {
+  // std::regex recursed once per character and crashed on 50,000; POSIX
+  // regexec does not.
+  const std::string line(200000, 'a');
+  for (const char* re : {".*z", "(a|b)*c", "^(a+)+$"}) {
+    std::string error;
+    std::optional<LineFilter> f = LineFilter::Make(std::string(re), &error);
+    ASSERT_TRUE(f) << error;
+    EXPECT_EQ(f->Lines(line + "\n").size(), std::string(re) == "^(a+)+$" ? 1u : 0u) << re;
+  }
+  std::string error;
+  EXPECT_FALSE(LineFilter::Make(std::string("("), &error));
+  EXPECT_NE(error.find("'(' is not a regular expression (POSIX extended, as grep -E)"),
+            std::string::npos)
+      << error;
 }
 
 TEST(CompareStatistics, AddsUpTheProcessesOfARun) {
@@ -247,6 +285,34 @@ TEST_F(ChildTest, TheSamplerSeesTheRunningProgram) {
   EXPECT_TRUE(own);
   EXPECT_TRUE(DescendsFrom(getpid(), getppid()));
   EXPECT_FALSE(DescendsFrom(getppid(), getpid()));
+}
+
+TEST_F(ChildTest, AnInheritedIgnoredSigchldDoesNotLoseTheChild) {
+  struct sigaction ign {}, old {};
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGCHLD, &ign, &old);
+  const ChildResult r = RunChild(Spec({"/bin/sh", "-c", "exit 4"}));
+  sigaction(SIGCHLD, &old, nullptr);
+  EXPECT_EQ(r.exit_code, 4);
+}
+
+TEST_F(ChildTest, AHugeTimeLimitIsNoLimit) {
+  ChildSpec s = Spec({"/bin/sh", "-c", "sleep 0.2; echo ok"});
+  s.timeout_seconds = 1e300;
+  const ChildResult r = RunChild(s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.out, "ok\n");
+}
+
+TEST_F(ChildTest, AnInterruptKillsTheProgramAndStaysNoted) {
+  ClearInterrupted();
+  ChildSpec s = Spec({"/bin/sh", "-c", "kill -HUP $PPID; sleep 30"});
+  const ChildResult r = RunChild(s);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_LT(r.wall_seconds, 10);
+  EXPECT_TRUE(Interrupted());
+  ClearInterrupted();
+  EXPECT_FALSE(Interrupted());
 }
 
 TEST_F(ChildTest, LastLineSkipsTrailingBlankLines) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 namespace vmmshim::compare {
 namespace {
@@ -34,24 +35,33 @@ int PidFd(pid_t pid) {
 #endif
 }
 
-// Restores the handlers it replaced when it goes out of scope.
-class InterruptGuard {
+constexpr int kInterrupts[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// Catches the interrupts and sets SIGCHLD to its default; restores the
+// handlers it replaced when it goes out of scope.
+class SignalGuard {
  public:
-  InterruptGuard() {
-    g_interrupted = 0;
+  SignalGuard() {
     struct sigaction sa {};
     sa.sa_handler = OnInterrupt;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
+    for (size_t i = 0; i < std::size(kInterrupts); ++i) {
+      sigaction(kInterrupts[i], &sa, &old_[i]);
+    }
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGCHLD, &dfl, &old_chld_);
   }
-  ~InterruptGuard() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+  ~SignalGuard() {
+    for (size_t i = 0; i < std::size(kInterrupts); ++i) {
+      sigaction(kInterrupts[i], &old_[i], nullptr);
+    }
+    sigaction(SIGCHLD, &old_chld_, nullptr);
   }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_[std::size(kInterrupts)] {}, old_chld_ {};
 };
 
 void WriteAll(int fd, const char* data, size_t n) {
@@ -65,6 +75,9 @@ void WriteAll(int fd, const char* data, size_t n) {
 }
 
 }  // namespace
+
+bool Interrupted() { return g_interrupted != 0; }
+void ClearInterrupted() { g_interrupted = 0; }
 
 std::string SignalName(int signal) {
   const char* abbrev = sigabbrev_np(signal);
@@ -129,7 +142,7 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
     return result;
   }
 
-  InterruptGuard guard;
+  SignalGuard guard;
   const Clock::time_point start = Clock::now();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -141,8 +154,7 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
     setpgid(0, 0);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    sigaction(SIGINT, &dfl, nullptr);
-    sigaction(SIGTERM, &dfl, nullptr);
+    for (int sig : kInterrupts) sigaction(sig, &dfl, nullptr);
     sigaction(SIGPIPE, &dfl, nullptr);
     dup2(null_in, 0);
     dup2(out_pipe[1], 1);
@@ -174,8 +186,10 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
 
   const int pidfd = PidFd(pid);
   fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+  // Above 10^8 s (three years) is no limit: a larger value would overflow
+  // the clock's nanoseconds and land in the past.
   const Clock::time_point deadline =
-      spec.timeout_seconds > 0
+      spec.timeout_seconds > 0 && spec.timeout_seconds <= 1e8
           ? start + std::chrono::duration_cast<Clock::duration>(
                         std::chrono::duration<double>(spec.timeout_seconds))
           : Clock::time_point::max();
@@ -183,7 +197,7 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
   Clock::time_point exited_at{};
   Clock::time_point next_sample = start;
   bool reaped = false, pipe_open = true;
-  int status = 0;
+  int status = -1;
   char buf[65536];
   auto drain = [&] {
     for (;;) {
@@ -206,14 +220,24 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
     poll(fds, nfds, 10);
     if (pipe_open) drain();
     if (!reaped) {
-      const pid_t w = waitpid(pid, &status, WNOHANG);
-      if (w == pid) {
-        reaped = true;
+      // Ended? Asked without reaping (WNOWAIT): while the child is a zombie
+      // its pid, and so its process-group id, cannot be reused, so the kill
+      // of the group below cannot reach an unrelated one.
+      siginfo_t info{};
+      const int w = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if ((w == 0 && info.si_pid == pid) || (w < 0 && errno == ECHILD)) {
         exited_at = Clock::now();
         result.wall_seconds = Seconds(exited_at - start);
         // What it left behind in its group ends with it: a lingering child
         // would hold device memory into the next run.
         kill(-pid, SIGKILL);
+        if (w == 0) {
+          while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+          }
+        } else {
+          result.error = "the program's exit status was lost (reaped elsewhere)";
+        }
+        reaped = true;
       } else if (while_running && Clock::now() >= next_sample) {
         // By the clock, not per wake-up: a program writing a lot wakes the
         // loop often, and a sample (NVML) is not free.
@@ -221,7 +245,10 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
         next_sample = Clock::now() + std::chrono::milliseconds(10);
       }
     }
-    if (reaped && pipe_open && Clock::now() - exited_at > std::chrono::seconds(1)) break;
+    if (reaped && pipe_open &&
+        (g_interrupted || Clock::now() - exited_at > std::chrono::seconds(1))) {
+      break;
+    }
     const Clock::time_point now = Clock::now();
     if (!reaped && kill_after == Clock::time_point::max() && (now >= deadline || g_interrupted)) {
       result.timed_out = !g_interrupted;
@@ -236,8 +263,9 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
   }
   if (pidfd >= 0) close(pidfd);
   close_all();
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (status != -1 && WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  result.interrupted = result.interrupted || g_interrupted != 0;
   return result;
 }
 

@@ -8,8 +8,15 @@
 // (python3 launchers, torch.multiprocessing workers). Standard input is
 // /dev/null: runs must not wait for a terminal.
 //
+// Interrupts: while RunChild runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT to
+// this process are caught; the program's group gets SIGTERM (then SIGKILL
+// after 3 s), RunChild returns with `interrupted`, and Interrupted() stays
+// true until ClearInterrupted(), so a caller running several programs stops.
+// SIGCHLD is set to its default for the run (an inherited SIG_IGN would
+// make the kernel reap the child before RunChild can).
+//
 // Thread safety: RunChild may be called from one thread at a time (it
-// installs SIGINT/SIGTERM handlers for the duration of the run).
+// replaces signal handlers for the duration of the run).
 #ifndef VMMSHIM_TOOLS_COMPARE_CHILD_PROCESS_H_
 #define VMMSHIM_TOOLS_COMPARE_CHILD_PROCESS_H_
 
@@ -37,13 +44,17 @@ struct ChildSpec {
   std::vector<std::string> env;   // "NAME=value", the whole environment
   std::string stdout_file;        // standard output is copied here
   std::string stderr_file;        // standard error goes here
-  double timeout_seconds = 0;     // 0: no limit
+  double timeout_seconds = 0;     // 0 (or above 10^8 s): no limit
 };
 
 // Runs `spec` to its end. `while_running` is called repeatedly (about every
 // 10 ms) with the child's pid while it runs, for sampling. Never throws.
 ChildResult RunChild(const ChildSpec& spec,
                      const std::function<void(pid_t)>& while_running = nullptr);
+
+// Whether an interrupt reached a RunChild since the last ClearInterrupted.
+bool Interrupted();
+void ClearInterrupted();
 
 // The last non-empty line of a text file (at most its last 64 KiB are read);
 // empty when there is none.

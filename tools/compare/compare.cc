@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,10 +12,11 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <regex.h>
 #include <set>
 #include <sstream>
 
+#include "config/rules_file.h"
 #include "nlohmann/json.hpp"
 #include "tools/compare/child_process.h"
 #include "tools/compare/device_memory.h"
@@ -34,13 +36,6 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   std::istringstream in(s);
   while (std::getline(in, part, sep)) parts.push_back(part);
   return parts;
-}
-
-// The shim's byte-count form (config/config.cc ParseBytes): digits, then an
-// optional K, M, G or T, then an optional "iB" or "B".
-bool LooksLikeBytes(const std::string& s) {
-  static const std::regex kBytes("[0-9]+([KMGTkmgt](i?[Bb])?)?");
-  return std::regex_match(s, kBytes);
 }
 
 // The variables a policy run sets itself.
@@ -136,6 +131,23 @@ bool MakeDirs(const std::string& path, std::string* error) {
   return true;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Writes `text` to `path`; false and `*error` naming the path on failure.
+bool WriteFile(const std::string& path, const std::string& text, std::string* error) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
 struct Mode {
   std::string label;  // "native" or the policy's label
   std::optional<PolicySpec> policy;
@@ -158,14 +170,13 @@ struct Run {
 
 struct Summary {
   const Mode* mode = nullptr;
-  int runs = 0, failed = 0;
+  int runs = 0, failed = 0, without_stats = 0;
   std::optional<double> wall, peak_device;
   std::optional<double> served, peak_physical, mapped, grants, denials, set_access,
       peer_enable_seconds, peer_enable_calls;
   std::string failure;  // the first failed run's description
   std::vector<ShimFigures::PairDenials> denials_by_pair;
   std::vector<std::string> denial_lines;
-  bool no_stats = false;  // a policy run wrote no statistics
 };
 
 std::string Describe(const ChildResult& c) {
@@ -247,7 +258,7 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
 }
 
 std::string CsvField(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
   return q + "\"";
@@ -282,18 +293,23 @@ std::optional<std::vector<PolicySpec>> ParsePolicies(const std::string& list,
         return std::nullopt;
       }
     } else if (spec.policy == "min-size") {
-      if (!LooksLikeBytes(arg)) {
+      if (arg.empty() || !ParseBytes(arg)) {
         *error = "policy '" + item + "': min-size needs a byte count, as in min-size:1M";
         return std::nullopt;
       }
       spec.min_bytes = arg;
     } else if (spec.policy == "rules") {
-      if (arg.empty() || access(arg.c_str(), R_OK) != 0) {
-        *error = "policy '" + item + "': rules needs a readable rules file, as in rules:rules.toml" +
-                 (arg.empty() ? "" : std::string(" (") + std::strerror(errno) + ")");
+      if (arg.empty()) {
+        *error = "policy '" + item + "': rules needs a rules file, as in rules:rules.toml";
         return std::nullopt;
       }
-      spec.rules_file = arg;
+      // The shim's own parser: its message names the file, line and problem.
+      if (absl::StatusOr<PeerPolicy> loaded = LoadRulesFile(arg); !loaded.ok()) {
+        *error = "policy '" + item + "': " + std::string(loaded.status().message());
+        return std::nullopt;
+      }
+      char real[PATH_MAX];
+      spec.rules_file = realpath(arg.c_str(), real) != nullptr ? real : arg;
     } else {
       *error = "policy '" + item + "' is not one of all, none, min-size:BYTES, rules:FILE";
       return std::nullopt;
@@ -352,30 +368,45 @@ std::vector<std::string> PolicyEnvironment(const std::vector<std::string>& base,
   return env;
 }
 
-std::vector<std::string> CheckedLines(const std::string& out,
-                                      const std::optional<std::string>& regex) {
-  std::vector<std::string> lines = Lines(out);
+std::optional<LineFilter> LineFilter::Make(const std::optional<std::string>& regex,
+                                           std::string* error) {
+  LineFilter f;
+  if (!regex) return f;
+  auto* re = new regex_t;
+  if (int rc = regcomp(re, regex->c_str(), REG_EXTENDED | REG_NOSUB); rc != 0) {
+    char why[256];
+    regerror(rc, re, why, sizeof why);
+    delete re;
+    *error = "'" + *regex + "' is not a regular expression (POSIX extended, as grep -E): " + why;
+    return std::nullopt;
+  }
+  f.regex_ = std::shared_ptr<const void>(re, [](const void* p) {
+    regfree(static_cast<regex_t*>(const_cast<void*>(p)));
+    delete static_cast<const regex_t*>(p);
+  });
+  return f;
+}
+
+std::vector<std::string> LineFilter::Lines(const std::string& out) const {
+  std::vector<std::string> lines = compare::Lines(out);
   if (!lines.empty() && lines.back().empty()) lines.pop_back();
-  if (!regex) return lines;
-  const std::regex re(*regex);
+  if (regex_ == nullptr) return lines;
+  const auto* re = static_cast<const regex_t*>(regex_.get());
   std::vector<std::string> kept;
   for (const std::string& l : lines) {
-    if (std::regex_search(l, re)) kept.push_back(l);
+    if (regexec(re, l.c_str(), 0, nullptr, 0) == 0) kept.push_back(l);
   }
   return kept;
 }
 
-std::string OutputDifference(const std::string& reference, const std::string& out,
-                             const std::optional<std::string>& regex) {
-  const std::vector<std::string> want = CheckedLines(reference, regex);
-  const std::vector<std::string> got = CheckedLines(out, regex);
-  const char* what = regex ? "checked line" : "line";
+std::string LinesDifference(const std::vector<std::string>& want,
+                            const std::vector<std::string>& got, bool filtered) {
+  const char* what = filtered ? "checked line" : "line";
   for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
     if (want[i] != got[i]) {
+      const size_t n = std::min(want[i].size(), got[i].size());
       const size_t at = static_cast<size_t>(
-          std::mismatch(want[i].begin(), want[i].begin() + std::min(want[i].size(), got[i].size()),
-                        got[i].begin())
-              .first -
+          std::mismatch(want[i].begin(), want[i].begin() + n, got[i].begin()).first -
           want[i].begin());
       return std::string(what) + " " + std::to_string(i + 1) + ": '" + Around(got[i], at) +
              "' instead of '" + Around(want[i], at) + "'";
@@ -458,20 +489,36 @@ std::string FormatBytes(uint64_t bytes) {
 
 int RunCompare(const CompareOptions& options) {
   std::string error;
-  const std::string runs_dir = options.out_dir + "/runs";
-  if (!MakeDirs(runs_dir, &error)) {
+  if (options.repeat < 1 || options.warmup < 0 || options.command.empty()) {
+    std::fprintf(stderr, "vmmshim compare: nothing to run (repeat %d, warmup %d)\n",
+                 options.repeat, options.warmup);
+    return 2;
+  }
+  if (options.out_dir.empty()) {
+    std::fprintf(stderr, "vmmshim compare: --out: an empty directory name\n");
+    return 2;
+  }
+  std::optional<LineFilter> filter = LineFilter::Make(options.check_regex, &error);
+  if (!filter) {
+    std::fprintf(stderr, "vmmshim compare: --check %s\n", error.c_str());
+    return 2;
+  }
+  if (options.library.find_first_of(" :") != std::string::npos) {
+    std::fprintf(stderr,
+                 "vmmshim compare: the library path '%s' holds a space or colon, which "
+                 "LD_PRELOAD cannot carry; copy libvmmshim.so elsewhere and give --lib\n",
+                 options.library.c_str());
+    return 2;
+  }
+  if (!MakeDirs(options.out_dir + "/runs", &error)) {
     std::fprintf(stderr, "vmmshim compare: %s\n", error.c_str());
     return 2;
   }
-  if (options.check_regex) {
-    try {
-      std::regex check(*options.check_regex);
-    } catch (const std::regex_error& e) {
-      std::fprintf(stderr, "vmmshim compare: --check '%s' is not a regular expression: %s\n",
-                   options.check_regex->c_str(), e.what());
-      return 2;
-    }
-  }
+  // Absolute: the program may change directory before the shim writes.
+  char real[PATH_MAX];
+  const std::string out_dir =
+      realpath(options.out_dir.c_str(), real) != nullptr ? real : options.out_dir;
+  const std::string runs_dir = out_dir + "/runs";
   std::vector<Mode> modes;
   modes.push_back({"native", std::nullopt, "0-native"});
   for (size_t i = 0; i < options.policies.size(); ++i) {
@@ -488,18 +535,19 @@ int RunCompare(const CompareOptions& options) {
 
   DeviceMemorySampler sampler;
   std::vector<Run> runs;
-  const Run* reference = nullptr;
   double slowest_native = 0;
   const int total = static_cast<int>(modes.size()) * (options.warmup + options.repeat);
-  int done = 0;
+  runs.reserve(static_cast<size_t>(total));
 
+  // One run; false when it could not be started or was interrupted.
   auto run_one = [&](const Mode& mode, int round, bool warmup) -> bool {
     Run run;
     run.mode = &mode;
     run.round = round;
     run.warmup = warmup;
-    const std::string stem = runs_dir + "/" + mode.slug + "." +
-                             (warmup ? "w" + std::to_string(-round) : std::to_string(round));
+    const std::string name =
+        mode.slug + "." + (warmup ? "w" + std::to_string(-round) : std::to_string(round));
+    const std::string stem = runs_dir + "/" + name;
     run.stdout_file = stem + ".out";
     run.stderr_file = stem + ".err";
     ChildSpec spec;
@@ -513,8 +561,7 @@ int RunCompare(const CompareOptions& options) {
     if (spec.timeout_seconds == 0 && slowest_native > 0) {
       spec.timeout_seconds = std::max(60.0, 10 * slowest_native);
     }
-    ++done;
-    std::fprintf(stderr, "vmmshim compare: run %d of %d: %s%s\n", done, total,
+    std::fprintf(stderr, "vmmshim compare: run %zu of %d: %s%s\n", runs.size() + 1, total,
                  mode.label.c_str(), warmup ? " (warm-up, not counted)" : "");
     sampler.Begin();
     run.child = RunChild(spec, [&](pid_t pid) { sampler.Sample(pid); });
@@ -522,57 +569,69 @@ int RunCompare(const CompareOptions& options) {
       std::fprintf(stderr, "vmmshim compare: %s\n", run.child.error.c_str());
       return false;
     }
+    run.child.out.clear();  // compared from its file: memory does not grow with the runs
     run.peak_device_bytes = sampler.Peak();
     run.stderr_last = LastLine(run.stderr_file);
     if (mode.policy) {
-      const std::string name = stem.substr(stem.rfind('/') + 1);
       run.shim = ReadShimFigures(FilesWithPrefix(runs_dir, name + ".stats."), &run.stats_error);
       run.log_files = FilesWithPrefix(runs_dir, name + ".shim.");
-    } else {
+    } else if (!run.child.timed_out) {
       slowest_native = std::max(slowest_native, run.child.wall_seconds);
     }
-    if (reference == nullptr && !mode.policy) {
-      runs.push_back(std::move(run));
-      reference = &runs.back();
-    } else {
-      runs.push_back(std::move(run));
+    runs.push_back(std::move(run));
+    return !runs.back().child.interrupted && !Interrupted();
+  };
+  auto interrupted = [&] {
+    std::fprintf(stderr, "vmmshim compare: interrupted; the program's process group was "
+                         "killed; no table\n");
+    return 130;
+  };
+  ClearInterrupted();
+  for (int w = 0; w < options.warmup; ++w) {
+    for (const Mode& m : modes) {
+      if (!run_one(m, -(w + 1), true)) return Interrupted() ? interrupted() : 2;
     }
-    Run& r = runs.back();
+  }
+  for (int r = 0; r < options.repeat; ++r) {
+    // Rotated by r, every other round reversed: neither a mode's place nor
+    // its neighbours stay the same.
+    std::vector<const Mode*> order;
+    for (size_t k = 0; k < modes.size(); ++k) order.push_back(&modes[(r + k) % modes.size()]);
+    if (r % 2 == 1) std::reverse(order.begin(), order.end());
+    for (const Mode* m : order) {
+      if (!run_one(*m, r, false)) return Interrupted() ? interrupted() : 2;
+    }
+  }
+
+  // The reference: the first counted native run (warm-ups absorb first-run
+  // effects such as JIT compilation).
+  const Run* reference = nullptr;
+  for (const Run& r : runs) {
+    if (!r.mode->policy && !r.warmup) {
+      reference = &r;
+      break;
+    }
+  }
+  if (reference->child.timed_out) {
+    std::fprintf(stderr,
+                 "vmmshim compare: the first counted native run was killed at the time limit "
+                 "(--timeout): nothing to compare with; raise --timeout\n");
+    return 2;
+  }
+  const std::vector<std::string> want = filter->Lines(ReadFile(reference->stdout_file));
+  for (Run& r : runs) {
+    if (&r == reference) continue;
     const ChildResult& c = r.child;
-    const ChildResult& want = reference->child;
-    if (&r == reference) {
-      if (c.timed_out) {
-        std::fprintf(stderr,
-                     "vmmshim compare: the first native run was killed at the time limit "
-                     "(--timeout %g s): nothing to compare with; raise --timeout\n",
-                     spec.timeout_seconds);
-        return false;
-      }
-      return !c.interrupted;
-    }
-    if (c.timed_out || c.interrupted || c.signal != want.signal ||
-        c.exit_code != want.exit_code) {
-      r.failure = Describe(c) + " (native: " + Describe(want) + ")";
+    const ChildResult& ref = reference->child;
+    if (c.timed_out || c.signal != ref.signal || c.exit_code != ref.exit_code) {
+      r.failure = Describe(c) + " (native: " + Describe(ref) + ")";
     } else if (std::string diff =
-                   OutputDifference(reference->child.out, c.out, options.check_regex);
+                   LinesDifference(want, filter->Lines(ReadFile(r.stdout_file)), filter->filters());
                !diff.empty()) {
       r.failure = "standard output differs from native: " + diff;
     }
     if (!r.failure.empty() && !r.stderr_last.empty()) {
       r.failure += "; last line of stderr: " + Truncate(r.stderr_last, 200);
-    }
-    return !c.interrupted;
-  };
-  runs.reserve(static_cast<size_t>(total));
-
-  for (int w = 0; w < options.warmup; ++w) {
-    for (const Mode& m : modes) {
-      if (!run_one(m, -(w + 1), true)) return 2;
-    }
-  }
-  for (int r = 0; r < options.repeat; ++r) {
-    for (size_t k = 0; k < modes.size(); ++k) {
-      if (!run_one(modes[(r + k) % modes.size()], r, false)) return 2;
     }
   }
 
@@ -581,38 +640,36 @@ int RunCompare(const CompareOptions& options) {
   for (const Mode& m : modes) {
     Summary s;
     s.mode = &m;
-    std::vector<double> wall, peak, served, physical, mapped, grants, denials, setaccess,
-        enable_s, enable_n, failed_wall, failed_peak;
+    std::vector<double> wall, peak, failed_wall, failed_peak, served, physical, mapped, grants,
+        denials, setaccess, enable_s, enable_n;
     for (const Run& r : runs) {
       if (r.mode != &m || r.warmup) continue;
       ++s.runs;
-      if (!r.failure.empty()) {
-        if (s.failed++ == 0) {
-          s.failure = r.failure;
-          s.denials_by_pair = r.shim.denials_by_pair;
-          s.denial_lines = DenialLogLines(r.log_files, 3);
-        }
+      if (!r.failure.empty() && s.failed++ == 0) {
+        s.failure = r.failure;
+        s.denials_by_pair = r.shim.denials_by_pair;
+        s.denial_lines = DenialLogLines(r.log_files, 3);
       }
-      // Time and memory of runs that matched native; a crashed or killed run's
-      // time says nothing about the program's (all runs where none matched).
+      // Time and memory of runs that matched native; a crashed or killed
+      // run's time says nothing about the program's (all runs where none did).
       (r.failure.empty() ? wall : failed_wall).push_back(r.child.wall_seconds);
       if (r.peak_device_bytes) {
-        (r.failure.empty() ? peak : failed_peak).push_back(static_cast<double>(*r.peak_device_bytes));
+        (r.failure.empty() ? peak : failed_peak)
+            .push_back(static_cast<double>(*r.peak_device_bytes));
       }
-      if (m.policy) {
-        if (r.shim.files == 0) {
-          s.no_stats = true;
-          continue;
-        }
-        served.push_back(static_cast<double>(r.shim.served_allocations));
-        physical.push_back(static_cast<double>(r.shim.peak_physical_bytes));
-        mapped.push_back(static_cast<double>(r.shim.mapped_into_peers_bytes));
-        grants.push_back(static_cast<double>(r.shim.grants));
-        denials.push_back(static_cast<double>(r.shim.denials));
-        setaccess.push_back(static_cast<double>(r.shim.set_access_calls));
-        enable_s.push_back(r.shim.peer_enable_seconds);
-        enable_n.push_back(static_cast<double>(r.shim.peer_enable_calls));
+      if (!m.policy) continue;
+      if (r.shim.files == 0) {
+        ++s.without_stats;
+        continue;
       }
+      served.push_back(static_cast<double>(r.shim.served_allocations));
+      physical.push_back(static_cast<double>(r.shim.peak_physical_bytes));
+      mapped.push_back(static_cast<double>(r.shim.mapped_into_peers_bytes));
+      grants.push_back(static_cast<double>(r.shim.grants));
+      denials.push_back(static_cast<double>(r.shim.denials));
+      setaccess.push_back(static_cast<double>(r.shim.set_access_calls));
+      enable_s.push_back(r.shim.peer_enable_seconds);
+      enable_n.push_back(static_cast<double>(r.shim.peer_enable_calls));
     }
     s.wall = Median(wall.empty() ? failed_wall : wall);
     s.peak_device = Median(wall.empty() ? failed_peak : peak);
@@ -624,24 +681,26 @@ int RunCompare(const CompareOptions& options) {
     s.set_access = Median(setaccess);
     s.peer_enable_seconds = Median(enable_s);
     s.peer_enable_calls = Median(enable_n);
-    if (m.policy && s.denial_lines.empty() && s.failed > 0) {
-      for (const Run& r : runs) {
-        if (r.mode == &m && !r.failure.empty()) {
-          s.denial_lines = DenialLogLines(r.log_files, 3);
-          break;
-        }
-      }
-    }
     summaries.push_back(s);
   }
   const Summary& native = summaries.front();
+  // A policy none of whose counted runs wrote statistics though one ended
+  // on its own (killed runs write none): the shim was not in the program.
+  auto NoShim = [&](const Summary& s) {
+    if (!s.mode->policy || s.without_stats < s.runs) return false;
+    for (const Run& r : runs) {
+      if (r.mode == s.mode && !r.warmup && !r.child.timed_out && r.child.signal == 0) return true;
+    }
+    return false;
+  };
 
   // The table.
   std::string command;
   for (const std::string& a : options.command) command += (command.empty() ? "" : " ") + a;
   std::printf("vmmshim compare: %s\n", command.c_str());
   std::printf("%d counted run(s) of each mode, alternating (%d warm-up run(s) of each not "
-              "counted); results checked against native: exit status and %s\n\n",
+              "counted); results checked against the first counted native run: exit status "
+              "and %s\n\n",
               options.repeat, options.warmup,
               options.check_regex ? ("the lines matching '" + *options.check_regex + "'").c_str()
                                   : "the whole standard output");
@@ -649,12 +708,16 @@ int RunCompare(const CompareOptions& options) {
       {"policy", "result", "wall (median)", "vs native", "peak device memory", "vs native",
        "served", "shim peak physical", "mapped into peers", "grants", "denials",
        "cuMemSetAccess", "cuCtxEnablePeerAccess"}};
-  bool any_failed = false;
+  bool any_failed = false, any_without_shim = false;
   for (const Summary& s : summaries) {
     std::string result = "ok";
-    if (s.failed > 0) {
-      result = s.mode->policy ? "FAILED" : "differs";
-      result += " (" + std::to_string(s.failed) + "/" + std::to_string(s.runs) + ")";
+    const std::string counts =
+        " (" + std::to_string(s.failed) + "/" + std::to_string(s.runs) + ")";
+    if (NoShim(s)) {
+      result = "NO SHIM";
+      any_without_shim = true;
+    } else if (s.failed > 0) {
+      result = (s.mode->policy ? "FAILED" : "differs") + counts;
       if (s.mode->policy) any_failed = true;
     }
     std::string enable = "-";
@@ -691,18 +754,33 @@ int RunCompare(const CompareOptions& options) {
   }
   std::printf("- cuCtxEnablePeerAccess: seconds the program spent in it per run (and its "
               "calls), the driver's enable and the shim's grants together.\n");
+  const ChildResult& ref = reference->child;
+  if (ref.signal != 0 || ref.exit_code != 0) {
+    std::printf("- native itself ends with %s%s: the policies are compared with that.\n",
+                Describe(ref).c_str(),
+                reference->stderr_last.empty()
+                    ? ""
+                    : ("; last line of stderr: " + Truncate(reference->stderr_last, 200)).c_str());
+  }
+  if (filter->filters() && want.empty()) {
+    std::printf("- --check matched no line of native's output: only exit statuses were "
+                "compared.\n");
+  }
   for (const Summary& s : summaries) {
-    if (s.no_stats) {
-      std::printf("- %s: a run wrote no statistics file (the shim did not start in the "
-                  "program, or the program ended by _exit or a signal); its shim figures are "
-                  "the other runs'.\n",
-                  s.mode->label.c_str());
+    if (NoShim(s)) {
+      std::printf("- %s: no run wrote a statistics file: the shim did not start in the program "
+                  "(ld.so could not preload it: see %s/%s.*.err; or the program never used "
+                  "CUDA). Nothing of the shim's was measured.\n",
+                  s.mode->label.c_str(), runs_dir.c_str(), s.mode->slug.c_str());
+    } else if (s.without_stats > 0) {
+      std::printf("- %s: %d run(s) wrote no statistics file (the program ended by _exit or a "
+                  "signal?); its shim figures are the other runs'.\n",
+                  s.mode->label.c_str(), s.without_stats);
     }
     if (s.failed == 0) continue;
     if (!s.mode->policy) {
       const bool output = s.failure.rfind("standard output differs", 0) == 0;
-      std::printf("- native runs do not all agree with the first native run (warm-up "
-                  "included), which every run is compared with: %s%s\n",
+      std::printf("- native runs do not all agree with the first counted one: %s%s\n",
                   s.failure.c_str(),
                   output ? "; use --check REGEX to compare only the lines that must agree" : "");
       continue;
@@ -711,37 +789,36 @@ int RunCompare(const CompareOptions& options) {
                 DenialSummary(s.denials_by_pair).c_str());
     for (const std::string& l : s.denial_lines) std::printf("    %s\n", l.c_str());
   }
+  std::fflush(stdout);
 
   // Files.
-  {
-    std::ofstream csv(options.out_dir + "/summary.csv");
-    csv << "policy,runs,failed_runs,wall_median_s,wall_vs_native,peak_device_bytes,"
-           "peak_device_vs_native,served_allocations,shim_peak_physical_bytes,"
-           "mapped_into_peers_bytes,grants,denials,set_access_calls,peer_enable_seconds,"
-           "peer_enable_calls,failure\n";
-    for (const Summary& s : summaries) {
-      auto ratio = [&](std::optional<double> v, std::optional<double> n) {
-        return v && n && *n > 0 ? OptCsv(*v / *n) : std::string();
-      };
-      csv << CsvField(s.mode->label) << "," << s.runs << "," << s.failed << ","
-          << OptCsv(s.wall) << "," << ratio(s.wall, native.wall) << ","
-          << OptCsv(s.peak_device) << "," << ratio(s.peak_device, native.peak_device) << ","
-          << OptCsv(s.served) << "," << OptCsv(s.peak_physical) << "," << OptCsv(s.mapped)
-          << "," << OptCsv(s.grants) << "," << OptCsv(s.denials) << ","
-          << OptCsv(s.set_access) << "," << OptCsv(s.peer_enable_seconds) << ","
-          << OptCsv(s.peer_enable_calls) << "," << CsvField(s.failure) << "\n";
-    }
+  std::ostringstream summary_csv;
+  summary_csv << "policy,runs,failed_runs,wall_median_s,wall_vs_native,peak_device_bytes,"
+                 "peak_device_vs_native,served_allocations,shim_peak_physical_bytes,"
+                 "mapped_into_peers_bytes,grants,denials,set_access_calls,peer_enable_seconds,"
+                 "peer_enable_calls,failure\n";
+  for (const Summary& s : summaries) {
+    auto ratio = [&](std::optional<double> v, std::optional<double> n) {
+      return v && n && *n > 0 ? OptCsv(*v / *n) : std::string();
+    };
+    summary_csv << CsvField(s.mode->label) << "," << s.runs << "," << s.failed << ","
+                << OptCsv(s.wall) << "," << ratio(s.wall, native.wall) << ","
+                << OptCsv(s.peak_device) << "," << ratio(s.peak_device, native.peak_device)
+                << "," << OptCsv(s.served) << "," << OptCsv(s.peak_physical) << ","
+                << OptCsv(s.mapped) << "," << OptCsv(s.grants) << "," << OptCsv(s.denials)
+                << "," << OptCsv(s.set_access) << "," << OptCsv(s.peer_enable_seconds) << ","
+                << OptCsv(s.peer_enable_calls) << "," << CsvField(s.failure) << "\n";
   }
   nlohmann::json doc;
   doc["command"] = options.command;
   doc["policies"] = nlohmann::json::array();
   for (const PolicySpec& p : options.policies) doc["policies"].push_back(p.label);
-  doc["timeout_seconds"] = options.timeout_seconds;
-  doc["library"] = options.library;
-  doc["out_dir"] = options.out_dir;
   doc["repeat"] = options.repeat;
   doc["warmup"] = options.warmup;
   doc["check"] = options.check_regex ? nlohmann::json(*options.check_regex) : nlohmann::json();
+  doc["timeout_seconds"] = options.timeout_seconds;
+  doc["library"] = options.library;
+  doc["out_dir"] = out_dir;
   doc["peak_device_memory_source"] =
       sampler.Available() ? "nvml " + sampler.Source() : "unavailable: " + sampler.Unavailable();
   doc["modes"] = nlohmann::json::array();
@@ -754,6 +831,7 @@ int RunCompare(const CompareOptions& options) {
                             {"native", !s.mode->policy},
                             {"runs", s.runs},
                             {"failed_runs", s.failed},
+                            {"runs_without_statistics", s.without_stats},
                             {"failure", s.failure},
                             {"wall_median_seconds", OptJson(s.wall)},
                             {"peak_device_bytes", OptJson(s.peak_device)},
@@ -768,46 +846,51 @@ int RunCompare(const CompareOptions& options) {
                             {"denials_by_pair", pairs},
                             {"denial_log", s.denial_lines}});
   }
-  {
-    std::ofstream csv(options.out_dir + "/runs.csv");
-    csv << "policy,round,warmup,exit_code,signal,timed_out,wall_seconds,peak_device_bytes,"
-           "served_allocations,mapped_into_peers_bytes,grants,denials,set_access_calls,"
-           "peer_enable_seconds,failure\n";
-    doc["runs"] = nlohmann::json::array();
-    for (const Run& r : runs) {
-      const bool shim = r.mode->policy && r.shim.files > 0;
-      auto fig = [&](uint64_t v) { return shim ? std::to_string(v) : std::string(); };
-      csv << CsvField(r.mode->label) << "," << r.round << "," << (r.warmup ? 1 : 0) << ","
-          << r.child.exit_code << "," << r.child.signal << "," << (r.child.timed_out ? 1 : 0)
-          << "," << OptCsv(r.child.wall_seconds) << ","
-          << (r.peak_device_bytes ? std::to_string(*r.peak_device_bytes) : "") << ","
-          << fig(r.shim.served_allocations) << "," << fig(r.shim.mapped_into_peers_bytes) << ","
-          << fig(r.shim.grants) << "," << fig(r.shim.denials) << ","
-          << fig(r.shim.set_access_calls) << ","
-          << (shim ? OptCsv(r.shim.peer_enable_seconds) : "") << "," << CsvField(r.failure)
-          << "\n";
-      doc["runs"].push_back(
-          {{"policy", r.mode->label},
-           {"round", r.round},
-           {"warmup", r.warmup},
-           {"exit_code", r.child.exit_code},
-           {"signal", r.child.signal},
-           {"timed_out", r.child.timed_out},
-           {"wall_seconds", r.child.wall_seconds},
-           {"peak_device_bytes", r.peak_device_bytes
-                                     ? nlohmann::json(*r.peak_device_bytes)
-                                     : nlohmann::json()},
-           {"statistics_files", r.shim.files},
-           {"failure", r.failure},
-           {"stdout", r.stdout_file},
-           {"stderr", r.stderr_file}});
-    }
+  std::ostringstream runs_csv;
+  runs_csv << "policy,round,warmup,exit_code,signal,timed_out,wall_seconds,peak_device_bytes,"
+              "served_allocations,mapped_into_peers_bytes,grants,denials,set_access_calls,"
+              "peer_enable_seconds,failure\n";
+  doc["runs"] = nlohmann::json::array();
+  for (const Run& r : runs) {
+    const bool shim = r.mode->policy && r.shim.files > 0;
+    auto fig = [&](uint64_t v) { return shim ? std::to_string(v) : std::string(); };
+    runs_csv << CsvField(r.mode->label) << "," << r.round << "," << (r.warmup ? 1 : 0) << ","
+             << r.child.exit_code << "," << r.child.signal << "," << (r.child.timed_out ? 1 : 0)
+             << "," << OptCsv(r.child.wall_seconds) << ","
+             << (r.peak_device_bytes ? std::to_string(*r.peak_device_bytes) : "") << ","
+             << fig(r.shim.served_allocations) << "," << fig(r.shim.mapped_into_peers_bytes)
+             << "," << fig(r.shim.grants) << "," << fig(r.shim.denials) << ","
+             << fig(r.shim.set_access_calls) << ","
+             << (shim ? OptCsv(r.shim.peer_enable_seconds) : "") << "," << CsvField(r.failure)
+             << "\n";
+    doc["runs"].push_back(
+        {{"policy", r.mode->label},
+         {"round", r.round},
+         {"warmup", r.warmup},
+         {"exit_code", r.child.exit_code},
+         {"signal", r.child.signal},
+         {"timed_out", r.child.timed_out},
+         {"wall_seconds", r.child.wall_seconds},
+         {"peak_device_bytes",
+          r.peak_device_bytes ? nlohmann::json(*r.peak_device_bytes) : nlohmann::json()},
+         {"statistics_files", r.shim.files},
+         {"failure", r.failure},
+         {"stdout", r.stdout_file},
+         {"stderr", r.stderr_file}});
   }
-  const std::string json_path = options.out_dir + "/compare.json";
-  std::ofstream(json_path) << doc.dump(2) << "\n";
+  const std::string json_path = out_dir + "/compare.json";
+  // Program output quoted in failures need not be UTF-8: replaced, not refused.
+  const std::string json_text =
+      doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  if (!WriteFile(out_dir + "/summary.csv", summary_csv.str(), &error) ||
+      !WriteFile(out_dir + "/runs.csv", runs_csv.str(), &error) ||
+      !WriteFile(json_path, json_text, &error)) {
+    std::fprintf(stderr, "vmmshim compare: %s\n", error.c_str());
+    return 2;
+  }
   std::printf("\nwritten: %s/summary.csv, runs.csv, compare.json, runs/ (each run's output, "
               "statistics and shim log)\n",
-              options.out_dir.c_str());
+              out_dir.c_str());
   for (const Run& r : runs) {
     if (!r.stats_error.empty()) {
       std::printf("warning: %s\n", r.stats_error.c_str());
@@ -820,19 +903,20 @@ int RunCompare(const CompareOptions& options) {
     std::printf("chart: not drawn (compare_chart.py not found next to vmmshim)\n");
   } else {
     ChildSpec chart;
-    chart.argv = {"python3", options.chart_script, json_path, options.out_dir + "/compare.png"};
+    chart.argv = {"python3", options.chart_script, json_path, out_dir + "/compare.png"};
     chart.env = base;
-    chart.stdout_file = options.out_dir + "/runs/chart.out";
-    chart.stderr_file = options.out_dir + "/runs/chart.err";
+    chart.stdout_file = runs_dir + "/chart.out";
+    chart.stderr_file = runs_dir + "/chart.err";
     chart.timeout_seconds = 120;
     const ChildResult c = RunChild(chart);
     if (c.started && c.exit_code == 0) {
-      std::printf("chart: %s/compare.png\n", options.out_dir.c_str());
+      std::printf("chart: %s/compare.png\n", out_dir.c_str());
     } else {
       const std::string why = c.started ? LastLine(chart.stderr_file) : c.error;
       std::printf("chart: not drawn (%s)\n", why.empty() ? Describe(c).c_str() : why.c_str());
     }
   }
+  if (any_without_shim) return 2;
   return any_failed ? 1 : 0;
 }
 
