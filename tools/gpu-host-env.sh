@@ -16,3 +16,14 @@ ln -sfn .gpu/build build
 export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 b=$built_at/build
 shim=$b/libvmmshim.so
+
+# The GPU's name and driver, then the gpu-labelled checks into
+# $out/ctest-gpu.txt (GPU_CTEST=0 skips them).
+gpu_header_and_checks() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  if [ "${GPU_CTEST:-1}" = 1 ]; then
+    echo "== ctest -L gpu"
+    (cd "$b" && ctest -L gpu --output-on-failure 2>&1) > "$out/ctest-gpu.txt"
+    grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
+  fi
+}

@@ -11,12 +11,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu-host-env.sh"
 rounds=${1:-2}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ "${GPU_CTEST:-1}" = 1 ]; then
-  echo "== ctest -L gpu"
-  (cd "$b" && ctest -L gpu --output-on-failure 2>&1) > "$out/ctest-gpu.txt"
-  grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
-fi
+gpu_header_and_checks
 base=()
 baseline_lib=$(ls "$b"/baseline/libvmmshim-*.so 2>/dev/null | head -1)
 [ -n "$baseline_lib" ] && base=(--baseline "$baseline_lib")

@@ -10,12 +10,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu-host-env.sh"
 repeat=${1:-3}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ "${GPU_CTEST:-1}" = 1 ]; then
-  echo "== ctest -L gpu"
-  (cd "$b" && ctest -L gpu --output-on-failure 2>&1) > "$out/ctest-gpu.txt"
-  grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
-fi
+gpu_header_and_checks
 echo "== cmake --install into a staging prefix"
 inst=$(mktemp -d)/usr
 cmake --install "$b" --prefix "$inst" > "$out/install.txt" 2>&1 || { tail "$out/install.txt"; exit 1; }
