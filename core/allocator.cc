@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cu_status.h"
+#include "core/host_backup.h"
 #include "core/log.h"
 #include "core/round_up.h"
 #include "core/thread_slot.h"
@@ -566,6 +567,61 @@ void Allocator::NotePassThrough(size_t bytes) {
   passthrough_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
+absl::StatusOr<size_t> Allocator::PauseMemory(const std::optional<std::string>& tag,
+                                               bool keep_contents) {
+  MutexLock lock(&pause_mu_);
+  std::vector<CUcontext> contexts;
+  size_t live = 0;
+  std::vector<DeviceHeap*> heaps;
+  for (auto& slot : heaps_) {
+    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) {
+      if (absl::Status s = heap->CheckPausable(tag); !s.ok()) return s;
+      live += heap->PauseCandidates(tag, &contexts);
+      heaps.push_back(heap);
+    }
+  }
+  if (keep_contents && live > AvailableHostMemory()) {
+    Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed, {} "
+                "available (MemAvailable); nothing paused",
+                live, AvailableHostMemory());
+    return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "vmmshim_pause_memory (host memory)");
+  }
+  // The program's work on the memory must be done before it goes.
+  for (CUcontext ctx : contexts) {
+    if (absl::Status s = SynchronizeContext(ctx); !s.ok()) return s;
+  }
+  std::optional<BackupCopier> copier;
+  if (keep_contents) copier.emplace(driver_, options_.copy_threads);
+  size_t released = 0;
+  for (DeviceHeap* heap : heaps) {
+    absl::StatusOr<size_t> r = heap->Pause(tag, copier ? &*copier : nullptr);
+    if (!r.ok()) return r.status();
+    released += *r;
+  }
+  return released;
+}
+
+absl::StatusOr<size_t> Allocator::ResumeMemory(const std::optional<std::string>& tag) {
+  MutexLock lock(&pause_mu_);
+  BackupCopier copier(driver_, options_.copy_threads);
+  std::vector<DeviceHeap*> heaps;
+  for (auto& slot : heaps_) {
+    if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) heaps.push_back(heap);
+  }
+  size_t restored = 0;
+  for (DeviceHeap* heap : heaps) {
+    absl::StatusOr<size_t> r = heap->ResumePrepare(tag, copier);
+    if (!r.ok()) {
+      // All or nothing: what other devices prepared goes again.
+      for (DeviceHeap* h : heaps) h->ResumeAbort(tag);
+      return r.status();
+    }
+    restored += *r;
+  }
+  for (DeviceHeap* heap : heaps) heap->ResumeCommit(tag);
+  return restored;
+}
+
 void Allocator::NotePeerEnable(uint64_t nanoseconds) {
   peer_enable_calls_.fetch_add(1, std::memory_order_relaxed);
   peer_enable_ns_.fetch_add(nanoseconds, std::memory_order_relaxed);
@@ -593,6 +649,8 @@ AllocatorStats Allocator::GetStats() const {
   s.peak_handle_bytes = global_.peak.load();
   s.peer_enable_calls = peer_enable_calls_.load(std::memory_order_relaxed);
   s.peer_enable_seconds = peer_enable_ns_.load(std::memory_order_relaxed) * 1e-9;
+  s.paused_bytes = global_.paused.load(std::memory_order_relaxed);
+  s.peak_paused_bytes = global_.paused_peak.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -193,6 +193,8 @@ DeviceStats DeviceHeap::stats() const {
     out.cached_bytes += a.cached_bytes;
     out.deferred_frees += a.deferred_frees;
     out.exports += a.exports;
+    out.paused_bytes += a.paused_bytes;
+    out.paused_blocks += a.paused_blocks;
     // kOff < kUnsupported < kGranted < kNotGranted: an arena refused
     // compression is what the device reports.
     out.compression = std::max(out.compression, a.compression);
@@ -205,10 +207,58 @@ DeviceStats DeviceHeap::stats() const {
   out.context_releases = context_releases_.load(std::memory_order_relaxed);
   out.peak_live_bytes = shared_.peak_live_bytes.load(std::memory_order_relaxed);
   out.peak_handle_bytes = shared_.peak_handle_bytes.load(std::memory_order_relaxed);
+  out.peak_paused_bytes = shared_.peak_paused_bytes.load(std::memory_order_relaxed);
   for (int d = 0; d < kMaxDevices; ++d) {
     out.peers[d].peak_mapped_bytes = shared_.peak_mapped_bytes[d].load(std::memory_order_relaxed);
   }
   return out;
+}
+
+size_t DeviceHeap::PauseCandidates(const std::optional<std::string>& tag,
+                                   std::vector<CUcontext>* contexts) const {
+  size_t bytes = 0;
+  for (const auto& arena : arenas_) bytes += arena->PauseCandidates(tag, contexts);
+  return bytes;
+}
+
+absl::Status DeviceHeap::CheckPausable(const std::optional<std::string>& tag) const {
+  for (const auto& arena : arenas_) {
+    if (absl::Status s = arena->CheckPausable(tag); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> DeviceHeap::Pause(const std::optional<std::string>& tag,
+                                         BackupCopier* copier) {
+  size_t released = 0;
+  for (const auto& arena : arenas_) {
+    absl::StatusOr<size_t> r = arena->Pause(tag, copier);
+    if (!r.ok()) return r.status();
+    released += *r;
+  }
+  return released;
+}
+
+absl::StatusOr<size_t> DeviceHeap::ResumePrepare(const std::optional<std::string>& tag,
+                                                 BackupCopier& copier) {
+  size_t mapped = 0;
+  for (const auto& arena : arenas_) {
+    absl::StatusOr<size_t> r = arena->ResumePrepare(tag, copier);
+    if (!r.ok()) {
+      for (const auto& a : arenas_) a->ResumeAbort(tag);
+      return r.status();
+    }
+    mapped += *r;
+  }
+  return mapped;
+}
+
+void DeviceHeap::ResumeCommit(const std::optional<std::string>& tag) {
+  for (const auto& arena : arenas_) arena->ResumeCommit(tag);
+}
+
+void DeviceHeap::ResumeAbort(const std::optional<std::string>& tag) {
+  for (const auto& arena : arenas_) arena->ResumeAbort(tag);
 }
 
 absl::Status DeviceHeap::ReleaseAll() {

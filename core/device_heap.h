@@ -91,6 +91,17 @@ class DeviceHeap {
   DeviceStats stats() const;
   absl::Status ReleaseAll();
 
+  // Pause and resume over every arena (HeapArena states each step; the
+  // allocator's PauseMemory and ResumeMemory order them across devices).
+  size_t PauseCandidates(const std::optional<std::string>& tag,
+                         std::vector<CUcontext>* contexts) const;
+  absl::Status CheckPausable(const std::optional<std::string>& tag) const;
+  absl::StatusOr<size_t> Pause(const std::optional<std::string>& tag, BackupCopier* copier);
+  absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
+                                       BackupCopier& copier);
+  void ResumeCommit(const std::optional<std::string>& tag);
+  void ResumeAbort(const std::optional<std::string>& tag);
+
   void PrepareFork();
   void AfterForkParent();
   void AfterForkChild();

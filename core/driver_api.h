@@ -151,7 +151,12 @@ namespace vmmshim {
   X(cuEventCreate, "cuEventCreate", PFN_cuEventCreate_v2000, false)                    \
   X(cuEventRecord, "cuEventRecord", PFN_cuEventRecord_v2000, false)                    \
   X(cuEventQuery, "cuEventQuery", PFN_cuEventQuery_v2000, false)                       \
-  X(cuEventDestroy_v2, "cuEventDestroy_v2", PFN_cuEventDestroy_v4000, false)
+  X(cuEventDestroy_v2, "cuEventDestroy_v2", PFN_cuEventDestroy_v4000, false)            \
+  /* pause and resume: contents to host memory and back (core/host_backup.h) */          \
+  X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020, false)                 \
+  X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000, false)                    \
+  X(cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2", PFN_cuMemcpyDtoH_v3020, false)                 \
+  X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)
 
 struct DriverApi {
 #define VMMSHIM_DECLARE_ENTRY(member, symbol, type, required) type member = nullptr;

@@ -285,6 +285,12 @@ void HeapArena::AccountHandle(int64_t delta) {
   AddWithPeak(global_.bytes, global_.peak, delta);
 }
 
+void HeapArena::AddPausedLocked(int64_t delta) {
+  stats_.paused_bytes += delta;
+  AddWithPeak(shared_.paused_bytes, shared_.peak_paused_bytes, delta);
+  AddWithPeak(global_.paused, global_.paused_peak, delta);
+}
+
 void HeapArena::AddLiveLocked(int64_t delta) {
   stats_.live_bytes += delta;
   AddWithPeak(shared_.live_bytes, shared_.peak_live_bytes, delta);
@@ -331,8 +337,10 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
     orphan_mappings_.push_back({base, b.size, b.handle, peers});
   } else {
     AccountMapped(peers, -static_cast<int64_t>(b.size));
-    if (how == Forget::kReleased) AccountHandle(-static_cast<int64_t>(b.size));
+    // A paused block's handle was accounted for when it was released.
+    if (how == Forget::kReleased && !b.unmapped()) AccountHandle(-static_cast<int64_t>(b.size));
   }
+  if (b.paused) AddPausedLocked(-static_cast<int64_t>(b.size));
   auto bins_it = bins_.find(b.placement);
   if (bins_it != bins_.end()) {
     Bins& bins = bins_it->second;
@@ -377,6 +385,10 @@ void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
 
 absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
   Block& b = *blocks_.at(base);
+  if (b.unmapped()) {  // paused: nothing mapped, no handle; only the VA goes back
+    ForgetBlockLocked(base, Forget::kReleased);
+    return absl::OkStatus();
+  }
   if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
   // The mapping is gone, so the VA is free again, whatever cuMemRelease
   // says. A handle the driver would not release stays counted and is retried
@@ -442,7 +454,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
       ++stats_.frees;
       return;
     }
-    if (!block.has_explicit() && !block.exported &&
+    if (!block.has_explicit() && !block.exported && !block.paused &&
         ReserveCacheLocked(block.size)) {
       // Keep it mapped, with its access set, for the next request that fits.
       --stats_.live_allocations;
@@ -462,7 +474,9 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
   --stats_.live_allocations;
   AddLiveLocked(-static_cast<int64_t>(info.allocation_size));
   ++stats_.frees;
-  if (block.sealed) {
+  // A paused granule takes no allocations (its memory is released) and
+  // goes when it empties, as a sealed one does.
+  if (block.sealed || block.paused) {
     if (block.slab->empty() && !driver_gone) {
       if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
         Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
@@ -630,6 +644,7 @@ DeviceStats HeapArena::stats() const {
   MutexLock lock(&mu_);
   DeviceStats out = stats_;
   out.cached_bytes = cached_bytes_;
+  for (const auto& [base, block] : blocks_) out.paused_blocks += block->paused ? 1 : 0;
   return out;
 }
 

@@ -65,6 +65,7 @@
 #include "core/device_set.h"
 #include "core/driver_api.h"
 #include "core/export_registry.h"
+#include "core/host_backup.h"
 #include "core/mutex.h"
 #include "core/peer_access.h"
 #include "core/peer_policy.h"
@@ -103,6 +104,9 @@ struct DeviceStats {
   uint64_t deferred_frees = 0;    // frees held back by a stream capture, now
   uint64_t exports = 0;           // allocations exported
   uint64_t context_releases = 0;  // ReleaseContext calls that released memory here
+  uint64_t paused_bytes = 0;       // physical bytes released by pauses, not resumed yet
+  uint64_t peak_paused_bytes = 0;  // the most paused at once
+  uint64_t paused_blocks = 0;      // blocks paused now
   CompressionState compression = CompressionState::kOff;
   std::array<PeerCounters, kMaxDevices> peers{};  // indexed by peer device
   // The stream-ordered cache's figures (filled by the Allocator; the
@@ -154,6 +158,7 @@ struct GlobalCounters {
   std::atomic<uint64_t> bytes{0};     // handle bytes, all devices
   std::atomic<uint64_t> peak{0};      // their peak
   std::atomic<uint64_t> deferred{0};  // deferred frees, all devices
+  std::atomic<uint64_t> paused{0}, paused_peak{0};  // paused bytes, all devices
 };
 
 // A device's figures that are sums over its arenas and whose peaks must be
@@ -166,6 +171,7 @@ struct DeviceCounters {
   std::atomic<uint64_t> handle_bytes{0}, peak_handle_bytes{0};
   std::array<std::atomic<uint64_t>, kMaxDevices> mapped_bytes{}, peak_mapped_bytes{};
   std::array<std::atomic<int>, kMaxDevices> denials_logged{};
+  std::atomic<uint64_t> paused_bytes{0}, peak_paused_bytes{0};
 };
 
 // value += delta, and peak = max(peak, value).
@@ -280,6 +286,39 @@ class HeapArena {
 
   DeviceStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Pause and resume (Allocator::PauseMemory states the contract) ----
+  // `tag`: the blocks whose placement has this tag; nullopt: every block.
+  // Stream-ordered blocks are never selected (their freed blocks are reused
+  // by the stream-ordered cache without asking the heap).
+  //
+  // The bytes of the live blocks a pause of `tag` would back up; their
+  // contexts are added to `contexts` (once each).
+  size_t PauseCandidates(const std::optional<std::string>& tag,
+                         std::vector<CUcontext>* contexts) const ABSL_LOCKS_EXCLUDED(mu_);
+  // CUDA_ERROR_NOT_PERMITTED (and a log line naming it) when a block the
+  // pause would select holds exported memory; nothing changes.
+  absl::Status CheckPausable(const std::optional<std::string>& tag) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Pauses the selected live blocks (their contexts synchronized by the
+  // caller): with `copier`, contents to a host backup first (all backups of
+  // the call made before any copy: host memory exhausted pauses nothing);
+  // then unmap and release; the VA stays the block's. Releases the cached
+  // memory of `tag` too. Returns the physical bytes released. On a copy or
+  // backup failure nothing of this arena is paused.
+  absl::StatusOr<size_t> Pause(const std::optional<std::string>& tag, BackupCopier* copier)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Resume in two steps, so that a resume over several arenas either
+  // completes everywhere or leaves everything paused: Prepare creates and
+  // maps new memory at each paused block's address with the access it would
+  // have had (Target), and copies the backup in; Commit then forgets the
+  // backups; Abort unmaps and releases what Prepare made (still paused,
+  // backups kept). Prepare fails with CUDA_ERROR_OUT_OF_MEMORY (after
+  // releasing the cache once) and undoes itself. Returns the bytes mapped.
+  absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
+                                       BackupCopier& copier) ABSL_LOCKS_EXCLUDED(mu_);
+  void ResumeCommit(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  void ResumeAbort(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Unmaps and releases every handle and frees every reservation; returns
   // the first driver error and continues past errors.
   absl::Status ReleaseAll() ABSL_LOCKS_EXCLUDED(mu_);
@@ -303,8 +342,14 @@ class HeapArena {
     bool cached = false;          // large: freed, kept mapped for reuse
     bool exportable = false;      // created with the POSIX-fd handle type
     bool exported = false;        // an allocation in it was exported: never cached
+    // Paused: its physical memory was released (handle 0, no access) and
+    // its VA stays reserved; while a resume is prepared, mapped again
+    // (handle set) until ResumeCommit. `backup`: its contents, when kept.
+    bool paused = false;
+    std::optional<HostBackup> backup;
 
     size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
+    bool unmapped() const { return paused && handle == 0; }
     bool has_explicit() const { return !explicit_grant.empty() || !explicit_revoke.empty(); }
   };
   // Open granules and cached memory of one placement.
@@ -359,6 +404,11 @@ class HeapArena {
   void CheckCompressionLocked(CUmemGenericAllocationHandle handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AccountHandle(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddPausedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `b` is selected by a pause or resume of `tag`.
+  static bool Selected(const Block& b, const std::optional<std::string>& tag) {
+    return !b.placement.stream_ordered && (!tag || b.placement.tag == *tag);
+  }
   // After deferred_ changed: its size into the device's and the global
   // figures.
   void SyncDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -44,6 +44,7 @@ absl::Status HeapArena::ApplyAccessLocked() {
   view.reserve(blocks_.size());
   blocks.reserve(blocks_.size());
   for (auto& [base, owned] : blocks_) {
+    if (owned->unmapped()) continue;  // paused: no mapping; Target applies at resume
     view.push_back(AccessBlock{base, owned->size, arena_.ReservationBase(base), owned->access,
                                Target(*owned)});
     blocks.push_back(owned.get());
@@ -132,6 +133,7 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   // An untagged granule with explicit state takes no new allocations, which
   // would inherit it.
   if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
+  if (block.unmapped()) return absl::OkStatus();  // paused: applied at resume
   absl::Status applied = ApplyAccessLocked();
   if (!applied.ok() && block.access != Target(block)) {
     // This block's change was not applied: its explicit state is as before,
@@ -148,7 +150,9 @@ absl::StatusOr<bool> HeapArena::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
-  return blocks_.at(info->range_base)->access.Contains(peer);
+  const Block& b = *blocks_.at(info->range_base);
+  // Paused: the access it gets back at resume.
+  return (b.unmapped() ? Target(b) | DeviceSet::Of(options_.device) : b.access).Contains(peer);
 }
 
 absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdeviceptr ptr) {
@@ -160,6 +164,12 @@ absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdevicept
     // As natively: pool memory has no legacy IPC handle (pools are shared
     // with cuMemPoolExportPointer, which the shim does not serve).
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
+  }
+  if (block.paused) {
+    Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} is paused "
+               "(vmmshim_pause_memory)",
+               info->allocation_base, options_.device);
+    return DriverError(CUDA_ERROR_NOT_PERMITTED, "cuIpcGetMemHandle");
   }
   if (!block.exportable) {
     Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} was made without a "

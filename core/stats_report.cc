@@ -40,7 +40,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                    {"free_synchronizes", t.free_synchronizes},
                    {"free_synchronizes_shared", t.free_synchronizes_shared},
                    {"peer_enable_calls", t.peer_enable_calls},
-                   {"peer_enable_seconds", t.peer_enable_seconds}};
+                   {"peer_enable_seconds", t.peer_enable_seconds},
+                   {"paused_bytes", t.paused_bytes},
+                   {"peak_paused_bytes", t.peak_paused_bytes}};
   doc["devices"] = nlohmann::json::array();
   for (const DeviceStats& d : allocator.GetDeviceStats()) {
     nlohmann::json peers = nlohmann::json::array();
@@ -66,6 +68,8 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                               {"cached_bytes", d.cached_bytes},
                               {"ipc_exports", d.exports},
                               {"context_releases", d.context_releases},
+                              {"paused_bytes", d.paused_bytes},
+                              {"peak_paused_bytes", d.peak_paused_bytes},
                               {"compression", CompressionName(d.compression)},
                               {"stream_ordered",
                                {{"allocations", d.stream_ordered.allocations},
@@ -133,7 +137,11 @@ std::string ExitSummary(const Allocator& allocator) {
                           : absl::StrCat("; stream-ordered: ", s.stream_ordered_allocations,
                                          " allocations served (", s.stream_ordered_reuses,
                                          " reused from its cache, ", queries,
-                                         " driver queries)"));
+                                         " driver queries)"),
+                      s.peak_paused_bytes == 0
+                          ? std::string()
+                          : absl::StrCat("; paused: ", s.paused_bytes, " bytes now, at most ",
+                                         s.peak_paused_bytes));
 }
 
 }  // namespace vmmshim

@@ -9,11 +9,13 @@
 //                "stream_ordered_reuses", "free_synchronizes",
 //                "free_synchronizes_shared", "peer_enable_calls",
 //                "peer_enable_seconds" (time in cuCtxEnablePeerAccess, the
-//                driver's enable and the shim's grants together)},
+//                driver's enable and the shim's grants together),
+//                "paused_bytes", "peak_paused_bytes" (PauseMemory)},
 //     "devices": [ {"device", "allocations", "bytes", "live_bytes", "peak_live_bytes",
 //                   "physical_bytes", "peak_physical_bytes", "set_access_calls",
 //                   "cache_hits", "cache_misses", "cached_bytes", "ipc_exports",
-//                   "context_releases", "compression" (CompressionName),
+//                   "context_releases", "paused_bytes", "peak_paused_bytes",
+//                   "compression" (CompressionName),
 //                   "peers": [ {"peer", "grants", "denials", "mapped_bytes" (at exit),
 //                               "peak_mapped_bytes"} ] } ],
 //     "driver_calls": [ {"entry", "calls", "seconds"} ] }
@@ -38,7 +40,8 @@ absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::stri
 // "served N allocations (B bytes) from VMM, ...; peers: G grants, D denials,
 // at most M bytes mapped into peers" (M: the per-peer peaks, added up);
 // "; E IPC exports" and, where compression was requested, "; device D
-// compression granted|not granted|unsupported".
+// compression granted|not granted|unsupported"; after any pause, "; paused:
+// P bytes now, at most Q".
 std::string ExitSummary(const Allocator& allocator);
 
 // "off", "unsupported", "granted", "not granted".

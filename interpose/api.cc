@@ -2,6 +2,8 @@
 // CUDA_ERROR_NOT_SUPPORTED when the shim does not serve allocations (no
 // driver, pass-through, a forked child).
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "core/cu_status.h"
 #include "interpose/hooks_internal.h"
@@ -52,5 +54,31 @@ VMMSHIM_EXPORT int vmmshim_release_cached_memory(int device, size_t* released_by
 VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
   if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
   vmmshim::AllocationTag() = tag != nullptr ? tag : "";
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes) {
+  if (released_bytes != nullptr) *released_bytes = 0;
+  if ((flags & ~VMMSHIM_PAUSE_KEEP_CONTENTS) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  absl::StatusOr<size_t> released = rt->allocator->PauseMemory(
+      tag != nullptr ? std::optional<std::string>(tag) : std::nullopt,
+      (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0);
+  if (!released.ok()) return ToCuResult(released.status());
+  if (released_bytes != nullptr) *released_bytes = *released;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes) {
+  if (restored_bytes != nullptr) *restored_bytes = 0;
+  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  absl::StatusOr<size_t> restored = rt->allocator->ResumeMemory(
+      tag != nullptr ? std::optional<std::string>(tag) : std::nullopt);
+  if (!restored.ok()) return ToCuResult(restored.status());
+  if (restored_bytes != nullptr) *restored_bytes = *restored;
   return CUDA_SUCCESS;
 }

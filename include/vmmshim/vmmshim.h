@@ -59,6 +59,37 @@ int vmmshim_set_allocation_tag(const char* tag);
  * shim also does this by itself before reporting out of memory. */
 int vmmshim_release_cached_memory(int device, size_t* released_bytes);
 
+/* Pause and resume (docs/pause-resume.md): releases the physical memory of
+ * the allocations made under `tag` (vmmshim_set_allocation_tag; NULL: every
+ * allocation the shim serves), keeping their addresses: the owning contexts
+ * are synchronized, with VMMSHIM_PAUSE_KEEP_CONTENTS the contents are copied
+ * to host memory, then the memory is unmapped and released. An access to
+ * paused memory faults; cudaFree of it works (its contents are dropped).
+ * The tag's cached (freed) memory is released too. *released_bytes (may be
+ * NULL) receives the physical bytes released: 0 for an unknown tag or
+ * memory paused already (and the call returns 0). Returns:
+ *   1   CUDA_ERROR_INVALID_VALUE: unknown flags, a tag over 255 bytes;
+ *   2   CUDA_ERROR_OUT_OF_MEMORY: host memory for the contents is short
+ *       (logged with the bytes needed and available); nothing paused;
+ *   800 CUDA_ERROR_NOT_PERMITTED: selected memory is exported to another
+ *       process (cudaIpcGetMemHandle; logged); nothing paused;
+ *   801 CUDA_ERROR_NOT_SUPPORTED: the shim is disabled;
+ *   or a driver error of the synchronize or the copy (nothing paused).
+ * Stream-ordered (cudaMallocAsync) memory is not paused. Not during a
+ * stream capture. Sizes are bytes. */
+#define VMMSHIM_PAUSE_KEEP_CONTENTS 1u
+int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes);
+/* Maps new physical memory at the paused addresses of `tag` (NULL: all),
+ * with the access each allocation would have had never paused (its owner,
+ * and the peers the policy or explicit grants allow among those that
+ * enabled access, also meanwhile), and copies kept contents back.
+ * *restored_bytes (may be NULL): the bytes mapped again (0: nothing
+ * paused). CUDA_ERROR_OUT_OF_MEMORY (2) when the device cannot hold it
+ * after releasing the shim's cache: everything stays paused, nothing
+ * leaks, a later resume can succeed. */
+int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
+typedef int (*vmmshim_pause_memory_fn)(const char*, unsigned, size_t*);
+typedef int (*vmmshim_resume_memory_fn)(const char*, size_t*);
 typedef int (*vmmshim_grant_peer_access_fn)(const void*, int);
 typedef int (*vmmshim_revoke_peer_access_fn)(const void*, int);
 typedef int (*vmmshim_query_peer_access_fn)(const void*, int, int*);

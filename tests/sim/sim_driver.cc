@@ -101,6 +101,7 @@ struct State {
   CUdeviceptr next_legacy = kLegacyBase;
   std::map<std::string, uint64_t> calls;
   std::vector<Failure> failures;
+  std::set<void*> host_allocations;  // cuMemHostAlloc
   // cuCtxEnablePeerAccess state: (current context, peer context) pairs.
   std::set<std::pair<CUcontext, CUcontext>> peer_enabled;
   // Legacy IPC: pointers opened with cuIpcOpenMemHandle (never in practice:
@@ -222,6 +223,8 @@ void ResetLocked(State& s, const SimOptions& options) {
     if (ph.fd >= 0) close(ph.fd);
   }
   for (auto& [p, la] : s.legacy) munmap(la.memory, la.size);
+  for (void* p : s.host_allocations) std::free(p);
+  s.host_allocations.clear();
   s.handles.clear();
   s.mappings.clear();
   s.reservations.clear();
@@ -553,6 +556,12 @@ CUresult AllocFromPoolLocked(State& s, CUdeviceptr* dptr, size_t bytes, CUmemory
   return CUDA_SUCCESS;
 }
 }  // namespace
+
+size_t LiveHostAllocations() {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.host_allocations.size();
+}
 
 SimOptions OptionsFromEnv() {
   SimOptions o;
@@ -1765,6 +1774,25 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
   return AccessLocked(s, CurrentDevice(), src, static_cast<char*>(dst), bytes, false);
 }
 
+// Page-locked host memory: ordinary host memory here (the simulation's
+// copies are memcpy); counted and fault-injectable like every entry.
+CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  SIM_ENTER("cuMemHostAlloc");
+  if (pp == nullptr || bytes == 0 || (flags & ~0xfu) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *pp = std::malloc(bytes);
+  if (*pp == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  s.host_allocations.insert(*pp);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void* p) {
+  SIM_ENTER("cuMemFreeHost");
+  if (s.host_allocations.erase(p) == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::free(p);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
   SIM_ENTER("cuMemsetD8_v2");
   int d = CurrentDevice();
@@ -1862,6 +1890,8 @@ constexpr ProcEntry kProcTable[] = {
     {"cuMemcpyHtoD", 3020, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"},
     {"cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2", nullptr},
     {"cuMemsetD8", 3020, "cuMemsetD8_v2", nullptr},
+    {"cuMemHostAlloc", 2020, "cuMemHostAlloc", nullptr},
+    {"cuMemFreeHost", 2000, "cuMemFreeHost", nullptr},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", nullptr},
     {"cuGetProcAddress", 11030, "cuGetProcAddress", nullptr},
 };

@@ -109,6 +109,8 @@ size_t MappingsOwnedBy(int device);
 Usage GetUsage();
 // Bytes of device `device`'s memory in use (handles plus legacy allocations).
 size_t DeviceBytesInUse(int device);
+// cuMemHostAlloc allocations not yet given back with cuMemFreeHost.
+size_t LiveHostAllocations();
 // cuCtxSynchronize calls that reached device `device`'s contexts.
 uint64_t SyncCount(int device);
 
@@ -186,6 +188,8 @@ DriverApi Api();
   X(cuMemcpyDtoH_v2, (void* dst, CUdeviceptr src, size_t bytes), (dst, src, bytes))  \
   X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t count),             \
     (dst, value, count))                                                             \
+  X(cuMemHostAlloc, (void** pp, size_t bytes, unsigned int flags), (pp, bytes, flags)) \
+  X(cuMemFreeHost, (void* p), (p))                                                   \
   X(cuMemExportToShareableHandle,                                                    \
     (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type, \
      unsigned long long flags),                                                      \

@@ -1,0 +1,253 @@
+// HeapArena: pause and resume (core/heap_arena.h; docs/pause-resume.md).
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/cu_status.h"
+#include "core/heap_arena.h"
+#include "core/log.h"
+
+namespace vmmshim {
+namespace {
+
+// Pushes `ctx` current for the copies of one block; pops at scope exit.
+class ScopedContext {
+ public:
+  ScopedContext(const DriverApi& driver, CUcontext ctx) : driver_(driver) {
+    pushed_ = driver_.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+  }
+  ~ScopedContext() {
+    CUcontext popped;
+    if (pushed_) driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  bool ok() const { return pushed_; }
+
+ private:
+  const DriverApi& driver_;
+  bool pushed_ = false;
+};
+
+std::string TagName(const std::optional<std::string>& tag) {
+  return tag ? absl::StrCat("tag '", *tag, "'") : std::string("every allocation");
+}
+
+}  // namespace
+
+size_t HeapArena::PauseCandidates(const std::optional<std::string>& tag,
+                                  std::vector<CUcontext>* contexts) const {
+  MutexLock lock(&mu_);
+  size_t bytes = 0;
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused || b->cached ||
+        (b->slab != nullptr && b->slab->empty())) {
+      continue;
+    }
+    bytes += b->size;
+    if (std::find(contexts->begin(), contexts->end(), b->placement.context) == contexts->end()) {
+      contexts->push_back(b->placement.context);
+    }
+  }
+  return bytes;
+}
+
+absl::Status HeapArena::CheckPausable(const std::optional<std::string>& tag) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused || !b->exported) continue;
+    Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is exported "
+               "to another process (cudaIpcGetMemHandle); nothing paused",
+               TagName(tag), base, options_.device);
+    return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> HeapArena::Pause(const std::optional<std::string>& tag,
+                                        BackupCopier* copier) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> live, cached;
+  size_t backup_bytes = 0;
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused) continue;
+    if (b->exported) {  // exported meanwhile (after CheckPausable)
+      return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
+    }
+    const bool is_cached = b->cached || (b->slab != nullptr && b->slab->empty());
+    (is_cached ? cached : live).push_back(base);
+    if (!is_cached) backup_bytes += b->size;
+  }
+  // Backups first, all of them: host memory that runs out pauses nothing.
+  std::vector<HostBackup> backups;
+  if (copier != nullptr && !live.empty()) {
+    if (const size_t available = AvailableHostMemory(); backup_bytes > available) {
+      Log().error("vmmshim_pause_memory({}): host memory for the contents: {} bytes needed, "
+                  "{} available (MemAvailable); nothing paused",
+                  TagName(tag), backup_bytes, available);
+      return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "vmmshim_pause_memory (host memory)");
+    }
+    for (CUdeviceptr base : live) {
+      absl::StatusOr<HostBackup> backup = HostBackup::Create(blocks_.at(base)->size);
+      if (!backup.ok()) {
+        Log().error("vmmshim_pause_memory({}): {}; nothing paused", TagName(tag),
+                    backup.status().ToString());
+        return backup.status();
+      }
+      backups.push_back(*std::move(backup));
+    }
+    for (size_t i = 0; i < live.size(); ++i) {
+      const Block& b = *blocks_.at(live[i]);
+      ScopedContext ctx(driver_, b.placement.context);
+      absl::Status copied = ctx.ok() ? copier->ToHost(backups[i].data(), live[i], b.size)
+                                     : DriverError(CUDA_ERROR_INVALID_CONTEXT,
+                                                   "vmmshim_pause_memory");
+      if (!copied.ok()) {
+        Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} to host memory: {}; "
+                    "nothing paused",
+                    TagName(tag), b.size, live[i], copied.ToString());
+        return copied;
+      }
+    }
+  }
+  size_t released = 0;
+  absl::Status first;
+  for (size_t i = 0; i < live.size(); ++i) {
+    const CUdeviceptr base = live[i];
+    Block& b = *blocks_.at(base);
+    if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
+      // Still mapped and whole: it stays live, the others go on.
+      Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", TagName(tag), base,
+                 s.ToString());
+      first.Update(s);
+      continue;
+    }
+    if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+      Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
+      orphan_handles_.push_back({b.handle, b.size});  // still counted until released
+    } else {
+      AccountHandle(-static_cast<int64_t>(b.size));
+    }
+    AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+    b.handle = 0;
+    b.access = DeviceSet();
+    b.paused = true;
+    if (copier != nullptr) b.backup = std::move(backups[i]);
+    AddPausedLocked(static_cast<int64_t>(b.size));
+    if (auto it = bins_.find(b.placement); it != bins_.end()) {
+      it->second.open_granules.erase(base);
+      if (it->second.recent == base) it->second.recent = 0;
+    }
+    released += b.size;
+  }
+  // The tag's freed memory goes too: it is memory the program gave up.
+  for (CUdeviceptr base : cached) {
+    const size_t size = blocks_.at(base)->size;
+    if (absl::Status s = DestroyBlockLocked(base); s.ok()) {
+      released += size;
+    } else {
+      Log().warn("vmmshim_pause_memory({}): releasing cached memory at {:#x}: {}", TagName(tag),
+                 base, s.ToString());
+    }
+  }
+  if (!first.ok() && released == 0) return first;
+  return released;
+}
+
+absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>& tag,
+                                                BackupCopier& copier) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> mapped;  // by this call, undone on failure
+  auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (CUdeviceptr base : mapped) {
+      Block& b = *blocks_.at(base);
+      mapper_.Unmap(base, b.size).IgnoreError();
+      mapper_.Release(b.handle).IgnoreError();
+      AccountHandle(-static_cast<int64_t>(b.size));
+      AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+      b.handle = 0;
+      b.access = DeviceSet();
+    }
+  };
+  size_t bytes = 0;
+  std::vector<CUdeviceptr> paused;  // collected first: a Trim below changes blocks_
+  for (const auto& [base, owned] : blocks_) {
+    if (Selected(*owned, tag) && owned->unmapped()) paused.push_back(base);
+  }
+  for (CUdeviceptr base : paused) {
+    Block& b = *blocks_.at(base);
+    absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(b.size, prop_);
+    if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
+        cached_bytes_ > 0) {
+      TrimLocked();
+      handle = mapper_.Create(b.size, prop_);
+    }
+    // Exactly the access it would have had, never paused: the owner, and the
+    // peers the policy or explicit grants allow among those enabled now.
+    const DeviceSet target = Target(b) | DeviceSet::Of(options_.device);
+    absl::Status status = handle.status();
+    if (handle.ok()) {
+      status = mapper_.MapWithAccess(base, b.size, *handle, target);
+      if (!status.ok()) mapper_.Release(*handle).IgnoreError();
+    }
+    if (!status.ok()) {
+      Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
+                 "stays paused",
+                 TagName(tag), b.size, base, options_.device, status.ToString());
+      undo();
+      return status;
+    }
+    ++stats_.set_access_calls;
+    b.handle = *handle;
+    b.access = target;
+    AccountHandle(static_cast<int64_t>(b.size));
+    AccountMapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
+    mapped.push_back(base);
+    bytes += b.size;
+  }
+  for (CUdeviceptr base : mapped) {
+    Block& b = *blocks_.at(base);
+    if (!b.backup) continue;
+    ScopedContext ctx(driver_, b.placement.context);
+    absl::Status copied = ctx.ok() ? copier.ToDevice(base, b.backup->data(), b.size)
+                                   : DriverError(CUDA_ERROR_INVALID_CONTEXT,
+                                                 "vmmshim_resume_memory");
+    if (!copied.ok()) {
+      Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything stays "
+                 "paused",
+                 TagName(tag), b.size, base, copied.ToString());
+      undo();
+      return copied;
+    }
+  }
+  return bytes;
+}
+
+void HeapArena::ResumeCommit(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  for (auto& [base, owned] : blocks_) {
+    Block& b = *owned;
+    if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
+    b.paused = false;
+    b.backup.reset();
+    AddPausedLocked(-static_cast<int64_t>(b.size));
+    // A granule with room takes allocations again.
+    if (b.slab != nullptr && !b.sealed && b.slab->used_bytes() < b.size) {
+      bins_[b.placement].open_granules.insert(base);
+    }
+  }
+}
+
+void HeapArena::ResumeAbort(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  for (auto& [base, owned] : blocks_) {
+    Block& b = *owned;
+    if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
+    mapper_.Unmap(base, b.size).IgnoreError();
+    mapper_.Release(b.handle).IgnoreError();
+    AccountHandle(-static_cast<int64_t>(b.size));
+    AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+    b.handle = 0;
+    b.access = DeviceSet();
+  }
+}
+
+}  // namespace vmmshim
