@@ -104,5 +104,219 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
   EXPECT_EQ(sim::GetUsage().handles, 0u);
 }
 
+TEST_F(PauseTest, UnknownTagsAndRepeatsDoNothingAndSucceed) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  EXPECT_EQ(*a.PauseMemory("nobody", true), 0u);
+  EXPECT_EQ(*a.ResumeMemory("kv"), 0u);  // nothing paused yet
+  EXPECT_GT(*a.PauseMemory("kv", false), 0u);
+  EXPECT_EQ(*a.PauseMemory("kv", true), 0u);  // already paused
+  EXPECT_GT(*a.ResumeMemory("kv"), 0u);
+  EXPECT_EQ(*a.ResumeMemory("kv"), 0u);  // already resumed
+  char c = 0;
+  EXPECT_EQ(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // mapped again (contents not kept)
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+TEST_F(PauseTest, NoTagSelectsEveryAllocationOnEveryDevice) {
+  Allocator a(api_);
+  const CUdeviceptr p0 = Alloc(a, 4 * kMiB, "");
+  const CUdeviceptr t0 = Alloc(a, 4096, "x");
+  MakeCurrent(1);
+  const CUdeviceptr p1 = Alloc(a, 6 * kMiB, "y");
+  MakeCurrent(0);
+  Fill(p0, 4 * kMiB, 4);
+  Fill(t0, 4096, 5);
+  absl::StatusOr<size_t> released = a.PauseMemory(std::nullopt, true);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(sim::GetUsage().handles, 0u);  // nothing of the shim's holds memory now
+  char c;
+  EXPECT_NE(sim::DeviceRead(1, &c, p1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(*a.ResumeMemory(std::nullopt), *released);
+  EXPECT_TRUE(Holds(p0, 4 * kMiB, 4));
+  EXPECT_TRUE(Holds(t0, 4096, 5));
+  EXPECT_EQ(sim::DeviceRead(1, &c, p1, 1), CUDA_SUCCESS);
+  for (CUdeviceptr p : {p0, t0, p1}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// cudaFree of paused memory frees it as any other: its backup goes, its
+// address range goes back, and resume has nothing of it to restore.
+TEST_F(PauseTest, FreeingPausedMemoryWorksAndLeaksNothing) {
+  Allocator a(api_);
+  const CUdeviceptr big = Alloc(a, 16 * kMiB, "kv");
+  const CUdeviceptr s1 = Alloc(a, 4096, "kv");
+  const CUdeviceptr s2 = Alloc(a, 8192, "kv");
+  Fill(s2, 8192, 6);
+  ASSERT_TRUE(a.PauseMemory("kv", true).ok());
+  ASSERT_TRUE(a.Free(big).ok());
+  ASSERT_TRUE(a.Free(s1).ok());
+  EXPECT_EQ(ToCuResult(a.Free(big)), CUDA_ERROR_INVALID_VALUE);  // a double free, as ever
+  const AllocatorStats paused = a.GetStats();
+  EXPECT_EQ(paused.live_allocations, 1u);
+  absl::StatusOr<size_t> restored = a.ResumeMemory("kv");
+  ASSERT_TRUE(restored.ok());
+  EXPECT_LT(*restored, 16 * kMiB);  // only the granule of s2
+  EXPECT_TRUE(Holds(s2, 8192, 6));
+  ASSERT_TRUE(a.Free(s2).ok());
+  ASSERT_TRUE(a.PauseMemory("kv", true).ok());  // nothing left but cached memory
+  ASSERT_TRUE(a.ReleaseAll().ok());
+  const sim::Usage u = sim::GetUsage();
+  EXPECT_EQ(u.handles, 0u);
+  EXPECT_EQ(u.mappings, 0u);
+  EXPECT_EQ(u.reservations, 0u);
+}
+
+TEST_F(PauseTest, ExportedMemoryIsRefusedAndNothingIsPaused) {
+  Allocator a(api_);
+  const CUdeviceptr kept = Alloc(a, 4 * kMiB, "kv");
+  const CUdeviceptr shared = Alloc(a, 4 * kMiB, "kv");
+  Fill(kept, 4 * kMiB, 7);
+  ASSERT_TRUE(a.Export(shared).ok());
+  EXPECT_EQ(ToCuResult(a.PauseMemory("kv", true).status()), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_EQ(ToCuResult(a.PauseMemory(std::nullopt, false).status()), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_TRUE(Holds(kept, 4 * kMiB, 7));
+  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  // Paused memory cannot be exported either.
+  const CUdeviceptr other = Alloc(a, 4 * kMiB, "solo");
+  ASSERT_TRUE(a.PauseMemory("solo", false).ok());
+  EXPECT_EQ(ToCuResult(a.Export(other).status()), CUDA_ERROR_NOT_PERMITTED);
+  ASSERT_TRUE(a.ResumeMemory("solo").ok());
+  for (CUdeviceptr p : {kept, shared, other}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// Out of device memory at resume: everything stays paused (contents kept),
+// nothing leaks, and a later resume succeeds.
+TEST_F(PauseTest, ResumeWithoutRoomLeavesEverythingPausedUntilThereIsRoom) {
+  Allocator a(api_);
+  const CUdeviceptr kv1 = Alloc(a, 64 * kMiB, "kv");
+  const CUdeviceptr kv2 = Alloc(a, 64 * kMiB, "kv");
+  Fill(kv1, 64 * kMiB, 8);
+  Fill(kv2, 64 * kMiB, 9);
+  const size_t released = *a.PauseMemory("kv", true);
+  const size_t handles_paused = sim::GetUsage().handles;
+  // Someone else takes the memory (a plain driver allocation, as another
+  // library's would be).
+  CUdeviceptr hog = 0;
+  ASSERT_EQ(sim::cuMemAlloc_v2(&hog, 200 * kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(a.ResumeMemory("kv").status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(a.GetStats().paused_bytes, released);
+  EXPECT_EQ(sim::GetUsage().handles, handles_paused);  // the half-made resume is undone
+  char c;
+  EXPECT_NE(sim::DeviceRead(0, &c, kv1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(sim::cuMemFree_v2(hog), CUDA_SUCCESS);
+  ASSERT_EQ(*a.ResumeMemory("kv"), released);
+  EXPECT_TRUE(Holds(kv1, 64 * kMiB, 8));
+  EXPECT_TRUE(Holds(kv2, 64 * kMiB, 9));
+  for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// Resume gives exactly the access the allocation would have had: a peer
+// that enabled access while it was paused can read it after.
+TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
+  AllocatorOptions options;
+  options.peer_policy.kind = PeerPolicy::Kind::kMinSize;
+  options.peer_policy.min_bytes = 2 * kMiB;
+  Allocator a(api_, options);
+  const CUdeviceptr big = Alloc(a, 8 * kMiB, "kv");   // the policy allows peers
+  const CUdeviceptr tiny = Alloc(a, 4096, "kv2");     // denied by it
+  Fill(big, 8 * kMiB, 10);
+  ASSERT_TRUE(a.PauseMemory("kv", true).ok());
+  ASSERT_TRUE(a.PauseMemory("kv2", true).ok());
+  ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
+  ASSERT_TRUE(a.GrantPeer(tiny, 1).ok());  // and an explicit grant on paused memory
+  EXPECT_TRUE(*a.PeerHasAccess(big, 1));   // the access it will get back
+  ASSERT_TRUE(a.ResumeMemory(std::nullopt).ok());
+  std::vector<unsigned char> got(8 * kMiB);
+  ASSERT_EQ(sim::DeviceRead(1, got.data(), big, got.size()), CUDA_SUCCESS);
+  EXPECT_EQ(got[12345], static_cast<unsigned char>(12345 * 13 + 10));
+  char c;
+  EXPECT_EQ(sim::DeviceRead(1, &c, tiny, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(a.DisablePeer(1, 0).ok());
+  for (CUdeviceptr p : {big, tiny}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// Every driver call of a pause and a resume failing once, at each of its
+// first calls: the call reports the failure and either nothing is paused
+// (contents intact) or everything paused can still be resumed with its
+// contents once the driver works again; nothing leaks.
+TEST_F(PauseTest, FaultsAnywhereInPauseOrResumeLeaveAConsistentState) {
+  int runs = 0;
+  for (const char* entry : {"cuCtxSynchronize", "cuMemHostAlloc", "cuMemcpyDtoH_v2",
+                            "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
+                            "cuMemSetAccess", "cuMemcpyHtoD_v2", "cuCtxPushCurrent_v2"}) {
+    for (int nth = 1; nth <= 3; ++nth) {
+      for (bool at_resume : {false, true}) {
+        SetUp();
+        {
+          Allocator a(api_);
+          const CUdeviceptr kv = Alloc(a, 6 * kMiB, "kv");
+          const CUdeviceptr s = Alloc(a, 4096, "kv");
+          Fill(kv, 6 * kMiB, 11);
+          Fill(s, 4096, 12);
+          if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+          absl::StatusOr<size_t> paused = a.PauseMemory("kv", true);
+          if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+          absl::StatusOr<size_t> resumed = a.ResumeMemory("kv");
+          sim::ClearFailures();
+          ASSERT_TRUE(a.ResumeMemory("kv").ok()) << entry << " " << nth;
+          EXPECT_TRUE(Holds(kv, 6 * kMiB, 11)) << entry << " " << nth << " " << at_resume
+                                                << " pause: " << paused.status()
+                                                << " resume: " << resumed.status();
+          EXPECT_TRUE(Holds(s, 4096, 12)) << entry << " " << nth << " " << at_resume;
+          EXPECT_EQ(a.GetStats().paused_bytes, 0u) << entry << " " << nth;
+          ASSERT_TRUE(a.Free(kv).ok());
+          ASSERT_TRUE(a.Free(s).ok());
+          a.Trim();
+          ASSERT_TRUE(a.ReleaseAll().ok()) << entry << " " << nth;
+        }
+        const sim::Usage u = sim::GetUsage();
+        EXPECT_EQ(u.handles, 0u) << entry << " " << nth << " " << at_resume;
+        EXPECT_EQ(u.mappings, 0u) << entry << " " << nth << " " << at_resume;
+        EXPECT_EQ(sim::LiveHostAllocations(), 0u) << entry << " " << nth;
+        ++runs;
+      }
+    }
+  }
+  EXPECT_EQ(runs, 60);
+}
+
+// Pauses and resumes of one tag while other threads allocate, write, read
+// and free memory of other tags.
+TEST_F(PauseTest, PauseAndResumeConcurrentWithAllocationsElsewhere) {
+  AllocatorOptions options;
+  options.arenas = 4;
+  Allocator a(api_, options);
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  Fill(kv, 8 * kMiB, 13);
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 3; ++t) {
+    workers.emplace_back([&, t] {
+      MakeCurrent(0);
+      std::mt19937 rng(t);
+      while (!stop.load()) {
+        const size_t bytes = 256 + rng() % (3 * kMiB);
+        absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes, "w" + std::to_string(t));
+        if (!r.ok()) continue;
+        const unsigned char v = static_cast<unsigned char>(t + 1);
+        if (sim::DeviceWrite(0, r->ptr, &v, 1) != CUDA_SUCCESS) ++bad;
+        unsigned char back = 0;
+        if (sim::DeviceRead(0, &back, r->ptr, 1) != CUDA_SUCCESS || back != v) ++bad;
+        if (!a.Free(r->ptr).ok()) ++bad;
+      }
+    });
+  }
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(a.PauseMemory("kv", true).ok());
+    ASSERT_TRUE(a.ResumeMemory("kv").ok());
+    ASSERT_TRUE(Holds(kv, 8 * kMiB, 13)) << i;
+  }
+  stop = true;
+  for (std::thread& w : workers) w.join();
+  EXPECT_EQ(bad.load(), 0);
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
 }  // namespace
 }  // namespace vmmshim
