@@ -1,11 +1,14 @@
 // The exported C API of include/vmmshim/vmmshim.h. Every function answers
 // CUDA_ERROR_NOT_SUPPORTED when the shim does not serve allocations (no
 // driver, pass-through, a forked child).
+#include <unistd.h>
+
 #include <cstring>
 #include <optional>
 #include <string>
 
 #include "core/cu_status.h"
+#include "core/stats_report.h"
 #include "interpose/hooks_internal.h"
 #include "vmmshim/vmmshim.h"
 
@@ -80,5 +83,16 @@ VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes
       tag != nullptr ? std::optional<std::string>(tag) : std::nullopt);
   if (!restored.ok()) return ToCuResult(restored.status());
   if (restored_bytes != nullptr) *restored_bytes = *restored;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  const std::string json = vmmshim::StatsJson(*rt->allocator, getpid());
+  if (needed != nullptr) *needed = json.size() + 1;
+  if (buffer == nullptr) return CUDA_SUCCESS;
+  if (size < json.size() + 1) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(buffer, json.c_str(), json.size() + 1);
   return CUDA_SUCCESS;
 }

@@ -88,6 +88,13 @@ int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes
  * after releasing the shim's cache: everything stays paused, nothing
  * leaks, a later resume can succeed. */
 int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
+/* The statistics of VMMSHIM_STATS_FILE (a JSON document, docs/configuration.md)
+ * now, NUL-terminated, into `buffer` of `size` bytes. *needed (may be NULL)
+ * receives the bytes it takes, NUL included; `buffer` NULL only asks for
+ * that. CUDA_ERROR_INVALID_VALUE (1) when `size` is too small (nothing
+ * written); 801 when the shim is disabled. */
+int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed);
+typedef int (*vmmshim_get_statistics_fn)(char*, size_t, size_t*);
 typedef int (*vmmshim_pause_memory_fn)(const char*, unsigned, size_t*);
 typedef int (*vmmshim_resume_memory_fn)(const char*, size_t*);
 typedef int (*vmmshim_grant_peer_access_fn)(const void*, int);

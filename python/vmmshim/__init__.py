@@ -1,0 +1,206 @@
+"""vmmshim from Python: the C API of libvmmshim.so (include/vmmshim/vmmshim.h),
+found in the running process with ctypes, as C programs find it with dlsym.
+
+    LD_PRELOAD=libvmmshim.so python3 train.py
+
+    import vmmshim
+    with vmmshim.tag("kv"):             # allocations made here carry the tag
+        kv = torch.empty(n, device="cuda")
+    vmmshim.pause("kv")                 # physical memory released, contents kept
+    ...
+    vmmshim.resume("kv")                # same addresses, contents and peer access back
+
+Where the shim is not loaded (or is disabled with VMMSHIM_ENABLE=0) the module
+says so once (a RuntimeWarning naming the reason) and every call does nothing:
+tag() is a plain context, pause/resume/release return 0, the queries None.
+Other failures raise VmmshimError with the CUresult code of the C API.
+Sizes are bytes. Thread safety: as the C API (any thread); tag() is per
+thread, as vmmshim_set_allocation_tag is.
+"""
+import contextlib
+import ctypes
+import json
+import threading
+import warnings
+
+__all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "grant_peer_access",
+           "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
+           "KEEP_CONTENTS"]
+__version__ = "0.1.0"
+
+KEEP_CONTENTS = 1  # VMMSHIM_PAUSE_KEEP_CONTENTS
+_NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: the shim is disabled or inactive
+
+
+class VmmshimError(RuntimeError):
+    """A vmmshim C API call failed; `code` is its CUresult."""
+
+    def __init__(self, call, code):
+        super().__init__(f"{call} returned CUresult {code}")
+        self.call = call
+        self.code = code
+
+
+_lock = threading.Lock()
+_lib = None
+_absent = None  # why the API is not usable, once known
+_warned = False
+_tags = threading.local()
+
+
+def _api():
+    """The library handle, or None (after one warning) when the API is absent."""
+    global _lib, _absent
+    with _lock:
+        if _lib is None and _absent is None:
+            lib = ctypes.CDLL(None)
+            if not hasattr(lib, "vmmshim_pause_memory"):
+                _absent = ("libvmmshim.so is not loaded in this process "
+                           "(start it with LD_PRELOAD=libvmmshim.so)")
+            else:
+                sigs = {
+                    "vmmshim_set_allocation_tag": [ctypes.c_char_p],
+                    "vmmshim_pause_memory": [ctypes.c_char_p, ctypes.c_uint,
+                                             ctypes.POINTER(ctypes.c_size_t)],
+                    "vmmshim_resume_memory": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)],
+                    "vmmshim_grant_peer_access": [ctypes.c_void_p, ctypes.c_int],
+                    "vmmshim_revoke_peer_access": [ctypes.c_void_p, ctypes.c_int],
+                    "vmmshim_query_peer_access": [ctypes.c_void_p, ctypes.c_int,
+                                                  ctypes.POINTER(ctypes.c_int)],
+                    "vmmshim_release_cached_memory": [ctypes.c_int,
+                                                      ctypes.POINTER(ctypes.c_size_t)],
+                    "vmmshim_get_statistics": [ctypes.c_char_p, ctypes.c_size_t,
+                                               ctypes.POINTER(ctypes.c_size_t)],
+                }
+                for name, args in sigs.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes = args
+                    fn.restype = ctypes.c_int
+                _lib = lib
+    if _lib is None:
+        _warn(_absent)
+    return _lib
+
+
+def _warn(why):
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"vmmshim: {why}; vmmshim calls do nothing", RuntimeWarning, stacklevel=3)
+
+
+def _call(name, *args):
+    """Calls C function `name`; None when the shim is absent or inactive."""
+    lib = _api()
+    if lib is None:
+        return None
+    rc = getattr(lib, name)(*args)
+    if rc == _NOT_SUPPORTED:
+        _warn("the shim is loaded but not serving allocations (VMMSHIM_ENABLE=0, no CUDA "
+              "driver yet, or a forked child)")
+        return None
+    if rc != 0:
+        raise VmmshimError(name, rc)
+    return rc
+
+
+def loaded():
+    """Whether libvmmshim.so's API is in this process."""
+    with _lock:
+        if _lib is not None:
+            return True
+        if _absent is not None:
+            return False
+    return hasattr(ctypes.CDLL(None), "vmmshim_pause_memory")
+
+
+def _ptr(obj):
+    """An address from an int, a torch tensor (data_ptr) or a CUDA array
+    (__cuda_array_interface__, CuPy and Numba)."""
+    if isinstance(obj, int):
+        return obj
+    if hasattr(obj, "data_ptr"):
+        return int(obj.data_ptr())
+    if hasattr(obj, "__cuda_array_interface__"):
+        return int(obj.__cuda_array_interface__["data"][0])
+    raise TypeError(f"vmmshim: not a device pointer: {type(obj).__name__}")
+
+
+@contextlib.contextmanager
+def tag(name):
+    """Allocations this thread makes inside carry allocation tag `name` (at most
+    255 bytes); the tag that was set before is restored at the end."""
+    if not isinstance(name, str):
+        raise TypeError("vmmshim.tag: the tag must be a str")
+    stack = getattr(_tags, "stack", None)
+    if stack is None:
+        stack = _tags.stack = []
+    _call("vmmshim_set_allocation_tag", name.encode())
+    stack.append(name)
+    try:
+        yield
+    finally:
+        stack.pop()
+        _call("vmmshim_set_allocation_tag", stack[-1].encode() if stack else None)
+
+
+def pause(tag=None, keep_contents=True):
+    """Releases the physical memory of the allocations made under `tag` (None:
+    all), keeping their addresses and, with keep_contents, their contents in
+    host memory. Returns the bytes released (0: nothing to pause)."""
+    n = ctypes.c_size_t(0)
+    rc = _call("vmmshim_pause_memory", tag.encode() if tag is not None else None,
+               KEEP_CONTENTS if keep_contents else 0, ctypes.byref(n))
+    return 0 if rc is None else n.value
+
+
+def resume(tag=None):
+    """Maps the paused memory of `tag` (None: all) again with its contents and
+    peer access. Returns the bytes restored."""
+    n = ctypes.c_size_t(0)
+    rc = _call("vmmshim_resume_memory", tag.encode() if tag is not None else None,
+               ctypes.byref(n))
+    return 0 if rc is None else n.value
+
+
+def grant_peer_access(obj, peer_device):
+    """Lets `peer_device` access the allocation containing `obj`."""
+    _call("vmmshim_grant_peer_access", _ptr(obj), peer_device)
+
+
+def revoke_peer_access(obj, peer_device):
+    """Takes `peer_device`'s access to it away, whatever the policy says."""
+    _call("vmmshim_revoke_peer_access", _ptr(obj), peer_device)
+
+
+def query_peer_access(obj, peer_device):
+    """True or False: whether `peer_device` can access it (paused: after resume);
+    None without the shim."""
+    has = ctypes.c_int(0)
+    rc = _call("vmmshim_query_peer_access", _ptr(obj), peer_device, ctypes.byref(has))
+    return None if rc is None else bool(has.value)
+
+
+def release_cached_memory(device=-1):
+    """Gives the memory the shim keeps for reuse on `device` (-1: all) back to
+    the driver. Returns the bytes released."""
+    n = ctypes.c_size_t(0)
+    rc = _call("vmmshim_release_cached_memory", device, ctypes.byref(n))
+    return 0 if rc is None else n.value
+
+
+def statistics():
+    """The shim's statistics as a dict (the VMMSHIM_STATS_FILE document: totals,
+    devices, peers; units bytes and seconds), or None without the shim."""
+    needed = ctypes.c_size_t(0)
+    if _call("vmmshim_get_statistics", None, 0, ctypes.byref(needed)) is None:
+        return None
+    for _ in range(3):  # the document may grow between the two calls
+        buf = ctypes.create_string_buffer(needed.value + 4096)
+        lib = _api()
+        rc = lib.vmmshim_get_statistics(buf, len(buf), ctypes.byref(needed))
+        if rc == 0:
+            return json.loads(buf.value.decode())
+        if rc != 1:
+            raise VmmshimError("vmmshim_get_statistics", rc)
+    raise VmmshimError("vmmshim_get_statistics", 1)
