@@ -567,8 +567,21 @@ void Allocator::NotePassThrough(size_t bytes) {
   passthrough_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
+int Allocator::CopyThreads() const {
+  if (options_.copy_threads > 0) return options_.copy_threads;
+  cpu_set_t set;
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return std::clamp(cpus, 1, 8);
+}
+
 absl::StatusOr<size_t> Allocator::PauseMemory(const std::optional<std::string>& tag,
                                                bool keep_contents) {
+  // No capture begins meanwhile; during one, the synchronize and the copies
+  // would invalidate it (core/capture.h): refused, the capture untouched.
+  GateReaderLock gate(&captures_.gate());
+  if (captures_.any()) {
+    return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_pause_memory");
+  }
   MutexLock lock(&pause_mu_);
   std::vector<CUcontext> contexts;
   size_t live = 0;
@@ -591,35 +604,65 @@ absl::StatusOr<size_t> Allocator::PauseMemory(const std::optional<std::string>& 
     if (absl::Status s = SynchronizeContext(ctx); !s.ok()) return s;
   }
   std::optional<BackupCopier> copier;
-  if (keep_contents) copier.emplace(driver_, options_.copy_threads);
-  size_t released = 0;
+  if (keep_contents) copier.emplace(driver_, CopyThreads());
+  // All or nothing: every heap copies and marks first; only then is memory
+  // released anywhere.
   for (DeviceHeap* heap : heaps) {
-    absl::StatusOr<size_t> r = heap->Pause(tag, copier ? &*copier : nullptr);
-    if (!r.ok()) return r.status();
-    released += *r;
+    absl::StatusOr<size_t> r = heap->PausePrepare(tag, copier ? &*copier : nullptr);
+    if (!r.ok()) {
+      for (DeviceHeap* h : heaps) h->PauseAbort(tag);
+      return r.status();
+    }
   }
+  size_t released = 0;
+  absl::Status first;
+  for (DeviceHeap* heap : heaps) {
+    absl::StatusOr<size_t> r = heap->PauseCommit(tag);
+    if (r.ok()) {
+      released += *r;
+    } else {
+      first.Update(r.status());
+    }
+  }
+  if (!first.ok()) return first;
   return released;
 }
 
 absl::StatusOr<size_t> Allocator::ResumeMemory(const std::optional<std::string>& tag) {
+  GateReaderLock gate(&captures_.gate());
+  if (captures_.any()) {
+    return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_resume_memory");
+  }
   MutexLock lock(&pause_mu_);
-  BackupCopier copier(driver_, options_.copy_threads);
+  BackupCopier copier(driver_, CopyThreads());
   std::vector<DeviceHeap*> heaps;
   for (auto& slot : heaps_) {
     if (DeviceHeap* heap = slot.load(std::memory_order_acquire)) heaps.push_back(heap);
   }
-  size_t restored = 0;
-  for (DeviceHeap* heap : heaps) {
-    absl::StatusOr<size_t> r = heap->ResumePrepare(tag, copier);
-    if (!r.ok()) {
-      // All or nothing: what other devices prepared goes again.
-      for (DeviceHeap* h : heaps) h->ResumeAbort(tag);
-      return r.status();
+  absl::Status status;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    size_t restored = 0;
+    status = absl::OkStatus();
+    for (DeviceHeap* heap : heaps) {
+      absl::StatusOr<size_t> r = heap->ResumePrepare(tag, copier);
+      if (!r.ok()) {
+        status = r.status();
+        break;
+      }
+      restored += *r;
     }
-    restored += *r;
+    if (status.ok()) {
+      for (DeviceHeap* heap : heaps) heap->ResumeCommit(tag);
+      return restored;
+    }
+    // All or nothing: what other devices prepared goes again.
+    for (DeviceHeap* h : heaps) h->ResumeAbort(tag);
+    if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY) break;
+    // Out of memory: every cache the shim holds (all arenas, deferred frees,
+    // the stream-ordered cache) goes back to the driver, then once more.
+    Trim(-1);
   }
-  for (DeviceHeap* heap : heaps) heap->ResumeCommit(tag);
-  return restored;
+  return status;
 }
 
 void Allocator::NotePeerEnable(uint64_t nanoseconds) {

@@ -37,7 +37,8 @@
 // and destruction, which must not overlap other calls. Lock order (each
 // taken only after those before it, never the other way): the capture gate
 // (CaptureTracker::gate, shared by Free across its synchronize, exclusive
-// across cuStreamBeginCapture) -> peer mutex (EnablePeer/DisablePeer) ->
+// across cuStreamBeginCapture) -> pause mutex (PauseMemory/ResumeMemory)
+// -> peer mutex (EnablePeer/DisablePeer) ->
 // heap creation mutex -> a StreamOrderedCache's mutex (never held while a
 // heap mutex is taken) -> a DeviceHeap's mutex -> ReservationMap,
 // ExportRegistry, the CaptureTracker's own mutex (leaves).
@@ -113,9 +114,10 @@ struct AllocatorOptions {
   // may run on (sched_getaffinity), at most 8.
   int arenas = 0;
   // Threads copying contents to host memory and back (PauseMemory with
-  // contents; core/host_backup.h): 8 measured 14 GiB/s out, 23 GiB/s back
-  // on an H200 host with 16 CPUs.
-  int copy_threads = 8;
+  // contents; core/host_backup.h); 0: the CPUs this process may run on, at
+  // most 8 (8 measured 14 GiB/s out, 23 GiB/s back on an H200 host with 16
+  // CPUs).
+  int copy_threads = 0;
 };
 
 // Process-wide figures: sums over the devices' DeviceStats (the one source
@@ -374,10 +376,13 @@ class Allocator {
   // share of the backup), Find and the peer queries (which answer with the
   // access it gets back). Stream-ordered memory is not paused; IPC imports
   // are not selected (not this process's allocations).
-  // Errors (nothing paused): CUDA_ERROR_NOT_PERMITTED when selected memory
+  // All or nothing: every device's contents are copied before any memory
+  // is released. Errors (nothing paused): CUDA_ERROR_NOT_PERMITTED when selected memory
   // is exported to another process (logged, naming it);
   // CUDA_ERROR_OUT_OF_MEMORY when host memory for the contents is short
   // (logged: needed and available); a synchronize's or copy's driver error.
+  // A cuMemUnmap failure (a driver failure after the copies): that block
+  // stays live, the others are paused, and the error is returned.
   //
   // ResumeMemory maps new physical memory at the paused addresses with the
   // access each allocation would have had never paused (the owner, the
@@ -389,7 +394,8 @@ class Allocator {
   //
   // Thread safety: pauses and resumes are serialized with each other;
   // allocations and frees go on meanwhile in other arenas, and in the same
-  // arena wait for its copies. Not during a stream capture.
+  // arena wait for its prepare step's copies. During a stream capture:
+  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture untouched.
   absl::StatusOr<size_t> PauseMemory(const std::optional<std::string>& tag, bool keep_contents);
   absl::StatusOr<size_t> ResumeMemory(const std::optional<std::string>& tag);
 
@@ -469,7 +475,8 @@ class Allocator {
   // Changed only under peers_mu_; Enabled() reads are lock-free.
   PeerEnableTable peers_;
   Mutex peers_mu_;  // orders EnablePeer/DisablePeer and the grants they cause
-  Mutex pause_mu_;  // serializes PauseMemory and ResumeMemory
+  Mutex pause_mu_;  // serializes PauseMemory and ResumeMemory (after the capture gate)
+  int CopyThreads() const;
 
   Mutex heaps_mu_ ABSL_ACQUIRED_AFTER(peers_mu_);  // serializes heap creation only
   std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};

@@ -228,14 +228,36 @@ absl::Status DeviceHeap::CheckPausable(const std::optional<std::string>& tag) co
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> DeviceHeap::Pause(const std::optional<std::string>& tag,
-                                         BackupCopier* copier) {
-  size_t released = 0;
+absl::StatusOr<size_t> DeviceHeap::PausePrepare(const std::optional<std::string>& tag,
+                                                BackupCopier* copier) {
+  size_t bytes = 0;
   for (const auto& arena : arenas_) {
-    absl::StatusOr<size_t> r = arena->Pause(tag, copier);
-    if (!r.ok()) return r.status();
-    released += *r;
+    absl::StatusOr<size_t> r = arena->PausePrepare(tag, copier);
+    if (!r.ok()) {
+      PauseAbort(tag);
+      return r.status();
+    }
+    bytes += *r;
   }
+  return bytes;
+}
+
+void DeviceHeap::PauseAbort(const std::optional<std::string>& tag) {
+  for (const auto& arena : arenas_) arena->PauseAbort(tag);
+}
+
+absl::StatusOr<size_t> DeviceHeap::PauseCommit(const std::optional<std::string>& tag) {
+  size_t released = 0;
+  absl::Status first;
+  for (const auto& arena : arenas_) {
+    absl::StatusOr<size_t> r = arena->PauseCommit(tag);
+    if (r.ok()) {
+      released += *r;
+    } else {
+      first.Update(r.status());
+    }
+  }
+  if (!first.ok()) return first;
   return released;
 }
 

@@ -96,7 +96,12 @@ class DeviceHeap {
   size_t PauseCandidates(const std::optional<std::string>& tag,
                          std::vector<CUcontext>* contexts) const;
   absl::Status CheckPausable(const std::optional<std::string>& tag) const;
-  absl::StatusOr<size_t> Pause(const std::optional<std::string>& tag, BackupCopier* copier);
+  // PausePrepare undoes every arena's marks when one fails.
+  absl::StatusOr<size_t> PausePrepare(const std::optional<std::string>& tag,
+                                      BackupCopier* copier);
+  void PauseAbort(const std::optional<std::string>& tag);
+  // Every arena commits; the first error is returned after all of them.
+  absl::StatusOr<size_t> PauseCommit(const std::optional<std::string>& tag);
   absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
                                        BackupCopier& copier);
   void ResumeCommit(const std::optional<std::string>& tag);

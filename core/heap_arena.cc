@@ -454,7 +454,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
       ++stats_.frees;
       return;
     }
-    if (!block.has_explicit() && !block.exported && !block.paused &&
+    if (!block.has_explicit() && !block.exported && !block.paused && !block.pausing &&
         ReserveCacheLocked(block.size)) {
       // Keep it mapped, with its access set, for the next request that fits.
       --stats_.live_allocations;
@@ -476,7 +476,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
   ++stats_.frees;
   // A paused granule takes no allocations (its memory is released) and
   // goes when it empties, as a sealed one does.
-  if (block.sealed || block.paused) {
+  if (block.sealed || block.paused || block.pausing) {
     if (block.slab->empty() && !driver_gone) {
       if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
         Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
@@ -607,7 +607,8 @@ size_t HeapArena::ReleaseContext(CUcontext context) {
   if (bases.empty()) return 0;
   size_t released = 0;
   for (CUdeviceptr base : bases) {
-    const size_t size = blocks_[base]->size;
+    // A paused block holds no physical memory: nothing of it is released.
+    const size_t size = blocks_[base]->unmapped() ? 0 : blocks_[base]->size;
     if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       Log().warn("device {}: releasing memory of a destroyed context: {}", options_.device,
                  s.ToString());

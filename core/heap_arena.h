@@ -299,21 +299,29 @@ class HeapArena {
   // pause would select holds exported memory; nothing changes.
   absl::Status CheckPausable(const std::optional<std::string>& tag) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Pauses the selected live blocks (their contexts synchronized by the
-  // caller): with `copier`, contents to a host backup first (all backups of
-  // the call made before any copy: host memory exhausted pauses nothing);
-  // then unmap and release; the VA stays the block's. Releases the cached
-  // memory of `tag` too. Returns the physical bytes released. On a copy or
-  // backup failure nothing of this arena is paused.
-  absl::StatusOr<size_t> Pause(const std::optional<std::string>& tag, BackupCopier* copier)
+  // Pause in two steps, so that a pause over several arenas and devices
+  // either happens everywhere or nowhere. PausePrepare (the contexts
+  // synchronized by the caller): with `copier`, every selected live block's
+  // contents to a host backup (all backups made before any copy), and the
+  // blocks marked `pausing`: no new allocation lands in them, a free in them
+  // still works. On failure its own marks are undone. PauseAbort undoes the
+  // marks (backups dropped). PauseCommit unmaps and releases the marked
+  // blocks (the VA stays theirs) and releases the tag's cached memory;
+  // returns the physical bytes the driver got back; a block whose unmap
+  // fails stays live and the first such error is returned after the rest.
+  absl::StatusOr<size_t> PausePrepare(const std::optional<std::string>& tag,
+                                      BackupCopier* copier) ABSL_LOCKS_EXCLUDED(mu_);
+  void PauseAbort(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> PauseCommit(const std::optional<std::string>& tag)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Resume in two steps, so that a resume over several arenas either
-  // completes everywhere or leaves everything paused: Prepare creates and
-  // maps new memory at each paused block's address with the access it would
-  // have had (Target), and copies the backup in; Commit then forgets the
-  // backups; Abort unmaps and releases what Prepare made (still paused,
-  // backups kept). Prepare fails with CUDA_ERROR_OUT_OF_MEMORY (after
-  // releasing the cache once) and undoes itself. Returns the bytes mapped.
+  // Resume in two steps, likewise: Prepare maps new memory at each paused
+  // block's address with the access it would have had (Target), unless a
+  // failed undo left it mapped, and copies the backup in; Commit forgets the
+  // backups; Abort unmaps and releases what is mapped (still paused,
+  // backups kept; a mapping whose unmap fails stays for the next resume).
+  // Prepare retries failed releases first and releases this arena's cache
+  // once before failing with CUDA_ERROR_OUT_OF_MEMORY; on failure it undoes
+  // what it mapped. Returns the bytes mapped.
   absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
                                        BackupCopier& copier) ABSL_LOCKS_EXCLUDED(mu_);
   void ResumeCommit(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
@@ -346,6 +354,7 @@ class HeapArena {
     // its VA stays reserved; while a resume is prepared, mapped again
     // (handle set) until ResumeCommit. `backup`: its contents, when kept.
     bool paused = false;
+    bool pausing = false;  // PausePrepare marked it (contents copied); live until PauseCommit
     std::optional<HostBackup> backup;
 
     size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
@@ -405,6 +414,12 @@ class HeapArena {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AccountHandle(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddPausedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A paused block mapped by a resume that failed: unmap and release it
+  // again (a failing unmap keeps it mapped for the next resume; a failing
+  // release leaves an orphan handle, still counted, retried by Trim).
+  void UnmapPausedLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A granule with room that is not sealed takes allocations again.
+  void ReopenLocked(CUdeviceptr base, Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `b` is selected by a pause or resume of `tag`.
   static bool Selected(const Block& b, const std::optional<std::string>& tag) {
     return !b.placement.stream_ordered && (!tag || b.placement.tag == *tag);

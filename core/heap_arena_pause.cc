@@ -62,29 +62,32 @@ absl::Status HeapArena::CheckPausable(const std::optional<std::string>& tag) con
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> HeapArena::Pause(const std::optional<std::string>& tag,
-                                        BackupCopier* copier) {
+void HeapArena::ReopenLocked(CUdeviceptr base, Block& b) {
+  if (b.slab != nullptr && !b.sealed && b.slab->used_bytes() < b.size) {
+    bins_[b.placement].open_granules.insert(base);
+  }
+}
+
+absl::StatusOr<size_t> HeapArena::PausePrepare(const std::optional<std::string>& tag,
+                                               BackupCopier* copier) {
   MutexLock lock(&mu_);
-  std::vector<CUdeviceptr> live, cached;
-  size_t backup_bytes = 0;
+  std::vector<CUdeviceptr> live;
   for (const auto& [base, b] : blocks_) {
-    if (!Selected(*b, tag) || b->paused) continue;
-    if (b->exported) {  // exported meanwhile (after CheckPausable)
+    if (!Selected(*b, tag) || b->paused || b->pausing || b->cached ||
+        (b->slab != nullptr && b->slab->empty())) {
+      continue;
+    }
+    if (b->exported) {  // exported after CheckPausable
+      Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is "
+                 "exported to another process; nothing paused",
+                 TagName(tag), base, options_.device);
       return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
     }
-    const bool is_cached = b->cached || (b->slab != nullptr && b->slab->empty());
-    (is_cached ? cached : live).push_back(base);
-    if (!is_cached) backup_bytes += b->size;
+    live.push_back(base);
   }
   // Backups first, all of them: host memory that runs out pauses nothing.
   std::vector<HostBackup> backups;
-  if (copier != nullptr && !live.empty()) {
-    if (const size_t available = AvailableHostMemory(); backup_bytes > available) {
-      Log().error("vmmshim_pause_memory({}): host memory for the contents: {} bytes needed, "
-                  "{} available (MemAvailable); nothing paused",
-                  TagName(tag), backup_bytes, available);
-      return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "vmmshim_pause_memory (host memory)");
-    }
+  if (copier != nullptr) {
     for (CUdeviceptr base : live) {
       absl::StatusOr<HostBackup> backup = HostBackup::Create(blocks_.at(base)->size);
       if (!backup.ok()) {
@@ -108,35 +111,69 @@ absl::StatusOr<size_t> HeapArena::Pause(const std::optional<std::string>& tag,
       }
     }
   }
+  size_t bytes = 0;
+  for (size_t i = 0; i < live.size(); ++i) {
+    Block& b = *blocks_.at(live[i]);
+    b.pausing = true;
+    if (copier != nullptr) b.backup = std::move(backups[i]);
+    if (auto it = bins_.find(b.placement); it != bins_.end()) {
+      it->second.open_granules.erase(live[i]);
+      if (it->second.recent == live[i]) it->second.recent = 0;
+    }
+    bytes += b.size;
+  }
+  return bytes;
+}
+
+void HeapArena::PauseAbort(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  for (auto& [base, owned] : blocks_) {
+    Block& b = *owned;
+    if (!Selected(b, tag) || !b.pausing) continue;
+    b.pausing = false;
+    b.backup.reset();
+    ReopenLocked(base, b);
+  }
+}
+
+absl::StatusOr<size_t> HeapArena::PauseCommit(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> marked, cached;
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused) continue;
+    if (b->pausing) {
+      marked.push_back(base);
+    } else if (b->cached || (b->slab != nullptr && b->slab->empty())) {
+      cached.push_back(base);
+    }
+  }
   size_t released = 0;
   absl::Status first;
-  for (size_t i = 0; i < live.size(); ++i) {
-    const CUdeviceptr base = live[i];
+  for (CUdeviceptr base : marked) {
     Block& b = *blocks_.at(base);
+    b.pausing = false;
     if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
-      // Still mapped and whole: it stays live, the others go on.
+      // Still mapped and whole: it stays live (its backup goes).
       Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", TagName(tag), base,
                  s.ToString());
+      b.backup.reset();
+      ReopenLocked(base, b);
       first.Update(s);
       continue;
     }
     if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+      // The driver did not get it back: counted until Trim's retry succeeds.
       Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
-      orphan_handles_.push_back({b.handle, b.size});  // still counted until released
+      orphan_handles_.push_back({b.handle, b.size});
     } else {
       AccountHandle(-static_cast<int64_t>(b.size));
+      released += b.size;
     }
     AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
     b.handle = 0;
     b.access = DeviceSet();
     b.paused = true;
-    if (copier != nullptr) b.backup = std::move(backups[i]);
     AddPausedLocked(static_cast<int64_t>(b.size));
-    if (auto it = bins_.find(b.placement); it != bins_.end()) {
-      it->second.open_granules.erase(base);
-      if (it->second.recent == base) it->second.recent = 0;
-    }
-    released += b.size;
   }
   // The tag's freed memory goes too: it is memory the program gave up.
   for (CUdeviceptr base : cached) {
@@ -148,36 +185,50 @@ absl::StatusOr<size_t> HeapArena::Pause(const std::optional<std::string>& tag,
                  base, s.ToString());
     }
   }
-  if (!first.ok() && released == 0) return first;
+  if (!first.ok()) return first;
   return released;
+}
+
+void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
+  Block& b = *blocks_.at(base);
+  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
+    Log().warn("vmmshim_resume_memory: unmapping {:#x} after a failed resume: {}; kept mapped "
+               "for the next resume",
+               base, s.ToString());
+    return;
+  }
+  AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+  if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+    Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
+    orphan_handles_.push_back({b.handle, b.size});  // still counted
+  } else {
+    AccountHandle(-static_cast<int64_t>(b.size));
+  }
+  b.handle = 0;
+  b.access = DeviceSet();
 }
 
 absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>& tag,
                                                 BackupCopier& copier) {
   MutexLock lock(&mu_);
-  std::vector<CUdeviceptr> mapped;  // by this call, undone on failure
+  // Handles a pause or an earlier undo could not release hold memory the
+  // resume may need.
+  ReleaseOrphansLocked();
+  std::vector<CUdeviceptr> paused, mapped_now;
+  for (const auto& [base, owned] : blocks_) {
+    if (Selected(*owned, tag) && owned->paused) paused.push_back(base);
+  }
   auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (CUdeviceptr base : mapped) {
-      Block& b = *blocks_.at(base);
-      mapper_.Unmap(base, b.size).IgnoreError();
-      mapper_.Release(b.handle).IgnoreError();
-      AccountHandle(-static_cast<int64_t>(b.size));
-      AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-      b.handle = 0;
-      b.access = DeviceSet();
-    }
+    for (CUdeviceptr base : mapped_now) UnmapPausedLocked(base);
   };
   size_t bytes = 0;
-  std::vector<CUdeviceptr> paused;  // collected first: a Trim below changes blocks_
-  for (const auto& [base, owned] : blocks_) {
-    if (Selected(*owned, tag) && owned->unmapped()) paused.push_back(base);
-  }
   for (CUdeviceptr base : paused) {
     Block& b = *blocks_.at(base);
+    bytes += b.size;
+    if (b.handle != 0) continue;  // still mapped by a failed undo: reused as it is
     absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(b.size, prop_);
-    if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
-        cached_bytes_ > 0) {
-      TrimLocked();
+    if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+      TrimLocked();  // this arena's cache and orphans
       handle = mapper_.Create(b.size, prop_);
     }
     // Exactly the access it would have had, never paused: the owner, and the
@@ -186,7 +237,10 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>
     absl::Status status = handle.status();
     if (handle.ok()) {
       status = mapper_.MapWithAccess(base, b.size, *handle, target);
-      if (!status.ok()) mapper_.Release(*handle).IgnoreError();
+      if (!status.ok() && !mapper_.Release(*handle).ok()) {
+        orphan_handles_.push_back({*handle, b.size});
+        AccountHandle(static_cast<int64_t>(b.size));  // counted until released
+      }
     }
     if (!status.ok()) {
       Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
@@ -200,10 +254,9 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>
     b.access = target;
     AccountHandle(static_cast<int64_t>(b.size));
     AccountMapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
-    mapped.push_back(base);
-    bytes += b.size;
+    mapped_now.push_back(base);
   }
-  for (CUdeviceptr base : mapped) {
+  for (CUdeviceptr base : paused) {
     Block& b = *blocks_.at(base);
     if (!b.backup) continue;
     ScopedContext ctx(driver_, b.placement.context);
@@ -229,25 +282,17 @@ void HeapArena::ResumeCommit(const std::optional<std::string>& tag) {
     b.paused = false;
     b.backup.reset();
     AddPausedLocked(-static_cast<int64_t>(b.size));
-    // A granule with room takes allocations again.
-    if (b.slab != nullptr && !b.sealed && b.slab->used_bytes() < b.size) {
-      bins_[b.placement].open_granules.insert(base);
-    }
+    ReopenLocked(base, b);
   }
 }
 
 void HeapArena::ResumeAbort(const std::optional<std::string>& tag) {
   MutexLock lock(&mu_);
-  for (auto& [base, owned] : blocks_) {
-    Block& b = *owned;
-    if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
-    mapper_.Unmap(base, b.size).IgnoreError();
-    mapper_.Release(b.handle).IgnoreError();
-    AccountHandle(-static_cast<int64_t>(b.size));
-    AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-    b.handle = 0;
-    b.access = DeviceSet();
+  std::vector<CUdeviceptr> mapped;
+  for (const auto& [base, owned] : blocks_) {
+    if (Selected(*owned, tag) && owned->paused && owned->handle != 0) mapped.push_back(base);
   }
+  for (CUdeviceptr base : mapped) UnmapPausedLocked(base);
 }
 
 }  // namespace vmmshim

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/cu_status.h"
+#include "core/log.h"
 
 namespace vmmshim {
 namespace {
@@ -25,7 +27,13 @@ class CopyJob {
     const size_t part = (n + parts - 1) / parts;
     for (size_t t = 0; t < parts; ++t) {
       const size_t from = std::min(n, part * t), to = std::min(n, from + part);
-      if (to > from) workers_.emplace_back([=] { std::memcpy(dst + from, src + from, to - from); });
+      if (to <= from) continue;
+      try {
+        workers_.emplace_back([=] { std::memcpy(dst + from, src + from, to - from); });
+      } catch (const std::system_error&) {
+        // No thread to be had (a pids limit): this part on the calling thread.
+        std::memcpy(dst + from, src + from, to - from);
+      }
     }
   }
   CopyJob(CopyJob&&) = default;
@@ -104,9 +112,18 @@ BackupCopier::BackupCopier(const DriverApi& driver, int threads)
     : driver_(driver), threads_(std::max(1, threads)) {}
 
 BackupCopier::~BackupCopier() {
+  if (ring_[0] == nullptr && ring_[1] == nullptr) return;
+  // Freed in the context the ring was made in (current again for the call).
+  const bool pushed = ring_context_ != nullptr &&
+                      driver_.cuCtxPushCurrent_v2(ring_context_) == CUDA_SUCCESS;
   for (char* slot : ring_) {
-    if (slot != nullptr && driver_.cuMemFreeHost != nullptr) driver_.cuMemFreeHost(slot);
+    if (slot == nullptr) continue;
+    if (CUresult r = driver_.cuMemFreeHost(slot); r != CUDA_SUCCESS) {
+      Log().warn("cuMemFreeHost of the pause staging ring: {}", CuResultName(r));
+    }
   }
+  CUcontext popped;
+  if (pushed) driver_.cuCtxPopCurrent_v2(&popped);
 }
 
 absl::Status BackupCopier::EnsureRing() {
@@ -115,6 +132,7 @@ absl::Status BackupCopier::EnsureRing() {
       driver_.cuMemcpyDtoH_v2 == nullptr || driver_.cuMemcpyHtoD_v2 == nullptr) {
     return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemHostAlloc or cuMemcpy");
   }
+  driver_.cuCtxGetCurrent(&ring_context_);
   for (char*& slot : ring_) {
     void* p = nullptr;
     // Portable: usable from every context, whichever device a block is on.

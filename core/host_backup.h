@@ -84,6 +84,7 @@ class BackupCopier {
   const DriverApi& driver_;
   const int threads_;
   char* ring_[2] = {nullptr, nullptr};  // page-locked (cuMemHostAlloc)
+  CUcontext ring_context_ = nullptr;     // current when the ring was made
 };
 
 }  // namespace vmmshim

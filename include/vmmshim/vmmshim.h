@@ -75,8 +75,12 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
  *       process (cudaIpcGetMemHandle; logged); nothing paused;
  *   801 CUDA_ERROR_NOT_SUPPORTED: the shim is disabled;
  *   or a driver error of the synchronize or the copy (nothing paused).
- * Stream-ordered (cudaMallocAsync) memory is not paused. Not during a
- * stream capture. Sizes are bytes. */
+ * All or nothing across devices: contents are copied everywhere before any
+ * memory is released (a later cuMemUnmap refusal leaves that block live and
+ * returns the driver's code). "" selects the untagged allocations.
+ * Stream-ordered (cudaMallocAsync) memory is not paused. During a stream
+ * capture: 900 (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the capture
+ * untouched. Sizes are bytes. */
 #define VMMSHIM_PAUSE_KEEP_CONTENTS 1u
 int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes);
 /* Maps new physical memory at the paused addresses of `tag` (NULL: all),

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/host_backup.h"
+#include "core/thread_slot.h"
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -61,6 +63,7 @@ class PauseTest : public ::testing::Test {
   }
 
   DriverApi api_;
+  const CUstream kStream = reinterpret_cast<CUstream>(0x51);
 };
 
 TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
@@ -316,6 +319,156 @@ TEST_F(PauseTest, PauseAndResumeConcurrentWithAllocationsElsewhere) {
   for (std::thread& w : workers) w.join();
   EXPECT_EQ(bad.load(), 0);
   ASSERT_TRUE(a.Free(kv).ok());
+}
+
+// From an adversarial review: each of these failed before its fix.
+
+// A copy that fails on the second device pauses nothing on the first.
+TEST_F(PauseTest, CopyFailureOnASecondDevicePausesNothing) {
+  Allocator a(api_);
+  const CUdeviceptr p0 = Alloc(a, 4 * kMiB, "kv");
+  MakeCurrent(1);
+  const CUdeviceptr p1 = Alloc(a, 4 * kMiB, "kv");
+  MakeCurrent(0);
+  Fill(p0, 4 * kMiB, 1);
+  sim::FailCall("cuMemcpyDtoH_v2", 2, CUDA_ERROR_UNKNOWN);  // 1: device 0's block, 2: device 1's
+  EXPECT_FALSE(a.PauseMemory("kv", true).ok());
+  sim::ClearFailures();
+  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_TRUE(Holds(p0, 4 * kMiB, 1));
+  EXPECT_EQ(*a.ResumeMemory("kv"), 0u);
+  for (CUdeviceptr p : {p0, p1}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// Out of memory at resume only after every arena's cache went back.
+TEST_F(PauseTest, ResumeReleasesOtherArenasCachesBeforeOutOfMemory) {
+  AllocatorOptions options;
+  options.arenas = 2;
+  options.cache_limit_percent = 100;
+  Allocator a(api_, options);
+  const CUdeviceptr kv = Alloc(a, 128 * kMiB, "kv");
+  Fill(kv, 128 * kMiB, 2);
+  ASSERT_TRUE(a.PauseMemory("kv", true).ok());
+  int worker_slot = -1;
+  std::thread([&] {
+    MakeCurrent(0);
+    worker_slot = ThreadSlot();
+    const CUdeviceptr other = Alloc(a, 160 * kMiB, "");
+    ASSERT_TRUE(a.Free(other).ok());  // cached in the other arena
+  }).join();
+  ASSERT_NE(worker_slot % 2, ThreadSlot() % 2);
+  absl::StatusOr<size_t> r = a.ResumeMemory("kv");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Holds(kv, 128 * kMiB, 2));
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+// Two faults in one resume: the undo's own unmap fails; a later resume
+// still succeeds with the contents.
+TEST_F(PauseTest, ResumeUndoWhoseUnmapFailsStillAllowsALaterResume) {
+  Allocator a(api_);
+  const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
+  Fill(kv1, 4 * kMiB, 3);
+  Fill(kv2, 4 * kMiB, 4);
+  ASSERT_TRUE(a.PauseMemory("kv", true).ok());
+  sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);  // the undo of the first block
+  EXPECT_FALSE(a.ResumeMemory("kv").ok());
+  sim::ClearFailures();
+  absl::StatusOr<size_t> r = a.ResumeMemory("kv");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Holds(kv1, 4 * kMiB, 3));
+  EXPECT_TRUE(Holds(kv2, 4 * kMiB, 4));
+  for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+TEST_F(PauseTest, ResumeUndoWhoseReleaseFailsLeaksNothing) {
+  {
+    Allocator a(api_);
+    const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
+    ASSERT_TRUE(a.PauseMemory("kv", false).ok());
+    sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
+    sim::FailCall("cuMemRelease", 2, CUDA_ERROR_UNKNOWN);  // 1: block 2's new handle, 2: undo of 1
+    EXPECT_FALSE(a.ResumeMemory("kv").ok());
+    sim::ClearFailures();
+    EXPECT_EQ(a.GetStats().handle_bytes, sim::GetUsage().handle_bytes);
+    ASSERT_TRUE(a.ResumeMemory("kv").ok());
+    for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
+    a.Trim();
+    ASSERT_TRUE(a.ReleaseAll().ok());
+  }
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+}
+
+// An unmap failure at pause: that block stays live, the error is returned,
+// and a resume brings back the rest.
+TEST_F(PauseTest, UnmapFailureAtPauseIsReportedAndResumable) {
+  Allocator a(api_);
+  const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
+  Fill(kv1, 4 * kMiB, 5);
+  Fill(kv2, 4 * kMiB, 6);
+  sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(ToCuResult(a.PauseMemory("kv", true).status()), CUDA_ERROR_UNKNOWN);
+  sim::ClearFailures();
+  EXPECT_EQ(a.GetStats().paused_bytes, 4 * kMiB);  // one paused, one left live
+  ASSERT_TRUE(a.ResumeMemory("kv").ok());
+  EXPECT_TRUE(Holds(kv1, 4 * kMiB, 5));
+  EXPECT_TRUE(Holds(kv2, 4 * kMiB, 6));
+  for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+TEST_F(PauseTest, PauseDuringACaptureIsRefusedWithoutInvalidatingIt) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  ASSERT_EQ(a.captures().BeginCapture(kStream, false, [&] {
+    return sim::cuStreamBeginCapture_v2(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
+  }), CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(a.PauseMemory("kv", true).status()),
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(ToCuResult(a.ResumeMemory("kv").status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph g = nullptr;
+  EXPECT_EQ(sim::cuStreamEndCapture(kStream, &g), CUDA_SUCCESS);
+  a.CaptureEnded(kStream, false);
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+// A release that failed at pause is not counted as released, and the
+// resume retries it.
+TEST_F(PauseTest, ResumeRetriesAHandleWhoseReleaseFailedAtPause) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 200 * kMiB, "kv");
+  const size_t free_before = FreeMemory();
+  sim::FailCall("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+  absl::StatusOr<size_t> released = a.PauseMemory("kv", false);
+  sim::ClearFailures();
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(FreeMemory(), free_before + *released);
+  EXPECT_TRUE(a.ResumeMemory("kv").ok());
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+TEST_F(PauseTest, ReleaseContextOfPausedMemoryReleasesNoPhysicalBytes) {
+  Allocator a(api_);
+  Alloc(a, 8 * kMiB, "kv");
+  ASSERT_TRUE(a.PauseMemory("kv", false).ok());
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
+  EXPECT_EQ(a.ReleaseContext(ctx, false), 0u);
+  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+}
+
+TEST(HostBackupTest, MoreThanTheHostHasIsOutOfMemoryNamingHostMemory) {
+  absl::StatusOr<HostBackup> b = HostBackup::Create(size_t{1} << 62);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(ToCuResult(b.status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_NE(b.status().message().find("host memory for the backup"), std::string::npos)
+      << b.status();
+  absl::StatusOr<HostBackup> small = HostBackup::Create(4096);
+  ASSERT_TRUE(small.ok());
+  small->data()[4095] = 1;
+  HostBackup moved = *std::move(small);
+  EXPECT_EQ(moved.size(), 4096u);
+  EXPECT_EQ(moved.data()[4095], 1);
 }
 
 }  // namespace
