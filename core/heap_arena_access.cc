@@ -79,7 +79,7 @@ absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {
                       b->placement.tag);
     if (b->placement.allowed.Contains(peer)) {
       granted += b->allocations();
-      granted_bytes += b->size;
+      if (!b->unmapped()) granted_bytes += b->size;  // a paused block is mapped at resume
     } else {
       denied += b->allocations();
     }
@@ -122,7 +122,8 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   }
   const DeviceSet bit = DeviceSet::Of(peer);
   const DeviceSet old_grant = block.explicit_grant, old_revoke = block.explicit_revoke;
-  const bool had_access = block.access.Contains(peer);
+  // Paused: the access it gets back at resume counts.
+  const bool had_access = (block.unmapped() ? Target(block) : block.access).Contains(peer);
   if (grant) {
     block.explicit_grant |= bit;
     block.explicit_revoke -= bit;
@@ -133,7 +134,10 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   // An untagged granule with explicit state takes no new allocations, which
   // would inherit it.
   if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
-  if (block.unmapped()) return absl::OkStatus();  // paused: applied at resume
+  if (block.unmapped()) {  // paused: applied at resume
+    if (grant && !had_access) stats_.peers[peer].grants += block.allocations();
+    return absl::OkStatus();
+  }
   absl::Status applied = ApplyAccessLocked();
   if (!applied.ok() && block.access != Target(block)) {
     // This block's change was not applied: its explicit state is as before,

@@ -226,7 +226,9 @@ TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
   ASSERT_TRUE(a.PauseMemory("kv", true).ok());
   ASSERT_TRUE(a.PauseMemory("kv2", true).ok());
   ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
+  const uint64_t grants_before = a.GetDeviceStats()[0].peers[1].grants;
   ASSERT_TRUE(a.GrantPeer(tiny, 1).ok());  // and an explicit grant on paused memory
+  EXPECT_EQ(a.GetDeviceStats()[0].peers[1].grants, grants_before + 1);  // counted as any grant
   EXPECT_TRUE(*a.PeerHasAccess(big, 1));   // the access it will get back
   ASSERT_TRUE(a.ResumeMemory(std::nullopt).ok());
   std::vector<unsigned char> got(8 * kMiB);
