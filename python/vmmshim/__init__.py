@@ -20,6 +20,7 @@ thread, as vmmshim_set_allocation_tag is.
 import contextlib
 import ctypes
 import json
+import sys
 import threading
 import warnings
 
@@ -86,7 +87,12 @@ def _warn(why):
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(f"vmmshim: {why}; vmmshim calls do nothing", RuntimeWarning, stacklevel=3)
+        # Attributed to the caller's line: the first frame outside this module.
+        level, frame = 1, sys._getframe(0)
+        while frame is not None and frame.f_code.co_filename == __file__:
+            level, frame = level + 1, frame.f_back
+        warnings.warn(f"vmmshim: {why}; vmmshim calls do nothing", RuntimeWarning,
+                      stacklevel=level)
 
 
 def _call(name, *args):

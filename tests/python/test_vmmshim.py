@@ -30,6 +30,7 @@ class WithoutTheShim(unittest.TestCase):
             self.assertIsNone(vmmshim.query_peer_access(0x1000, 1))
         messages = [str(w.message) for w in seen]
         self.assertEqual(len(messages), 1, messages)
+        self.assertEqual(seen[0].filename, __file__)  # the caller's line, not the module's
         self.assertIn("libvmmshim.so is not loaded in this process", messages[0])
         self.assertIn("LD_PRELOAD=libvmmshim.so", messages[0])
 
