@@ -87,9 +87,10 @@ def _warn(why):
     global _warned
     if not _warned:
         _warned = True
-        # Attributed to the caller's line: the first frame outside this module.
+        # Attributed to the caller's line: the first frame outside this module
+        # (and outside contextlib, for `with vmmshim.tag(...)`).
         level, frame = 1, sys._getframe(0)
-        while frame is not None and frame.f_code.co_filename == __file__:
+        while frame is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
             level, frame = level + 1, frame.f_back
         warnings.warn(f"vmmshim: {why}; vmmshim calls do nothing", RuntimeWarning,
                       stacklevel=level)
