@@ -170,27 +170,21 @@ int main(int argc, char** argv) {
   auto Wanted = [&](const std::string& way) { return way.compare(0, only.size(), only) == 0; };
   using Way = std::function<void(int)>;
   std::vector<Way> ways;
-  if (Wanted("pageable_fresh")) ways.push_back([&](int round) {  // pageable_fresh
-    char* host = FreshHost(bytes);
-    auto t0 = Clock::now();
-    Check(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy DtoH");
-    Row("pageable_fresh", "to_host", round, Seconds(Clock::now() - t0), bytes);
-    t0 = Clock::now();
-    Check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy HtoD");
-    Row("pageable_fresh", "to_device", round, Seconds(Clock::now() - t0), bytes);
-    FreeHost(host, bytes);
-  });
-  if (Wanted("pageable_touched")) ways.push_back([&](int round) {  // pageable_touched
-    char* host = FreshHost(bytes);
-    std::memset(host, 1, bytes);
-    auto t0 = Clock::now();
-    Check(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy DtoH");
-    Row("pageable_touched", "to_host", round, Seconds(Clock::now() - t0), bytes);
-    t0 = Clock::now();
-    Check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy HtoD");
-    Row("pageable_touched", "to_device", round, Seconds(Clock::now() - t0), bytes);
-    FreeHost(host, bytes);
-  });
+  for (bool touched : {false, true}) {  // pageable_fresh, pageable_touched
+    const std::string way = touched ? "pageable_touched" : "pageable_fresh";
+    if (!Wanted(way)) continue;
+    ways.push_back([&, touched, way](int round) {
+      char* host = FreshHost(bytes);
+      if (touched) std::memset(host, 1, bytes);
+      auto t0 = Clock::now();
+      Check(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy DtoH");
+      Row(way, "to_host", round, Seconds(Clock::now() - t0), bytes);
+      t0 = Clock::now();
+      Check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy HtoD");
+      Row(way, "to_device", round, Seconds(Clock::now() - t0), bytes);
+      FreeHost(host, bytes);
+    });
+  }
   if (Wanted("pinned_alloc")) ways.push_back([&](int round) {  // pinned_alloc
     auto t0 = Clock::now();
     char* host = nullptr;

@@ -614,18 +614,7 @@ absl::StatusOr<size_t> Allocator::PauseMemory(const std::optional<std::string>& 
       return r.status();
     }
   }
-  size_t released = 0;
-  absl::Status first;
-  for (DeviceHeap* heap : heaps) {
-    absl::StatusOr<size_t> r = heap->PauseCommit(tag);
-    if (r.ok()) {
-      released += *r;
-    } else {
-      first.Update(r.status());
-    }
-  }
-  if (!first.ok()) return first;
-  return released;
+  return SumOverAll(heaps, [&](DeviceHeap* heap) { return heap->PauseCommit(tag); });
 }
 
 absl::StatusOr<size_t> Allocator::ResumeMemory(const std::optional<std::string>& tag) {

@@ -247,18 +247,7 @@ void DeviceHeap::PauseAbort(const std::optional<std::string>& tag) {
 }
 
 absl::StatusOr<size_t> DeviceHeap::PauseCommit(const std::optional<std::string>& tag) {
-  size_t released = 0;
-  absl::Status first;
-  for (const auto& arena : arenas_) {
-    absl::StatusOr<size_t> r = arena->PauseCommit(tag);
-    if (r.ok()) {
-      released += *r;
-    } else {
-      first.Update(r.status());
-    }
-  }
-  if (!first.ok()) return first;
-  return released;
+  return SumOverAll(arenas_, [&](const auto& arena) { return arena->PauseCommit(tag); });
 }
 
 absl::StatusOr<size_t> DeviceHeap::ResumePrepare(const std::optional<std::string>& tag,

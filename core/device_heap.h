@@ -41,6 +41,25 @@
 
 namespace vmmshim {
 
+// Runs `step` (returning absl::StatusOr<size_t>) on every element of
+// `items`, even after a failure, and returns the sum of the sizes or the
+// first error (pause commits: every arena and device must be tried).
+template <typename Range, typename Step>
+absl::StatusOr<size_t> SumOverAll(const Range& items, Step step) {
+  size_t sum = 0;
+  absl::Status first;
+  for (const auto& item : items) {
+    absl::StatusOr<size_t> r = step(item);
+    if (r.ok()) {
+      sum += *r;
+    } else {
+      first.Update(r.status());
+    }
+  }
+  if (!first.ok()) return first;
+  return sum;
+}
+
 class DeviceHeap {
  public:
   struct Options : HeapArena::Options {

@@ -3,7 +3,7 @@
 # examples/pause_resume.py (a PyTorch model and a KV_GIB GiB `kv` buffer) natively
 # without a pause (the reference result), under vmmshim pausing `kv` with its
 # contents and without, and under torch_memory_saver (preload mode, CPU backup),
-# alternating ROUNDS times; every paused run's result line must equal the
+# after one warm-up run of each that is not reported, alternating ROUNDS times; every paused run's result line must equal the
 # reference. Logs to $OUT/pause-resume.log.
 # usage: tools/gpu-issue15.sh [ROUNDS]   (KV_GIB, default 8)
 set -uo pipefail
@@ -20,6 +20,10 @@ if [ -n "$wheel" ]; then
 fi
 tms=$tms_dir/torch_memory_saver_hook_mode_preload_cu13.abi3.so
 app="python3 $root/examples/pause_resume.py --kv-gib $kv"
+# One warm-up run of each mode, not reported (page cache, CUDA and PyTorch
+# start-up, the first touch of THP host memory).
+LD_PRELOAD=$shim $app --backend vmmshim --pause >/dev/null 2>&1
+[ -n "$tms_dir" ] && LD_PRELOAD=$tms PYTHONPATH=$tms_dir $app --backend tms --pause >/dev/null 2>&1
 ref=$($app --backend none 2>/dev/null | grep "result")
 echo "reference (native, no pause): $ref"
 failures=0

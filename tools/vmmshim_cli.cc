@@ -60,17 +60,7 @@ std::string DefaultLibrary() {
   return NextToSelf({"/libvmmshim.so", "/../lib/libvmmshim.so"}, SelfDir() + "/libvmmshim.so");
 }
 
-std::string Bytes(uint64_t b) {
-  char buf[64];
-  if (b >= (uint64_t{1} << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(uint64_t{1} << 30));
-  } else if (b >= (uint64_t{1} << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(uint64_t{1} << 20));
-  } else {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
-  }
-  return buf;
-}
+using vmmshim::compare::FormatBytes;
 
 int Report(const std::string& path) {
   std::ifstream in(path);
@@ -89,18 +79,18 @@ int Report(const std::string& path) {
     std::printf("served %llu allocations (%s) from VMM, passed %llu (%s) through; %llu still "
                 "live; peak physical memory %s\n\n",
                 t.at("served_allocations").get<unsigned long long>(),
-                Bytes(t.at("served_bytes")).c_str(),
+                FormatBytes(t.at("served_bytes")).c_str(),
                 t.at("passthrough_allocations").get<unsigned long long>(),
-                Bytes(t.at("passthrough_bytes")).c_str(),
+                FormatBytes(t.at("passthrough_bytes")).c_str(),
                 t.at("live_allocations").get<unsigned long long>(),
-                Bytes(t.at("peak_physical_bytes")).c_str());
+                FormatBytes(t.at("peak_physical_bytes")).c_str());
     std::printf("%-7s %12s %12s %14s %14s %10s %10s %10s\n", "device", "allocations", "bytes",
                 "peak live", "peak physical", "setaccess", "cache hit", "cache miss");
     for (const auto& d : doc.at("devices")) {
       std::printf("%-7d %12llu %12s %14s %14s %10llu %10llu %10llu\n", d.at("device").get<int>(),
-                  d.at("allocations").get<unsigned long long>(), Bytes(d.at("bytes")).c_str(),
-                  Bytes(d.at("peak_live_bytes")).c_str(),
-                  Bytes(d.at("peak_physical_bytes")).c_str(),
+                  d.at("allocations").get<unsigned long long>(), FormatBytes(d.at("bytes")).c_str(),
+                  FormatBytes(d.at("peak_live_bytes")).c_str(),
+                  FormatBytes(d.at("peak_physical_bytes")).c_str(),
                   d.at("set_access_calls").get<unsigned long long>(),
                   d.value("cache_hits", 0ull), d.value("cache_misses", 0ull));
     }
@@ -111,7 +101,7 @@ int Report(const std::string& path) {
         std::printf("%-7d %-5d %10llu %10llu %16s %16s\n", d.at("device").get<int>(),
                     p.at("peer").get<int>(), p.at("grants").get<unsigned long long>(),
                     p.at("denials").get<unsigned long long>(),
-                    Bytes(p.at("mapped_bytes")).c_str(), Bytes(p.at("peak_mapped_bytes")).c_str());
+                    FormatBytes(p.at("mapped_bytes")).c_str(), FormatBytes(p.at("peak_mapped_bytes")).c_str());
       }
     }
     if (!doc.at("driver_calls").empty()) {
