@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -806,6 +807,19 @@ bool CanAccessPeer(const State& s, int device, int peer) {
   }
   return true;
 }
+// The peer connections `device` would have with `joining` connected too:
+// the distinct other devices of its enabled pairs, in either direction.
+int PeerConnections(const State& s, int device, int joining) {
+  std::set<int> peers = {joining};
+  for (const auto& [from, to] : s.peer_enabled) {
+    const int a = reinterpret_cast<const Context*>(from)->device;
+    const int b = reinterpret_cast<const Context*>(to)->device;
+    if (a == device) peers.insert(b);
+    if (b == device) peers.insert(a);
+  }
+  peers.erase(device);
+  return static_cast<int>(peers.size());
+}
 }  // namespace
 
 CUresult cuDeviceCanAccessPeer(int* can, CUdevice device, CUdevice peer) {
@@ -825,9 +839,14 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
                      reinterpret_cast<Context*>(peer)->device)) {
     return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
   }
-  if (!s.peer_enabled.insert({current, peer}).second) {
-    return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  if (s.peer_enabled.count({current, peer}) > 0) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  const int from = reinterpret_cast<Context*>(current)->device;
+  const int to = reinterpret_cast<Context*>(peer)->device;
+  if (PeerConnections(s, from, to) > s.options.max_peer_connections ||
+      PeerConnections(s, to, from) > s.options.max_peer_connections) {
+    return CUDA_ERROR_TOO_MANY_PEERS;
   }
+  s.peer_enabled.insert({current, peer});
   return CUDA_SUCCESS;
 }
 
@@ -908,6 +927,10 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (s.created_contexts.erase(c) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   for (auto it = tls_context_stack.begin(); it != tls_context_stack.end();) {
     it = *it == ctx ? tls_context_stack.erase(it) : it + 1;
+  }
+  // Its peer access goes with it (both directions).
+  for (auto it = s.peer_enabled.begin(); it != s.peer_enabled.end();) {
+    it = it->first == ctx || it->second == ctx ? s.peer_enabled.erase(it) : std::next(it);
   }
   delete c;
   return CUDA_SUCCESS;

@@ -47,6 +47,13 @@ struct SimOptions {
   // CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, and whether a
   // compressible cuMemCreate is granted compression.
   bool generic_compression = false;
+  // cuCtxEnablePeerAccess: "Each device can support a system-wide maximum of
+  // eight peer connections" (driver API reference, cuCtxEnablePeerAccess;
+  // CUDA_ERROR_TOO_MANY_PEERS past it, as NVIDIA/nccl#241 shows on 10 GPUs).
+  // Modelled as: a device's connections are the distinct other devices with
+  // an enabled context pair in either direction; an enable that would give
+  // either device more than this many fails with CUDA_ERROR_TOO_MANY_PEERS.
+  int max_peer_connections = 8;
 };
 
 // Streams: any non-null CUstream value names a stream (cuStreamCreate makes
