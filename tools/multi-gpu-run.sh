@@ -6,6 +6,8 @@
 # prints the tables from it. Sections that need two GPUs say so on one.
 # Timed sections run every mode twice, alternated (the order reversed in the
 # second round), after one uncounted warm-up run of native and of the shim.
+# SECTIONS (default "1 2 3 4 5 6 7 8"): the sections to run, for splitting the
+# run over two calls where one call's time limit is too short (8 GPUs).
 # COLD_ITERS (default 20): timed allocations per size and peer count in 6 and 8.
 # Never creates a multicast object (NVLS off for NCCL, PyTorch, NVSHMEM).
 set -uo pipefail
@@ -53,7 +55,11 @@ alternate() {  # alternate TIMEOUT GREP ARGS...: each of $modes (default: timed)
   done
 }
 
-if [ "$gpus" -ge 2 ]; then
+sections=" ${SECTIONS:-1 2 3 4 5 6 7 8} "
+want() { [[ $sections == *" $1 "* ]]; }
+echo "sections: $sections"
+
+if [ "$gpus" -ge 2 ] && want 1; then
   echo "== 1. correctness: every device reads and writes every other device's buffers"
   for p in "${order[@]}"; do
     echo "-- $p"; run "$p" 300 "$bin" correct | grep -E "correct:|policy:"
@@ -65,6 +71,8 @@ if [ "$gpus" -ge 2 ]; then
   done
   echo "== 1c. cudaMemcpyPeer"
   for p in native all none; do echo "-- $p"; run "$p" 120 "$bin" copy | grep copy:; done
+fi
+if [ "$gpus" -ge 2 ] && want 2; then
   echo "== 2a. cudaDeviceEnablePeerAccess time vs live allocations on the peer"
   for n in 10 1000 10000; do alternate 300 "enable:" enable $n; done
   echo "== 2b. cudaMalloc/cudaFree latency on device 1 with 0 and 1 peers enabled (cache hits)"
@@ -82,29 +90,36 @@ for d in doc["devices"]:
               f"set_access_calls {d['set_access_calls']}")
 PY
   done
-else
-  echo "== 1-2c: need two GPUs (this machine has $gpus)"
 fi
-echo "== 3. parity of return codes"
-"$b/examples/parity_probe" > /tmp/pn.txt 2>&1
-LD_PRELOAD=$shim "$b/examples/parity_probe" > /tmp/ps.txt 2>&1
-diff <(grep ^PARITY /tmp/pn.txt) <(grep ^PARITY /tmp/ps.txt) && echo "PARITY lines identical ($(grep -c ^PARITY /tmp/pn.txt))"
-grep -i peer /tmp/pn.txt
-if [ "$gpus" -ge 2 ]; then
+[ "$gpus" -lt 2 ] && echo "== 1, 2, 4, 5, 7: need two GPUs (this machine has $gpus)"
+if want 3; then
+  echo "== 3. parity of return codes"
+  "$b/examples/parity_probe" > /tmp/pn.txt 2>&1
+  LD_PRELOAD=$shim "$b/examples/parity_probe" > /tmp/ps.txt 2>&1
+  diff <(grep ^PARITY /tmp/pn.txt) <(grep ^PARITY /tmp/ps.txt) && echo "PARITY lines identical ($(grep -c ^PARITY /tmp/pn.txt))"
+  grep -i peer /tmp/pn.txt
+fi
+if [ "$gpus" -ge 2 ] && want 4; then
   echo "== 4. examples/peer_access under each policy"
   for p in "${order[@]}"; do echo "-- $p"; run "$p" 120 "$b/examples/peer_access" | grep -vE "^\[vmmshim"; done
+fi
+if [ "$gpus" -ge 2 ] && want 5; then
   echo "== 5. PyTorch: a model split across all $gpus GPUs; NCCL all-reduce, one process per GPU"
   for p in native all; do
     echo "-- $p: $(run "$p" 300 python3 "$root/examples/torch_split_model.py" | grep torch_split_model)"
     run "$p" 300 python3 "$root/examples/torch_allreduce.py" | grep -E "torch_allreduce|Error|error" | head -9
   done
 fi
-echo "== 6. cold cudaMalloc on device 0 with 0..$((gpus - 1)) peers enabled"
-alternate 600 "cold:" cold "${COLD_ITERS:-20}"
-if [ "$gpus" -ge 2 ]; then
+if want 6; then
+  echo "== 6. cold cudaMalloc on device 0 with 0..$((gpus - 1)) peers enabled"
+  alternate 600 "cold:" cold "${COLD_ITERS:-20}"
+fi
+if [ "$gpus" -ge 2 ] && want 7; then
   echo "== 7. cudaDeviceEnablePeerAccess for all $((gpus * (gpus - 1))) ordered pairs"
   modes="${timed[*]} all-emulated" alternate 300 "enable-all:" enable-all 1000
 fi
-echo "== 8. cudaMallocAsync from device 0's default pool accessible to 0..$((gpus - 1)) peers"
-alternate 600 "pool:" pool "${COLD_ITERS:-20}"
+if want 8; then
+  echo "== 8. cudaMallocAsync from device 0's default pool accessible to 0..$((gpus - 1)) peers"
+  alternate 600 "pool:" pool "${COLD_ITERS:-20}"
+fi
 echo "== done"
