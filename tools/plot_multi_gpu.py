@@ -1,13 +1,14 @@
 """Charts and tables of a tools/multi-gpu-run.sh log (docs/multi-gpu.md).
 
-usage: python3 tools/plot_multi_gpu.py LOG PNG_PREFIX [--title TEXT]
+usage: python3 tools/plot_multi_gpu.py LOG [LOG ...] PNG_PREFIX [--title TEXT]
 
 Writes PNG_PREFIX-overhead.png (cudaDeviceEnablePeerAccess against live
 allocations, cache-hit cudaMalloc), PNG_PREFIX-cold.png (cold cudaMalloc
 against the number of peers enabled, one panel per size) and
 PNG_PREFIX-pool.png (cudaMallocAsync from a pool accessible to k peers), each
-only when the log has its lines, and prints the Markdown tables of
-docs/multi-gpu.md. Each timed mode ran twice (rounds 1 and 2): charts show
+only when the log has its lines, and prints Markdown tables of sections 6, 7
+and 8 (cold allocations and frees, enabling every pair, pools). Several logs
+(the calls of one machine split by SECTIONS) are read as one. Each timed mode ran twice (rounds 1 and 2): charts show
 the mean of the two medians with the two as the error bar, tables both.
 Needs matplotlib for the charts; the tables are printed without it.
 Also reads the two-GPU log of the first version ("-- POLICY: enable: ...")."""
@@ -20,7 +21,8 @@ ENABLE = re.compile(r"enable: (\d+) live allocations on the peer: cudaDeviceEnab
                     r"median ([\d.]+) us")
 LATENCY = re.compile(r"latency: (\d) peer\(s\) enabled, (\d+) bytes: malloc median ([\d.]+)")
 COLD = re.compile(r"cold: (\d+) peer\(s\) enabled, (\d+) bytes: malloc median ([\d.]+) p90 "
-                  r"([\d.]+) us, free median ([\d.]+)")
+                  r"([\d.]+) us, free median ([\d.]+) p90 [\d.]+ us; "
+                  r"(?:shim cache release before each median ([\d.]+))?")
 POOL = re.compile(r"pool: (\d+) peer\(s\) with pool access, (\d+) bytes: cold malloc median "
                   r"([\d.]+) p90 ([\d.]+) us, warm median ([\d.]+)")
 ENABLE_ALL = re.compile(r"enable-all: round (\d), (\d+) GPUs, (\d+) live allocations each: (\d+) "
@@ -50,7 +52,10 @@ def parse(text):
             data["latency"][(mode, int(m[1]), int(m[2]))].append(float(m[3]))
         elif m := COLD.search(line):
             data["cold"][(mode, int(m[1]), int(m[2]))].append(float(m[3]))
-            data["cold_free"][(mode, int(m[1]), int(m[2]))].append(float(m[5]))
+            # The shim's free goes to its cache; the release before the next
+            # allocation is what a native cudaFree does in its own time.
+            free = float(m[5]) + (float(m[6]) if m[6] else 0.0)
+            data["cold_free"][(mode, int(m[1]), int(m[2]))].append(free)
         elif m := POOL.search(line):
             data["pool"][(mode, int(m[1]), int(m[2]))].append(float(m[3]))
             data["pool_warm"][(mode, int(m[1]), int(m[2]))].append(float(m[5]))
@@ -83,6 +88,8 @@ def rounds(values, digits=1):
 
 def print_tables(data, refused):
     for kind, title in (("cold", "cold cudaMalloc on device 0 (us, median of each round)"),
+                        ("cold_free", "its cudaFree; for the shim cudaFree + the release of "
+                                      "the cache that gives the block back (us)"),
                         ("pool", "cold cudaMallocAsync from device 0's default pool (us)"),
                         ("pool_warm", "warm cudaMallocAsync, pool reuse (us)")):
         series = data.get(kind)
@@ -172,11 +179,11 @@ def plot(data, prefix, title):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log")
+    parser.add_argument("log", nargs="+")
     parser.add_argument("prefix")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
-    data, refused = parse(open(args.log).read())
+    data, refused = parse("\n".join(open(log).read() for log in args.log))
     print_tables(data, refused)
     try:
         plot(data, args.prefix, args.title)

@@ -872,6 +872,12 @@ void DropContextLocked(State& s, int device) {
     s.devices[device].used -= it->second.size;
     it = s.legacy.erase(it);
   }
+  // The primary context's peer access goes with it (both directions), as
+  // for a destroyed context.
+  const auto primary = reinterpret_cast<CUcontext>(s.devices[device].primary.get());
+  for (auto it = s.peer_enabled.begin(); it != s.peer_enabled.end();) {
+    it = it->first == primary || it->second == primary ? s.peer_enabled.erase(it) : std::next(it);
+  }
 }
 }  // namespace
 

@@ -189,6 +189,27 @@ TEST_F(MultiGpuTest, TheDriversPeerLimitGivesTheSameCodesThroughTheShim) {
   }
 }
 
+// The simulated driver's connection limit itself: a ninth peer of one device
+// is refused, and a reset primary context loses its peer access (the
+// connections are free again, and enabling a pair once more succeeds).
+TEST_F(MultiGpuTest, SimulatedPeerLimitAndPrimaryContextReset) {
+  Start(10, "all");
+  MakeCurrent(0);
+  for (int p = 1; p <= 8; ++p) EXPECT_EQ(sim::cuCtxEnablePeerAccess(primary_[p], 0), CUDA_SUCCESS);
+  EXPECT_EQ(sim::cuCtxEnablePeerAccess(primary_[9], 0), CUDA_ERROR_TOO_MANY_PEERS);
+  // Device 9 cannot take device 0 as a peer either: device 0 has eight.
+  MakeCurrent(9);
+  EXPECT_EQ(sim::cuCtxEnablePeerAccess(primary_[0], 0), CUDA_ERROR_TOO_MANY_PEERS);
+  // The other direction of an existing connection is no new connection.
+  MakeCurrent(1);
+  EXPECT_EQ(sim::cuCtxEnablePeerAccess(primary_[0], 0), CUDA_SUCCESS);
+  ASSERT_EQ(sim::cuDevicePrimaryCtxReset_v2(0), CUDA_SUCCESS);
+  ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&primary_[0], 0), CUDA_SUCCESS);
+  MakeCurrent(0);
+  EXPECT_EQ(sim::cuCtxEnablePeerAccess(primary_[9], 0), CUDA_SUCCESS);
+  EXPECT_EQ(sim::cuCtxEnablePeerAccess(primary_[1], 0), CUDA_SUCCESS);
+}
+
 // VMMSHIM_PEER_ENABLE_DRIVER=0: the shim never asks the driver to enable, so
 // the driver's connection limit is not reached and all 90 pairs of 10 GPUs
 // are enabled with the shim's VMM grants. (Whether real hardware maps VMM
