@@ -17,23 +17,13 @@
 #include "core/peer_enable.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
 
 constexpr size_t kKiB = size_t{1} << 10;
 constexpr size_t kMiB = size_t{1} << 20;
-
-PeerPolicy Policy(const std::string& name) {
-  PeerPolicy p;
-  if (name == "all") p.kind = PeerPolicy::Kind::kAll;
-  if (name == "none") p.kind = PeerPolicy::Kind::kNone;
-  if (name == "min-size 1MiB") {
-    p.kind = PeerPolicy::Kind::kMinSize;
-    p.min_bytes = kMiB;
-  }
-  return p;
-}
 
 class MultiGpuTest : public ::testing::Test {
  protected:
@@ -48,7 +38,7 @@ class MultiGpuTest : public ::testing::Test {
     ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
     api_ = sim::Api();
     AllocatorOptions options;
-    options.peer_policy = Policy(policy);
+    options.peer_policy = TestPeerPolicy(policy, gpus);
     policy_ = options.peer_policy;
     allocator_ = std::make_unique<Allocator>(api_, options);
     contexts_ = std::make_unique<PeerContexts>();
@@ -71,6 +61,12 @@ class MultiGpuTest : public ::testing::Test {
   CUresult Enable(int reader, int owner, PeerEnableMode mode = PeerEnableMode::kDriver) {
     MakeCurrent(reader);
     return PeerEnable(api_, *allocator_, *contexts_, mode).Enable(primary_[owner], 0);
+  }
+  // One allocation of `bytes` on each device, by device.
+  std::vector<CUdeviceptr> OnePerDevice(size_t bytes) {
+    std::vector<CUdeviceptr> owned;
+    for (int d = 0; d < static_cast<int>(primary_.size()); ++d) owned.push_back(Allocate(d, bytes));
+    return owned;
   }
   static bool Readable(int device, CUdeviceptr ptr, size_t bytes) {
     char c;
@@ -159,8 +155,7 @@ TEST_F(MultiGpuTest, TheDriversPeerLimitGivesTheSameCodesThroughTheShim) {
               "CUDA_ERROR_TOO_MANY_PEERS\n", refused);
 
   Start(kGpus, "all");
-  std::vector<CUdeviceptr> owned(kGpus);
-  for (int d = 0; d < kGpus; ++d) owned[d] = Allocate(d, 4 * kMiB);
+  const std::vector<CUdeviceptr> owned = OnePerDevice(4 * kMiB);
   for (int reader = 0; reader < kGpus; ++reader) {
     for (int owner = 0; owner < kGpus; ++owner) {
       if (owner == reader) continue;
@@ -218,8 +213,7 @@ TEST_F(MultiGpuTest, SimulatedPeerLimitAndPrimaryContextReset) {
 TEST_F(MultiGpuTest, EmulatedEnablesAreNotLimitedByTheDriversConnections) {
   constexpr int kGpus = 10;
   Start(kGpus, "all");
-  std::vector<CUdeviceptr> owned(kGpus);
-  for (int d = 0; d < kGpus; ++d) owned[d] = Allocate(d, 4 * kMiB);
+  const std::vector<CUdeviceptr> owned = OnePerDevice(4 * kMiB);
   for (int reader = 0; reader < kGpus; ++reader) {
     for (int owner = 0; owner < kGpus; ++owner) {
       if (owner == reader) continue;

@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
@@ -27,28 +28,6 @@ struct Row {
   uint64_t peer_readable;  // (allocation, peer) pairs a peer can read
   uint64_t pairs;
 };
-
-PeerPolicy MakePolicy(const std::string& name, int gpus) {
-  PeerPolicy p;
-  if (name == "all") p.kind = PeerPolicy::Kind::kAll;
-  if (name == "none") p.kind = PeerPolicy::Kind::kNone;
-  if (name == "min-size 1MiB") {
-    p.kind = PeerPolicy::Kind::kMinSize;
-    p.min_bytes = kMiB;
-  }
-  if (name == "rules: ring") {  // each device shares with its two ring neighbours
-    p.kind = PeerPolicy::Kind::kRules;
-    p.rules_file = "ring";
-    for (int d = 0; d < gpus; ++d) {
-      PeerRule r;
-      r.owner = d;
-      r.peers = {(d + 1) % gpus, (d + gpus - 1) % gpus};
-      r.allow = true;
-      p.rules.push_back(r);
-    }
-  }
-  return p;
-}
 
 struct Alloc {
   CUdeviceptr ptr;
@@ -70,7 +49,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
   ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
   DriverApi api = sim::Api();
   AllocatorOptions options;
-  options.peer_policy = MakePolicy(policy_name, gpus);
+  options.peer_policy = TestPeerPolicy(policy_name, gpus);
   Allocator a(api, options);
   std::vector<CUcontext> ctx(gpus);
   std::vector<CUstream> stream(gpus);

@@ -4,6 +4,7 @@
 #define VMMSHIM_TESTS_UNIT_SIM_TEST_BASE_H_
 
 #include <cstddef>
+#include <string>
 
 #include "core/allocator.h"
 #include "gtest/gtest.h"
@@ -12,6 +13,31 @@
 namespace vmmshim {
 
 inline constexpr size_t kTestMiB = size_t{1} << 20;
+
+// The peer policies the multi-GPU tests compare, by name: "all", "none",
+// "min-size 1MiB", and "rules: ring" (each device shares with its two
+// neighbours on a ring of `gpus`).
+inline PeerPolicy TestPeerPolicy(const std::string& name, int gpus) {
+  PeerPolicy p;
+  if (name == "all") p.kind = PeerPolicy::Kind::kAll;
+  if (name == "none") p.kind = PeerPolicy::Kind::kNone;
+  if (name == "min-size 1MiB") {
+    p.kind = PeerPolicy::Kind::kMinSize;
+    p.min_bytes = kTestMiB;
+  }
+  if (name == "rules: ring") {
+    p.kind = PeerPolicy::Kind::kRules;
+    p.rules_file = "ring";
+    for (int d = 0; d < gpus; ++d) {
+      PeerRule r;
+      r.owner = d;
+      r.peers = {(d + 1) % gpus, (d + gpus - 1) % gpus};
+      r.allow = true;
+      p.rules.push_back(r);
+    }
+  }
+  return p;
+}
 
 class SimTest : public ::testing::Test {
  protected:
