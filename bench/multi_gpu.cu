@@ -298,12 +298,17 @@ long long ShimTotal(const char* key) {
   return nlohmann::json::parse(doc)["totals"].value(key, -1LL);
 }
 
+// Whether device `peer` can access device 0's memory.
+bool CanBePeerOfDevice0(int peer) {
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, peer, 0));
+  return can != 0;
+}
+
 // Device `peer` enables peer access to device 0 (its memory then has to be
 // mapped into `peer`). Returns false when the pair cannot be peers.
 bool EnablePeerOfDevice0(int peer) {
-  int can = 0;
-  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, peer, 0));
-  if (!can) return false;
+  if (!CanBePeerOfDevice0(peer)) return false;
   CHECK_CUDA(cudaSetDevice(peer));
   CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
   CHECK_CUDA(cudaSetDevice(0));
@@ -457,9 +462,7 @@ int Pool(int iters) {
   int peers = 0;
   for (int k = 0; k < n; ++k) {
     if (k > 0) {
-      int can = 0;
-      CHECK_CUDA(cudaDeviceCanAccessPeer(&can, k, 0));
-      if (!can) {
+      if (!CanBePeerOfDevice0(k)) {
         std::printf("pool: device %d cannot be a peer of device 0; stopping at %d peers\n", k,
                     peers);
         break;

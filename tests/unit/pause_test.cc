@@ -15,27 +15,18 @@
 #include "core/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-class PauseTest : public ::testing::Test {
+class PauseTest : public SimTest {
  protected:
   void SetUp() override {
-    sim::SimOptions o;
-    o.device_count = 2;
-    o.memory_per_device = 256 * kMiB;
-    sim::Reset(o);
-    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+    StartSim(2, 256 * kMiB);
     MakeCurrent(0);
-    api_ = sim::Api();
-  }
-  void MakeCurrent(int device) {
-    CUcontext ctx;
-    ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
   }
   CUdeviceptr Alloc(Allocator& a, size_t bytes, const std::string& tag) {
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes, tag);
@@ -62,7 +53,6 @@ class PauseTest : public ::testing::Test {
     return free;
   }
 
-  DriverApi api_;
   const CUstream kStream = reinterpret_cast<CUstream>(0x51);
 };
 
