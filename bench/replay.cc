@@ -1,4 +1,4 @@
-// Replays an allocation trace (VMMSHIM_TRACE_FILE, core/trace.h): every alloc
+// Replays an allocation trace (VMMSHIM_TRACE_FILE, core/report/trace.h): every alloc
 // and free in recorded order, on device 0, one thread, timing each call.
 // bench/run_replay.sh runs it natively and under the shim; output rows as
 // alloc_bench's: label,metric,bytes,threads,median_us,p99_us,value.

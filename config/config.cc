@@ -229,7 +229,7 @@ constexpr OptionInfo kOptions[] = {
      &ApplyCompression, false},
     {"VMMSHIM_ARENAS", "int", "0", "0 (automatic) or 1 to 64",
      "Heap arenas per device: each thread allocates in one of them, so threads up to this "
-     "number never share a lock on the fast path (core/device_heap.h). 0: the number of CPUs "
+     "number never share a lock on the fast path (core/heap/device_heap.h). 0: the number of CPUs "
      "the process may run on, at most 8. 1: one arena (one lock per device).",
      &ApplyArenas, false},
 };

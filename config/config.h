@@ -20,7 +20,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/peer_policy.h"
+#include "core/policy/peer_policy.h"
 
 namespace vmmshim {
 
@@ -44,7 +44,7 @@ struct Config {
   bool peer_enable_driver = true;
   // JSON statistics written at exit; empty = none. "%p" already replaced.
   std::string stats_file;
-  // Allocation trace (core/trace.h); empty = none. "%p" already replaced.
+  // Allocation trace (core/report/trace.h); empty = none. "%p" already replaced.
   std::string trace_file;
   // VMMSHIM_CACHE_LIMIT: a percentage of each device's memory when
   // cache_limit_percent >= 0, else cache_limit_bytes.

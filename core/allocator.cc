@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/cu_status.h"
-#include "core/host_backup.h"
-#include "core/log.h"
-#include "core/round_up.h"
-#include "core/thread_slot.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/host_backup.h"
+#include "core/base/log.h"
+#include "core/base/round_up.h"
+#include "core/sync/thread_slot.h"
 
 namespace vmmshim {
 namespace {
@@ -186,7 +186,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc");
   }
   // During a capture that prohibits the call, the driver's code, and the
-  // capture invalidated by the driver itself (core/capture.h).
+  // capture invalidated by the driver itself (core/sync/capture.h).
   if (captures_.any()) {
     if (CUresult r = captures_.ProbeUnsafeCall(); r != CUDA_SUCCESS) {
       return DriverError(r, "cuMemAlloc");
@@ -278,7 +278,7 @@ absl::Status Allocator::FreeGated(DeviceHeap* heap, CUdeviceptr ptr) {
   if (captures_.any()) {
     // The driver refuses the call where the capture prohibits it (and the
     // pointer stays live); elsewhere the free succeeds, but the context
-    // cannot be synchronized: the memory is held back (core/capture.h).
+    // cannot be synchronized: the memory is held back (core/sync/capture.h).
     if (CUresult r = captures_.ProbeUnsafeCall(); r != CUDA_SUCCESS) {
       return DriverError(r, "cuMemFree");
     }
@@ -577,7 +577,7 @@ int Allocator::CopyThreads() const {
 absl::StatusOr<size_t> Allocator::PauseMemory(const std::optional<std::string>& tag,
                                                bool keep_contents) {
   // No capture begins meanwhile; during one, the synchronize and the copies
-  // would invalidate it (core/capture.h): refused, the capture untouched.
+  // would invalidate it (core/sync/capture.h): refused, the capture untouched.
   GateReaderLock gate(&captures_.gate());
   if (captures_.any()) {
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_pause_memory");

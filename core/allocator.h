@@ -4,23 +4,23 @@
 //
 // Allocator is a facade over rooms that each own one thing
 // (docs/architecture.md):
-//   - DeviceHeap (core/device_heap.h): one device's heap as per-thread
-//     arenas (HeapArena, core/heap_arena.h: blocks, packed blocks and cache,
+//   - DeviceHeap (core/heap/device_heap.h): one device's heap as per-thread
+//     arenas (HeapArena, core/heap/heap_arena.h: blocks, packed blocks and cache,
 //     indexed by placement; shapes, rounding, alignment, caching and address
 //     ranges are specified there);
-//   - SyncCombiner (core/context_sync.h): frees' context synchronizes,
+//   - SyncCombiner (core/sync/context_sync.h): frees' context synchronizes,
 //     shared by concurrent frees;
-//   - VmmMapper (core/vmm_mapping.h): the only caller of the VMM entry
+//   - VmmMapper (core/driver/vmm_mapping.h): the only caller of the VMM entry
 //     points, undoing every multi-step sequence on failure;
-//   - PeerEnableTable and PlanAccess (core/peer_access.h): which peers
+//   - PeerEnableTable and PlanAccess (core/peer/peer_access.h): which peers
 //     enabled access, and the cuMemSetAccess runs that follow;
-//   - ExportRegistry (core/export_registry.h): IPC export tokens;
-//   - CaptureTracker (core/capture.h): stream captures in progress, and the
+//   - ExportRegistry (core/heap/export_registry.h): IPC export tokens;
+//   - CaptureTracker (core/sync/capture.h): stream captures in progress, and the
 //     driver's rule for calls made during one.
 // The facade finds the device of the current context, the heap of a
 // pointer, decides the placement (policy), and synchronizes before frees.
 //
-// Errors: absl::Status carrying the exact CUresult (core/cu_status.h). A
+// Errors: absl::Status carrying the exact CUresult (core/driver/cu_status.h). A
 // pointer outside the shim's VA gets NotShimMemory() from every method that
 // takes one (the caller hands the call to the driver); a pointer inside it
 // that does not name a live allocation gets CUDA_ERROR_INVALID_VALUE, as the
@@ -30,7 +30,7 @@
 // the memory can be reused; cuMemUnmap/cuMemRelease do not. Free()
 // therefore synchronizes the context that was current at allocation (not
 // the current one) first. While a stream capture is in progress, a context
-// cannot be synchronized: frees are then deferred (core/capture.h states
+// cannot be synchronized: frees are then deferred (core/sync/capture.h states
 // the driver's codes, which the shim gives exactly).
 //
 // Thread safety: all methods may be called concurrently, except ReleaseAll
@@ -63,18 +63,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/capture.h"
-#include "core/context_sync.h"
-#include "core/device_heap.h"
-#include "core/device_set.h"
-#include "core/driver_api.h"
-#include "core/export_registry.h"
-#include "core/mutex.h"
-#include "core/peer_access.h"
-#include "core/peer_policy.h"
-#include "core/stream_ordered.h"
-#include "core/va_arena.h"
-#include "core/vmm_mapping.h"
+#include "core/sync/capture.h"
+#include "core/sync/context_sync.h"
+#include "core/heap/device_heap.h"
+#include "core/base/device_set.h"
+#include "core/driver/driver_api.h"
+#include "core/heap/export_registry.h"
+#include "core/sync/mutex.h"
+#include "core/peer/peer_access.h"
+#include "core/policy/peer_policy.h"
+#include "core/stream_ordered/stream_ordered_cache.h"
+#include "core/heap/va_free_list.h"
+#include "core/driver/vmm_mapping.h"
 
 namespace vmmshim {
 
@@ -105,16 +105,16 @@ struct AllocatorOptions {
   // handle is checked with cuMemGetAllocationPropertiesFromHandle and, when
   // the driver did not grant compression, later ones are made without it.
   bool compression = false;
-  // Stream-ordered allocation (core/stream_ordered.h): a stream found busy
+  // Stream-ordered allocation (core/stream_ordered/stream_ordered_cache.h): a stream found busy
   // while its freed blocks wait is asked about again after this many
   // nanoseconds at the earliest, so that allocations that miss do not pay a
   // driver query each; 0: at every miss.
   int64_t stream_query_interval_ns = 20000;
-  // Heap arenas per device (core/device_heap.h); 0: the CPUs this process
+  // Heap arenas per device (core/heap/device_heap.h); 0: the CPUs this process
   // may run on (sched_getaffinity), at most 8.
   int arenas = 0;
   // Threads copying contents to host memory and back (PauseMemory with
-  // contents; core/host_backup.h); 0: the CPUs this process may run on, at
+  // contents; core/heap/host_backup.h); 0: the CPUs this process may run on, at
   // most 8 (8 measured 14 GiB/s out, 23 GiB/s back on an H200 host with 16
   // CPUs).
   int copy_threads = 0;
@@ -138,7 +138,7 @@ struct AllocatorStats {
                                             // only when they made a new heap allocation)
   uint64_t stream_ordered_reuses = 0;       // of them, from the stream-ordered cache
   uint64_t stream_ordered_cached_bytes = 0; // freed blocks held for reuse now
-  // Frees' context synchronizes (core/context_sync.h): how many ran, and how
+  // Frees' context synchronizes (core/sync/context_sync.h): how many ran, and how
   // many frees returned on one that another free ran.
   uint64_t free_synchronizes = 0;
   uint64_t free_synchronizes_shared = 0;
@@ -200,18 +200,18 @@ class Allocator {
 
   // cuMemFreeAsync of shim memory on `stream` (`per_thread`: the _ptsz entry
   // point). Stream-ordered memory (AllocateAsync) goes to the stream-ordered
-  // cache of its device, with no driver call (core/stream_ordered.h: when it
+  // cache of its device, with no driver call (core/stream_ordered/stream_ordered_cache.h: when it
   // is reused); a second free of it is CUDA_ERROR_INVALID_VALUE, as
   // natively. Other shim memory (cudaMalloc; natively freed in stream order
   // too): the free must not happen before the work queued on the stream is
   // done, so the stream is synchronized, then the memory freed as Free does.
-  // During captures, the driver's codes, measured on H200 (core/capture.h):
+  // During captures, the driver's codes, measured on H200 (core/sync/capture.h):
   // on a capturing stream CUDA_ERROR_INVALID_VALUE (a graph frees only graph
   // allocations) and the capture goes on; on another stream the driver's
   // verdict on an unsafe call, and the free deferred where it is allowed.
   absl::Status FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread);
 
-  // ---- Stream-ordered allocation (core/stream_ordered.h,
+  // ---- Stream-ordered allocation (core/stream_ordered/stream_ordered_cache.h,
   // docs/stream-ordered.md) ----
 
   // cuMemAllocAsync (`pool` nullptr: the current pool of the stream's
@@ -368,7 +368,7 @@ class Allocator {
   // allocation tag `tag` (nullopt: every allocation the shim serves; a tag
   // no allocation has: nothing, 0 bytes), keeping their addresses reserved:
   // the owning contexts are synchronized, with `keep_contents` the contents
-  // are copied to host memory (core/host_backup.h), then each block is
+  // are copied to host memory (core/heap/host_backup.h), then each block is
   // unmapped and released; an access to paused memory faults. The tag's
   // cached (freed) memory is released too. Returns the physical bytes
   // released (0 when all of it is paused already). Pointers stay valid for
@@ -439,7 +439,7 @@ class Allocator {
   // The same, asking the driver about every device's default pool and
   // creating that device's heap (and stream-ordered cache) when needed.
   int DeviceOfPoolCreatingHeap(CUmemoryPool pool);
-  // The size class of a stream-ordered request (core/stream_ordered.h).
+  // The size class of a stream-ordered request (core/stream_ordered/stream_ordered_cache.h).
   static size_t SizeClass(const DeviceHeap& heap, size_t bytes);
   static size_t SizeClassOf(const PointerInfo& info);
   // Every thread asks the driver again about the streams it met.

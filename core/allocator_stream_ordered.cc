@@ -1,6 +1,6 @@
 // Allocator (core/allocator.h): stream-ordered allocation on default pools,
 // served from VMM through each device's StreamOrderedCache
-// (core/stream_ordered.h), and the pool calls that must stay consistent with
+// (core/stream_ordered/stream_ordered_cache.h), and the pool calls that must stay consistent with
 // it. Split from allocator.cc by subject.
 #include <algorithm>
 #include <atomic>
@@ -8,9 +8,9 @@
 #include <string>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
-#include "core/log.h"
-#include "core/round_up.h"
+#include "core/driver/cu_status.h"
+#include "core/base/log.h"
+#include "core/base/round_up.h"
 
 namespace vmmshim {
 namespace {
@@ -119,7 +119,7 @@ size_t Allocator::SizeClassOf(const PointerInfo& info) {
 
 void Allocator::ReleaseToHeap(DeviceHeap* heap, const ReleasedBlocks& blocks) {
   for (const ReleasedBlock& b : blocks) {
-    // Their work is done (core/stream_ordered.h): no synchronization. Only
+    // Their work is done (core/stream_ordered/stream_ordered_cache.h): no synchronization. Only
     // while the heap still holds that allocation of that context there.
     if (absl::Status s = heap->FreeStreamOrdered(b.ptr, b.context); !s.ok()) {
       Log().debug("device {}: a freed stream-ordered block at {:#x} was already released: {}",
@@ -216,7 +216,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
 
 absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& info,
                                           CUstream stream, bool per_thread) {
-  // As for other shim memory on a capturing stream (core/capture.h).
+  // As for other shim memory on a capturing stream (core/sync/capture.h).
   if (captures_.any() && captures_.IsCapturing(stream, per_thread).value_or(false)) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
   }

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "core/mutex.h"
+#include "core/sync/mutex.h"
 
 namespace vmmshim {
 

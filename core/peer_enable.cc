@@ -2,8 +2,8 @@
 
 #include <chrono>
 
-#include "core/cu_status.h"
-#include "core/log.h"
+#include "core/driver/cu_status.h"
+#include "core/base/log.h"
 
 namespace vmmshim {
 

@@ -23,7 +23,7 @@
 //        cuCtxGetDevice's code, unchanged; likewise cuDeviceCanAccessPeer's)
 //       CUDA_ERROR_PEER_ACCESS_UNSUPPORTED    cuDeviceCanAccessPeer says 0
 //       CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED the pair is enabled already
-//       the grant's code (core/cu_status.h)   Allocator::EnablePeer failed;
+//       the grant's code (core/driver/cu_status.h)   Allocator::EnablePeer failed;
 //                                             the pair is not recorded
 //     Disable: CUDA_ERROR_INVALID_CONTEXT (no current context, peer
 //     nullptr), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED (pair not enabled).
@@ -46,7 +46,7 @@
 #include <cuda.h>
 
 #include "core/allocator.h"
-#include "core/driver_api.h"
+#include "core/driver/driver_api.h"
 #include "core/peer_contexts.h"
 
 namespace vmmshim {

@@ -180,7 +180,7 @@ void CaptureRows() {
 
 // The alignment of cuMemAlloc pointers by size: the lowest set bit of each
 // pointer, the minimum over 48 allocations of one size (PARITY; on H200 it
-// is the lowest set bit of the size rounded up to 512, core/slab.h), and
+// is the lowest set bit of the size rounded up to 512, core/heap/slab.h), and
 // among interleaved sizes (INFO: natively only the 512-byte guarantee; the
 // shim keeps each size's alignment there too).
 void AlignmentRows() {

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "core/cu_status.h"
-#include "core/stats_report.h"
+#include "core/driver/cu_status.h"
+#include "core/report/stats_report.h"
 #include "interpose/hooks_internal.h"
 #include "vmmshim/vmmshim.h"
 

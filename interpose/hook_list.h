@@ -3,7 +3,7 @@
 // X(name, PFN type): `name` is the driver export whose ABI the hook
 // implements (the versioned symbol: cuMemAlloc_v2, not cuMemAlloc), and the
 // hook is the exported function of that name in interpose/hooks_*.cc. The
-// PFN type from <cudaTypedefs.h> (as in core/driver_api.h) declares the hook
+// PFN type from <cudaTypedefs.h> (as in core/driver/driver_api.h) declares the hook
 // in hooks_internal.h, so a hook defined with another ABI fails to compile.
 //
 // Generated from this list: the routing table of HookFor
@@ -19,7 +19,7 @@
 // The #undefs of cuGetProcAddress, cuCtxDestroy, cuDevicePrimaryCtxRelease,
 // cuDevicePrimaryCtxReset and cuIpcOpenMemHandle: every name below means the
 // export of exactly that name.
-#include "core/driver_api.h"
+#include "core/driver/driver_api.h"
 
 // One entry per line (the e2e test reads the names with a regular expression).
 #define VMMSHIM_HOOKED_DRIVER_EXPORTS(X)                                          \

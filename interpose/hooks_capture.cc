@@ -1,5 +1,5 @@
 // Stream-capture hooks: the allocator follows which captures are in
-// progress (core/capture.h), so that allocations and frees during one get
+// progress (core/sync/capture.h), so that allocations and frees during one get
 // the driver's codes and a free never synchronizes a capturing context.
 #include "interpose/hooks_internal.h"
 

@@ -1,9 +1,9 @@
 // Context lifecycle hooks: cudaDeviceReset, the primary context's release,
 // cuCtxDestroy. What the shim does around the real call is
-// core/context_lifecycle.h's. The _v2 and the original exports share one
+// core/lifecycle/context_lifecycle.h's. The _v2 and the original exports share one
 // ABI and are both resolved by cudart; each hook passes the driver's function
 // of its own version.
-#include "core/context_lifecycle.h"
+#include "core/lifecycle/context_lifecycle.h"
 #include "interpose/hooks_internal.h"
 
 using vmmshim::GetRuntime;

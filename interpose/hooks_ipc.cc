@@ -1,8 +1,8 @@
-// IPC hooks (core/ipc.h): shim memory gets and opens vmmshim handles; any
+// IPC hooks (core/ipc/ipc.h): shim memory gets and opens vmmshim handles; any
 // other pointer or handle goes to the driver.
-#include "core/cu_status.h"
-#include "core/ipc_handle.h"
-#include "core/log.h"
+#include "core/driver/cu_status.h"
+#include "core/ipc/ipc_handle.h"
+#include "core/base/log.h"
 #include "interpose/hooks_internal.h"
 
 using vmmshim::GetRuntime;

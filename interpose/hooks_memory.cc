@@ -5,8 +5,8 @@
 #include <atomic>
 #include <optional>
 
-#include "core/cu_status.h"
-#include "core/log.h"
+#include "core/driver/cu_status.h"
+#include "core/base/log.h"
 #include "interpose/hooks_internal.h"
 
 using vmmshim::GetRuntime;

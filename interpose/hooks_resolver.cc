@@ -5,7 +5,7 @@
 // identity, never by name prefix).
 #include <cstring>
 
-#include "core/log.h"
+#include "core/base/log.h"
 #include "interpose/hooks.h"
 #include "interpose/hooks_internal.h"
 

@@ -5,8 +5,8 @@
 // the driver would reject (NULL out-pointers, size 0, a NULL pool) and every
 // call the shim does not serve go to the real driver, so the application
 // gets the driver's own codes.
-#include "core/cu_status.h"
-#include "core/log.h"
+#include "core/driver/cu_status.h"
+#include "core/base/log.h"
 #include "interpose/hooks_internal.h"
 
 using vmmshim::GetRuntime;
@@ -184,7 +184,7 @@ VMMSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
 }
 
 // ---- The program's synchronizations: freed blocks ready, threshold applied ----
-// (core/stream_ordered.h, step 3). One atomic load when nothing waits.
+// (core/stream_ordered/stream_ordered_cache.h, step 3). One atomic load when nothing waits.
 
 namespace {
 

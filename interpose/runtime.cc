@@ -11,11 +11,11 @@
 #include <cstdio>
 
 #include "absl/synchronization/mutex.h"
-#include "core/cu_status.h"
-#include "core/driver_stats.h"
-#include "core/log.h"
-#include "core/stats_report.h"
-#include "core/version.h"
+#include "core/driver/cu_status.h"
+#include "core/driver/driver_stats.h"
+#include "core/base/log.h"
+#include "core/report/stats_report.h"
+#include "core/base/version.h"
 
 namespace vmmshim {
 namespace {

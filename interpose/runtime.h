@@ -14,10 +14,10 @@
 
 #include "config/config.h"
 #include "core/allocator.h"
-#include "core/driver_api.h"
-#include "core/ipc.h"
+#include "core/driver/driver_api.h"
+#include "core/ipc/ipc.h"
 #include "core/peer_contexts.h"
-#include "core/trace.h"
+#include "core/report/trace.h"
 
 namespace vmmshim {
 

@@ -24,7 +24,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DVMMSHIM_SANITIZE=address,und
 cmake --build build-asan -j"$(nproc)" --target vmmshim_unit_tests >/dev/null
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   build-asan/tests/vmmshim_unit_tests --gtest_brief=1 2>&1 | grep -vE "^\[vmmshim" || status=1
-echo "== unit tests under ThreadSanitizer (our locks as std::shared_mutex: core/mutex.h)"
+echo "== unit tests under ThreadSanitizer (our locks as std::shared_mutex: core/sync/mutex.h)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DVMMSHIM_SANITIZE=thread \
   -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target vmmshim_unit_tests >/dev/null

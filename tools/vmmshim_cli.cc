@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "core/version.h"
+#include "core/base/version.h"
 #include "nlohmann/json.hpp"
 #include "tools/compare/compare.h"
 

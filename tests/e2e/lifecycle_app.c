@@ -96,7 +96,7 @@ int main(void) {
   EXPECT_EQ(cuMemAlloc(&b, 4 << 20), CUDA_SUCCESS);
   EXPECT_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
   EXPECT_EQ(cuMemFree(a), CUDA_ERROR_INVALID_VALUE);  /* already freed */
-  /* During stream captures: the driver's codes (H200, core/capture.h). */
+  /* During stream captures: the driver's codes (H200, core/sync/capture.h). */
   CUstream s = (CUstream)0x5ca97;
   CUgraph graph = NULL;
   EXPECT_EQ(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);

@@ -1,4 +1,4 @@
-// libFuzzer target: the decoder of vmmshim's CUipcMemHandle (core/ipc_handle.h),
+// libFuzzer target: the decoder of vmmshim's CUipcMemHandle (core/ipc/ipc_handle.h),
 // which reads bytes another process handed over. Any 64 bytes decode without
 // crashing; a handle decoded as kShim encodes back to exactly the same bytes
 // (so no two handles name one export), and carries the fields a valid one
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/ipc_handle.h"
+#include "core/ipc/ipc_handle.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint8_t handle[vmmshim::kIpcHandleBytes] = {};

@@ -25,7 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 
 namespace vmmshim::sim {
 namespace {
@@ -310,7 +310,7 @@ void PassGate(const char* entry) {
   if (CUresult r = Enter(s, entry); r != CUDA_SUCCESS) return r
 
 // The driver's rule for "potentially unsafe" calls during a capture
-// (measured on H200, core/capture.h): prohibited while a global-mode capture
+// (measured on H200, core/sync/capture.h): prohibited while a global-mode capture
 // runs in any thread or a thread-local one in this thread; the call returns
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures.
 CUresult CheckUnsafeCallLocked(State& s) {

@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/driver_api.h"
+#include "core/driver/driver_api.h"
 
 namespace vmmshim::sim {
 
@@ -59,7 +59,7 @@ struct SimOptions {
 // Streams: any non-null CUstream value names a stream (cuStreamCreate makes
 // one too). cuStreamBeginCapture_v2 / cuStreamEndCapture keep the driver's
 // capture rules (modes, unsafe calls, invalidation) as measured on H200
-// (core/capture.h), without recording a graph. Stream-ordered memory:
+// (core/sync/capture.h), without recording a graph. Stream-ordered memory:
 // default and created pools, cuMemAllocAsync / cuMemFreeAsync with the
 // driver's reuse rule (a block freed on a stream is reused on it at once, on
 // another stream only once the work queued before the free is done), pool

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 

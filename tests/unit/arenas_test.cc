@@ -1,5 +1,5 @@
-// The per-thread front end (issue 13): heap arenas (core/device_heap.h) and
-// frees' combined synchronizes (core/context_sync.h).
+// The per-thread front end (issue 13): heap arenas (core/heap/device_heap.h) and
+// frees' combined synchronizes (core/sync/context_sync.h).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/context_sync.h"
-#include "core/shared_gate.h"
-#include "core/thread_slot.h"
-#include "core/cu_status.h"
+#include "core/sync/context_sync.h"
+#include "core/sync/shared_gate.h"
+#include "core/sync/thread_slot.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"

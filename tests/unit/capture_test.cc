@@ -1,4 +1,4 @@
-// Stream capture, as the driver does it (core/capture.h; codes measured on
+// Stream capture, as the driver does it (core/sync/capture.h; codes measured on
 // H200 with examples/parity_probe.cu): what Allocate, Free and FreeAsync
 // return during captures of each mode, what becomes of the capture, and that
 // memory freed while a capture prevents synchronizing is neither reused nor
@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"

@@ -1,12 +1,12 @@
-// core/context_lifecycle.h on the simulated driver: what happens to shim
+// core/lifecycle/context_lifecycle.h on the simulated driver: what happens to shim
 // memory around cuDevicePrimaryCtxReset, cuDevicePrimaryCtxRelease and
 // cuCtxDestroy.
-#include "core/context_lifecycle.h"
+#include "core/lifecycle/context_lifecycle.h"
 
 #include <memory>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"

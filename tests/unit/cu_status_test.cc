@@ -1,4 +1,4 @@
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 
 #include "gtest/gtest.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 

@@ -1,10 +1,10 @@
-// IPC on shim memory (core/ipc.h), on the simulated driver: the handle codec,
+// IPC on shim memory (core/ipc/ipc.h), on the simulated driver: the handle codec,
 // export and import over the real Unix-socket protocol (exporter and
 // importer are two Ipc objects of this process, so the whole path runs,
 // listener thread included), every bad-handle case, lifetimes, the socket
 // directory's checks, another user's request, and a fault sweep over the
 // export and import entry points.
-#include "core/ipc.h"
+#include "core/ipc/ipc.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
-#include "core/ipc_handle.h"
+#include "core/driver/cu_status.h"
+#include "core/ipc/ipc_handle.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/host_backup.h"
-#include "core/thread_slot.h"
-#include "core/cu_status.h"
+#include "core/heap/host_backup.h"
+#include "core/sync/thread_slot.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"

@@ -1,9 +1,9 @@
-// The peer-access planner (core/peer_access.h): a pure function from blocks
+// The peer-access planner (core/peer/peer_access.h): a pure function from blocks
 // (and their targets) to cuMemSetAccess runs, tested without a driver.
 #include <vector>
 
-#include "core/device_heap.h"
-#include "core/peer_access.h"
+#include "core/heap/device_heap.h"
+#include "core/peer/peer_access.h"
 #include "gtest/gtest.h"
 
 namespace vmmshim {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
-#include "core/device_heap.h"
-#include "core/shared_gate.h"
-#include "core/thread_slot.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/device_heap.h"
+#include "core/sync/shared_gate.h"
+#include "core/sync/thread_slot.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"
@@ -58,7 +58,7 @@ std::string InChild(const std::function<std::string()>& fn, int seconds) {
 
 // ---- Bug 1: SharedGate, a nested read lock while a writer waits ----
 //
-// core/shared_gate.h promises "A thread may hold several read locks". A
+// core/sync/shared_gate.h promises "A thread may hold several read locks". A
 // thread holding one read lock that takes another while a writer is
 // waiting (BeginCapture / CaptureEnded / PrepareFork on another thread)
 // sees writer_ up, steps back, and waits for the writer; the writer waits
@@ -89,7 +89,7 @@ TEST(Review13SharedGate, NestedReadLockWhileAWriterWaitsDoesNotDeadlock) {
 
 // ---- Bug 2: thread slots survive fork() ----
 //
-// core/thread_slot.cc has no fork handling: in the child, g_slot_users
+// core/sync/thread_slot.cc has no fork handling: in the child, g_slot_users
 // still counts the parent's other threads (which do not exist there), so
 // their slots are "held" forever: ThreadSlotHeld stays true, a new thread
 // does not get the lowest free slot, and DeviceHeap::ArenaIdle

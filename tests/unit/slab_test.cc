@@ -1,4 +1,4 @@
-#include "core/slab.h"
+#include "core/heap/slab.h"
 
 #include <map>
 #include <optional>

@@ -1,4 +1,4 @@
-// The shim's stream-ordered path (core/stream_ordered.h, Allocator::
+// The shim's stream-ordered path (core/stream_ordered/stream_ordered_cache.h, Allocator::
 // AllocateAsync) against the simulated driver, whose streams keep the
 // driver's reuse rule: a block freed on a stream is reused on it at once,
 // on another stream only once the work queued before the free is done.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/cu_status.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"

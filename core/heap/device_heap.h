@@ -1,0 +1,153 @@
+// The device heap: one device's VMM memory, as one or more arenas
+// (core/heap/heap_arena.h) in front of which each thread has its own.
+//
+// Why arenas: measured on an H200 (docs/performance.md), eight threads
+// allocating and freeing together reached about the rate of one while every
+// cache hit and free took the device's one mutex. Each thread is given an
+// arena on its first call (round robin over the process's threads, the same
+// index on every device), so threads up to the number of arenas never share
+// a lock on the fast path; more threads share arenas evenly. An arena has
+// its own VA reservations, so the arena of a pointer is found from its
+// address without a lock (ReservationMap), and a free goes to the arena
+// that holds the memory, whichever thread frees it.
+//
+// Holdings stay visible to everyone: the cache limit holds for all arenas
+// together (DeviceCounters), and Trim (vmmshim_release_cached_memory), the
+// out-of-memory retry, cuMemGetInfo's idle bytes and context releases cover
+// every arena. A thread gives its slot back when it exits; the next new
+// thread takes the lowest free slot, and with it that arena and its cache,
+// and a thread whose own arena misses takes cached memory (a freed large
+// block, an empty granule) of arenas no live thread works in before making
+// new memory. What arenas cost: each packs small allocations into granules
+// of its own, so up to `arenas` partly filled granules per placement
+// instead of one, and memory one thread freed is reused by another thread
+// of the same arena, or after the pressure paths above, not at once.
+//
+// Shapes, units, fast path and slow path, frees and statistics: as
+// core/heap/heap_arena.h states for one arena; the figures here are sums over
+// the arenas, with peaks of the sums.
+// Thread safety: any thread; each call takes the lock of one arena at a
+// time (of several only in the iterations named above, one after another).
+#ifndef VMMSHIM_CORE_HEAP_DEVICE_HEAP_H_
+#define VMMSHIM_CORE_HEAP_DEVICE_HEAP_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "core/heap/heap_arena.h"
+
+namespace vmmshim {
+
+// Runs `step` (returning absl::StatusOr<size_t>) on every element of
+// `items`, even after a failure, and returns the sum of the sizes or the
+// first error (pause commits: every arena and device must be tried).
+template <typename Range, typename Step>
+absl::StatusOr<size_t> SumOverAll(const Range& items, Step step) {
+  size_t sum = 0;
+  absl::Status first;
+  for (const auto& item : items) {
+    absl::StatusOr<size_t> r = step(item);
+    if (r.ok()) {
+      sum += *r;
+    } else {
+      first.Update(r.status());
+    }
+  }
+  if (!first.ok()) return first;
+  return sum;
+}
+
+class DeviceHeap {
+ public:
+  struct Options : HeapArena::Options {
+    int arenas = 1;  // at least 1
+  };
+  // Everything referenced must outlive the heap (HeapArena's constructor
+  // says what each is).
+  DeviceHeap(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
+             const PeerEnableTable& peers, const PeerEnableTable& pool_peers,
+             ExportRegistry& exports, ReservationMap& ranges, GlobalCounters& global,
+             Options options);
+  DeviceHeap(const DeviceHeap&) = delete;
+  DeviceHeap& operator=(const DeviceHeap&) = delete;
+
+  int device() const { return device_; }
+  size_t granularity() const { return granularity_; }
+  size_t packing_threshold() const { return packing_threshold_; }
+  int arenas() const { return static_cast<int>(arenas_.size()); }
+
+  // The calling thread's arena, then cached memory of the others.
+  std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes);
+  // New memory in the calling thread's arena; on out of memory, the other
+  // arenas' caches are released and it is tried once more.
+  absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes);
+
+  // By pointer: as HeapArena, in the arena holding `ptr` (none: not found,
+  // or CUDA_ERROR_INVALID_VALUE).
+  std::optional<PointerInfo> Find(CUdeviceptr ptr) const;
+  absl::Status Free(CUdeviceptr ptr, bool driver_gone);
+  absl::Status FreeStreamOrdered(CUdeviceptr ptr, CUcontext context);
+  bool Resize(CUdeviceptr ptr, size_t bytes);
+  absl::Status DeferFree(CUdeviceptr ptr);
+  absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
+  absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const;
+  absl::StatusOr<std::pair<PointerInfo, ExportToken>> Export(CUdeviceptr ptr);
+  absl::StatusOr<int> ExportFd(const ExportToken& token, CUdeviceptr base, uint64_t offset,
+                               uint64_t size, uint64_t* handle_size);
+
+  // Over every arena.
+  std::vector<CUcontext> DeferredContexts() const;
+  void CompleteDeferred(CUcontext context);
+  size_t Trim();
+  size_t cached_bytes() const { return shared_.cached_bytes.load(std::memory_order_relaxed); }
+  bool Holds(CUcontext context) const;
+  size_t ReleaseContext(CUcontext context);
+  // The first error; every arena is brought to the target.
+  absl::Status ApplyPeerChange(int peer, bool stream_ordered = false);
+  DeviceStats stats() const;
+  absl::Status ReleaseAll();
+
+  // Pause and resume over every arena (HeapArena states each step; the
+  // allocator's PauseMemory and ResumeMemory order them across devices).
+  size_t PauseCandidates(const std::optional<std::string>& tag,
+                         std::vector<CUcontext>* contexts) const;
+  absl::Status CheckPausable(const std::optional<std::string>& tag) const;
+  // PausePrepare undoes every arena's marks when one fails.
+  absl::StatusOr<size_t> PausePrepare(const std::optional<std::string>& tag,
+                                      BackupCopier* copier);
+  void PauseAbort(const std::optional<std::string>& tag);
+  // Every arena commits; the first error is returned after all of them.
+  absl::StatusOr<size_t> PauseCommit(const std::optional<std::string>& tag);
+  absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
+                                       BackupCopier& copier);
+  void ResumeCommit(const std::optional<std::string>& tag);
+  void ResumeAbort(const std::optional<std::string>& tag);
+
+  void PrepareFork();
+  void AfterForkParent();
+  void AfterForkChild();
+
+ private:
+  // The calling thread's arena: ThreadSlot() % arenas() (core/sync/thread_slot.h),
+  // the same index on every device.
+  HeapArena* Own() const;
+  // Whether no live thread works in arena `arena`.
+  bool ArenaIdle(int arena) const;
+  // The arena whose reservation holds `ptr`, or nullptr.
+  HeapArena* ArenaOf(CUdeviceptr ptr) const;
+
+  const ReservationMap& ranges_;
+  const int device_;
+  const size_t granularity_;
+  const size_t packing_threshold_;
+  DeviceCounters shared_;
+  std::vector<std::unique_ptr<HeapArena>> arenas_;
+  std::atomic<uint64_t> context_releases_{0};
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_HEAP_DEVICE_HEAP_H_

@@ -1,0 +1,678 @@
+#include "core/heap/heap_arena.h"
+
+#include <algorithm>
+#include <iterator>
+#include <new>
+#include <utility>
+
+#include "core/driver/cu_status.h"
+#include "core/base/log.h"
+#include "core/base/round_up.h"
+
+namespace vmmshim {
+
+// ---- HeapArena ----
+
+HeapArena::HeapArena(const DriverApi& driver, const VmmMapper& mapper,
+                       const PeerPolicy& policy, const PeerEnableTable& peers,
+                       const PeerEnableTable& pool_peers, ExportRegistry& exports,
+                       ReservationMap& ranges, GlobalCounters& global, DeviceCounters& shared,
+                       Options options)
+    : driver_(driver),
+      mapper_(mapper),
+      policy_(policy),
+      peers_(peers),
+      pool_peers_(pool_peers),
+      exports_(exports),
+      ranges_(ranges),
+      global_(global),
+      shared_(shared),
+      options_(options),
+      arena_(options.granularity) {
+  MutexLock lock(&mu_);  // not yet shared; for the analysis
+  prop_ = options.prop;
+  stats_.device = options.device;
+  stats_.compression = options.compression;
+}
+
+HeapArena::~HeapArena() = default;
+
+void HeapArena::AfterForkChild() { new (&mu_) Mutex; }
+
+std::pair<CUdeviceptr, HeapArena::Block*> HeapArena::BlockAt(CUdeviceptr ptr) const {
+  auto it = blocks_.upper_bound(ptr);
+  if (it == blocks_.begin()) return {0, nullptr};
+  --it;
+  if (ptr >= it->first + it->second->size) return {0, nullptr};
+  return {it->first, it->second.get()};
+}
+
+DeviceSet HeapArena::EnabledFor(const Placement& placement) const {
+  return (placement.stream_ordered ? pool_peers_ : peers_).Enabled(options_.device);
+}
+
+DeviceSet HeapArena::Target(const Block& b) const {
+  return TargetAccess(options_.device, b.placement.allowed, b.explicit_grant, b.explicit_revoke,
+                      EnabledFor(b.placement));
+}
+
+std::optional<PointerInfo> HeapArena::FindLocked(CUdeviceptr ptr) const {
+  const auto [base, block] = BlockAt(ptr);
+  if (block == nullptr || block->cached) return std::nullopt;
+  PointerInfo info;
+  info.range_base = base;
+  info.range_size = block->size;
+  info.device = options_.device;
+  info.context = block->placement.context;
+  info.stream_ordered = block->placement.stream_ordered;
+  info.allowed = block->placement.allowed;
+  if (!block->placement.tag.empty()) info.tag = block->placement.tag;
+  info.has_explicit = block->has_explicit();
+  if (block->slab == nullptr) {
+    if (ptr >= base + block->requested) return std::nullopt;
+    info.allocation_base = base;
+    info.allocation_size = block->requested;
+  } else {
+    std::optional<std::pair<size_t, size_t>> found = block->slab->Find(ptr - base);
+    if (!found) return std::nullopt;
+    info.allocation_base = base + found->first;
+    info.allocation_size = found->second;
+    info.packed = true;
+  }
+  // A deferred free is already gone for the application.
+  if (!deferred_.empty() && deferred_.contains(info.allocation_base)) return std::nullopt;
+  return info;
+}
+
+std::optional<PointerInfo> HeapArena::Find(CUdeviceptr ptr) const {
+  MutexLock lock(&mu_);
+  return FindLocked(ptr);
+}
+
+std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, size_t bytes,
+                                                   bool cached_only) {
+  MutexLock lock(&mu_);
+  auto bins_it = bins_.find(placement);
+  if (bins_it == bins_.end()) return std::nullopt;
+  Bins& bins = bins_it->second;
+  std::optional<CUdeviceptr> ptr;
+  if (bytes > options_.packing_threshold) {
+    // The smallest cached block of this placement that fits and wastes at
+    // most a quarter of the request.
+    const size_t rounded = RoundUp(bytes, options_.granularity);
+    auto it = bins.cached_large.lower_bound({rounded, 0});
+    if (it == bins.cached_large.end() || it->first > rounded + rounded / 4) return std::nullopt;
+    const CUdeviceptr base = it->second;
+    Block& b = *blocks_[base];
+    AddCachedLocked(-static_cast<int64_t>(b.size));
+    bins.cached_large.erase(it);
+    b.cached = false;
+    b.requested = bytes;
+    ++stats_.cache_hits;
+    ptr = base;
+  } else {
+    // Another arena's thread takes only an empty granule (cached memory);
+    // packing into granules in use stays with this arena's threads.
+    const absl::btree_set<CUdeviceptr>& search =
+        cached_only ? bins.empty_granules : bins.open_granules;
+    auto try_granule = [&](CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      Block& block = *blocks_.at(base);
+      const bool was_empty = block.slab->empty();
+      std::optional<size_t> offset = block.slab->Allocate(bytes);
+      if (!offset) return false;
+      if (was_empty && bins.empty_granules.erase(base) > 0) {
+        AddCachedLocked(-static_cast<int64_t>(block.size));
+      }
+      // A full granule leaves the search until a free in it.
+      if (block.slab->used_bytes() == block.size) bins.open_granules.erase(base);
+      bins.recent = base;
+      ptr = base + *offset;
+      return true;
+    };
+    const CUdeviceptr recent = bins.recent;
+    if (!cached_only && recent != 0 && bins.open_granules.contains(recent)) try_granule(recent);
+    for (auto it = search.begin(); !ptr && it != search.end(); ++it) {
+      if (*it == recent && !cached_only) continue;  // tried above
+      if (try_granule(*it)) break;
+    }
+    if (!ptr) return std::nullopt;
+  }
+  NoteAllocationLocked(placement, bytes);
+  return ptr;
+}
+
+absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, size_t bytes) {
+  MutexLock lock(&mu_);
+  const bool packed = bytes <= options_.packing_threshold;
+  size_t size = RoundUp(bytes, options_.granularity);
+  if (packed) {
+    auto it = bins_.find(placement);
+    const int held = it == bins_.end() ? 0 : it->second.packed_blocks;
+    size = options_.granularity << std::min(held, 3);  // 1, 2, 4, 8 granules
+    static_assert(kMaxPackedGranules == 8, "the shift above");
+  }
+  absl::StatusOr<CUdeviceptr> base = CreateBlockLocked(placement, size, packed);
+  if (!base.ok() && packed && size > options_.granularity &&
+      ToCuResult(base.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+    size = options_.granularity;  // a larger step does not fit: one granule may
+    base = CreateBlockLocked(placement, size, packed);
+  }
+  if (!base.ok()) return base.status();
+  if (!packed) ++stats_.cache_misses;  // once per request, whatever the retries
+  Block& block = *blocks_[*base];
+  CUdeviceptr ptr = *base;
+  if (packed) {
+    ptr += *block.slab->Allocate(bytes);  // a fresh granule always fits
+    if (block.slab->used_bytes() < block.size) bins_[placement].open_granules.insert(*base);
+  } else {
+    block.requested = bytes;
+  }
+  NoteAllocationLocked(placement, bytes);
+  return ptr;
+}
+
+void HeapArena::NoteAllocationLocked(const Placement& placement, size_t bytes) {
+  ++stats_.allocations;
+  ++stats_.live_allocations;
+  stats_.bytes += bytes;
+  AddLiveLocked(static_cast<int64_t>(bytes));
+  NotePeerDecisions(placement.allowed, EnabledFor(placement), 1, bytes, placement.tag);
+}
+
+absl::Status HeapArena::ReserveMoreLocked(size_t at_least) {
+  const size_t size =
+      std::max(options_.reservation_bytes, RoundUp(at_least, options_.granularity));
+  absl::StatusOr<CUdeviceptr> base = mapper_.Reserve(size, options_.granularity);
+  if (!base.ok()) return base.status();
+  arena_.AddReservation(*base, size);
+  ranges_.Add(*base, size, options_.device, options_.arena);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placement,
+                                                          size_t size, bool packed) {
+  // The driver calls (tens of microseconds each) run without the heap lock;
+  // the new block joins the heap only when fully mapped. Physical memory
+  // first: it is what runs out, and a request the device cannot hold must
+  // not leave a VA reservation behind.
+  CUmemAllocationProp prop = prop_;
+  mu_.Unlock();
+  absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(size, prop);
+  mu_.Lock();
+  if (!handle.ok() && ToCuResult(handle.status()) != CUDA_ERROR_OUT_OF_MEMORY &&
+      prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE) {
+    // The driver refused compressible memory: go on without compression.
+    Log().warn("device {}: compressible cuMemCreate failed ({}); falling back to "
+               "uncompressed memory",
+               options_.device, handle.status().ToString());
+    prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+    stats_.compression = CompressionState::kNotGranted;
+    compression_checked_ = true;
+    prop = prop_;
+    handle = mapper_.Create(size, prop);
+  }
+  if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
+      cached_bytes_ > 0) {
+    // Cached memory is free memory to the application: give it back first.
+    TrimLocked();
+    handle = mapper_.Create(size, prop);
+  }
+  if (!handle.ok()) return handle.status();
+  if (prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE && !compression_checked_) {
+    CheckCompressionLocked(*handle);
+  }
+  std::optional<CUdeviceptr> va = arena_.Allocate(size);
+  if (!va) {
+    if (absl::Status s = ReserveMoreLocked(size); !s.ok()) {
+      mapper_.Release(*handle).IgnoreError();
+      return s;
+    }
+    va = arena_.Allocate(size);
+  }
+  // The owner and every peer the placement allows now, in one call.
+  const DeviceSet self = DeviceSet::Of(options_.device);
+  const DeviceSet target = (placement.allowed & EnabledFor(placement)) | self;
+  mu_.Unlock();
+  absl::Status mapped = mapper_.MapWithAccess(*va, size, *handle, target);
+  if (!mapped.ok()) mapper_.Release(*handle).IgnoreError();
+  mu_.Lock();
+  // cuMemSetAccess ran unless cuMemMap failed.
+  if (mapped.ok() || absl::string_view(mapped.message()).find("cuMemMap") ==
+                         absl::string_view::npos) {
+    ++stats_.set_access_calls;
+  }
+  if (!mapped.ok()) {
+    arena_.Free(*va, size);
+    return mapped;
+  }
+  auto owned = std::make_unique<Block>();
+  Block& block = *owned;
+  blocks_[*va] = std::move(owned);
+  block.size = size;
+  block.handle = *handle;
+  block.placement = placement;
+  block.access = target;
+  block.exportable = prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (packed) {
+    block.slab = std::make_unique<Slab>(size);
+    ++bins_[placement].packed_blocks;
+  }
+  AccountMapped(target - self, static_cast<int64_t>(size));
+  AccountHandle(static_cast<int64_t>(size));
+  // A peer enabled or disabled while the lock was released did not see this
+  // block: bring it to the current target now.
+  if (Target(block) != target) {
+    absl::Status applied = ApplyAccessLocked();
+    // Only this block's own failure fails the allocation (a failing run of
+    // other blocks is theirs; they are retried at the next change).
+    Block& now = *blocks_.at(*va);
+    if (!applied.ok() && now.access != Target(now)) {
+      DiscardBlockLocked(*va);
+      return applied;
+    }
+  }
+  return *va;
+}
+
+void HeapArena::AccountHandle(int64_t delta) {
+  if (delta > 0) {
+    ++stats_.handles;
+  } else {
+    --stats_.handles;
+  }
+  stats_.handle_bytes += delta;
+  AddWithPeak(shared_.handle_bytes, shared_.peak_handle_bytes, delta);
+  AddWithPeak(global_.bytes, global_.peak, delta);
+}
+
+void HeapArena::AddPausedLocked(int64_t delta) {
+  stats_.paused_bytes += delta;
+  AddWithPeak(shared_.paused_bytes, shared_.peak_paused_bytes, delta);
+  AddWithPeak(global_.paused, global_.paused_peak, delta);
+}
+
+void HeapArena::AddLiveLocked(int64_t delta) {
+  stats_.live_bytes += delta;
+  AddWithPeak(shared_.live_bytes, shared_.peak_live_bytes, delta);
+}
+
+void HeapArena::AddCachedLocked(int64_t delta) {
+  cached_bytes_ += delta;
+  cached_hint_.store(cached_bytes_, std::memory_order_relaxed);
+  // Growth was reserved in the shared figure by ReserveCacheLocked.
+  if (delta < 0) shared_.cached_bytes.fetch_add(delta, std::memory_order_relaxed);
+}
+
+bool HeapArena::ReserveCacheLocked(size_t size) {
+  // Check and add in one step: two arenas freeing at once must not both
+  // pass the device's limit.
+  uint64_t now = shared_.cached_bytes.load(std::memory_order_relaxed);
+  do {
+    if (now + size > options_.cache_limit) return false;
+  } while (!shared_.cached_bytes.compare_exchange_weak(now, now + size,
+                                                        std::memory_order_relaxed));
+  return true;
+}
+
+void HeapArena::SyncDeferredLocked() {
+  const uint64_t now = deferred_.size();
+  global_.deferred.fetch_add(now - stats_.deferred_frees, std::memory_order_acq_rel);
+  stats_.deferred_frees = now;
+}
+
+void HeapArena::AccountMapped(DeviceSet peers, int64_t delta) {
+  for (int d : peers) {
+    PeerCounters& c = stats_.peers[d];
+    c.mapped_bytes += delta;
+    AddWithPeak(shared_.mapped_bytes[d], shared_.peak_mapped_bytes[d], delta);
+  }
+}
+
+void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
+  auto it = blocks_.find(base);
+  Block& b = *it->second;
+  const DeviceSet peers = b.access - DeviceSet::Of(options_.device);
+  if (how == Forget::kStillMapped) {
+    // Kept aside, counted, its VA not reused, until an unmap succeeds.
+    orphan_mappings_.push_back({base, b.size, b.handle, peers});
+  } else {
+    AccountMapped(peers, -static_cast<int64_t>(b.size));
+    // A paused block's handle was accounted for when it was released.
+    if (how == Forget::kReleased && !b.unmapped()) AccountHandle(-static_cast<int64_t>(b.size));
+  }
+  if (b.paused) AddPausedLocked(-static_cast<int64_t>(b.size));
+  auto bins_it = bins_.find(b.placement);
+  if (bins_it != bins_.end()) {
+    Bins& bins = bins_it->second;
+    bins.open_granules.erase(base);
+    if (bins.empty_granules.erase(base) > 0) AddCachedLocked(-static_cast<int64_t>(b.size));
+    if (b.cached && bins.cached_large.erase({b.size, base}) > 0) {
+      AddCachedLocked(-static_cast<int64_t>(b.size));
+    }
+    if (b.slab != nullptr) --bins.packed_blocks;
+    if (bins.open_granules.empty() && bins.empty_granules.empty() &&
+        bins.cached_large.empty() && bins.packed_blocks == 0) {
+      bins_.erase(bins_it);
+    }
+  }
+  if (b.slab != nullptr) {
+    stats_.live_allocations -= b.slab->allocations();
+    AddLiveLocked(-static_cast<int64_t>(b.slab->requested_bytes()));
+  } else if (!b.cached && b.requested > 0) {  // 0: a new block not yet handed out
+    --stats_.live_allocations;
+    AddLiveLocked(-static_cast<int64_t>(b.requested));
+  }
+  if (!deferred_.empty()) {
+    for (auto d = deferred_.begin(); d != deferred_.end();) {
+      auto next = std::next(d);
+      if (d->first >= base && d->first < base + b.size) deferred_.erase(d);
+      d = next;
+    }
+    SyncDeferredLocked();
+  }
+  if (b.exported) exports_.DropRange(options_.device, base, base + b.size);
+  if (how != Forget::kStillMapped) arena_.Free(base, b.size);
+  blocks_.erase(it);
+}
+
+void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
+  if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+    Log().warn("device {}: unmapping {:#x}: {}; retried by Trim", options_.device, base,
+               s.ToString());
+    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+  }
+}
+
+absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
+  Block& b = *blocks_.at(base);
+  if (b.unmapped()) {  // paused: nothing mapped, no handle; only the VA goes back
+    ForgetBlockLocked(base, Forget::kReleased);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
+  // The mapping is gone, so the VA is free again, whatever cuMemRelease
+  // says. A handle the driver would not release stays counted and is retried
+  // by Trim and ReleaseAll; the block itself is gone (the free succeeded).
+  const CUmemGenericAllocationHandle handle = b.handle;
+  const size_t size = b.size;
+  absl::Status released = mapper_.Release(handle);
+  if (!released.ok()) {
+    Log().warn("device {}: {}; retried by Trim", options_.device, released.ToString());
+    orphan_handles_.push_back({handle, size});
+  }
+  ForgetBlockLocked(base, released.ok() ? Forget::kReleased : Forget::kHandleHeld);
+  return absl::OkStatus();
+}
+
+absl::Status HeapArena::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr || !info->stream_ordered || info->context != context) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "stream-ordered release");
+  }
+  absl::Status status;
+  FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
+  return status;
+}
+
+bool HeapArena::Resize(CUdeviceptr ptr, size_t bytes) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr || bytes == 0) return false;
+  Block& block = *blocks_[info->range_base];
+  if (info->packed) {
+    if (!block.slab->Resize(ptr - info->range_base, bytes)) return false;
+  } else {
+    if (bytes > block.size || bytes <= options_.packing_threshold) return false;
+    block.requested = bytes;
+  }
+  AddLiveLocked(static_cast<int64_t>(bytes) - static_cast<int64_t>(info->allocation_size));
+  return true;
+}
+
+absl::Status HeapArena::Free(CUdeviceptr ptr, bool driver_gone) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");  // interior, or freed meanwhile
+  }
+  absl::Status status;
+  FreeLocked(ptr, *info, driver_gone, &status);
+  return status;
+}
+
+void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
+                            absl::Status* status) {
+  const CUdeviceptr base = info.range_base;
+  Block& block = *blocks_[base];
+  // A large block's export goes with the block (ForgetBlockLocked), so that
+  // a free that cannot unmap keeps it; a packed free always succeeds.
+  if (block.exported && info.packed) exports_.DropRange(options_.device, ptr, ptr + 1);
+  if (!info.packed) {
+    if (driver_gone) {
+      ForgetBlockLocked(base, Forget::kReleased);  // the driver has freed everything already
+      ++stats_.frees;
+      return;
+    }
+    if (!block.has_explicit() && !block.exported && !block.paused && !block.pausing &&
+        ReserveCacheLocked(block.size)) {
+      // Keep it mapped, with its access set, for the next request that fits.
+      --stats_.live_allocations;
+      AddLiveLocked(-static_cast<int64_t>(block.requested));
+      block.cached = true;
+      block.requested = 0;
+      bins_[block.placement].cached_large.insert({block.size, base});
+      AddCachedLocked(static_cast<int64_t>(block.size));
+    } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      *status = s;
+      if (blocks_.contains(base)) return;  // still mapped: the free failed
+    }
+    ++stats_.frees;
+    return;
+  }
+  block.slab->Free(ptr - base);
+  --stats_.live_allocations;
+  AddLiveLocked(-static_cast<int64_t>(info.allocation_size));
+  ++stats_.frees;
+  // A paused granule takes no allocations (its memory is released) and
+  // goes when it empties, as a sealed one does.
+  if (block.sealed || block.paused || block.pausing) {
+    if (block.slab->empty() && !driver_gone) {
+      if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+        Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
+      }
+    }
+    return;
+  }
+  Bins& bins = bins_[block.placement];
+  bins.open_granules.insert(base);
+  bins.recent = base;
+  if (!block.slab->empty() || driver_gone) return;
+  if (!block.has_explicit() && ReserveCacheLocked(block.size)) {
+    bins.empty_granules.insert(base);
+    AddCachedLocked(static_cast<int64_t>(block.size));
+  } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+    // The application's free succeeded; an empty granule that could not be
+    // released stays mapped and serves later requests.
+    Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
+  }
+}
+
+absl::Status HeapArena::DeferFree(CUdeviceptr ptr) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+  }
+  deferred_[ptr] = info->context;
+  SyncDeferredLocked();
+  return absl::OkStatus();
+}
+
+std::vector<CUcontext> HeapArena::DeferredContexts() const {
+  MutexLock lock(&mu_);
+  std::vector<CUcontext> out;
+  for (const auto& [ptr, context] : deferred_) {
+    if (std::find(out.begin(), out.end(), context) == out.end()) out.push_back(context);
+  }
+  return out;
+}
+
+void HeapArena::CompleteDeferred(CUcontext context) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> ready;
+  for (const auto& [ptr, ctx] : deferred_) {
+    if (ctx == context) ready.push_back(ptr);
+  }
+  for (CUdeviceptr ptr : ready) {
+    deferred_.erase(ptr);
+    std::optional<PointerInfo> info = FindLocked(ptr);
+    if (!info || info->allocation_base != ptr) continue;  // released with its context
+    absl::Status status;
+    FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
+    if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
+  }
+  SyncDeferredLocked();
+}
+
+void HeapArena::ReleaseOrphansLocked() {
+  std::vector<OrphanMapping> still_mapped;
+  for (const OrphanMapping& m : orphan_mappings_) {
+    if (!mapper_.Unmap(m.base, m.size).ok()) {
+      still_mapped.push_back(m);
+      continue;
+    }
+    AccountMapped(m.peers, -static_cast<int64_t>(m.size));
+    arena_.Free(m.base, m.size);
+    orphan_handles_.push_back({m.handle, m.size});
+  }
+  orphan_mappings_ = std::move(still_mapped);
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> left;
+  for (const auto& [h, size] : orphan_handles_) {
+    if (mapper_.Release(h).ok()) {
+      AccountHandle(-static_cast<int64_t>(size));
+    } else {
+      left.push_back({h, size});
+    }
+  }
+  orphan_handles_ = std::move(left);
+}
+
+void HeapArena::TrimLocked() {
+  ReleaseOrphansLocked();
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [placement, bins] : bins_) {
+    for (const auto& [size, base] : bins.cached_large) bases.push_back(base);
+    for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
+  }
+  // Sealed granules that emptied but could not be unmapped then.
+  for (const auto& [base, block] : blocks_) {
+    if (block->slab != nullptr && block->sealed && block->slab->empty()) bases.push_back(base);
+  }
+  for (CUdeviceptr base : bases) {
+    if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      // At exit the driver may be gone already: nothing left to release.
+      if (ToCuResult(s) == CUDA_ERROR_DEINITIALIZED) return;
+      Log().warn("device {}: releasing cached memory: {}", options_.device, s.ToString());
+    }
+  }
+}
+
+size_t HeapArena::Trim() {
+  MutexLock lock(&mu_);
+  const size_t before = cached_bytes_;
+  TrimLocked();
+  return before - cached_bytes_;
+}
+
+size_t HeapArena::cached_bytes() const {
+  MutexLock lock(&mu_);
+  return cached_bytes_;
+}
+
+bool HeapArena::Holds(CUcontext context) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, block] : blocks_) {
+    if (block->placement.context == context) return true;
+  }
+  return false;
+}
+
+size_t HeapArena::ReleaseContext(CUcontext context) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [base, block] : blocks_) {
+    if (block->placement.context == context) bases.push_back(base);
+  }
+  if (bases.empty()) return 0;
+  size_t released = 0;
+  for (CUdeviceptr base : bases) {
+    // A paused block holds no physical memory: nothing of it is released.
+    const size_t size = blocks_[base]->unmapped() ? 0 : blocks_[base]->size;
+    if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      Log().warn("device {}: releasing memory of a destroyed context: {}", options_.device,
+                 s.ToString());
+      // Still mapped: never served again, unmapped by a later Trim.
+      ForgetBlockLocked(base, Forget::kStillMapped);
+      continue;
+    }
+    released += size;
+  }
+  return released;
+}
+
+void HeapArena::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
+  compression_checked_ = true;
+  CUmemAllocationProp got = {};
+  CUresult r = driver_.cuMemGetAllocationPropertiesFromHandle != nullptr
+                   ? driver_.cuMemGetAllocationPropertiesFromHandle(&got, handle)
+                   : CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) {
+    stats_.compression = CompressionState::kGranted;
+    Log().info("device {}: generic compression granted (cuMemGetAllocationPropertiesFromHandle)",
+               options_.device);
+    return;
+  }
+  stats_.compression = CompressionState::kNotGranted;
+  prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+  Log().warn("device {}: compression requested but not granted ({}); later memory is made "
+             "without it",
+             options_.device,
+             r == CUDA_SUCCESS ? "the handle reports no compression" : CuResultName(r));
+}
+
+DeviceStats HeapArena::stats() const {
+  MutexLock lock(&mu_);
+  DeviceStats out = stats_;
+  out.cached_bytes = cached_bytes_;
+  for (const auto& [base, block] : blocks_) out.paused_blocks += block->paused ? 1 : 0;
+  return out;
+}
+
+absl::Status HeapArena::ReleaseAll() {
+  MutexLock lock(&mu_);
+  absl::Status first;
+  std::vector<CUdeviceptr> bases;
+  for (const auto& entry : blocks_) bases.push_back(entry.first);
+  for (CUdeviceptr base : bases) {
+    absl::Status s = DestroyBlockLocked(base);
+    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+    first.Update(s);
+  }
+  ReleaseOrphansLocked();
+  if (!orphan_mappings_.empty() || !orphan_handles_.empty()) {
+    first.Update(DriverError(CUDA_ERROR_UNKNOWN, "releasing handles that stayed mapped"));
+  }
+  for (const auto& [base, size] : arena_.reservations()) {
+    first.Update(mapper_.FreeReservation(base, size));
+    ranges_.Remove(base);
+  }
+  arena_ = VaFreeList(options_.granularity);
+  bins_.clear();
+  deferred_.clear();
+  AddCachedLocked(-static_cast<int64_t>(cached_bytes_));
+  SyncDeferredLocked();
+  return first;
+}
+
+}  // namespace vmmshim

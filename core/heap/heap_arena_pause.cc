@@ -1,0 +1,298 @@
+// HeapArena: pause and resume (core/heap/heap_arena.h; docs/pause-resume.md).
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/heap_arena.h"
+#include "core/base/log.h"
+
+namespace vmmshim {
+namespace {
+
+// Pushes `ctx` current for the copies of one block; pops at scope exit.
+class ScopedContext {
+ public:
+  ScopedContext(const DriverApi& driver, CUcontext ctx) : driver_(driver) {
+    pushed_ = driver_.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+  }
+  ~ScopedContext() {
+    CUcontext popped;
+    if (pushed_) driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  bool ok() const { return pushed_; }
+
+ private:
+  const DriverApi& driver_;
+  bool pushed_ = false;
+};
+
+std::string TagName(const std::optional<std::string>& tag) {
+  return tag ? absl::StrCat("tag '", *tag, "'") : std::string("every allocation");
+}
+
+}  // namespace
+
+size_t HeapArena::PauseCandidates(const std::optional<std::string>& tag,
+                                  std::vector<CUcontext>* contexts) const {
+  MutexLock lock(&mu_);
+  size_t bytes = 0;
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused || b->cached ||
+        (b->slab != nullptr && b->slab->empty())) {
+      continue;
+    }
+    bytes += b->size;
+    if (std::find(contexts->begin(), contexts->end(), b->placement.context) == contexts->end()) {
+      contexts->push_back(b->placement.context);
+    }
+  }
+  return bytes;
+}
+
+absl::Status HeapArena::CheckPausable(const std::optional<std::string>& tag) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused || !b->exported) continue;
+    Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is exported "
+               "to another process (cudaIpcGetMemHandle); nothing paused",
+               TagName(tag), base, options_.device);
+    return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
+  }
+  return absl::OkStatus();
+}
+
+void HeapArena::ReopenLocked(CUdeviceptr base, Block& b) {
+  if (b.slab != nullptr && !b.sealed && b.slab->used_bytes() < b.size) {
+    bins_[b.placement].open_granules.insert(base);
+  }
+}
+
+absl::StatusOr<size_t> HeapArena::PausePrepare(const std::optional<std::string>& tag,
+                                               BackupCopier* copier) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> live;
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused || b->pausing || b->cached ||
+        (b->slab != nullptr && b->slab->empty())) {
+      continue;
+    }
+    if (b->exported) {  // exported after CheckPausable
+      Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is "
+                 "exported to another process; nothing paused",
+                 TagName(tag), base, options_.device);
+      return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
+    }
+    live.push_back(base);
+  }
+  // Backups first, all of them: host memory that runs out pauses nothing.
+  std::vector<HostBackup> backups;
+  if (copier != nullptr) {
+    for (CUdeviceptr base : live) {
+      absl::StatusOr<HostBackup> backup = HostBackup::Create(blocks_.at(base)->size);
+      if (!backup.ok()) {
+        Log().error("vmmshim_pause_memory({}): {}; nothing paused", TagName(tag),
+                    backup.status().ToString());
+        return backup.status();
+      }
+      backups.push_back(*std::move(backup));
+    }
+    for (size_t i = 0; i < live.size(); ++i) {
+      const Block& b = *blocks_.at(live[i]);
+      ScopedContext ctx(driver_, b.placement.context);
+      absl::Status copied = ctx.ok() ? copier->ToHost(backups[i].data(), live[i], b.size)
+                                     : DriverError(CUDA_ERROR_INVALID_CONTEXT,
+                                                   "vmmshim_pause_memory");
+      if (!copied.ok()) {
+        Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} to host memory: {}; "
+                    "nothing paused",
+                    TagName(tag), b.size, live[i], copied.ToString());
+        return copied;
+      }
+    }
+  }
+  size_t bytes = 0;
+  for (size_t i = 0; i < live.size(); ++i) {
+    Block& b = *blocks_.at(live[i]);
+    b.pausing = true;
+    if (copier != nullptr) b.backup = std::move(backups[i]);
+    if (auto it = bins_.find(b.placement); it != bins_.end()) {
+      it->second.open_granules.erase(live[i]);
+      if (it->second.recent == live[i]) it->second.recent = 0;
+    }
+    bytes += b.size;
+  }
+  return bytes;
+}
+
+void HeapArena::PauseAbort(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  for (auto& [base, owned] : blocks_) {
+    Block& b = *owned;
+    if (!Selected(b, tag) || !b.pausing) continue;
+    b.pausing = false;
+    b.backup.reset();
+    ReopenLocked(base, b);
+  }
+}
+
+absl::StatusOr<size_t> HeapArena::PauseCommit(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> marked, cached;
+  for (const auto& [base, b] : blocks_) {
+    if (!Selected(*b, tag) || b->paused) continue;
+    if (b->pausing) {
+      marked.push_back(base);
+    } else if (b->cached || (b->slab != nullptr && b->slab->empty())) {
+      cached.push_back(base);
+    }
+  }
+  size_t released = 0;
+  absl::Status first;
+  for (CUdeviceptr base : marked) {
+    Block& b = *blocks_.at(base);
+    b.pausing = false;
+    if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
+      // Still mapped and whole: it stays live (its backup goes).
+      Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", TagName(tag), base,
+                 s.ToString());
+      b.backup.reset();
+      ReopenLocked(base, b);
+      first.Update(s);
+      continue;
+    }
+    if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+      // The driver did not get it back: counted until Trim's retry succeeds.
+      Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
+      orphan_handles_.push_back({b.handle, b.size});
+    } else {
+      AccountHandle(-static_cast<int64_t>(b.size));
+      released += b.size;
+    }
+    AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+    b.handle = 0;
+    b.access = DeviceSet();
+    b.paused = true;
+    AddPausedLocked(static_cast<int64_t>(b.size));
+  }
+  // The tag's freed memory goes too: it is memory the program gave up.
+  for (CUdeviceptr base : cached) {
+    const size_t size = blocks_.at(base)->size;
+    if (absl::Status s = DestroyBlockLocked(base); s.ok()) {
+      released += size;
+    } else {
+      Log().warn("vmmshim_pause_memory({}): releasing cached memory at {:#x}: {}", TagName(tag),
+                 base, s.ToString());
+    }
+  }
+  if (!first.ok()) return first;
+  return released;
+}
+
+void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
+  Block& b = *blocks_.at(base);
+  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
+    Log().warn("vmmshim_resume_memory: unmapping {:#x} after a failed resume: {}; kept mapped "
+               "for the next resume",
+               base, s.ToString());
+    return;
+  }
+  AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+  if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+    Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
+    orphan_handles_.push_back({b.handle, b.size});  // still counted
+  } else {
+    AccountHandle(-static_cast<int64_t>(b.size));
+  }
+  b.handle = 0;
+  b.access = DeviceSet();
+}
+
+absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>& tag,
+                                                BackupCopier& copier) {
+  MutexLock lock(&mu_);
+  // Handles a pause or an earlier undo could not release hold memory the
+  // resume may need.
+  ReleaseOrphansLocked();
+  std::vector<CUdeviceptr> paused, mapped_now;
+  for (const auto& [base, owned] : blocks_) {
+    if (Selected(*owned, tag) && owned->paused) paused.push_back(base);
+  }
+  auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (CUdeviceptr base : mapped_now) UnmapPausedLocked(base);
+  };
+  size_t bytes = 0;
+  for (CUdeviceptr base : paused) {
+    Block& b = *blocks_.at(base);
+    bytes += b.size;
+    if (b.handle != 0) continue;  // still mapped by a failed undo: reused as it is
+    absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(b.size, prop_);
+    if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+      TrimLocked();  // this arena's cache and orphans
+      handle = mapper_.Create(b.size, prop_);
+    }
+    // Exactly the access it would have had, never paused: the owner, and the
+    // peers the policy or explicit grants allow among those enabled now.
+    const DeviceSet target = Target(b) | DeviceSet::Of(options_.device);
+    absl::Status status = handle.status();
+    if (handle.ok()) {
+      status = mapper_.MapWithAccess(base, b.size, *handle, target);
+      if (!status.ok() && !mapper_.Release(*handle).ok()) {
+        orphan_handles_.push_back({*handle, b.size});
+        AccountHandle(static_cast<int64_t>(b.size));  // counted until released
+      }
+    }
+    if (!status.ok()) {
+      Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
+                 "stays paused",
+                 TagName(tag), b.size, base, options_.device, status.ToString());
+      undo();
+      return status;
+    }
+    ++stats_.set_access_calls;
+    b.handle = *handle;
+    b.access = target;
+    AccountHandle(static_cast<int64_t>(b.size));
+    AccountMapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
+    mapped_now.push_back(base);
+  }
+  for (CUdeviceptr base : paused) {
+    Block& b = *blocks_.at(base);
+    if (!b.backup) continue;
+    ScopedContext ctx(driver_, b.placement.context);
+    absl::Status copied = ctx.ok() ? copier.ToDevice(base, b.backup->data(), b.size)
+                                   : DriverError(CUDA_ERROR_INVALID_CONTEXT,
+                                                 "vmmshim_resume_memory");
+    if (!copied.ok()) {
+      Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything stays "
+                 "paused",
+                 TagName(tag), b.size, base, copied.ToString());
+      undo();
+      return copied;
+    }
+  }
+  return bytes;
+}
+
+void HeapArena::ResumeCommit(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  for (auto& [base, owned] : blocks_) {
+    Block& b = *owned;
+    if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
+    b.paused = false;
+    b.backup.reset();
+    AddPausedLocked(-static_cast<int64_t>(b.size));
+    ReopenLocked(base, b);
+  }
+}
+
+void HeapArena::ResumeAbort(const std::optional<std::string>& tag) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> mapped;
+  for (const auto& [base, owned] : blocks_) {
+    if (Selected(*owned, tag) && owned->paused && owned->handle != 0) mapped.push_back(base);
+  }
+  for (CUdeviceptr base : mapped) UnmapPausedLocked(base);
+}
+
+}  // namespace vmmshim

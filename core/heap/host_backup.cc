@@ -1,0 +1,184 @@
+#include "core/heap/host_backup.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/driver/cu_status.h"
+#include "core/base/log.h"
+
+namespace vmmshim {
+namespace {
+
+// `threads` threads copy [src, src + n) to dst, started now; Join waits.
+class CopyJob {
+ public:
+  CopyJob() = default;
+  CopyJob(char* dst, const char* src, size_t n, int threads) {
+    const size_t parts = std::max<size_t>(1, std::min<size_t>(threads, n >> 20));
+    const size_t part = (n + parts - 1) / parts;
+    for (size_t t = 0; t < parts; ++t) {
+      const size_t from = std::min(n, part * t), to = std::min(n, from + part);
+      if (to <= from) continue;
+      try {
+        workers_.emplace_back([=] { std::memcpy(dst + from, src + from, to - from); });
+      } catch (const std::system_error&) {
+        // No thread to be had (a pids limit): this part on the calling thread.
+        std::memcpy(dst + from, src + from, to - from);
+      }
+    }
+  }
+  CopyJob(CopyJob&&) = default;
+  CopyJob& operator=(CopyJob&& o) {
+    Join();
+    workers_ = std::move(o.workers_);
+    return *this;
+  }
+  ~CopyJob() { Join(); }
+  void Join() {
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+  }
+
+ private:
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+size_t AvailableHostMemory() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return SIZE_MAX;
+  char line[256];
+  size_t kib = SIZE_MAX;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long v;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &v) == 1) {
+      kib = static_cast<size_t>(v);
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib == SIZE_MAX ? SIZE_MAX : kib << 10;
+}
+
+absl::StatusOr<HostBackup> HostBackup::Create(size_t bytes) {
+  const size_t available = AvailableHostMemory();
+  if (bytes > available) {
+    return DriverError(CUDA_ERROR_OUT_OF_MEMORY,
+                       absl::StrCat("host memory for the backup: ", bytes, " bytes needed, ",
+                                    available, " available (MemAvailable)"));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return DriverError(CUDA_ERROR_OUT_OF_MEMORY,
+                       absl::StrCat("host memory for the backup: mmap of ", bytes,
+                                    " bytes failed: ", std::strerror(errno)));
+  }
+  // Fewer first-touch faults (measured: 14 vs 8 GiB/s with 8 threads); a
+  // kernel without THP ignores the advice.
+  madvise(p, bytes, MADV_HUGEPAGE);
+  HostBackup b;
+  b.data_ = static_cast<char*>(p);
+  b.size_ = bytes;
+  return b;
+}
+
+HostBackup::HostBackup(HostBackup&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) munmap(data_, size_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+HostBackup::~HostBackup() {
+  if (data_ != nullptr) munmap(data_, size_);
+}
+
+BackupCopier::BackupCopier(const DriverApi& driver, int threads)
+    : driver_(driver), threads_(std::max(1, threads)) {}
+
+BackupCopier::~BackupCopier() {
+  if (ring_[0] == nullptr && ring_[1] == nullptr) return;
+  // Freed in the context the ring was made in (current again for the call).
+  const bool pushed = ring_context_ != nullptr &&
+                      driver_.cuCtxPushCurrent_v2(ring_context_) == CUDA_SUCCESS;
+  for (char* slot : ring_) {
+    if (slot == nullptr) continue;
+    if (CUresult r = driver_.cuMemFreeHost(slot); r != CUDA_SUCCESS) {
+      Log().warn("cuMemFreeHost of the pause staging ring: {}", CuResultName(r));
+    }
+  }
+  CUcontext popped;
+  if (pushed) driver_.cuCtxPopCurrent_v2(&popped);
+}
+
+absl::Status BackupCopier::EnsureRing() {
+  if (ring_[0] != nullptr) return absl::OkStatus();
+  if (driver_.cuMemHostAlloc == nullptr || driver_.cuMemFreeHost == nullptr ||
+      driver_.cuMemcpyDtoH_v2 == nullptr || driver_.cuMemcpyHtoD_v2 == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemHostAlloc or cuMemcpy");
+  }
+  driver_.cuCtxGetCurrent(&ring_context_);
+  for (char*& slot : ring_) {
+    void* p = nullptr;
+    // Portable: usable from every context, whichever device a block is on.
+    if (CUresult r = driver_.cuMemHostAlloc(&p, kChunkBytes, CU_MEMHOSTALLOC_PORTABLE);
+        r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemHostAlloc (backup staging)");
+    }
+    slot = static_cast<char*>(p);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {
+  if (absl::Status s = EnsureRing(); !s.ok()) return s;
+  // The device fills one slot while the threads empty the other.
+  CopyJob draining;
+  for (size_t off = 0, c = 0; off < bytes; off += kChunkBytes, ++c) {
+    const size_t n = std::min(kChunkBytes, bytes - off);
+    char* slot = ring_[c % 2];
+    if (CUresult r = driver_.cuMemcpyDtoH_v2(slot, src + off, n); r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemcpyDtoH (backup)");
+    }
+    draining = CopyJob(dst + off, slot, n, threads_);  // joins the previous slot's job first
+  }
+  draining.Join();
+  return absl::OkStatus();
+}
+
+absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const char* src, size_t bytes) {
+  if (absl::Status s = EnsureRing(); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  // The threads fill the next slot while the device empties this one.
+  CopyJob filling(ring_[0], src, std::min(kChunkBytes, bytes), threads_);
+  for (size_t off = 0, c = 0; off < bytes; off += kChunkBytes, ++c) {
+    const size_t n = std::min(kChunkBytes, bytes - off);
+    filling.Join();
+    const size_t next = off + kChunkBytes;
+    if (next < bytes) {
+      filling = CopyJob(ring_[(c + 1) % 2], src + next, std::min(kChunkBytes, bytes - next),
+                        threads_);
+    }
+    if (CUresult r = driver_.cuMemcpyHtoD_v2(dst + off, ring_[c % 2], n); r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemcpyHtoD (restore)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vmmshim

@@ -1,0 +1,115 @@
+// The value types the heap hands out and the rooms above it share: what a
+// pointer is (PointerInfo), what an allocation shares a mapping with
+// (Placement), and the statistics of one device (DeviceStats) and of its
+// stream-ordered part (StreamOrderedFigures). Units: bytes and counts.
+// Plain values: copy freely; no locking.
+#ifndef VMMSHIM_CORE_HEAP_TYPES_H_
+#define VMMSHIM_CORE_HEAP_TYPES_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/base/device_set.h"
+
+namespace vmmshim {
+
+// What became of a compression request on one device.
+enum class CompressionState { kOff, kUnsupported, kGranted, kNotGranted };
+
+struct PeerCounters {
+  uint64_t grants = 0;   // allocations granted to this peer (by policy or explicitly)
+  uint64_t denials = 0;  // allocations denied to this peer while it had access enabled
+  uint64_t mapped_bytes = 0;       // bytes of this device's memory mapped into the peer now
+  uint64_t peak_mapped_bytes = 0;  // the most mapped into it at any time
+};
+
+// The stream-ordered cache's figures of one device
+// (core/stream_ordered/stream_ordered_cache.h), in the terms of
+// cuMemPoolGetAttribute.
+struct StreamOrderedFigures {
+  uint64_t reserved = 0;       // live allocations' size classes plus cached bytes
+  uint64_t reserved_high = 0;
+  uint64_t used = 0;           // requested bytes of live allocations
+  uint64_t used_high = 0;
+  uint64_t cached = 0;         // freed blocks held for reuse
+  uint64_t live_allocations = 0;
+  uint64_t allocations = 0;    // served, in total
+  uint64_t reuses = 0;         // of them, served from this cache
+  uint64_t frees = 0;
+  uint64_t driver_queries = 0; // cuStreamQuery / cuEventQuery / cuEventRecord by harvests
+  uint64_t release_threshold = 0;
+};
+
+struct DeviceStats {
+  int device = -1;
+  uint64_t allocations = 0;       // served from VMM
+  uint64_t bytes = 0;             // their requested bytes
+  uint64_t frees = 0;
+  uint64_t live_allocations = 0;
+  uint64_t live_bytes = 0;        // requested bytes of live allocations
+  uint64_t peak_live_bytes = 0;
+  uint64_t handles = 0;           // physical handles held
+  uint64_t handle_bytes = 0;      // their bytes
+  uint64_t peak_handle_bytes = 0;
+  uint64_t set_access_calls = 0;
+  uint64_t cache_hits = 0;        // large requests served from the cache
+  uint64_t cache_misses = 0;      // large requests that made a new handle
+  uint64_t cached_bytes = 0;      // mapped for reuse now
+  uint64_t deferred_frees = 0;    // frees held back by a stream capture, now
+  uint64_t exports = 0;           // allocations exported
+  uint64_t context_releases = 0;  // ReleaseContext calls that released memory here
+  uint64_t paused_bytes = 0;       // physical bytes released by pauses, not resumed yet
+  uint64_t peak_paused_bytes = 0;  // the most paused at once
+  uint64_t paused_blocks = 0;      // blocks paused now
+  CompressionState compression = CompressionState::kOff;
+  std::array<PeerCounters, kMaxDevices> peers{};  // indexed by peer device
+  // The stream-ordered cache's figures (filled by the Allocator; the
+  // allocations above include these).
+  StreamOrderedFigures stream_ordered;
+};
+
+// What Find() knows about a pointer inside shim memory.
+struct PointerInfo {
+  CUdeviceptr allocation_base = 0;  // the pointer Allocate returned
+  size_t allocation_size = 0;       // the bytes requested
+  CUdeviceptr range_base = 0;       // the backing handle's mapping
+  size_t range_size = 0;
+  int device = -1;
+  CUcontext context = nullptr;      // current when allocated
+  bool packed = false;
+  bool stream_ordered = false;      // cuMemAllocAsync memory (core/stream_ordered/stream_ordered_cache.h)
+  // The rest of the placement, for a reuse of the memory: the peers the
+  // policy allowed, the tag, and whether explicit grants or revokes apply.
+  DeviceSet allowed;
+  std::string tag;
+  bool has_explicit = false;
+};
+
+// The placement of an allocation (header comment). `stream_ordered`: the
+// allocation is stream-ordered memory of the device's default pool, whose
+// peers enable access with cuMemPoolSetAccess, not cuCtxEnablePeerAccess
+// (CUDA Programming Guide, "Stream Ordered Memory Allocator", peer access):
+// the two kinds never share a mapping, since access belongs to a mapping.
+struct Placement {
+  CUcontext context = nullptr;
+  DeviceSet allowed;
+  std::string tag;
+  bool stream_ordered = false;
+  bool operator==(const Placement& o) const {
+    return context == o.context && allowed == o.allowed && tag == o.tag &&
+           stream_ordered == o.stream_ordered;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const Placement& p) {
+    return H::combine(std::move(h), p.context, p.allowed, p.tag, p.stream_ordered);
+  }
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_HEAP_TYPES_H_
