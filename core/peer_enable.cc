@@ -19,7 +19,7 @@ CUresult ContextDevice(const DriverApi& driver, CUcontext ctx, CUdevice* device)
 CUresult PeerEnable::Enable(CUcontext peer, unsigned int flags) const {
   const auto start = std::chrono::steady_clock::now();
   const CUresult r = EnableUntimed(peer, flags);
-  allocator_.NotePeerEnable(static_cast<uint64_t>(
+  allocator_.counters().PeerEnable(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                            start)
           .count()));

@@ -21,7 +21,7 @@ CUresult ExplicitAccess(const void* ptr, int peer, bool grant) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  return ToCuResult(grant ? rt->allocator->GrantPeer(p, peer) : rt->allocator->RevokePeer(p, peer));
+  return ToCuResult(grant ? rt->allocator->SetPeerAccess(p, peer, true) : rt->allocator->SetPeerAccess(p, peer, false));
 }
 }  // namespace
 
@@ -66,7 +66,7 @@ VMMSHIM_EXPORT int vmmshim_pause_memory(const char* tag, unsigned flags, size_t*
   if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  absl::StatusOr<size_t> released = rt->allocator->PauseMemory(
+  absl::StatusOr<size_t> released = rt->allocator->pause().Pause(
       tag != nullptr ? std::optional<std::string>(tag) : std::nullopt,
       (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0);
   if (!released.ok()) return ToCuResult(released.status());
@@ -79,7 +79,7 @@ VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes
   if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  absl::StatusOr<size_t> restored = rt->allocator->ResumeMemory(
+  absl::StatusOr<size_t> restored = rt->allocator->pause().Resume(
       tag != nullptr ? std::optional<std::string>(tag) : std::nullopt);
   if (!restored.ok()) return ToCuResult(restored.status());
   if (restored_bytes != nullptr) *restored_bytes = *restored;

@@ -46,7 +46,7 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
                "VMM support); further ones are counted in the exit report");
     CUresult r = rt->driver.cuMemAlloc_v2(dptr, bytesize);
     if (r == CUDA_SUCCESS) {
-      rt->allocator->NotePassThrough(bytesize);
+      rt->allocator->counters().PassThrough(bytesize);
       Trace(*rt, "alloc", bytesize, *dptr);
     }
     return r;
@@ -74,7 +74,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   }
   if (!a->served) {
     CUresult r = rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
-    if (r == CUDA_SUCCESS) rt->allocator->NotePassThrough(*pitch * height);
+    if (r == CUDA_SUCCESS) rt->allocator->counters().PassThrough(*pitch * height);
     return r;
   }
   *dptr = a->ptr;
@@ -111,7 +111,7 @@ VMMSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   // first, as the driver would have at the last synchronize.
   CUdevice device = 0;
   if (rt->driver.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
-    rt->allocator->SettleStreamOrdered(device);
+    rt->allocator->stream_ordered().SettleStreamOrdered(device);
     *free += rt->allocator->IdleBytes(device);
   }
   return r;
@@ -144,7 +144,7 @@ void PatchAttribute(const Runtime& rt, const vmmshim::PointerInfo& info,
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       if (info.stream_ordered) {
-        *static_cast<CUmemoryPool*>(data) = rt.allocator->DefaultPool(info.device);
+        *static_cast<CUmemoryPool*>(data) = rt.allocator->stream_ordered().DefaultPool(info.device);
       }
       break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:

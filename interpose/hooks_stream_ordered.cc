@@ -23,7 +23,7 @@ template <typename Real>
 CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
                     CUstream stream, bool per_thread, Real real) {
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
-      rt.allocator->AllocateAsync(bytes, stream, per_thread, pool, vmmshim::AllocationTag());
+      rt.allocator->stream_ordered().AllocateAsync(bytes, stream, per_thread, pool, vmmshim::AllocationTag());
   if (!a.ok()) {
     Log().debug("cuMemAllocAsync({}) -> {}", bytes, a.status().ToString());
     *dptr = 0;  // as the driver does on failure (measured: 1 PiB gives 2 and 0)
@@ -31,7 +31,7 @@ CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemory
   }
   if (!a->served) {
     CUresult r = real();
-    if (r == CUDA_SUCCESS) rt.allocator->NotePassThrough(bytes);
+    if (r == CUDA_SUCCESS) rt.allocator->counters().PassThrough(bytes);
     return r;
   }
   *dptr = a->ptr;
@@ -100,7 +100,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessD
   // stream-ordered memory of that pool per allocation.
   CUresult r = rt->driver.cuMemPoolSetAccess(pool, map, count);
   if (r != CUDA_SUCCESS || !rt->enabled()) return r;
-  return ToCuResult(rt->allocator->PoolAccessChanged(pool, map, count));
+  return ToCuResult(rt->allocator->stream_ordered().PoolAccessChanged(pool, map, count));
 }
 
 VMMSHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
@@ -119,7 +119,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attri
     default:
       return r;
   }
-  std::optional<vmmshim::StreamOrderedFigures> f = rt->allocator->PoolFigures(pool);
+  std::optional<vmmshim::StreamOrderedFigures> f = rt->allocator->stream_ordered().PoolFigures(pool);
   if (!f) return r;
   // The driver's part (memory the shim did not serve) plus the shim's. A
   // high mark is the sum of the two high marks: never below the true one.
@@ -139,7 +139,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attri
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuMemPoolSetAttribute == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = rt->driver.cuMemPoolSetAttribute(pool, attr, value);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->PoolAttributeSet(pool, attr, value);
+  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->stream_ordered().PoolAttributeSet(pool, attr, value);
   return r;
 }
 
@@ -148,7 +148,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_k
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuMemPoolTrimTo == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = rt->driver.cuMemPoolTrimTo(pool, min_bytes_to_keep);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->PoolTrimTo(pool, min_bytes_to_keep);
+  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->stream_ordered().PoolTrimTo(pool, min_bytes_to_keep);
   return r;
 }
 
@@ -157,7 +157,7 @@ VMMSHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuDeviceSetMemPool == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = rt->driver.cuDeviceSetMemPool(device, pool);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->CurrentPoolChanged(device, pool);
+  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->stream_ordered().CurrentPoolChanged(device, pool);
   return r;
 }
 
@@ -169,7 +169,7 @@ VMMSHIM_EXPORT CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocation
   CUresult r = rt->driver.cuMemSetMemPool(location, type, pool);
   if (r == CUDA_SUCCESS && rt->enabled() && location != nullptr &&
       location->type == CU_MEM_LOCATION_TYPE_DEVICE && type == CU_MEM_ALLOCATION_TYPE_PINNED) {
-    rt->allocator->CurrentPoolChanged(location->id, pool);
+    rt->allocator->stream_ordered().CurrentPoolChanged(location->id, pool);
   }
   return r;
 }
@@ -179,7 +179,7 @@ VMMSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuStreamDestroy_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   // Before the handle is gone: blocks freed on it get one last event.
-  if (rt->enabled()) rt->allocator->StreamDestroyed(stream);
+  if (rt->enabled()) rt->allocator->stream_ordered().StreamDestroyed(stream);
   return rt->driver.cuStreamDestroy_v2(stream);
 }
 
@@ -190,9 +190,9 @@ namespace {
 
 template <typename Real>
 CUresult SynchronizeStream(const Runtime& rt, Real real, CUstream stream, bool per_thread) {
-  const uint64_t mark = rt.enabled() ? vmmshim::Allocator::SynchronizeMark() : 0;
+  const uint64_t mark = rt.enabled() ? vmmshim::StreamOrderedFrontEnd::SynchronizeMark() : 0;
   const CUresult r = real(stream);
-  if (r == CUDA_SUCCESS && mark != 0) rt.allocator->StreamSynchronized(stream, per_thread, mark);
+  if (r == CUDA_SUCCESS && mark != 0) rt.allocator->stream_ordered().StreamSynchronized(stream, per_thread, mark);
   return r;
 }
 
@@ -215,9 +215,9 @@ VMMSHIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
 VMMSHIM_EXPORT CUresult cuCtxSynchronize() {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  const uint64_t mark = rt->enabled() ? vmmshim::Allocator::SynchronizeMark() : 0;
+  const uint64_t mark = rt->enabled() ? vmmshim::StreamOrderedFrontEnd::SynchronizeMark() : 0;
   const CUresult r = rt->driver.cuCtxSynchronize();
-  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->ContextSynchronized(nullptr, mark);
+  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->stream_ordered().ContextSynchronized(nullptr, mark);
   return r;
 }
 
@@ -225,8 +225,8 @@ VMMSHIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext context) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuCtxSynchronize_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  const uint64_t mark = rt->enabled() ? vmmshim::Allocator::SynchronizeMark() : 0;
+  const uint64_t mark = rt->enabled() ? vmmshim::StreamOrderedFrontEnd::SynchronizeMark() : 0;
   const CUresult r = rt->driver.cuCtxSynchronize_v2(context);
-  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->ContextSynchronized(context, mark);
+  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->stream_ordered().ContextSynchronized(context, mark);
   return r;
 }

@@ -46,13 +46,13 @@ void PrepareFork() {
 void AfterForkParent() {
   const Runtime* rt = g_runtime_for_exit;
   AfterLogFork();
-  rt->allocator->AfterForkParent();
+  rt->allocator->AfterFork(false);
   if (rt->ipc != nullptr) rt->ipc->AfterForkParent();
 }
 void AfterForkChild() {
   const Runtime* rt = g_runtime_for_exit;
   AfterLogFork();
-  rt->allocator->AfterForkChild();
+  rt->allocator->AfterFork(true);
   if (rt->ipc != nullptr) rt->ipc->AfterForkChild();
   g_forked_child.store(true, std::memory_order_release);
 }

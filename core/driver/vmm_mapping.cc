@@ -46,11 +46,19 @@ absl::Status VmmMapper::Release(CUmemGenericAllocationHandle handle) const {
 
 absl::Status VmmMapper::MapWithAccess(CUdeviceptr va, size_t size,
                                       CUmemGenericAllocationHandle handle,
-                                      DeviceSet access) const {
+                                      DeviceSet access, MapStep* failed) const {
+  MapStep ignored;
+  if (failed == nullptr) failed = &ignored;
+  *failed = MapStep::kMap;
   CUresult r = driver_.cuMemMap(va, size, 0, handle, 0);
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemMap");
+  *failed = MapStep::kSetAccess;
   absl::Status granted = SetAccess(va, size, access, DeviceSet());
-  if (!granted.ok()) driver_.cuMemUnmap(va, size);
+  if (!granted.ok()) {
+    driver_.cuMemUnmap(va, size);
+    return granted;
+  }
+  *failed = MapStep::kNone;
   return granted;
 }
 

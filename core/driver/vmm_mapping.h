@@ -53,11 +53,15 @@ class VmmMapper {
   // cuMemRelease. The driver frees the memory once no mapping uses it.
   absl::Status Release(CUmemGenericAllocationHandle handle) const;
 
+  // The step of MapWithAccess that failed, as a value (callers count the
+  // cuMemSetAccess calls made, which a failed cuMemMap did not reach).
+  enum class MapStep { kNone, kMap, kSetAccess };
   // Maps `handle` from its offset 0 over [va, va + size) and grants
   // read-write access to `access` in one cuMemSetAccess. On failure nothing
-  // stays mapped (the handle stays the caller's).
+  // stays mapped (the handle stays the caller's), and *failed (when given)
+  // names the step; on success it is kNone.
   absl::Status MapWithAccess(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle,
-                             DeviceSet access) const;
+                             DeviceSet access, MapStep* failed = nullptr) const;
 
   // One cuMemSetAccess over [va, va + size): read-write for `grant`, no
   // access for `revoke` (the sets must be disjoint; both empty: no call).

@@ -4,8 +4,8 @@
 // Why arenas: measured on an H200 (docs/performance.md), eight threads
 // allocating and freeing together reached about the rate of one while every
 // cache hit and free took the device's one mutex. Each thread is given an
-// arena on its first call (round robin over the process's threads, the same
-// index on every device), so threads up to the number of arenas never share
+// arena on its first call (its thread slot, the lowest free one, modulo the
+// arenas: the same index on every device), so threads up to the number of arenas never share
 // a lock on the fast path; more threads share arenas evenly. An arena has
 // its own VA reservations, so the arena of a pointer is found from its
 // address without a lock (ReservationMap), and a free goes to the arena
@@ -41,25 +41,6 @@
 
 namespace vmmshim {
 
-// Runs `step` (returning absl::StatusOr<size_t>) on every element of
-// `items`, even after a failure, and returns the sum of the sizes or the
-// first error (pause commits: every arena and device must be tried).
-template <typename Range, typename Step>
-absl::StatusOr<size_t> SumOverAll(const Range& items, Step step) {
-  size_t sum = 0;
-  absl::Status first;
-  for (const auto& item : items) {
-    absl::StatusOr<size_t> r = step(item);
-    if (r.ok()) {
-      sum += *r;
-    } else {
-      first.Update(r.status());
-    }
-  }
-  if (!first.ok()) return first;
-  return sum;
-}
-
 class DeviceHeap {
  public:
   struct Options : HeapArena::Options {
@@ -77,7 +58,6 @@ class DeviceHeap {
   int device() const { return device_; }
   size_t granularity() const { return granularity_; }
   size_t packing_threshold() const { return packing_threshold_; }
-  int arenas() const { return static_cast<int>(arenas_.size()); }
 
   // The calling thread's arena, then cached memory of the others.
   std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes);
@@ -85,18 +65,12 @@ class DeviceHeap {
   // arenas' caches are released and it is tried once more.
   absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes);
 
-  // By pointer: as HeapArena, in the arena holding `ptr` (none: not found,
-  // or CUDA_ERROR_INVALID_VALUE).
-  std::optional<PointerInfo> Find(CUdeviceptr ptr) const;
-  absl::Status Free(CUdeviceptr ptr, bool driver_gone);
-  absl::Status FreeStreamOrdered(CUdeviceptr ptr, CUcontext context);
-  bool Resize(CUdeviceptr ptr, size_t bytes);
-  absl::Status DeferFree(CUdeviceptr ptr);
-  absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant);
-  absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const;
-  absl::StatusOr<std::pair<PointerInfo, ExportToken>> Export(CUdeviceptr ptr);
-  absl::StatusOr<int> ExportFd(const ExportToken& token, CUdeviceptr base, uint64_t offset,
-                               uint64_t size, uint64_t* handle_size);
+  // The arena at `index` (ReservationMap::Owner::arena), or nullptr. Calls
+  // about one pointer go to its arena directly (HeapTable::Locate).
+  HeapArena* arena(int index) const {
+    return index >= 0 && index < static_cast<int>(arenas_.size()) ? arenas_[index].get()
+                                                                  : nullptr;
+  }
 
   // Over every arena.
   std::vector<CUcontext> DeferredContexts() const;
@@ -110,21 +84,12 @@ class DeviceHeap {
   DeviceStats stats() const;
   absl::Status ReleaseAll();
 
-  // Pause and resume over every arena (HeapArena states each step; the
-  // allocator's PauseMemory and ResumeMemory order them across devices).
-  size_t PauseCandidates(const std::optional<std::string>& tag,
-                         std::vector<CUcontext>* contexts) const;
-  absl::Status CheckPausable(const std::optional<std::string>& tag) const;
-  // PausePrepare undoes every arena's marks when one fails.
-  absl::StatusOr<size_t> PausePrepare(const std::optional<std::string>& tag,
-                                      BackupCopier* copier);
-  void PauseAbort(const std::optional<std::string>& tag);
-  // Every arena commits; the first error is returned after all of them.
-  absl::StatusOr<size_t> PauseCommit(const std::optional<std::string>& tag);
-  absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
-                                       BackupCopier& copier);
-  void ResumeCommit(const std::optional<std::string>& tag);
-  void ResumeAbort(const std::optional<std::string>& tag);
+  // `fn(HeapArena*)` for every arena, in index order (pause and resume work
+  // over the arenas of every device: core/heap/pause.h).
+  template <typename Fn>
+  void ForEachArena(Fn fn) const {
+    for (const auto& a : arenas_) fn(a.get());
+  }
 
   void PrepareFork();
   void AfterForkParent();
@@ -136,10 +101,6 @@ class DeviceHeap {
   HeapArena* Own() const;
   // Whether no live thread works in arena `arena`.
   bool ArenaIdle(int arena) const;
-  // The arena whose reservation holds `ptr`, or nullptr.
-  HeapArena* ArenaOf(CUdeviceptr ptr) const;
-
-  const ReservationMap& ranges_;
   const int device_;
   const size_t granularity_;
   const size_t packing_threshold_;

@@ -101,7 +101,9 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     // most a quarter of the request.
     const size_t rounded = RoundUp(bytes, options_.granularity);
     auto it = bins.cached_large.lower_bound({rounded, 0});
-    if (it == bins.cached_large.end() || it->first > rounded + rounded / 4) return std::nullopt;
+    if (it == bins.cached_large.end() || it->first > LargestReusableBlock(rounded)) {
+      return std::nullopt;
+    }
     const CUdeviceptr base = it->second;
     Block& b = *blocks_[base];
     AddCachedLocked(-static_cast<int64_t>(b.size));
@@ -233,14 +235,12 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   const DeviceSet self = DeviceSet::Of(options_.device);
   const DeviceSet target = (placement.allowed & EnabledFor(placement)) | self;
   mu_.Unlock();
-  absl::Status mapped = mapper_.MapWithAccess(*va, size, *handle, target);
+  VmmMapper::MapStep failed = VmmMapper::MapStep::kNone;
+  absl::Status mapped = mapper_.MapWithAccess(*va, size, *handle, target, &failed);
   if (!mapped.ok()) mapper_.Release(*handle).IgnoreError();
   mu_.Lock();
   // cuMemSetAccess ran unless cuMemMap failed.
-  if (mapped.ok() || absl::string_view(mapped.message()).find("cuMemMap") ==
-                         absl::string_view::npos) {
-    ++stats_.set_access_calls;
-  }
+  if (failed != VmmMapper::MapStep::kMap) ++stats_.set_access_calls;
   if (!mapped.ok()) {
     arena_.Free(*va, size);
     return mapped;

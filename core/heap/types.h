@@ -110,6 +110,28 @@ struct Placement {
   }
 };
 
+
+// The largest cached block that may serve a large request of `rounded`
+// bytes (rounded up to the granularity): at most a quarter is wasted. The
+// heap's cache and the stream-ordered cache use the same rule, so a block
+// one of them would hand out the other would too.
+inline size_t LargestReusableBlock(size_t rounded) { return rounded + rounded / 4; }
+
+// What an allocation call returns. served false: nothing was done, and the
+// caller hands the request to the driver.
+struct Allocation {
+  CUdeviceptr ptr = 0;
+  bool served = false;
+};
+
+// Sums of figures over arenas or devices: counts and bytes add; peaks and
+// high marks take the larger (a peak of a sum is not the sum of peaks: the
+// owner of the sum sets those from its own counters); compression takes the
+// larger state (kOff < kUnsupported < kGranted < kNotGranted: one refusal is
+// what the device reports).
+StreamOrderedFigures& operator+=(StreamOrderedFigures& a, const StreamOrderedFigures& b);
+DeviceStats& operator+=(DeviceStats& a, const DeviceStats& b);
+
 }  // namespace vmmshim
 
 #endif  // VMMSHIM_CORE_HEAP_TYPES_H_

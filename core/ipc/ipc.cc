@@ -158,6 +158,7 @@ void RemoveSocketAtExit() {
 Ipc::Ipc(const DriverApi& driver, Allocator& allocator, std::string dir)
     : driver_(driver),
       allocator_(allocator),
+      mapper_(driver),
       dir_(dir.empty() ? absl::StrCat("/tmp/vmmshim-", geteuid()) : std::move(dir)) {}
 
 std::string Ipc::SocketPath(uint32_t pid, uint64_t instance) const {
@@ -373,7 +374,7 @@ absl::StatusOr<int> Ipc::RequestFd(const IpcHandleFields& fields, uint64_t* hand
 }
 
 void Ipc::Unmap(CUdeviceptr base, size_t size) {
-  allocator_.mapper().UnmapAndFree(base, size).IgnoreError();
+  mapper_.UnmapAndFree(base, size).IgnoreError();
 }
 
 absl::StatusOr<CUdeviceptr> Ipc::MapImport(int fd, uint64_t handle_size, int device,
@@ -390,7 +391,7 @@ absl::StatusOr<CUdeviceptr> Ipc::MapImport(int fd, uint64_t handle_size, int dev
       fields.offset + fields.size > handle_size) {
     return Invalid("the exporter's handle does not fit the handle's offset and size");
   }
-  absl::StatusOr<CUdeviceptr> base = allocator_.mapper().ImportAndMap(
+  absl::StatusOr<CUdeviceptr> base = mapper_.ImportAndMap(
       fd, handle_size, granularity, allocator_.AccessTargets(device, fields.size));
   if (!base.ok()) return base.status();
   *mapped = handle_size;
@@ -456,7 +457,7 @@ absl::StatusOr<bool> Ipc::Close(CUdeviceptr ptr) {
     imports_.erase(it);
     by_pointer_.erase(p);
   }
-  if (absl::Status s = allocator_.mapper().UnmapAndFree(gone.base, gone.size); !s.ok()) return s;
+  if (absl::Status s = mapper_.UnmapAndFree(gone.base, gone.size); !s.ok()) return s;
   return true;
 }
 

@@ -70,6 +70,7 @@
 #include "core/sync/mutex.h"
 #include "core/allocator.h"
 #include "core/driver/driver_api.h"
+#include "core/driver/vmm_mapping.h"
 #include "core/ipc/ipc_handle.h"
 
 namespace vmmshim {
@@ -131,6 +132,7 @@ class Ipc {
 
   const DriverApi& driver_;
   Allocator& allocator_;
+  const VmmMapper mapper_;  // maps and unmaps imports
   const std::string dir_;
 
   Mutex mu_;

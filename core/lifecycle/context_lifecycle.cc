@@ -1,6 +1,7 @@
 #include "core/lifecycle/context_lifecycle.h"
 
 #include "core/base/log.h"
+#include "core/driver/context.h"
 
 namespace vmmshim {
 
@@ -35,7 +36,7 @@ CUresult ContextLifecycle::PrimaryCtxReset(PFN_cuDevicePrimaryCtxReset_v11000 re
   Log().debug("cuDevicePrimaryCtxReset({}): primary context {}", device, static_cast<void*>(ctx));
   if (ctx != nullptr) ReleaseContextMemory(ctx, true, "cuDevicePrimaryCtxReset");
   CUresult r = real(device);
-  allocator_.ForgetContext(ctx);
+  ForgetContexts();
   return r;
 }
 

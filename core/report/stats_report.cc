@@ -44,7 +44,7 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                    {"paused_bytes", t.paused_bytes},
                    {"peak_paused_bytes", t.peak_paused_bytes}};
   doc["devices"] = nlohmann::json::array();
-  for (const DeviceStats& d : allocator.GetDeviceStats()) {
+  for (const DeviceStats& d : allocator.GetStats().devices) {
     nlohmann::json peers = nlohmann::json::array();
     for (size_t p = 0; p < d.peers.size(); ++p) {
       const PeerCounters& c = d.peers[p];
@@ -108,7 +108,7 @@ std::string ExitSummary(const Allocator& allocator) {
   const AllocatorStats s = allocator.GetStats();
   uint64_t grants = 0, denials = 0, peak = 0, exports = 0, queries = 0;
   std::string compression;
-  for (const DeviceStats& d : allocator.GetDeviceStats()) {
+  for (const DeviceStats& d : allocator.GetStats().devices) {
     exports += d.exports;
     queries += d.stream_ordered.driver_queries;
     if (d.compression != CompressionState::kOff) {

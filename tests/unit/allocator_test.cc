@@ -1,5 +1,6 @@
 // Contract tests of the VMM allocator on the simulated driver.
 #include "core/allocator.h"
+#include "core/driver/context.h"
 
 #include <random>
 #include <string>
@@ -417,7 +418,7 @@ TEST_F(AllocatorTest, CachedLargeBlockIsReusedWithoutDriverCalls) {
   ASSERT_TRUE(a.Free(q).ok());
   CUdeviceptr small = MustAllocate(a, 2 * kMiB);
   EXPECT_NE(small, p);
-  const DeviceStats st = a.GetDeviceStats()[0];
+  const DeviceStats st = a.GetStats().devices[0];
   EXPECT_EQ(st.cache_hits, 1u);
   EXPECT_EQ(st.cache_misses, 2u);
   // A cached block is not an allocation: freeing it again is a double free.
@@ -486,7 +487,7 @@ TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {
   }
   // After ForgetContext (a context was destroyed somewhere) the device is
   // asked for again, once.
-  a.ForgetContext(nullptr);
+  ForgetContexts();
   CUdeviceptr r = MustAllocate(a, 512);
   EXPECT_EQ(sim::CallCount("cuCtxGetDevice"), 1u);
   for (CUdeviceptr x : {p, q, r, warm}) ASSERT_TRUE(a.Free(x).ok());
@@ -604,7 +605,7 @@ TEST_F(AllocatorTest, CompressionIsVerifiedAndFallsBack) {
     options.compression = true;
     Allocator a(api_, options);
     CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-    EXPECT_EQ(a.GetDeviceStats()[0].compression,
+    EXPECT_EQ(a.GetStats().devices[0].compression,
               supported ? CompressionState::kGranted : CompressionState::kUnsupported);
     ASSERT_TRUE(a.Free(p).ok());
   }
@@ -619,7 +620,7 @@ TEST_F(AllocatorTest, CompressionIsVerifiedAndFallsBack) {
   Allocator a(api_, options);
   sim::FailCall("cuMemGetAllocationPropertiesFromHandle", 1, CUDA_ERROR_NOT_SUPPORTED);
   CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-  EXPECT_EQ(a.GetDeviceStats()[0].compression, CompressionState::kNotGranted);
+  EXPECT_EQ(a.GetStats().devices[0].compression, CompressionState::kNotGranted);
   sim::ResetCallCounts();
   CUdeviceptr q = MustAllocate(a, 64 * kMiB);
   EXPECT_EQ(sim::CallCount("cuMemGetAllocationPropertiesFromHandle"), 0u);

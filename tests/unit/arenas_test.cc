@@ -352,8 +352,8 @@ TEST_F(ArenaTest, TheCacheLimitHoldsForAllArenasTogether) {
   // 4 + 6 MiB would pass the limit: the second arena's block is released.
   w.Run(1, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 6 * kTestMiB)).ok()); });
   EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
-  EXPECT_EQ(a.GetDeviceStats()[0].cached_bytes, 4 * kTestMiB);
-  EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 4 * kTestMiB);
+  EXPECT_EQ(a.GetStats().devices[0].cached_bytes, 4 * kTestMiB);
+  EXPECT_EQ(a.GetStats().devices[0].handle_bytes, 4 * kTestMiB);
 }
 
 TEST_F(ArenaTest, OutOfMemoryReleasesTheOtherArenasCaches) {
@@ -370,7 +370,7 @@ TEST_F(ArenaTest, OutOfMemoryReleasesTheOtherArenasCaches) {
   ASSERT_TRUE(a.Free(q).ok());
   // Trim (vmmshim_release_cached_memory) covers every arena.
   EXPECT_EQ(a.Trim(-1), 200 * kTestMiB);
-  EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 0u);
+  EXPECT_EQ(a.GetStats().devices[0].handle_bytes, 0u);
 }
 
 TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
@@ -383,7 +383,7 @@ TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
   EXPECT_FALSE(a.Find(p).ok());
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_INVALID_VALUE);  // double free
   ASSERT_TRUE(a.Free(q).ok());
-  const DeviceStats s = a.GetDeviceStats()[0];
+  const DeviceStats s = a.GetStats().devices[0];
   EXPECT_EQ(s.allocations, 2u);
   EXPECT_EQ(s.frees, 2u);
   EXPECT_EQ(s.live_allocations, 0u);
@@ -408,8 +408,8 @@ TEST_F(ArenaTest, PeerChangesAndContextReleasesReachEveryArena) {
   EXPECT_FALSE(*a.PeerHasAccess(p, 1));
   EXPECT_FALSE(*a.PeerHasAccess(q, 1));
   EXPECT_EQ(a.ReleaseContext(ctx_, /*synchronize=*/true), 4 * kTestMiB + 2 * kTestMiB);
-  EXPECT_EQ(a.GetDeviceStats()[0].context_releases, 1u);
-  EXPECT_EQ(a.GetDeviceStats()[0].handle_bytes, 0u);
+  EXPECT_EQ(a.GetStats().devices[0].context_releases, 1u);
+  EXPECT_EQ(a.GetStats().devices[0].handle_bytes, 0u);
 }
 
 }  // namespace

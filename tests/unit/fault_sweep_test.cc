@@ -43,8 +43,8 @@ std::vector<absl::Status> Scenario(Allocator& a) {
   }
   note(a.EnablePeer(1, 0));
   if (!live.empty()) {
-    note(a.GrantPeer(live.back(), 2));
-    note(a.RevokePeer(live.back(), 2));
+    note(a.SetPeerAccess(live.back(), 2, true));
+    note(a.SetPeerAccess(live.back(), 2, false));
   }
   absl::StatusOr<Allocator::Allocation> later = a.Allocate(6 * kMiB);
   note(later.status());

@@ -280,13 +280,13 @@ TEST_F(MultiGpuTest, PoolAccessToKPeersOn8Gpus) {
         desc.location.id = k;
         desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         ASSERT_EQ(sim::cuMemPoolSetAccess(pool, &desc, 1), CUDA_SUCCESS);
-        ASSERT_TRUE(allocator_->PoolAccessChanged(pool, &desc, 1).ok());
+        ASSERT_TRUE(allocator_->stream_ordered().PoolAccessChanged(pool, &desc, 1).ok());
       }
       for (size_t bytes : {size_t{256}, 2 * kMiB, 64 * kMiB}) {
         SCOPED_TRACE(std::to_string(k) + " peers, " + std::to_string(bytes) + " bytes");
         MakeCurrent(0);
         absl::StatusOr<Allocator::Allocation> a =
-            allocator_->AllocateAsync(bytes, stream, false, nullptr);
+            allocator_->stream_ordered().AllocateAsync(bytes, stream, false, nullptr);
         ASSERT_TRUE(a.ok() && a->served) << a.status();
         for (int peer = 1; peer < kGpus; ++peer) {
           EXPECT_EQ(Readable(peer, a->ptr, bytes), peer <= k && policy_.Allows(0, peer, bytes, ""))

@@ -69,7 +69,7 @@ TEST_F(PeerAccessTest, NoneGrantsNothing) {
   EXPECT_FALSE(CanRead(0, small, 4096));
   EXPECT_FALSE(CanRead(0, large, 8 * kMiB));
   EXPECT_EQ(sim::PeerMappedBytes(0), 0u);
-  const DeviceStats st = a->GetDeviceStats()[0];
+  const DeviceStats st = a->GetStats().devices[0];
   EXPECT_EQ(st.device, 1);
   EXPECT_EQ(st.peers[0].denials, 2u);
   EXPECT_EQ(st.peers[0].grants, 0u);
@@ -184,21 +184,21 @@ TEST_F(PeerAccessTest, ExplicitGrantAndRevokeOverrideThePolicy) {
   auto a = Make(Kind(PeerPolicy::Kind::kNone));
   MakeCurrent(0);
   CUdeviceptr large = Alloc(*a, 4 * kMiB);
-  ASSERT_TRUE(a->GrantPeer(large + 100, 2).ok());  // interior pointers name the allocation
+  ASSERT_TRUE(a->SetPeerAccess(large + 100, 2, true).ok());  // interior pointers name the allocation
   EXPECT_TRUE(CanRead(2, large, 4 * kMiB));        // no enable needed
   EXPECT_TRUE(a->PeerHasAccess(large, 2).value());
   EXPECT_FALSE(a->PeerHasAccess(large, 1).value());
-  ASSERT_TRUE(a->RevokePeer(large, 2).ok());
+  ASSERT_TRUE(a->SetPeerAccess(large, 2, false).ok());
   EXPECT_FALSE(CanRead(2, large, 4 * kMiB));
   // Under "all", a revoke holds across enables.
   auto b = Make(Kind(PeerPolicy::Kind::kAll));
   CUdeviceptr other = Alloc(*b, 4 * kMiB);
-  ASSERT_TRUE(b->RevokePeer(other, 1).ok());
+  ASSERT_TRUE(b->SetPeerAccess(other, 1, false).ok());
   ASSERT_TRUE(b->EnablePeer(1, 0).ok());
   EXPECT_FALSE(CanRead(1, other, 4 * kMiB));
-  EXPECT_TRUE(a->GrantPeer(large, 0).ok());  // the owner: a no-op
-  EXPECT_EQ(ToCuResult(a->GrantPeer(large, 9)), CUDA_ERROR_INVALID_DEVICE);
-  EXPECT_EQ(ToCuResult(a->GrantPeer(0x1234, 1)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(a->SetPeerAccess(large, 0, true).ok());  // the owner: a no-op
+  EXPECT_EQ(ToCuResult(a->SetPeerAccess(large, 9, true)), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(ToCuResult(a->SetPeerAccess(0x1234, 1, true)), CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
@@ -207,18 +207,18 @@ TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
   CUdeviceptr first = Alloc(*a, 4096), neighbour = Alloc(*a, 4096);
   ASSERT_EQ(a->Find(first)->range_base, a->Find(neighbour)->range_base);
   // Granting `first` would expose `neighbour`: refused.
-  EXPECT_EQ(ToCuResult(a->GrantPeer(first, 1)), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_EQ(ToCuResult(a->SetPeerAccess(first, 1, true)), CUDA_ERROR_NOT_PERMITTED);
   EXPECT_FALSE(CanRead(1, first, 4096));
   // Alone in its granule: granted, and the granule is sealed.
   ASSERT_TRUE(a->Free(neighbour).ok());
-  ASSERT_TRUE(a->GrantPeer(first, 1).ok());
+  ASSERT_TRUE(a->SetPeerAccess(first, 1, true).ok());
   EXPECT_TRUE(CanRead(1, first, 4096));
   CUdeviceptr next = Alloc(*a, 4096);
   EXPECT_NE(a->Find(next)->range_base, a->Find(first)->range_base);
   EXPECT_FALSE(CanRead(1, next, 4096));
   // Tagged allocations share their granule's explicit grants, by design.
   CUdeviceptr t1 = Alloc(*a, 4096, "shared"), t2 = Alloc(*a, 4096, "shared");
-  ASSERT_TRUE(a->GrantPeer(t1, 3).ok());
+  ASSERT_TRUE(a->SetPeerAccess(t1, 3, true).ok());
   EXPECT_TRUE(CanRead(3, t2, 4096));
   EXPECT_FALSE(CanRead(3, next, 4096));
 }
@@ -232,10 +232,10 @@ TEST_F(PeerAccessTest, ExplicitGrantNeedsPeerCapability) {
   auto a = Make(Kind(PeerPolicy::Kind::kNone));
   MakeCurrent(0);
   CUdeviceptr p = Alloc(*a, 4 * kMiB);
-  EXPECT_EQ(ToCuResult(a->GrantPeer(p, 3)), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+  EXPECT_EQ(ToCuResult(a->SetPeerAccess(p, 3, true)), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
   EXPECT_FALSE(CanRead(3, p, 4 * kMiB));
-  EXPECT_TRUE(a->GrantPeer(p, 2).ok());
-  const DeviceStats st = a->GetDeviceStats()[0];
+  EXPECT_TRUE(a->SetPeerAccess(p, 2, true).ok());
+  const DeviceStats st = a->GetStats().devices[0];
   EXPECT_EQ(st.peers[2].grants, 1u);  // explicit grants are counted too
   EXPECT_EQ(st.peers[2].peak_mapped_bytes, 4 * kMiB);
 }
@@ -247,7 +247,7 @@ TEST_F(PeerAccessTest, StatisticsCountGrantsDenialsAndMappedBytes) {
   Alloc(*a, 4096);
   Alloc(*a, 4 * kMiB);
   Alloc(*a, 6 * kMiB);
-  const DeviceStats st = a->GetDeviceStats()[0];
+  const DeviceStats st = a->GetStats().devices[0];
   EXPECT_EQ(st.allocations, 3u);
   EXPECT_EQ(st.peers[0].grants, 2u);
   EXPECT_EQ(st.peers[0].denials, 1u);

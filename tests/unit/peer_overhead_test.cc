@@ -61,7 +61,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
     ASSERT_EQ(sim::cuDeviceGetDefaultMemPool(&pool[d], d), CUDA_SUCCESS);
   }
   auto alloc = [&](int d, size_t bytes) {
-    return stream_ordered ? a.AllocateAsync(bytes, stream[d], false, nullptr) : a.Allocate(bytes);
+    return stream_ordered ? a.stream_ordered().AllocateAsync(bytes, stream[d], false, nullptr) : a.Allocate(bytes);
   };
 
   std::vector<Alloc> allocs;
@@ -99,7 +99,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
         desc.location.id = peer;
         desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         ASSERT_EQ(sim::cuMemPoolSetAccess(pool[owner], &desc, 1), CUDA_SUCCESS);
-        ASSERT_TRUE(a.PoolAccessChanged(pool[owner], &desc, 1).ok());
+        ASSERT_TRUE(a.stream_ordered().PoolAccessChanged(pool[owner], &desc, 1).ok());
       } else {
         ASSERT_TRUE(a.EnablePeer(peer, owner).ok());
       }
@@ -130,7 +130,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
       ++row->pairs;
     }
   }
-  for (const DeviceStats& st : a.GetDeviceStats()) {
+  for (const DeviceStats& st : a.GetStats().devices) {
     for (int p = 0; p < gpus; ++p) expected_bytes += st.peers[p].mapped_bytes;
   }
   EXPECT_EQ(row->peer_bytes, expected_bytes);

@@ -143,7 +143,7 @@ namespace {
 TEST_F(RegressionTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) {
   Allocator a(api_);
   const CUdeviceptr p = MustAllocate(a, 256);
-  ASSERT_TRUE(a.GrantPeer(p, 1).ok());  // seals the granule
+  ASSERT_TRUE(a.SetPeerAccess(p, 1, true).ok());  // seals the granule
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   EXPECT_TRUE(a.Free(p).ok());
   a.Trim();

@@ -140,7 +140,7 @@ TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
   fflush(nullptr);
   const std::string result = InChild(
       [&]() -> std::string {
-        a.AfterForkChild();
+        a.AfterFork(true);
         // Only this thread lives here: the worker's slot is free.
         std::string held;
         if (ThreadSlotHeld(worker_slot)) {
@@ -168,7 +168,7 @@ TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
         return held.empty() && msg.empty() ? std::string() : held + msg;
       },
       10);
-  a.AfterForkParent();
+  a.AfterFork(false);
   stage = 2;
   worker.join();
   EXPECT_EQ(result, "");

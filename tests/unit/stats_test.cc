@@ -27,7 +27,7 @@ class StatsTest : public SimTest {
   // The process-wide figures equal the sums of the devices' figures.
   static void ExpectSumsAgree(const Allocator& a) {
     uint64_t live_bytes = 0, handle_bytes = 0;
-    for (const DeviceStats& d : a.GetDeviceStats()) {
+    for (const DeviceStats& d : a.GetStats().devices) {
       live_bytes += d.live_bytes;
       handle_bytes += d.handle_bytes;
     }
@@ -44,7 +44,7 @@ TEST_F(StatsTest, ReleaseAllZeroesEveryDevicesLiveFigures) {
   ASSERT_TRUE(a.ReleaseAll().ok());
   EXPECT_EQ(a.GetStats().live_allocations, 0u);
   EXPECT_EQ(a.GetStats().live_bytes, 0u);
-  for (const DeviceStats& d : a.GetDeviceStats()) {
+  for (const DeviceStats& d : a.GetStats().devices) {
     EXPECT_EQ(d.live_bytes, 0u) << "device " << d.device;
     EXPECT_EQ(d.handle_bytes, 0u) << "device " << d.device;
   }
@@ -58,7 +58,7 @@ TEST_F(StatsTest, ReleaseAllWithAFailedUnmapStillForgetsTheHandle) {
   EXPECT_FALSE(a.ReleaseAll().ok());
   EXPECT_EQ(a.GetStats().handles, 0u);
   EXPECT_EQ(a.GetStats().handle_bytes, 0u);
-  for (const DeviceStats& d : a.GetDeviceStats()) EXPECT_EQ(d.handle_bytes, 0u);
+  for (const DeviceStats& d : a.GetStats().devices) EXPECT_EQ(d.handle_bytes, 0u);
   ExpectSumsAgree(a);
 }
 
@@ -67,7 +67,7 @@ TEST_F(StatsTest, FreeAfterDriverTeardownUpdatesTheDevicesHandleBytes) {
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuCtxSynchronize_v2", 1, CUDA_ERROR_DEINITIALIZED);
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_DEINITIALIZED);
-  for (const DeviceStats& d : a.GetDeviceStats()) EXPECT_EQ(d.handle_bytes, 0u);
+  for (const DeviceStats& d : a.GetStats().devices) EXPECT_EQ(d.handle_bytes, 0u);
   EXPECT_EQ(a.GetStats().handle_bytes, 0u);
   ExpectSumsAgree(a);
 }

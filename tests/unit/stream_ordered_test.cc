@@ -38,7 +38,7 @@ class StreamOrderedTest : public SimTest {
     a_ = std::make_unique<Allocator>(api_, o);
   }
   CUdeviceptr AllocAsync(size_t bytes, CUstream stream, CUmemoryPool pool = nullptr) {
-    absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(bytes, stream, false, pool);
+    absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(bytes, stream, false, pool);
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
@@ -46,7 +46,7 @@ class StreamOrderedTest : public SimTest {
     return ToCuResult(a_->FreeAsync(p, stream, false));
   }
   StreamOrderedFigures Figures() {
-    std::optional<StreamOrderedFigures> f = a_->PoolFigures(pool_);
+    std::optional<StreamOrderedFigures> f = a_->stream_ordered().PoolFigures(pool_);
     EXPECT_TRUE(f.has_value());
     return f.value_or(StreamOrderedFigures{});
   }
@@ -65,7 +65,7 @@ class StreamOrderedTest : public SimTest {
     desc.location.id = peer;
     desc.flags = flags;
     ASSERT_EQ(sim::cuMemPoolSetAccess(pool, &desc, 1), CUDA_SUCCESS);
-    ASSERT_TRUE(a_->PoolAccessChanged(pool, &desc, 1).ok());
+    ASSERT_TRUE(a_->stream_ordered().PoolAccessChanged(pool, &desc, 1).ok());
   }
   static bool CanRead(int device, CUdeviceptr p) {
     char c;
@@ -85,7 +85,7 @@ TEST_F(StreamOrderedTest, ServedFromVmmAndNamedByTheDefaultPool) {
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE(info->stream_ordered);
   EXPECT_EQ(info->allocation_size, kTestMiB);
-  EXPECT_EQ(a_->DefaultPool(0), pool_);
+  EXPECT_EQ(a_->stream_ordered().DefaultPool(0), pool_);
   EXPECT_EQ(sim::CallCount("cuMemAllocAsync"), 0u);  // not the driver's pool
   EXPECT_TRUE(CanRead(0, p));
   StreamOrderedFigures f = Figures();
@@ -193,31 +193,31 @@ TEST_F(StreamOrderedTest, CrossStreamLoopReusesWithTheDefaultInterval) {
 
 TEST_F(StreamOrderedTest, TheProgramsSynchronizeMakesBlocksReadyWithoutQueries) {
   cuuint64_t keep_all = ~cuuint64_t{0};
-  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
-  EXPECT_EQ(Allocator::SynchronizeMark(), 0u);  // nothing waits: the hooks do nothing
+  EXPECT_EQ(StreamOrderedFrontEnd::SynchronizeMark(), 0u);  // nothing waits: the hooks do nothing
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
-  const uint64_t mark = Allocator::SynchronizeMark();
+  const uint64_t mark = StreamOrderedFrontEnd::SynchronizeMark();
   EXPECT_NE(mark, 0u);
   const CUdeviceptr later = AllocAsync(2 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(later, s1_), CUDA_SUCCESS);  // after the mark: not covered
   ASSERT_EQ(sim::cuStreamSynchronize(s1_), CUDA_SUCCESS);
   sim::ResetCallCounts();
-  a_->StreamSynchronized(s1_, false, mark);
+  a_->stream_ordered().StreamSynchronized(s1_, false, mark);
   // Another stream reuses p at once, asking the driver nothing; `later`
   // still waits (freed after the mark), so s1 is asked about it.
-  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(4 * kTestMiB, s2_, false, nullptr);
+  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(4 * kTestMiB, s2_, false, nullptr);
   ASSERT_TRUE(r.ok() && r->served);
   EXPECT_EQ(r->ptr, p);
   EXPECT_EQ(sim::CallCount("cuStreamQuery") + sim::CallCount("cuEventQuery"), 0u);
   // A context synchronize covers every stream of the context; with
   // threshold 0 the ready blocks leave the cache there, as natively.
   cuuint64_t zero = 0;
-  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
-  const uint64_t mark2 = Allocator::SynchronizeMark();
-  a_->ContextSynchronized(nullptr, mark2);
+  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
+  const uint64_t mark2 = StreamOrderedFrontEnd::SynchronizeMark();
+  a_->stream_ordered().ContextSynchronized(nullptr, mark2);
   EXPECT_EQ(sim::CallCount("cuStreamQuery"), 0u);
-  EXPECT_EQ(a_->GetDeviceStats()[0].stream_ordered.cached, 0u);
+  EXPECT_EQ(a_->GetStats().devices[0].stream_ordered.cached, 0u);
   ASSERT_EQ(FreeAsync(r->ptr, s2_), CUDA_SUCCESS);
 }
 
@@ -252,7 +252,7 @@ TEST_F(StreamOrderedTest, AnotherSizeOfTheSameClassReusesTheBlock) {
   ASSERT_EQ(FreeAsync(large, s1_), CUDA_SUCCESS);
   EXPECT_EQ(AllocAsync(3 * kTestMiB + kTestMiB / 2, s1_), large);  // a 4 MiB block both
   EXPECT_EQ(a_->Find(large)->allocation_size, 3 * kTestMiB + kTestMiB / 2);
-  EXPECT_EQ(a_->GetDeviceStats()[0].live_bytes, 900 + 3 * kTestMiB + kTestMiB / 2);
+  EXPECT_EQ(a_->GetStats().devices[0].live_bytes, 900 + 3 * kTestMiB + kTestMiB / 2);
   EXPECT_EQ(Figures().used, 900 + 3 * kTestMiB + kTestMiB / 2);
 }
 
@@ -282,16 +282,16 @@ TEST_F(StreamOrderedTest, OnlyTheCurrentDefaultPoolIsServed) {
   props.location.id = 0;
   CUmemoryPool mine = nullptr;
   ASSERT_EQ(sim::cuMemPoolCreate(&mine, &props), CUDA_SUCCESS);
-  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(256, s1_, false, mine);
+  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(256, s1_, false, mine);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->served);
-  EXPECT_TRUE(a_->AllocateAsync(256, s1_, false, pool_)->served);  // the default, explicitly
+  EXPECT_TRUE(a_->stream_ordered().AllocateAsync(256, s1_, false, pool_)->served);  // the default, explicitly
   ASSERT_EQ(sim::cuDeviceSetMemPool(0, mine), CUDA_SUCCESS);
-  a_->CurrentPoolChanged(0, mine);
-  EXPECT_FALSE(a_->AllocateAsync(256, s1_, false, nullptr)->served);
+  a_->stream_ordered().CurrentPoolChanged(0, mine);
+  EXPECT_FALSE(a_->stream_ordered().AllocateAsync(256, s1_, false, nullptr)->served);
   ASSERT_EQ(sim::cuDeviceSetMemPool(0, pool_), CUDA_SUCCESS);
-  a_->CurrentPoolChanged(0, pool_);
-  EXPECT_TRUE(a_->AllocateAsync(256, s1_, false, nullptr)->served);
+  a_->stream_ordered().CurrentPoolChanged(0, pool_);
+  EXPECT_TRUE(a_->stream_ordered().AllocateAsync(256, s1_, false, nullptr)->served);
 }
 
 TEST_F(StreamOrderedTest, ACapturingStreamGetsGraphMemoryFromTheDriver) {
@@ -301,10 +301,10 @@ TEST_F(StreamOrderedTest, ACapturingStreamGetsGraphMemoryFromTheDriver) {
                                               s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
                                         }),
             CUDA_SUCCESS);
-  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(256, s1_, false, nullptr);
+  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(256, s1_, false, nullptr);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->served);
-  EXPECT_TRUE(a_->AllocateAsync(256, s2_, false, nullptr)->served);  // not capturing
+  EXPECT_TRUE(a_->stream_ordered().AllocateAsync(256, s2_, false, nullptr)->served);  // not capturing
   CUgraph graph = nullptr;
   ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
   a_->CaptureEnded(s1_, false);
@@ -319,24 +319,24 @@ TEST_F(StreamOrderedTest, ReleaseThresholdAndTrimActOnTheCache) {
   EXPECT_EQ(Figures().cached, 0u);
   // With a threshold it stays, and cuMemPoolTrimTo releases it.
   cuuint64_t keep_all = ~cuuint64_t{0};
-  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   const CUdeviceptr q = AllocAsync(8 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(q, s1_), CUDA_SUCCESS);
   EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
   EXPECT_EQ(Figures().used, 0u);
   EXPECT_EQ(AllocAsync(8 * kTestMiB, s2_), q);  // ready: any stream
   ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
-  EXPECT_EQ(a_->PoolTrimTo(pool_, 0), 8 * kTestMiB);
+  EXPECT_EQ(a_->stream_ordered().PoolTrimTo(pool_, 0), 8 * kTestMiB);
   EXPECT_EQ(Figures().reserved, 0u);
   EXPECT_GE(Figures().reserved_high, 8 * kTestMiB);
-  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
+  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
   EXPECT_EQ(Figures().reserved_high, 0u);
 }
 
 TEST_F(StreamOrderedTest, AThresholdSetBeforeTheFirstAllocationIsKept) {
   // PyTorch's cudaMallocAsync backend raises the threshold at start-up.
   cuuint64_t keep_all = ~cuuint64_t{0};
-  a_->PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   const CUdeviceptr p = AllocAsync(8 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
   EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
@@ -349,7 +349,7 @@ TEST_F(StreamOrderedTest, ADestroyedStreamsBlocksBecomeReadyWhenItsWorkIsDone) {
   const CUdeviceptr p = AllocAsync(2 * kTestMiB, s3);
   sim::HoldStream(s3);
   ASSERT_EQ(FreeAsync(p, s3), CUDA_SUCCESS);
-  a_->StreamDestroyed(s3);  // the hook's order: before the driver's destroy
+  a_->stream_ordered().StreamDestroyed(s3);  // the hook's order: before the driver's destroy
   EXPECT_NE(AllocAsync(2 * kTestMiB, s2_), p);
   sim::ReleaseStream(s3);
   ASSERT_EQ(sim::cuStreamDestroy_v2(s3), CUDA_SUCCESS);
@@ -390,13 +390,13 @@ TEST_F(StreamOrderedTest, ReleaseContextForgetsEverything) {
 
 TEST_F(StreamOrderedTest, PerThreadDefaultStreamsAreDistinct) {
   // Handle 0 through a _ptsz entry point: this thread's stream.
-  absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(4096, nullptr, true, nullptr);
+  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(4096, nullptr, true, nullptr);
   ASSERT_TRUE(r.ok() && r->served);
   ASSERT_TRUE(a_->FreeAsync(r->ptr, nullptr, true).ok());
   std::thread other([&] {
     ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
     sim::HoldStream(CU_STREAM_PER_THREAD);  // the sim keys streams by handle: not ready
-    absl::StatusOr<Allocator::Allocation> mine = a_->AllocateAsync(4096, nullptr, true, nullptr);
+    absl::StatusOr<Allocator::Allocation> mine = a_->stream_ordered().AllocateAsync(4096, nullptr, true, nullptr);
     ASSERT_TRUE(mine.ok() && mine->served);
     // The first thread's stream cannot be asked about from here: its block
     // is not known to be ready.
@@ -437,9 +437,9 @@ TEST_F(StreamOrderedTest, ALateReleaseDoesNotFreeAnotherContextsAllocation) {
   absl::StatusOr<CUdeviceptr> q = heap.AllocateSlow(in_b, 4 * kTestMiB);
   ASSERT_TRUE(q.ok());
   ASSERT_EQ(*q, *p);  // the address serves B now
-  EXPECT_EQ(ToCuResult(heap.FreeStreamOrdered(*p, ctx_)), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_TRUE(heap.Find(*q).has_value());
-  EXPECT_TRUE(heap.FreeStreamOrdered(*q, b).ok());
+  EXPECT_EQ(ToCuResult(heap.arena(0)->FreeStreamOrdered(*p, ctx_)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(heap.arena(0)->Find(*q).has_value());
+  EXPECT_TRUE(heap.arena(0)->FreeStreamOrdered(*q, b).ok());
   heap.ReleaseAll().IgnoreError();
 }
 
@@ -482,8 +482,8 @@ TEST_F(StreamOrderedPeerTest, PolicyDecidesPerStreamOrderedAllocation) {
     EXPECT_EQ(sim::PeerMappedBytes(peer), 8 * kTestMiB);
   }
   // The explicit C API works on stream-ordered memory too.
-  ASSERT_TRUE(a_->GrantPeer(big, 1).ok());
-  ASSERT_TRUE(a_->RevokePeer(big, 2).ok());
+  ASSERT_TRUE(a_->SetPeerAccess(big, 1, true).ok());
+  ASSERT_TRUE(a_->SetPeerAccess(big, 2, false).ok());
   EXPECT_FALSE(CanRead(2, big));
   EXPECT_TRUE(CanRead(3, big));
 }
@@ -494,7 +494,7 @@ TEST_F(StreamOrderedPeerTest, PolicyNoneMapsNothingIntoPeers) {
   for (int peer : {1, 2, 3}) SetPoolAccess(0, peer, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   for (int peer : {1, 2, 3}) EXPECT_EQ(sim::PeerMappedBytes(peer), 0u);
   EXPECT_TRUE(CanRead(0, p));
-  EXPECT_EQ(a_->GetDeviceStats()[0].peers[1].denials, 1u);
+  EXPECT_EQ(a_->GetStats().devices[0].peers[1].denials, 1u);
 }
 
 // ---- Stress: many threads and streams ----
@@ -515,7 +515,7 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
       CUstream s = streams[rng() % kStreams];
       if (mine.size() < 8 && (mine.empty() || rng() % 2 == 0)) {
         const size_t bytes = sizes[rng() % 5];
-        absl::StatusOr<Allocator::Allocation> r = a_->AllocateAsync(bytes, s, false, nullptr);
+        absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(bytes, s, false, nullptr);
         if (!r.ok() || !r->served) {
           ++failures;
           continue;
@@ -539,7 +539,7 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
         if (rng() % 5 == 0) sim::ReleaseStream(s);
         mine.erase(mine.begin() + k);
       }
-      if (rng() % 200 == 0) a_->PoolFigures(pool_);
+      if (rng() % 200 == 0) a_->stream_ordered().PoolFigures(pool_);
     }
     for (auto& [p, bytes] : mine) {
       {
@@ -557,9 +557,9 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
   StreamOrderedFigures f = Figures();
   EXPECT_EQ(f.used, 0u);
   EXPECT_EQ(f.live_allocations, 0u);
-  a_->PoolTrimTo(pool_, 0);
+  a_->stream_ordered().PoolTrimTo(pool_, 0);
   EXPECT_EQ(Figures().reserved, 0u);
-  EXPECT_EQ(a_->GetDeviceStats()[0].live_allocations, 0u);
+  EXPECT_EQ(a_->GetStats().devices[0].live_allocations, 0u);
 }
 
 
@@ -684,7 +684,7 @@ TEST_F(StreamOrderedTest, ReleasingAContextThatOnlyFreedReleasesItsStreamsBlocks
   sim::HoldStream(t);
   ASSERT_EQ(FreeAsync(p, t), CUDA_SUCCESS);
   a_->ReleaseContext(ctx1, true);  // what the cuDevicePrimaryCtxReset(1) hook does
-  EXPECT_EQ(a_->GetDeviceStats()[0].stream_ordered.cached, 0u);
+  EXPECT_EQ(a_->GetStats().devices[0].stream_ordered.cached, 0u);
   sim::ReleaseStream(t);
 }
 
@@ -700,7 +700,7 @@ TEST_F(StreamOrderedTest, OutOfMemoryReclaimDoesNotBreakACaptureBegunMeanwhile) 
   sim::HoldCalls("cuCtxSynchronize_v2");
   std::thread alloc([&] {
     sim::cuCtxSetCurrent(ctx_);
-    (void)a_->AllocateAsync(40 * kTestMiB, s2_, false, nullptr);  // OOM: reclaim
+    (void)a_->stream_ordered().AllocateAsync(40 * kTestMiB, s2_, false, nullptr);  // OOM: reclaim
   });
   ASSERT_TRUE(sim::WaitForHeldCall(5000));
   const CUstream cap = reinterpret_cast<CUstream>(0x7777);

@@ -108,7 +108,7 @@ TEST(StressTest, SixteenThreadsFourGpus) {
           if (it->second.bytes <= kMiB) continue;  // explicit calls on large ones only
           const int peer = (it->second.device + 1 + rng() % (kDevices - 1)) % kDevices;
           const bool grant = rng() % 2;
-          absl::Status s = grant ? a.GrantPeer(it->first, peer) : a.RevokePeer(it->first, peer);
+          absl::Status s = grant ? a.SetPeerAccess(it->first, peer, true) : a.SetPeerAccess(it->first, peer, false);
           if (!s.ok()) failed = true;
           const uint64_t bit = uint64_t{1} << peer;
           it->second.granted = grant ? (it->second.granted | bit) : (it->second.granted & ~bit);

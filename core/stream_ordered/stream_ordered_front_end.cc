@@ -1,30 +1,30 @@
-// Allocator (core/allocator.h): stream-ordered allocation on default pools,
-// served from VMM through each device's StreamOrderedCache
-// (core/stream_ordered/stream_ordered_cache.h), and the pool calls that must stay consistent with
-// it. Split from allocator.cc by subject.
 #include <algorithm>
 #include <atomic>
 #include <limits>
 #include <string>
+#include <utility>
 
-#include "core/allocator.h"
+#include "core/stream_ordered/stream_ordered_front_end.h"
+#include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 #include "core/base/log.h"
 #include "core/base/round_up.h"
+#include "core/sync/shared_gate.h"
 
 namespace vmmshim {
 namespace {
 
 // The context and device of recently used streams, per thread, so that a
 // cache hit makes no cuStreamGetCtx call. A destroyed stream's handle can
-// name a new stream of another context: StreamDestroyed and ForgetContext
-// move the epoch.
+// name a new stream of another context: StreamDestroyed moves the stream
+// epoch, ForgetContexts (core/driver/context.h) the context epoch.
 std::atomic<uint64_t> g_stream_epoch{1};
 struct StreamMemo {
   CUstream stream = nullptr;
   CUcontext context = nullptr;
   int device = -1;
-  uint64_t epoch = 0;
+  uint64_t epoch = 0;          // g_stream_epoch when remembered
+  uint64_t context_epoch = 0;  // ContextEpoch() when remembered
 };
 constexpr int kStreamMemos = 4;
 thread_local StreamMemo t_stream_memo[kStreamMemos];
@@ -32,23 +32,31 @@ thread_local int t_stream_memo_next = 0;
 
 }  // namespace
 
-void Allocator::ForgetStreamMemos() { g_stream_epoch.fetch_add(1, std::memory_order_acq_rel); }
+void StreamOrderedFrontEnd::ForgetStreamMemos() {
+  g_stream_epoch.fetch_add(1, std::memory_order_acq_rel);
+}
 
-absl::Status Allocator::ResolveStream(CUstream stream, bool per_thread, StreamKey* key,
+bool StreamOrderedFrontEnd::Resize(CUdeviceptr ptr, size_t bytes) {
+  HeapArena* arena = heaps_.Locate(ptr).arena;
+  return arena != nullptr && arena->Resize(ptr, bytes);
+}
+
+absl::Status StreamOrderedFrontEnd::ResolveStream(CUstream stream, bool per_thread, StreamKey* key,
                                       int* device) {
   if (stream == nullptr) stream = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
   if (stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
     // Streams of the current context.
     CUcontext context = nullptr;
-    if (!CurrentContext(&context, device)) {
+    if (!CurrentContext(driver_, &context, device)) {
       return DriverError(CUDA_ERROR_INVALID_CONTEXT, "cuMemAllocAsync");
     }
     *key = StreamKey{stream, context, stream == CU_STREAM_PER_THREAD ? ThisThreadId() : 0};
     return absl::OkStatus();
   }
   const uint64_t epoch = g_stream_epoch.load(std::memory_order_acquire);
+  const uint64_t context_epoch = ContextEpoch();
   for (const StreamMemo& m : t_stream_memo) {
-    if (m.stream == stream && m.epoch == epoch) {
+    if (m.stream == stream && m.epoch == epoch && m.context_epoch == context_epoch) {
       *key = StreamKey{stream, m.context, 0};
       *device = m.device;
       return absl::OkStatus();
@@ -62,7 +70,7 @@ absl::Status Allocator::ResolveStream(CUstream stream, bool per_thread, StreamKe
   if (r != CUDA_SUCCESS) return DriverError(r, "cuStreamGetCtx");
   CUcontext current = nullptr;
   int d = -1;
-  if (CurrentContext(&current, &d) && current == context) {
+  if (CurrentContext(driver_, &current, &d) && current == context) {
     *device = d;
   } else {
     // Another context's stream: its device, with that context current.
@@ -75,13 +83,13 @@ absl::Status Allocator::ResolveStream(CUstream stream, bool per_thread, StreamKe
     if (r != CUDA_SUCCESS) return DriverError(r, "cuCtxGetDevice");
     *device = dev;
   }
-  t_stream_memo[t_stream_memo_next] = StreamMemo{stream, context, *device, epoch};
+  t_stream_memo[t_stream_memo_next] = StreamMemo{stream, context, *device, epoch, context_epoch};
   t_stream_memo_next = (t_stream_memo_next + 1) % kStreamMemos;
   *key = StreamKey{stream, context, 0};
   return absl::OkStatus();
 }
 
-CUmemoryPool Allocator::DefaultPool(int device) {
+CUmemoryPool StreamOrderedFrontEnd::DefaultPool(int device) {
   if (!DeviceSet::IsOrdinal(device)) return nullptr;
   CUmemoryPool pool = default_pools_[device].load(std::memory_order_acquire);
   if (pool != nullptr || driver_.cuDeviceGetDefaultMemPool == nullptr) return pool;
@@ -90,13 +98,13 @@ CUmemoryPool Allocator::DefaultPool(int device) {
   return pool;
 }
 
-void Allocator::CurrentPoolChanged(int device, CUmemoryPool pool) {
+void StreamOrderedFrontEnd::CurrentPoolChanged(int device, CUmemoryPool pool) {
   if (!DeviceSet::IsOrdinal(device)) return;
   const bool is_default = pool != nullptr && pool == DefaultPool(device);
   default_pool_current_[device].store(is_default ? 1 : 2, std::memory_order_release);
 }
 
-int Allocator::DeviceOfDefaultPool(CUmemoryPool pool) const {
+int StreamOrderedFrontEnd::DeviceOfDefaultPool(CUmemoryPool pool) const {
   if (pool == nullptr) return -1;
   for (int d = 0; d < kMaxDevices; ++d) {
     if (default_pools_[d].load(std::memory_order_acquire) == pool && CacheFor(d) != nullptr) {
@@ -106,29 +114,39 @@ int Allocator::DeviceOfDefaultPool(CUmemoryPool pool) const {
   return -1;
 }
 
-size_t Allocator::SizeClass(const DeviceHeap& heap, size_t bytes) {
+size_t StreamOrderedFrontEnd::SizeClass(const DeviceHeap& heap, size_t bytes) {
   return bytes <= heap.packing_threshold() ? RoundUp(bytes, Slab::kUnit)
                                            : RoundUp(bytes, heap.granularity());
 }
 
-size_t Allocator::SizeClassOf(const PointerInfo& info) {
+size_t StreamOrderedFrontEnd::SizeClassOf(const PointerInfo& info) {
   // A large allocation may sit in a cached block somewhat larger than its
   // rounded request: its class is the block's size.
   return info.packed ? RoundUp(info.allocation_size, Slab::kUnit) : info.range_size;
 }
 
-void Allocator::ReleaseToHeap(DeviceHeap* heap, const ReleasedBlocks& blocks) {
+void StreamOrderedFrontEnd::ReleaseToHeap(const ReleasedBlocks& blocks) {
   for (const ReleasedBlock& b : blocks) {
-    // Their work is done (core/stream_ordered/stream_ordered_cache.h): no synchronization. Only
-    // while the heap still holds that allocation of that context there.
-    if (absl::Status s = heap->FreeStreamOrdered(b.ptr, b.context); !s.ok()) {
-      Log().debug("device {}: a freed stream-ordered block at {:#x} was already released: {}",
-                  heap->device(), b.ptr, s.ToString());
+    // Their work is done (core/stream_ordered/stream_ordered_cache.h): no
+    // synchronization. Only while the heap still holds that allocation of
+    // that context there.
+    HeapArena* arena = heaps_.Locate(b.ptr).arena;
+    absl::Status s = arena == nullptr
+                         ? DriverError(CUDA_ERROR_INVALID_VALUE, "stream-ordered release")
+                         : arena->FreeStreamOrdered(b.ptr, b.context);
+    if (!s.ok()) {
+      Log().debug("a freed stream-ordered block at {:#x} was already released: {}", b.ptr,
+                  s.ToString());
     }
   }
 }
 
-absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUstream stream,
+std::optional<PointerInfo> StreamOrderedFrontEnd::Find(CUdeviceptr ptr) const {
+  HeapArena* arena = heaps_.Locate(ptr).arena;
+  return arena == nullptr ? std::nullopt : arena->Find(ptr);
+}
+
+absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CUstream stream,
                                                                bool per_thread, CUmemoryPool pool,
                                                                absl::string_view tag) {
   // A capturing stream records a graph memory node: the driver's (also when
@@ -153,7 +171,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   } else if (pool != default_pool) {
     return Allocation{};  // a pool the program created: the driver's
   }
-  absl::StatusOr<DeviceHeap*> heap = HeapFor(device);
+  absl::StatusOr<DeviceHeap*> heap = heaps_.HeapFor(device);
   if (!heap.ok() || *heap == nullptr) return Allocation{};
   if (bytes > std::numeric_limits<size_t>::max() - (*heap)->granularity()) {
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocAsync");
@@ -163,10 +181,10 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   // Packed: the same units exactly; large: up to a quarter more, as the
   // heap's cache allows.
   const size_t max_class =
-      bytes <= (*heap)->packing_threshold() ? size_class : size_class + size_class / 4;
-  absl::StatusOr<int> device_count = DeviceCount();
+      bytes <= (*heap)->packing_threshold() ? size_class : LargestReusableBlock(size_class);
+  absl::StatusOr<int> device_count = heaps_.DeviceCount();
   if (!device_count.ok()) return device_count.status();
-  const DeviceSet allowed = options_.peer_policy.Allowed(device, *device_count, bytes, tag);
+  const DeviceSet allowed = policy_.Allowed(device, *device_count, bytes, tag);
   // A block of this placement freed on this stream, or ready; else the
   // streams that may free one for it are asked, with the capture gate held
   // so that no capture begins meanwhile (a query is an unsafe call in a
@@ -182,14 +200,14 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
                               /*may_ask=*/true, &released);
     }
   }
-  if (!released.empty()) ReleaseToHeap(*heap, released);
+  if (!released.empty()) ReleaseToHeap(released);
   if (reuse) {
-    if (reuse->bytes == bytes || (*heap)->Resize(reuse->ptr, bytes)) {
+    if (reuse->bytes == bytes || Resize(reuse->ptr, bytes)) {
       return Allocation{reuse->ptr, true};
     }
     // Cannot happen for a block of a matching class; keep it correct anyway.
     cache->NoteFreed(key.context, reuse->size_class, bytes);
-    ReleaseToHeap(*heap, {{reuse->ptr, key.context}});
+    ReleaseToHeap({{reuse->ptr, key.context}});
   }
   const Placement placement{key.context, allowed, std::string(tag), /*stream_ordered=*/true};
   absl::StatusOr<CUdeviceptr> ptr;
@@ -198,8 +216,8 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   } else {
     ptr = (*heap)->AllocateSlow(placement, bytes);
     if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
-      const bool async = ReclaimStreamOrdered(-1);  // both run:
-      const bool deferred = ReclaimDeferred();      // each may free memory
+      const bool async = Reclaim(-1);  // both run:
+      const bool deferred = reclaim_deferred_();      // each may free memory
       if (async || deferred) ptr = (*heap)->AllocateSlow(placement, bytes);
     }
   }
@@ -208,14 +226,14 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocateAsync(size_t bytes, CUs
   // larger than the rounded request).
   size_t served_class = size_class;
   if (bytes > (*heap)->packing_threshold()) {
-    if (std::optional<PointerInfo> info = (*heap)->Find(*ptr)) served_class = info->range_size;
+    if (std::optional<PointerInfo> info = Find(*ptr)) served_class = info->range_size;
   }
   cache->NoteAllocated(key.context, served_class, bytes, false);
   return Allocation{*ptr, true};
 }
 
-absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& info,
-                                          CUstream stream, bool per_thread) {
+absl::Status StreamOrderedFrontEnd::Free(const PointerInfo& info, CUstream stream,
+                                         bool per_thread) {
   // As for other shim memory on a capturing stream (core/sync/capture.h).
   if (captures_.any() && captures_.IsCapturing(stream, per_thread).value_or(false)) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
@@ -223,7 +241,7 @@ absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& i
   StreamKey key;
   int stream_device = -1;
   if (absl::Status s = ResolveStream(stream, per_thread, &key, &stream_device); !s.ok()) return s;
-  StreamOrderedCache* cache = CacheFor(heap->device());
+  StreamOrderedCache* cache = CacheFor(info.device);
   // Explicit grants belong to this allocation: such a block is not reused.
   const ReusePlacement placement{info.context, info.allowed, info.tag, !info.has_explicit};
   absl::StatusOr<bool> harvest =
@@ -231,12 +249,12 @@ absl::Status Allocator::FreeStreamOrdered(DeviceHeap* heap, const PointerInfo& i
   if (!harvest.ok()) return harvest.status();
   if (*harvest && !captures_.any()) {
     GateReaderLock gate(&captures_.gate());  // no capture begins during the queries
-    if (!captures_.any()) ReleaseToHeap(heap, cache->Harvest());
+    if (!captures_.any()) ReleaseToHeap(cache->Harvest());
   }
   return absl::OkStatus();
 }
 
-bool Allocator::ReclaimStreamOrdered(int device) {
+bool StreamOrderedFrontEnd::Reclaim(int device) {
   if (captures_.any()) return false;
   // Held across the check and the synchronizes: a capture begun meanwhile
   // would be invalidated by them.
@@ -251,49 +269,49 @@ bool Allocator::ReclaimStreamOrdered(int device) {
     std::vector<CUcontext> contexts;
     const uint64_t mark = cache->PendingContexts(&contexts);
     bool synced = true;
-    for (CUcontext c : contexts) synced = SynchronizeContext(c).ok() && synced;
+    for (CUcontext c : contexts) synced = SynchronizeContext(driver_, c).ok() && synced;
     if (synced) cache->MarkReady(mark);
     const ReleasedBlocks blocks = cache->Harvest(0);
     any = any || !blocks.empty();
-    ReleaseToHeap(heaps_[d].load(std::memory_order_acquire), blocks);
+    ReleaseToHeap(blocks);
   }
   return any;
 }
 
-absl::Status Allocator::SetPoolPeer(int peer, int owner, bool enable) {
-  MutexLock lock(&peers_mu_);
-  const bool enabled = pool_peers_.Enabled(owner).Contains(peer);
+absl::Status StreamOrderedFrontEnd::SetPoolPeer(int peer, int owner, bool enable) {
+  MutexLock lock(&heaps_.peer_mu());
+  const bool enabled = heaps_.pool_peers().Enabled(owner).Contains(peer);
   if (enable == enabled) return absl::OkStatus();  // pool access is a state, not a count
   if (enable) {
-    pool_peers_.Enable(peer, owner);
+    heaps_.pool_peers().Enable(peer, owner);
   } else {
-    pool_peers_.Reset(peer, owner);
+    heaps_.pool_peers().Reset(peer, owner);
   }
-  DeviceHeap* heap = heaps_[owner].load(std::memory_order_acquire);
+  DeviceHeap* heap = heaps_.heap(owner);
   if (heap == nullptr) return absl::OkStatus();
   absl::Status applied = heap->ApplyPeerChange(enable ? peer : -1, /*stream_ordered=*/true);
   if (!applied.ok() && enable) {
-    pool_peers_.Reset(peer, owner);
+    heaps_.pool_peers().Reset(peer, owner);
     heap->ApplyPeerChange(-1, true).IgnoreError();
   }
   return applied;
 }
 
-int Allocator::DeviceOfPoolCreatingHeap(CUmemoryPool pool) {
+int StreamOrderedFrontEnd::DeviceOfPoolCreatingHeap(CUmemoryPool pool) {
   int owner = DeviceOfDefaultPool(pool);
   if (owner >= 0 || pool == nullptr) return owner;
   // A default pool the shim has not served yet (programs set its threshold
   // or access before their first allocation): its state must be kept.
-  absl::StatusOr<int> devices = DeviceCount();
+  absl::StatusOr<int> devices = heaps_.DeviceCount();
   for (int d = 0; devices.ok() && d < *devices && owner < 0; ++d) {
     if (DefaultPool(d) == pool) owner = d;
   }
   if (owner < 0) return -1;
-  absl::StatusOr<DeviceHeap*> heap = HeapFor(owner);
+  absl::StatusOr<DeviceHeap*> heap = heaps_.HeapFor(owner);
   return heap.ok() && *heap != nullptr ? owner : -1;
 }
 
-absl::Status Allocator::PoolAccessChanged(CUmemoryPool pool, const CUmemAccessDesc* map,
+absl::Status StreamOrderedFrontEnd::PoolAccessChanged(CUmemoryPool pool, const CUmemAccessDesc* map,
                                           size_t count) {
   if (map == nullptr) return absl::OkStatus();
   const int owner = DeviceOfPoolCreatingHeap(pool);
@@ -310,14 +328,14 @@ absl::Status Allocator::PoolAccessChanged(CUmemoryPool pool, const CUmemAccessDe
   return first;
 }
 
-std::optional<StreamOrderedFigures> Allocator::PoolFigures(CUmemoryPool pool) {
+std::optional<StreamOrderedFigures> StreamOrderedFrontEnd::PoolFigures(CUmemoryPool pool) {
   const int d = DeviceOfDefaultPool(pool);
   if (d < 0) return std::nullopt;
   SettleStreamOrdered(d);
   return CacheFor(d)->figures();
 }
 
-void Allocator::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribute,
+void StreamOrderedFrontEnd::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribute,
                                  const void* value) {
   const int d = value == nullptr ? -1 : DeviceOfPoolCreatingHeap(pool);
   if (d < 0) return;
@@ -337,30 +355,30 @@ void Allocator::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribut
   }
 }
 
-size_t Allocator::PoolTrimTo(CUmemoryPool pool, size_t keep) {
+size_t StreamOrderedFrontEnd::PoolTrimTo(CUmemoryPool pool, size_t keep) {
   const int d = DeviceOfDefaultPool(pool);
   if (d < 0 || captures_.any()) return 0;
   GateReaderLock gate(&captures_.gate());
   if (captures_.any()) return 0;
   const ReleasedBlocks blocks = CacheFor(d)->Harvest(keep);
   size_t bytes = 0;
-  DeviceHeap* heap = heaps_[d].load(std::memory_order_acquire);
+  DeviceHeap* heap = heaps_.heap(d);
   for (const ReleasedBlock& b : blocks) {
-    if (std::optional<PointerInfo> info = heap->Find(b.ptr)) bytes += SizeClassOf(*info);
+    if (std::optional<PointerInfo> info = Find(b.ptr)) bytes += SizeClassOf(*info);
   }
-  ReleaseToHeap(heap, blocks);
+  ReleaseToHeap(blocks);
   return bytes;
 }
 
-void Allocator::SettleStreamOrdered(int device) {
+void StreamOrderedFrontEnd::SettleStreamOrdered(int device) {
   StreamOrderedCache* cache = CacheFor(device);
   if (cache == nullptr || captures_.any()) return;
   GateReaderLock gate(&captures_.gate());
   if (captures_.any()) return;
-  ReleaseToHeap(heaps_[device].load(std::memory_order_acquire), cache->Harvest());
+  ReleaseToHeap(cache->Harvest());
 }
 
-void Allocator::StreamSynchronized(CUstream stream, bool per_thread, uint64_t mark) {
+void StreamOrderedFrontEnd::StreamSynchronized(CUstream stream, bool per_thread, uint64_t mark) {
   if (mark == 0) return;
   StreamKey key;
   int device = -1;
@@ -368,13 +386,12 @@ void Allocator::StreamSynchronized(CUstream stream, bool per_thread, uint64_t ma
   for (int d = 0; d < kMaxDevices; ++d) {
     // Blocks of any device may have been freed on this stream.
     if (StreamOrderedCache* cache = CacheFor(d)) {
-      ReleaseToHeap(heaps_[d].load(std::memory_order_acquire),
-                    cache->Synchronized(key, /*whole_context=*/false, mark));
+      ReleaseToHeap(cache->Synchronized(key, /*whole_context=*/false, mark));
     }
   }
 }
 
-void Allocator::ContextSynchronized(CUcontext context, uint64_t mark) {
+void StreamOrderedFrontEnd::ContextSynchronized(CUcontext context, uint64_t mark) {
   if (mark == 0) return;
   if (context == nullptr && (driver_.cuCtxGetCurrent(&context) != CUDA_SUCCESS ||
                              context == nullptr)) {
@@ -384,23 +401,92 @@ void Allocator::ContextSynchronized(CUcontext context, uint64_t mark) {
   key.context = context;
   for (int d = 0; d < kMaxDevices; ++d) {
     if (StreamOrderedCache* cache = CacheFor(d)) {
-      ReleaseToHeap(heaps_[d].load(std::memory_order_acquire),
-                    cache->Synchronized(key, /*whole_context=*/true, mark));
+      ReleaseToHeap(cache->Synchronized(key, /*whole_context=*/true, mark));
     }
   }
 }
 
-void Allocator::StreamDestroyed(CUstream stream) {
+void StreamOrderedFrontEnd::StreamDestroyed(CUstream stream) {
   if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return;
   ForgetStreamMemos();
   // No query or event record while a capture is in progress: the blocks
   // then wait for a context synchronize or an out-of-memory.
   GateReaderLock gate(&captures_.gate());
   const bool may_query = !captures_.any();
-  for (auto& slot : stream_caches_) {
+  for (auto& slot : caches_) {
     if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) {
       cache->StreamDestroyed(stream, may_query);
     }
+  }
+}
+
+StreamOrderedFrontEnd::StreamOrderedFrontEnd(const DriverApi& driver, HeapTable& heaps,
+                                             CaptureTracker& captures, const PeerPolicy& policy,
+                                             int64_t query_interval_ns,
+                                             std::function<bool()> reclaim_deferred)
+    : driver_(driver),
+      heaps_(heaps),
+      captures_(captures),
+      policy_(policy),
+      query_interval_ns_(query_interval_ns),
+      reclaim_deferred_(std::move(reclaim_deferred)) {}
+
+StreamOrderedFrontEnd::~StreamOrderedFrontEnd() {
+  for (auto& slot : caches_) delete slot.load();
+}
+
+void StreamOrderedFrontEnd::CreateCache(int device) {
+  if (!DeviceSet::IsOrdinal(device) || CacheFor(device) != nullptr) return;
+  caches_[device].store(new StreamOrderedCache(driver_, query_interval_ns_),
+                        std::memory_order_release);
+}
+
+bool StreamOrderedFrontEnd::Cached(const PointerInfo& info) const {
+  StreamOrderedCache* cache = info.stream_ordered ? CacheFor(info.device) : nullptr;
+  return cache != nullptr && cache->Contains(info.allocation_base);
+}
+
+void StreamOrderedFrontEnd::NoteFreed(const PointerInfo& info) {
+  StreamOrderedCache* cache = info.stream_ordered ? CacheFor(info.device) : nullptr;
+  if (cache != nullptr) cache->NoteFreed(info.context, SizeClassOf(info), info.allocation_size);
+}
+
+bool StreamOrderedFrontEnd::Holds(CUcontext context) const {
+  for (const auto& slot : caches_) {
+    StreamOrderedCache* cache = slot.load(std::memory_order_acquire);
+    if (cache != nullptr && cache->Holds(context)) return true;
+  }
+  return false;
+}
+
+void StreamOrderedFrontEnd::DropContext(CUcontext context) {
+  for (const auto& slot : caches_) {
+    if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) {
+      ReleaseToHeap(cache->DropContext(context));
+    }
+  }
+}
+
+StreamOrderedFigures StreamOrderedFrontEnd::figures(int device) const {
+  StreamOrderedCache* cache = CacheFor(device);
+  return cache == nullptr ? StreamOrderedFigures{} : cache->figures();
+}
+
+void StreamOrderedFrontEnd::PrepareFork() {
+  for (auto& slot : caches_) {
+    if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) cache->PrepareFork();
+  }
+}
+
+void StreamOrderedFrontEnd::AfterForkParent() {
+  for (auto it = caches_.rbegin(); it != caches_.rend(); ++it) {
+    if (StreamOrderedCache* cache = it->load(std::memory_order_acquire)) cache->AfterForkParent();
+  }
+}
+
+void StreamOrderedFrontEnd::AfterForkChild() {
+  for (auto& slot : caches_) {
+    if (StreamOrderedCache* cache = slot.load(std::memory_order_acquire)) cache->AfterForkChild();
   }
 }
 

@@ -1,0 +1,87 @@
+// Pause and resume by allocation tag (docs/pause-resume.md): what the facade
+// exposes as Allocator::pause().
+//
+// Pause releases the physical memory of the allocations made under tag `tag`
+// (nullopt: every allocation the shim serves; a tag no allocation has:
+// nothing, 0 bytes) and keeps their addresses reserved: the owning contexts
+// are synchronized, with `keep_contents` the contents are copied to host
+// memory (core/heap/host_backup.h), then each block is unmapped and
+// released; an access to paused memory faults. The tag's cached (freed)
+// memory is released too. Returns the physical bytes released (0 when all of
+// it is paused already). Pointers stay valid for cudaFree (which frees a
+// paused allocation as any other, dropping its share of the backup), Find
+// and the peer queries (which answer with the access it gets back).
+// Stream-ordered memory is not paused; IPC imports are not selected (not
+// this process's allocations).
+// All or nothing: every arena of every device copies and marks before any
+// memory is released. Errors (nothing paused): CUDA_ERROR_NOT_PERMITTED when
+// selected memory is exported to another process (logged, naming it);
+// CUDA_ERROR_OUT_OF_MEMORY when host memory for the contents is short
+// (logged: needed and available); a synchronize's or copy's driver error. A
+// cuMemUnmap failure (a driver failure after the copies): that block stays
+// live, the others are paused, and the error is returned.
+//
+// Resume maps new physical memory at the paused addresses with the access
+// each allocation would have had never paused (the owner, the peers that
+// policy or explicit grants allow among those enabled now) and copies the
+// contents back. Returns the bytes restored (0: nothing paused).
+// CUDA_ERROR_OUT_OF_MEMORY when the devices cannot hold it all after every
+// cache the shim holds was released: everything stays paused, nothing leaks,
+// a later resume can succeed.
+//
+// Thread safety: pauses and resumes are serialized with each other (lock
+// order: "pause mutex", after the capture gate); allocations and frees go on
+// meanwhile in other arenas, and in the same arena wait for its prepare
+// step's copies. During a stream capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+// the capture untouched (the synchronize and copies would invalidate it).
+#ifndef VMMSHIM_CORE_HEAP_PAUSE_H_
+#define VMMSHIM_CORE_HEAP_PAUSE_H_
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "core/driver/driver_api.h"
+#include "core/heap/heap_table.h"
+#include "core/sync/capture.h"
+#include "core/sync/mutex.h"
+
+namespace vmmshim {
+
+class PauseCoordinator {
+ public:
+  // Everything referenced must outlive the coordinator. `copy_threads` >= 1
+  // (host-backup copy threads); `release_caches` gives every cache of the
+  // shim back to the driver (Allocator::Trim(-1)), for the retry of a
+  // resume that ran out of memory.
+  PauseCoordinator(const DriverApi& driver, HeapTable& heaps, CaptureTracker& captures,
+                   int copy_threads, std::function<void()> release_caches);
+  PauseCoordinator(const PauseCoordinator&) = delete;
+  PauseCoordinator& operator=(const PauseCoordinator&) = delete;
+
+  absl::StatusOr<size_t> Pause(const std::optional<std::string>& tag, bool keep_contents)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> Resume(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
+
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS { new (&mu_) Mutex; }
+
+ private:
+  // Every arena of every device, in device and arena order.
+  std::vector<HeapArena*> Arenas() const;
+
+  const DriverApi& driver_;
+  HeapTable& heaps_;
+  CaptureTracker& captures_;
+  const int copy_threads_;
+  const std::function<void()> release_caches_;
+  Mutex mu_;  // lock order: "pause mutex"
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_HEAP_PAUSE_H_
