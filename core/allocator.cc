@@ -117,11 +117,6 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, siz
   return Allocate(p * height, tag);
 }
 
-void Allocator::CompleteDeferred(CUcontext context) {
-  if (heaps_.global().deferred.load(std::memory_order_acquire) == 0) return;
-  heaps_.ForEach([&](DeviceHeap* heap) { heap->CompleteDeferred(context); });
-}
-
 absl::Status Allocator::Free(CUdeviceptr ptr) {
   HeapArena* arena = heaps_.Locate(ptr).arena;
   if (arena == nullptr) return NotShimMemory();
@@ -160,7 +155,7 @@ absl::Status Allocator::FreeGated(HeapArena* arena, CUdeviceptr ptr) {
   if (!freed.ok()) return freed;
   stream_ordered_.NoteFreed(*info);
   if (driver_gone) return synced;
-  CompleteDeferred(info->context);
+  heaps_.CompleteDeferred(info->context);
   return absl::OkStatus();
 }
 
@@ -347,24 +342,9 @@ void Allocator::CaptureEnded(CUstream stream, bool per_thread) {
 }
 
 bool Allocator::ReclaimDeferred() {
-  if (heaps_.global().deferred.load(std::memory_order_acquire) == 0) return false;
-  GateReaderLock gate(&captures_.gate());
-  captures_.Refresh();
-  if (captures_.any()) return false;  // their contexts cannot be synchronized yet
-  std::vector<CUcontext> contexts;
-  heaps_.ForEach([&](DeviceHeap* heap) {
-    for (CUcontext c : heap->DeferredContexts()) {
-      if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) contexts.push_back(c);
-    }
+  return heaps_.ReclaimDeferred(captures_, [this](CUcontext c) {
+    return SynchronizeContext(driver_, c);
   });
-  bool any = false;
-  for (CUcontext c : contexts) {
-    if (SynchronizeContext(driver_, c).ok()) {
-      CompleteDeferred(c);
-      any = true;
-    }
-  }
-  return any;
 }
 
 size_t Allocator::Trim(int device) {

@@ -335,10 +335,7 @@ class Allocator {
   // Free, with the capture gate held shared.
   absl::Status FreeGated(HeapArena* arena, CUdeviceptr ptr)
       ABSL_SHARED_LOCKS_REQUIRED(captures_.gate());
-  // After `context` was synchronized: completes its deferred frees.
-  void CompleteDeferred(CUcontext context);
-  // Once no capture is in progress: synchronizes the contexts with deferred
-  // frees and completes them; true when any completed.
+  // HeapTable::ReclaimDeferred with this allocator's synchronize.
   bool ReclaimDeferred();
 
   const DriverApi& driver_;

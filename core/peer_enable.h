@@ -37,8 +37,8 @@
 // allocator and PeerContexts lock; the push/pop of `peer` is on the calling
 // thread's context stack only).
 //
-// Source of the behaviour: interpose/hooks.cc before issue 11 (moved here
-// unchanged); the design notes, section 2 (cudaDeviceDisablePeerAccess gives 705,
+// Source of the behaviour: measured on an H200 (docs/architecture.md,
+// "Measured driver facts": cudaDeviceDisablePeerAccess gives 705,
 // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, when not enabled).
 #ifndef VMMSHIM_CORE_PEER_ENABLE_H_
 #define VMMSHIM_CORE_PEER_ENABLE_H_

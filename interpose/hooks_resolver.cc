@@ -1,8 +1,8 @@
 // The resolvers (cuGetProcAddress, cuGetProcAddress_v2) and HookFor, the
 // routing table generated from interpose/hook_list.h. The real resolver
 // answers first; only an answer that is exactly the address of a hooked
-// export is replaced (the design notes, section 2: route by address
-// identity, never by name prefix).
+// export is replaced (route by address identity, never by name prefix:
+// docs/architecture.md, "Measured driver facts").
 #include <cstring>
 
 #include "core/base/log.h"

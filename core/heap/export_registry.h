@@ -52,7 +52,7 @@ class ExportRegistry {
   static std::string Key(const ExportToken& token) {
     return std::string(token.begin(), token.end());
   }
-  mutable Mutex mu_;
+  mutable Mutex mu_;  // lock order: "export registry mutex" (core/sync/lock_order.h)
   absl::flat_hash_map<std::string, std::pair<int, CUdeviceptr>> by_token_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int, CUdeviceptr>, ExportToken> by_allocation_
       ABSL_GUARDED_BY(mu_);

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/cpus.h"
 #include "core/base/log.h"
 #include "core/base/round_up.h"
 #include "core/driver/cu_status.h"
+#include "core/sync/shared_gate.h"
 
 namespace vmmshim {
 
@@ -118,6 +120,33 @@ absl::StatusOr<int> HeapTable::DeviceCount() {
     device_count_.store(n, std::memory_order_relaxed);
   }
   return n;
+}
+
+void HeapTable::CompleteDeferred(CUcontext context) {
+  if (global_.deferred.load(std::memory_order_acquire) == 0) return;
+  ForEach([&](DeviceHeap* h) { h->CompleteDeferred(context); });
+}
+
+bool HeapTable::ReclaimDeferred(CaptureTracker& captures,
+                                const std::function<absl::Status(CUcontext)>& synchronize) {
+  if (global_.deferred.load(std::memory_order_acquire) == 0) return false;
+  GateReaderLock gate(&captures.gate());
+  captures.Refresh();
+  if (captures.any()) return false;  // their contexts cannot be synchronized yet
+  std::vector<CUcontext> contexts;
+  ForEach([&](DeviceHeap* h) {
+    for (CUcontext c : h->DeferredContexts()) {
+      if (std::find(contexts.begin(), contexts.end(), c) == contexts.end()) contexts.push_back(c);
+    }
+  });
+  bool any = false;
+  for (CUcontext c : contexts) {
+    if (synchronize(c).ok()) {
+      CompleteDeferred(c);
+      any = true;
+    }
+  }
+  return any;
 }
 
 absl::Status HeapTable::ReleaseAll() {

@@ -35,6 +35,7 @@
 #include "core/heap/va_free_list.h"
 #include "core/peer/peer_access.h"
 #include "core/policy/peer_policy.h"
+#include "core/sync/capture.h"
 #include "core/sync/lock_order.h"
 #include "core/sync/mutex.h"
 
@@ -101,6 +102,16 @@ class HeapTable {
   ExportRegistry& exports() { return exports_; }
   GlobalCounters& global() { return global_; }
   const GlobalCounters& global() const { return global_; }
+
+  // Frees deferred by stream captures (HeapArena::DeferFree). After
+  // `context` was synchronized: completes its deferred frees (no work when
+  // none is deferred anywhere: one atomic load).
+  void CompleteDeferred(CUcontext context);
+  // Once no capture is in progress (asked again, with the capture gate held
+  // shared): synchronizes the contexts with deferred frees through
+  // `synchronize` and completes them; true when any completed.
+  bool ReclaimDeferred(CaptureTracker& captures,
+                       const std::function<absl::Status(CUcontext)>& synchronize);
 
   // Every heap's ReleaseAll (unmap -> release -> address free); the first
   // error, after trying all.

@@ -106,7 +106,7 @@ class ReservationMap {
   using Snapshot = std::vector<Entry>;  // sorted by base
   void PublishLocked(Snapshot next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable Mutex mu_;
+  mutable Mutex mu_;  // lock order: "reservation map mutex" (core/sync/lock_order.h)
   std::atomic<const Snapshot*> current_{nullptr};
   std::vector<std::unique_ptr<const Snapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
 };

@@ -32,10 +32,10 @@
 // retain/release pair is not atomic with other threads' primary-context
 // calls: the driver gives no way to read the handle without a retain.
 //
-// Source of the behaviour: interpose/hooks.cc before issue 11 (moved here
-// unchanged), the design notes, section 2 (cudaDeviceReset ->
-// cuDevicePrimaryCtxReset_v2; exit-time cuDevicePrimaryCtxRelease_v2 returns
-// CUDA_ERROR_DEINITIALIZED, which passes through).
+// Source of the behaviour: measured on an H200 (docs/architecture.md,
+// "Measured driver facts": cudaDeviceReset -> cuDevicePrimaryCtxReset;
+// exit-time cuDevicePrimaryCtxRelease_v2 returns CUDA_ERROR_DEINITIALIZED,
+// which passes through).
 #ifndef VMMSHIM_CORE_LIFECYCLE_CONTEXT_LIFECYCLE_H_
 #define VMMSHIM_CORE_LIFECYCLE_CONTEXT_LIFECYCLE_H_
 

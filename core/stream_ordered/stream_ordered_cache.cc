@@ -70,14 +70,14 @@ StreamOrderedCache::~StreamOrderedCache() {
 void StreamOrderedCache::AfterForkChild() { new (&mu_) Mutex; }
 
 std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(
-    const StreamKey& key, const ReusePlacement& placement, size_t size_class, size_t max_class) {
+    const StreamKey& key, const Placement& placement, size_t size_class, size_t max_class) {
   CUdeviceptr ptr = 0;
   if (auto it = lists_.find(key); it != lists_.end()) {
     StreamList& list = it->second;
     for (auto c = list.by_class.lower_bound({size_class, 0});
          c != list.by_class.end() && c->first <= max_class; ++c) {
       auto s = list.by_seq.find(c->second);
-      if (!entries_.at(s->second).placement.Matches(placement)) continue;
+      if (!Reusable(entries_.at(s->second), placement)) continue;
       ptr = s->second;
       list.by_seq.erase(s);
       list.by_class.erase(c);
@@ -88,7 +88,7 @@ std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::TakeLocked(
   if (ptr == 0) {
     for (auto r = ready_.lower_bound({size_class, 0}); r != ready_.end() && r->first <= max_class;
          ++r) {
-      if (!entries_.at(r->second).placement.Matches(placement)) continue;
+      if (!Reusable(entries_.at(r->second), placement)) continue;
       ptr = r->second;
       ready_.erase(r);
       break;
@@ -126,7 +126,7 @@ ReleasedBlocks StreamOrderedCache::Synchronized(const StreamKey& key,
 }
 
 std::optional<StreamOrderedCache::Reuse> StreamOrderedCache::Allocate(
-    const StreamKey& key, const ReusePlacement& placement, size_t size_class, size_t max_class,
+    const StreamKey& key, const Placement& placement, size_t size_class, size_t max_class,
     size_t bytes, bool may_ask, ReleasedBlocks* released) {
   MutexLock lock(&mu_);
   std::optional<Reuse> reuse = TakeLocked(key, placement, size_class, max_class);
@@ -178,12 +178,12 @@ void StreamOrderedCache::NoteHighLocked() {
 }
 
 absl::StatusOr<bool> StreamOrderedCache::Put(const StreamKey& key, CUdeviceptr ptr,
-                                             const ReusePlacement& placement,
+                                             const Placement& placement, bool reusable,
                                              size_t size_class, size_t bytes) {
   MutexLock lock(&mu_);
   if (entries_.contains(ptr)) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync");
   const uint64_t seq = g_free_seq.fetch_add(1, std::memory_order_acq_rel) + 1;
-  entries_[ptr] = Entry{size_class, bytes, seq, placement, false, false, key};
+  entries_[ptr] = Entry{size_class, bytes, seq, placement, reusable, false, false, key};
   const CUcontext context = placement.context;
   StreamList& list = lists_[key];
   list.by_class.insert({size_class, seq});
@@ -227,7 +227,7 @@ void StreamOrderedCache::MakeReadyLocked(CUdeviceptr ptr) {
   Entry& e = entries_.at(ptr);
   e.ready = true;
   e.retired = false;
-  if (e.placement.reusable) {
+  if (e.reusable) {
     ready_.insert({e.size_class, ptr});
   } else {
     release_now_.insert(ptr);

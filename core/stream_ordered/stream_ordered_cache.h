@@ -101,20 +101,11 @@ struct StreamKey {
   }
 };
 
-// What a freed block may be reused for: an allocation of the same placement
-// (core/heap/device_heap.h: its context, the peers the policy allows it, its tag),
+// What a freed block may be reused for: an allocation of the same Placement
+// (core/heap/types.h: its context, the peers the policy allows it, its tag),
 // since the heap's block keeps the old allocation's mapping and access. A
-// block with explicit grants or revokes is never reused (they belonged to
+// block with explicit grants or revokes is not reusable (they belonged to
 // the old allocation): it leaves the cache once ready.
-struct ReusePlacement {
-  CUcontext context = nullptr;
-  DeviceSet allowed;
-  std::string tag;
-  bool reusable = true;
-  bool Matches(const ReusePlacement& o) const {
-    return reusable && o.reusable && context == o.context && allowed == o.allowed && tag == o.tag;
-  }
-};
 
 // A block that left the cache, with its allocation's context: the caller
 // frees it in the heap only if the heap still holds that allocation there
@@ -153,7 +144,7 @@ class StreamOrderedCache {
   // returned is counted as allocated (as NoteAllocated); blocks that left
   // the cache meanwhile go to *released, for the caller to free in the heap.
   // One critical section.
-  std::optional<Reuse> Allocate(const StreamKey& key, const ReusePlacement& placement,
+  std::optional<Reuse> Allocate(const StreamKey& key, const Placement& placement,
                                 size_t size_class, size_t max_class, size_t bytes, bool may_ask,
                                 ReleasedBlocks* released) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -164,8 +155,11 @@ class StreamOrderedCache {
   // `context`: CUDA_ERROR_INVALID_VALUE when it is already cached (double
   // free). Returns true when the cache has grown past its bound and should
   // be harvested.
-  absl::StatusOr<bool> Put(const StreamKey& key, CUdeviceptr ptr, const ReusePlacement& placement,
-                           size_t size_class, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // `reusable` false: the block only waits for its work, then goes back to
+  // the heap.
+  absl::StatusOr<bool> Put(const StreamKey& key, CUdeviceptr ptr, const Placement& placement,
+                           bool reusable, size_t size_class, size_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether anything of `context` is held here (its allocations, or blocks
   // freed on its streams).
   bool Holds(CUcontext context) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -227,7 +221,8 @@ class StreamOrderedCache {
     size_t size_class = 0;
     size_t bytes = 0;
     uint64_t seq = 0;           // order of frees, cache-wide
-    ReusePlacement placement;   // the allocation's (placement.context: its context)
+    Placement placement;        // the allocation's (placement.context: its context)
+    bool reusable = true;       // no explicit grants or revokes
     bool ready = false;
     bool retired = false;       // not ready, and its stream destroyed (in retired_)
     StreamKey key;              // freed on
@@ -263,7 +258,11 @@ class StreamOrderedCache {
   // `force`: ignore the query interval (pool figures, trim, out of memory).
   void QueryListLocked(const StreamKey& key, StreamList& list, int64_t now, bool force)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<Reuse> TakeLocked(const StreamKey& key, const ReusePlacement& placement,
+  // Whether `e` may serve an allocation of `placement` (header comment).
+  static bool Reusable(const Entry& e, const Placement& placement) {
+    return e.reusable && e.placement == placement;
+  }
+  std::optional<Reuse> TakeLocked(const StreamKey& key, const Placement& placement,
                                   size_t size_class, size_t max_class)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HarvestLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -282,7 +281,7 @@ class StreamOrderedCache {
 
   const DriverApi& driver_;
   const int64_t query_interval_ns_;
-  mutable Mutex mu_;
+  mutable Mutex mu_;  // lock order: "stream-ordered cache mutex" (core/sync/lock_order.h)
   absl::flat_hash_map<CUdeviceptr, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StreamKey, StreamList> lists_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<std::pair<size_t, CUdeviceptr>> ready_ ABSL_GUARDED_BY(mu_);

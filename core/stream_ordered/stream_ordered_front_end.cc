@@ -189,14 +189,14 @@ absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CU
   // streams that may free one for it are asked, with the capture gate held
   // so that no capture begins meanwhile (a query is an unsafe call in a
   // global capture).
-  const ReusePlacement reuse_placement{key.context, allowed, std::string(tag), true};
+  const Placement placement{key.context, allowed, std::string(tag), /*stream_ordered=*/true};
   ReleasedBlocks released;
   std::optional<StreamOrderedCache::Reuse> reuse = cache->Allocate(
-      key, reuse_placement, size_class, max_class, bytes, /*may_ask=*/false, &released);
+      key, placement, size_class, max_class, bytes, /*may_ask=*/false, &released);
   if (!reuse && !captures_.any()) {
     GateReaderLock gate(&captures_.gate());
     if (!captures_.any()) {
-      reuse = cache->Allocate(key, reuse_placement, size_class, max_class, bytes,
+      reuse = cache->Allocate(key, placement, size_class, max_class, bytes,
                               /*may_ask=*/true, &released);
     }
   }
@@ -209,7 +209,6 @@ absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CU
     cache->NoteFreed(key.context, reuse->size_class, bytes);
     ReleaseToHeap({{reuse->ptr, key.context}});
   }
-  const Placement placement{key.context, allowed, std::string(tag), /*stream_ordered=*/true};
   absl::StatusOr<CUdeviceptr> ptr;
   if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
     ptr = *hit;
@@ -243,9 +242,10 @@ absl::Status StreamOrderedFrontEnd::Free(const PointerInfo& info, CUstream strea
   if (absl::Status s = ResolveStream(stream, per_thread, &key, &stream_device); !s.ok()) return s;
   StreamOrderedCache* cache = CacheFor(info.device);
   // Explicit grants belong to this allocation: such a block is not reused.
-  const ReusePlacement placement{info.context, info.allowed, info.tag, !info.has_explicit};
-  absl::StatusOr<bool> harvest =
-      cache->Put(key, info.allocation_base, placement, SizeClassOf(info), info.allocation_size);
+  const Placement placement{info.context, info.allowed, info.tag, /*stream_ordered=*/true};
+  absl::StatusOr<bool> harvest = cache->Put(key, info.allocation_base, placement,
+                                            /*reusable=*/!info.has_explicit, SizeClassOf(info),
+                                            info.allocation_size);
   if (!harvest.ok()) return harvest.status();
   if (*harvest && !captures_.any()) {
     GateReaderLock gate(&captures_.gate());  // no capture begins during the queries

@@ -109,8 +109,8 @@ class CaptureTracker {
 
   const DriverApi& driver_;
   std::atomic<int> active_{0};
-  SharedGate gate_;
-  Mutex mu_ ABSL_ACQUIRED_AFTER(gate_);
+  SharedGate gate_;  // lock order: "capture gate" (core/sync/lock_order.h)
+  Mutex mu_ ABSL_ACQUIRED_AFTER(gate_);  // "capture state mutex"
   std::vector<Capture> captures_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,7 +1,7 @@
 // Combined context synchronization for frees (group commit).
 //
 // A free must wait for the owning context's work (cuMemFree does;
-// cuMemUnmap does not: DESIGN.md section 3) before its memory is reused.
+// cuMemUnmap does not: CUDA Programming Guide 4.16) before its memory is reused.
 // Measured on an H200 (bench/driver_costs.cu, docs/performance.md):
 // cuCtxSynchronize of an idle context takes 0.64 us on one thread, but the
 // driver serializes it: 2 to 8 threads together reach about 850,000 calls

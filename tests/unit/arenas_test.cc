@@ -1,4 +1,4 @@
-// The per-thread front end (issue 13): heap arenas (core/heap/device_heap.h) and
+// The per-thread front end: heap arenas (core/heap/device_heap.h) and
 // frees' combined synchronizes (core/sync/context_sync.h).
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,6 @@
 // The simulated driver's streams, events and stream-ordered pools keep what
 // the real driver did on H200 (examples/stream_ordered_probe.cu,
-// docs/stream-ordered.md), so that the shim's stream-ordered path (issue 12)
+// docs/stream-ordered.md), so that the shim's stream-ordered path
 // can be tested in CI against the driver's own rules.
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"

@@ -1,6 +1,6 @@
 // Statistics from one source of truth: the process-wide figures are the sums
 // of the devices' figures after every path that removes memory, including
-// the failure paths (issue 11). The first three tests failed on the
+// the failure paths. The first three tests failed on the
 // allocator before the split (dce4891): ReleaseAll zeroed the process-wide
 // live counters but not each device's, and the paths that forget a block
 // without unmapping it (unmap failed, driver gone) did not update every

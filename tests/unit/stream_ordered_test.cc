@@ -563,7 +563,7 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
 }
 
 
-// ---- Review findings ----
+// ---- Races and edge cases: blocks that leave with contexts, streams and captures ----
 
 // A ready block of one context is handed to an allocation of another
 // context on the same device; releasing the first context then destroys

@@ -1,5 +1,6 @@
-// Regression tests from the review of issue 13's concurrency code (heap arenas, thread slots, the
-// capture gate, combined synchronizes): each failed before its fix.
+// Concurrency of the heap arenas, thread slots, the capture gate and combined synchronizes: a
+// nested read lock while a writer waits, a forked child's thread slots and cached memory, frees
+// racing in two arenas against the cache limit. Each of these failed on an earlier version.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,7 +64,7 @@ std::string InChild(const std::function<std::string()>& fn, int seconds) {
 // waiting (BeginCapture / CaptureEnded / PrepareFork on another thread)
 // sees writer_ up, steps back, and waits for the writer; the writer waits
 // for this thread's first read lock: deadlock (shared_gate.cc:21-30).
-TEST(Review13SharedGate, NestedReadLockWhileAWriterWaitsDoesNotDeadlock) {
+TEST(SharedGateTest, NestedReadLockWhileAWriterWaitsDoesNotDeadlock) {
   const std::string result = InChild(
       [] {
         SharedGate gate;
@@ -97,7 +98,7 @@ TEST(Review13SharedGate, NestedReadLockWhileAWriterWaitsDoesNotDeadlock) {
 // memory is never reused by the child's threads (a new cuMemCreate each
 // time instead; only OOM/Trim get it back).
 // One simulated GPU of 1 GiB, its primary context current.
-class Review13 : public SimTest {
+class ArenaConcurrencyTest : public SimTest {
  protected:
   void SetUp() override {
     StartSim(1, 1024 * kTestMiB);
@@ -106,7 +107,7 @@ class Review13 : public SimTest {
   CUcontext ctx_ = nullptr;
 };
 
-TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
+TEST_F(ArenaConcurrencyTest, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
 #if defined(VMMSHIM_TSAN)
   GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded "
                   "fork (the child here starts one); the other builds run it";
@@ -176,13 +177,13 @@ TEST_F(Review13, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild) {
 
 // ---- Bug 3 (race): the cache limit across arenas is check-then-add ----
 //
-// The check (HeapArena::FitsCacheLocked, then) read the device's shared
+// The check (a separate check-then-add, in an earlier version) read the device's shared
 // cached_bytes and AddCachedLocked added to it later, each under its own
 // arena's mutex only: two frees in two arenas both passed the check and the
 // device cached more than the limit ("the cache limit holds for all arenas
 // together", device_heap.h). Now ReserveCacheLocked checks and adds in one
 // compare-and-swap.
-TEST_F(Review13, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
+TEST_F(ArenaConcurrencyTest, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
   AllocatorOptions o;
   o.arenas = 64;
   o.cache_limit_percent = -1;

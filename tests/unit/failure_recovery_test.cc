@@ -1,5 +1,8 @@
-// Regressions found by an adversarial review of the allocator split (issue
-// 11): each test failed on the code before its fix.
+// What stays consistent when a capture ends in the middle of a free, or a
+// driver call fails in the middle of a multi-step operation (reconcile after a
+// peer enable, release of a context, unmap of an empty granule, release of a
+// large block); and the clamp of a packing threshold above the granularity.
+// Each of these failed on an earlier version.
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -16,7 +19,7 @@ namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 const CUstream kStream = reinterpret_cast<CUstream>(0x51);
 
-class RegressionTest : public SimTest {
+class FailureRecoveryTest : public SimTest {
  protected:
   void SetUp() override {
     StartSim();
@@ -32,7 +35,7 @@ class RegressionTest : public SimTest {
 // 1. A free that passed captures_.any() before the last capture ended, and
 // defers after CaptureEnded's ReclaimDeferred looked at the deferred count,
 // is never completed by the end of the capture (stranded).
-TEST_F(RegressionTest, FreeRacingTheLastCaptureEndIsReclaimed) {
+TEST_F(FailureRecoveryTest, FreeRacingTheLastCaptureEndIsReclaimed) {
   AllocatorOptions no_cache;
   no_cache.cache_limit_percent = -1;
   Allocator a(api_, no_cache);
@@ -64,7 +67,7 @@ TEST_F(RegressionTest, FreeRacingTheLastCaptureEndIsReclaimed) {
 // 2. A capture begun through a _ptsz entry point on an ordinary stream and
 // ended through the plain one (same stream, legal) is never forgotten:
 // every later free is deferred.
-TEST_F(RegressionTest, CaptureEndedThroughTheOtherEntryPointIsForgotten) {
+TEST_F(FailureRecoveryTest, CaptureEndedThroughTheOtherEntryPointIsForgotten) {
   Allocator a(api_);
   ASSERT_EQ(a.captures().BeginCapture(kStream, /*per_thread=*/true, [&] {
     return sim::cuStreamBeginCapture_v2_ptsz(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
@@ -82,7 +85,7 @@ TEST_F(RegressionTest, CaptureEndedThroughTheOtherEntryPointIsForgotten) {
 // the reconciling cuMemSetAccess fails: DestroyBlockLocked ->
 // ForgetBlockLocked decrements live_allocations for a large block that was
 // never counted.
-TEST_F(RegressionTest, FailedReconcileAfterPeerEnableKeepsLiveAllocations) {
+TEST_F(FailureRecoveryTest, FailedReconcileAfterPeerEnableKeepsLiveAllocations) {
   Allocator a(api_);
   ASSERT_TRUE(a.Allocate(256).ok());  // heap exists
   sim::HoldCalls("cuMemMap");
@@ -107,7 +110,7 @@ TEST_F(RegressionTest, FailedReconcileAfterPeerEnableKeepsLiveAllocations) {
 // 4. ReleaseContext with a failed cuMemUnmap forgets a block that is still
 // mapped and returns its VA to the arena; the next block gets that VA and
 // cuMemMap fails (and the handle is leaked, uncounted).
-TEST_F(RegressionTest, ReleaseContextWithFailedUnmapDoesNotReuseTheVa) {
+TEST_F(FailureRecoveryTest, ReleaseContextWithFailedUnmapDoesNotReuseTheVa) {
   Allocator a(api_);
   MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
@@ -121,7 +124,7 @@ TEST_F(RegressionTest, ReleaseContextWithFailedUnmapDoesNotReuseTheVa) {
 
 // 5. packing_threshold above the granularity: AllocateSlow dereferences an
 // empty optional (Slab::Allocate of more than a granule).
-TEST_F(RegressionTest, PackingThresholdAboveGranularityIsClamped) {
+TEST_F(FailureRecoveryTest, PackingThresholdAboveGranularityIsClamped) {
   AllocatorOptions o;
   o.packing_threshold = 8 * kMiB;
   Allocator a(api_, o);
@@ -140,7 +143,7 @@ namespace {
 
 // 6. A sealed granule (explicit grant) whose last free cannot unmap it is
 // in no bin: Trim never retries it, it stays mapped and held until ReleaseAll.
-TEST_F(RegressionTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) {
+TEST_F(FailureRecoveryTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) {
   Allocator a(api_);
   const CUdeviceptr p = MustAllocate(a, 256);
   ASSERT_TRUE(a.SetPeerAccess(p, 1, true).ok());  // seals the granule
@@ -154,7 +157,7 @@ TEST_F(RegressionTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) {
 // 7. A large free whose cuMemRelease fails: the mapping is gone, so the free
 // succeeded (a second one is INVALID_VALUE); the handle stays counted until
 // Trim releases it. (Before the fix the first free reported an error.)
-TEST_F(RegressionTest, LargeFreeWithFailedReleaseSucceedsAndKeepsTheHandleCounted) {
+TEST_F(FailureRecoveryTest, LargeFreeWithFailedReleaseSucceedsAndKeepsTheHandleCounted) {
   AllocatorOptions no_cache;
   no_cache.cache_limit_percent = -1;
   Allocator a(api_, no_cache);
