@@ -1,9 +1,9 @@
-// tools/compare: the pieces of `vmmshim compare` that decide what a user
+// cli/compare: the pieces of `vmmshim compare` that decide what a user
 // reads (policy parsing, the environments of native and policy runs, the
 // output check, adding up statistics files, medians) and the child runner
 // (exit codes, signals, time limits, exec failures). The whole command runs
 // end to end on the simulated driver in tests/e2e/compare.sh.
-#include "tools/compare/compare.h"
+#include "cli/compare/compare.h"
 
 #include <unistd.h>
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tools/compare/child_process.h"
-#include "tools/compare/device_memory.h"
+#include "cli/compare/child_process.h"
+#include "cli/compare/device_memory.h"
 
 namespace vmmshim::compare {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/compare/compare.h"
+#include "cli/compare/compare.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -18,8 +18,8 @@
 
 #include "config/rules_file.h"
 #include "nlohmann/json.hpp"
-#include "tools/compare/child_process.h"
-#include "tools/compare/device_memory.h"
+#include "cli/compare/child_process.h"
+#include "cli/compare/device_memory.h"
 
 extern char** environ;
 

@@ -49,8 +49,8 @@
 // limit, a file cannot be written, a policy ran without the shim), 130 when
 // interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT; the program's process group
 // is killed first).
-#ifndef VMMSHIM_TOOLS_COMPARE_COMPARE_H_
-#define VMMSHIM_TOOLS_COMPARE_COMPARE_H_
+#ifndef VMMSHIM_CLI_COMPARE_COMPARE_H_
+#define VMMSHIM_CLI_COMPARE_COMPARE_H_
 
 #include <cstdint>
 #include <memory>
@@ -162,4 +162,4 @@ int RunCompare(const CompareOptions& options);
 
 }  // namespace vmmshim::compare
 
-#endif  // VMMSHIM_TOOLS_COMPARE_COMPARE_H_
+#endif  // VMMSHIM_CLI_COMPARE_COMPARE_H_

@@ -17,8 +17,8 @@
 //
 // Thread safety: RunChild may be called from one thread at a time (it
 // replaces signal handlers for the duration of the run).
-#ifndef VMMSHIM_TOOLS_COMPARE_CHILD_PROCESS_H_
-#define VMMSHIM_TOOLS_COMPARE_CHILD_PROCESS_H_
+#ifndef VMMSHIM_CLI_COMPARE_CHILD_PROCESS_H_
+#define VMMSHIM_CLI_COMPARE_CHILD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -65,4 +65,4 @@ std::string SignalName(int signal);
 
 }  // namespace vmmshim::compare
 
-#endif  // VMMSHIM_TOOLS_COMPARE_CHILD_PROCESS_H_
+#endif  // VMMSHIM_CLI_COMPARE_CHILD_PROCESS_H_

@@ -17,8 +17,8 @@
 // nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetMemoryInfo).
 //
 // Thread safety: none; one sampler per run, used from one thread.
-#ifndef VMMSHIM_TOOLS_COMPARE_DEVICE_MEMORY_H_
-#define VMMSHIM_TOOLS_COMPARE_DEVICE_MEMORY_H_
+#ifndef VMMSHIM_CLI_COMPARE_DEVICE_MEMORY_H_
+#define VMMSHIM_CLI_COMPARE_DEVICE_MEMORY_H_
 
 #include <sys/types.h>
 
@@ -67,4 +67,4 @@ bool DescendsFrom(pid_t pid, pid_t root);
 
 }  // namespace vmmshim::compare
 
-#endif  // VMMSHIM_TOOLS_COMPARE_DEVICE_MEMORY_H_
+#endif  // VMMSHIM_CLI_COMPARE_DEVICE_MEMORY_H_

@@ -1,4 +1,4 @@
-#include "tools/compare/child_process.h"
+#include "cli/compare/child_process.h"
 
 #include <fcntl.h>
 #include <poll.h>

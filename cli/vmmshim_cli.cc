@@ -12,7 +12,7 @@
 //                   [--check REGEX | --same-output] [--timeout S] [--out DIR]
 //                   [--lib PATH] -- PROGRAM ARGS...
 //       runs PROGRAM natively and under each policy, alternating, and prints
-//       one table (tools/compare/compare.h, docs/compare.md).
+//       one table (cli/compare/compare.h, docs/compare.md).
 //
 // Values are checked here only for their form; the shim checks them again
 // and stops on a malformed peer setting (docs/configuration.md).
@@ -30,7 +30,7 @@
 #include "CLI/CLI.hpp"
 #include "core/base/version.h"
 #include "nlohmann/json.hpp"
-#include "tools/compare/compare.h"
+#include "cli/compare/compare.h"
 
 namespace {
 

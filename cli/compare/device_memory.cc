@@ -1,4 +1,4 @@
-#include "tools/compare/device_memory.h"
+#include "cli/compare/device_memory.h"
 
 #include <dlfcn.h>
 
