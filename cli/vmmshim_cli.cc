@@ -14,6 +14,10 @@
 //       runs PROGRAM natively and under each policy, alternating, and prints
 //       one table (cli/compare/compare.h, docs/compare.md).
 //
+// The VMMSHIM_* variables are named by the shim's options table
+// (config/config.h), the statistics file's keys by its schema
+// (core/report/stats_schema.h).
+//
 // Values are checked here only for their form; the shim checks them again
 // and stops on a malformed peer setting (docs/configuration.md).
 #include <limits.h>
@@ -23,14 +27,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "core/base/version.h"
-#include "nlohmann/json.hpp"
 #include "cli/compare/compare.h"
+#include "cli/report.h"
+#include "cli/stats_file.h"
+#include "config/config.h"
+#include "core/base/version.h"
 
 namespace {
 
@@ -60,63 +66,21 @@ std::string DefaultLibrary() {
   return NextToSelf({"/libvmmshim.so", "/../lib/libvmmshim.so"}, SelfDir() + "/libvmmshim.so");
 }
 
-using vmmshim::compare::FormatBytes;
-
 int Report(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "vmmshim report: cannot open %s\n", path.c_str());
+  std::string error;
+  const std::optional<vmmshim::cli::StatsFile> stats = vmmshim::cli::ReadStatsFile(path, &error);
+  if (!stats) {
+    std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
     return 1;
   }
-  nlohmann::json doc;
-  try {
-    in >> doc;
-    const auto& t = doc.at("totals");
-    std::printf("vmmshim statistics of pid %d (%s, written by vmmshim %s)\npolicy: %s\n\n",
-                doc.at("pid").get<int>(), path.c_str(),
-                doc.value("version", std::string("an earlier build")).c_str(),
-                doc.at("policy").get<std::string>().c_str());
-    std::printf("served %llu allocations (%s) from VMM, passed %llu (%s) through; %llu still "
-                "live; peak physical memory %s\n\n",
-                t.at("served_allocations").get<unsigned long long>(),
-                FormatBytes(t.at("served_bytes")).c_str(),
-                t.at("passthrough_allocations").get<unsigned long long>(),
-                FormatBytes(t.at("passthrough_bytes")).c_str(),
-                t.at("live_allocations").get<unsigned long long>(),
-                FormatBytes(t.at("peak_physical_bytes")).c_str());
-    std::printf("%-7s %12s %12s %14s %14s %10s %10s %10s\n", "device", "allocations", "bytes",
-                "peak live", "peak physical", "setaccess", "cache hit", "cache miss");
-    for (const auto& d : doc.at("devices")) {
-      std::printf("%-7d %12llu %12s %14s %14s %10llu %10llu %10llu\n", d.at("device").get<int>(),
-                  d.at("allocations").get<unsigned long long>(), FormatBytes(d.at("bytes")).c_str(),
-                  FormatBytes(d.at("peak_live_bytes")).c_str(),
-                  FormatBytes(d.at("peak_physical_bytes")).c_str(),
-                  d.at("set_access_calls").get<unsigned long long>(),
-                  d.value("cache_hits", 0ull), d.value("cache_misses", 0ull));
-    }
-    std::printf("\n%-7s %-5s %10s %10s %16s %16s\n", "device", "peer", "grants", "denials",
-                "mapped at exit", "peak mapped");
-    for (const auto& d : doc.at("devices")) {
-      for (const auto& p : d.at("peers")) {
-        std::printf("%-7d %-5d %10llu %10llu %16s %16s\n", d.at("device").get<int>(),
-                    p.at("peer").get<int>(), p.at("grants").get<unsigned long long>(),
-                    p.at("denials").get<unsigned long long>(),
-                    FormatBytes(p.at("mapped_bytes")).c_str(), FormatBytes(p.at("peak_mapped_bytes")).c_str());
-      }
-    }
-    if (!doc.at("driver_calls").empty()) {
-      std::printf("\n%-32s %10s %12s\n", "driver entry point", "calls", "seconds");
-      for (const auto& c : doc.at("driver_calls")) {
-        std::printf("%-32s %10llu %12.6f\n", c.at("entry").get<std::string>().c_str(),
-                    c.at("calls").get<unsigned long long>(), c.at("seconds").get<double>());
-      }
-    }
-  } catch (const nlohmann::json::exception& e) {
-    std::fprintf(stderr, "vmmshim report: %s is not a vmmshim statistics file: %s\n",
-                 path.c_str(), e.what());
-    return 1;
-  }
+  std::fputs(vmmshim::cli::FormatReport(*stats, path).c_str(), stdout);
   return 0;
+}
+
+// Sets the shim's variable of `key` (named by the options table) to `value`
+// unless it is empty.
+void SetOption(vmmshim::OptionKey key, const std::string& value) {
+  if (!value.empty()) setenv(vmmshim::Option(key).name, value.c_str(), 1);
 }
 
 }  // namespace
@@ -216,16 +180,14 @@ int main(int argc, char** argv) {
     return vmmshim::compare::RunCompare(copt);
   }
 
-  auto set = [](const char* name, const std::string& value) {
-    if (!value.empty()) setenv(name, value.c_str(), 1);
-  };
-  set("VMMSHIM_PEER_POLICY", policy);
-  set("VMMSHIM_PEER_MIN_BYTES", min_bytes);
-  set("VMMSHIM_CONFIG", config);
-  set("VMMSHIM_STATS_FILE", stats);
-  set("VMMSHIM_CACHE_LIMIT", cache_limit);
-  set("VMMSHIM_LOG_LEVEL", log_level);
-  set("VMMSHIM_LOG_FILE", log_file);
+  using vmmshim::OptionKey;
+  SetOption(OptionKey::kPeerPolicy, policy);
+  SetOption(OptionKey::kPeerMinBytes, min_bytes);
+  SetOption(OptionKey::kConfig, config);
+  SetOption(OptionKey::kStatsFile, stats);
+  SetOption(OptionKey::kCacheLimit, cache_limit);
+  SetOption(OptionKey::kLogLevel, log_level);
+  SetOption(OptionKey::kLogFile, log_file);
   std::string preload = lib;
   if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') {
     preload += std::string(" ") + old;

@@ -125,7 +125,7 @@ class LineFilter {
 std::string LinesDifference(const std::vector<std::string>& want,
                             const std::vector<std::string>& got, bool filtered);
 
-// What the shim's statistics files of one run say (stats_report.h's JSON),
+// What the shim's statistics files of one run say (cli/stats_file.h),
 // added up over the run's processes.
 struct ShimFigures {
   int files = 0;  // statistics files read
@@ -142,8 +142,8 @@ struct ShimFigures {
   std::vector<PairDenials> denials_by_pair;  // pairs with denials, by device then peer
 };
 
-// Reads and adds up `files`; a file that is not a statistics file is named
-// in `*error` and skipped.
+// Reads (cli/stats_file.h) and adds up `files`; the first file that is not
+// a statistics file is named in `*error`, and every such file is skipped.
 // (Statistics files are JSON with UTF-8 strings; compare.json is written with
 // invalid UTF-8 in program output replaced, never refused.)
 ShimFigures ReadShimFigures(const std::vector<std::string>& files, std::string* error);
@@ -151,10 +151,6 @@ ShimFigures ReadShimFigures(const std::vector<std::string>& files, std::string* 
 // The median of `values` (the mean of the middle two for an even count);
 // nullopt for none.
 std::optional<double> Median(std::vector<double> values);
-
-// "12.3 ms", "1.52 s"; "1.50 GiB", "4.00 MiB", "512 B".
-std::string FormatSeconds(double seconds);
-std::string FormatBytes(uint64_t bytes);
 
 // Runs the comparison, prints the table to standard output (progress to
 // standard error) and writes the files. Returns the exit status above.

@@ -3,6 +3,7 @@
 // output check, adding up statistics files, medians) and the child runner
 // (exit codes, signals, time limits, exec failures). The whole command runs
 // end to end on the simulated driver in tests/e2e/compare.sh.
+// (The statistics file itself: stats_file_test.cc.)
 #include "cli/compare/compare.h"
 
 #include <unistd.h>
@@ -13,9 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "cli/compare/child_process.h"
 #include "cli/compare/device_memory.h"
+#include "cli/format.h"
+#include "core/report/stats_schema.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace vmmshim::compare {
 namespace {
@@ -164,15 +168,37 @@ TEST(CompareOutput, LongLinesAndHeavyPatternsAreSafe) {
       << error;
 }
 
+// A statistics file with every key of the schema, zero but for those given.
+std::string StatsText(uint64_t served, uint64_t denials) {
+  namespace k = stats_schema;
+  nlohmann::json totals, device, peer;
+  for (const char* key : k::totals::kKeys) totals[key] = 0;
+  for (const char* key : k::device::kKeys) device[key] = 0;
+  for (const char* key : k::peer::kKeys) peer[key] = 0;
+  totals[k::totals::kServedAllocations] = served;
+  totals[k::totals::kPeakPhysicalBytes] = 100;
+  totals[k::totals::kPeerEnableCalls] = 2;
+  totals[k::totals::kPeerEnableSeconds] = 0.5;
+  device[k::device::kDevice] = 1;
+  device[k::device::kSetAccessCalls] = 3;
+  device[k::device::kCompression] = "off";
+  device.erase(k::device::kStreamOrdered);
+  peer[k::peer::kGrants] = 1;
+  peer[k::peer::kDenials] = denials;
+  peer[k::peer::kPeakMappedBytes] = 4096;
+  device[k::device::kPeers] = nlohmann::json::array({peer});
+  nlohmann::json doc = {{k::kPid, 1},
+                        {k::kPolicy, "none"},
+                        {k::kTotals, totals},
+                        {k::kDevices, nlohmann::json::array({device})},
+                        {k::kDriverCalls, nlohmann::json::array()}};
+  return doc.dump();
+}
+
 TEST(CompareStatistics, AddsUpTheProcessesOfARun) {
   const std::string dir = TempDir();
   auto write = [&](const std::string& name, int served, int denials) {
-    std::ofstream(dir + "/" + name)
-        << R"({"pid": 1, "policy": "none", "totals": {"served_allocations": )" << served
-        << R"(, "peak_physical_bytes": 100, "peer_enable_calls": 2, "peer_enable_seconds": 0.5},
-  "devices": [{"device": 1, "set_access_calls": 3, "peers": [
-     {"peer": 0, "grants": 1, "denials": )" << denials
-        << R"(, "mapped_bytes": 0, "peak_mapped_bytes": 4096}]}], "driver_calls": []})";
+    std::ofstream(dir + "/" + name) << StatsText(served, denials);
   };
   write("a.json", 10, 3);
   write("b.json", 5, 0);
@@ -200,12 +226,12 @@ TEST(CompareFigures, MedianAndUnits) {
   EXPECT_FALSE(Median({}));
   EXPECT_EQ(*Median({3, 1, 2}), 2);
   EXPECT_EQ(*Median({4, 1, 3, 2}), 2.5);
-  EXPECT_EQ(FormatSeconds(0.0123), "12.3 ms");
-  EXPECT_EQ(FormatSeconds(1.5), "1.50 s");
-  EXPECT_EQ(FormatSeconds(120e-6), "120.0 us");
-  EXPECT_EQ(FormatBytes(512), "512 B");
-  EXPECT_EQ(FormatBytes(uint64_t{4} << 20), "4.00 MiB");
-  EXPECT_EQ(FormatBytes(uint64_t{3} << 29), "1.50 GiB");
+  EXPECT_EQ(cli::FormatSeconds(0.0123), "12.3 ms");
+  EXPECT_EQ(cli::FormatSeconds(1.5), "1.50 s");
+  EXPECT_EQ(cli::FormatSeconds(120e-6), "120.0 us");
+  EXPECT_EQ(cli::FormatBytes(512), "512 B");
+  EXPECT_EQ(cli::FormatBytes(uint64_t{4} << 20), "4.00 MiB");
+  EXPECT_EQ(cli::FormatBytes(uint64_t{3} << 29), "1.50 GiB");
 }
 
 class ChildTest : public ::testing::Test {
