@@ -230,7 +230,8 @@ constexpr OptionInfo kOptions[] = {
      "Heap arenas per device: each thread allocates in one of them, so threads up to this "
      "number never share a lock on the fast path (core/heap/device_heap.h). 0: the number of CPUs "
      "the process may run on, at most 8. 1: one arena (one lock per device).",
-     &ApplyArenas, false, OptionKey::kArenas},};
+     &ApplyArenas, false, OptionKey::kArenas},
+};
 
 // Option(key) indexes the table: each row must sit at its key's place, and
 // every key have its row.
