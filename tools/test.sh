@@ -6,7 +6,7 @@
 # contracts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/build.sh
+tools/build/build.sh
 status=0
 (cd build && ctest --output-on-failure -j2) || status=$?
 if grep -h "^SKIP:" build/Testing/Temporary/LastTest.log >/dev/null 2>&1; then

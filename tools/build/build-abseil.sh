@@ -17,9 +17,9 @@
 # The .dsc is pinned by its sha256 and the tarballs are checked against it.
 # Runs again only when the pinned version, this script's build settings or the
 # compiler change (stamp file). Needs curl, patch, xz-utils, cmake, c++.
-# usage: tools/build-abseil.sh [PREFIX]   (default: build-deps/absl)
+# usage: tools/build/build-abseil.sh [PREFIX]   (default: build-deps/absl)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 prefix=$(realpath -m "${1:-build-deps/absl}")
 deps=$(dirname "$prefix")
 

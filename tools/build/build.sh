@@ -2,9 +2,9 @@
 # Configures and builds vmmshim into build/ (after installing dependencies and
 # building, once, the static abseil every build configuration uses).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-tools/install-deps.sh
-tools/build-abseil.sh
+cd "$(dirname "$0")/../.."
+tools/build/install-deps.sh
+tools/build/build-abseil.sh
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=$PATH:/usr/local/cuda/bin
 fi

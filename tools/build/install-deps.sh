@@ -3,7 +3,7 @@
 # what is missing). The CUDA Toolkit (13.0) is expected to be preinstalled;
 # CMake's FindCUDAToolkit finds it under /usr/local/cuda.
 set -euo pipefail
-# Abseil is not among them: tools/build-abseil.sh builds Debian's source with
+# Abseil is not among them: tools/build/build-abseil.sh builds Debian's source with
 # -fPIC (curl, patch, xz-utils fetch and unpack it) for libvmmshim.so to link
 # statically.
 packages=(cmake g++ make libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev

@@ -1,12 +1,13 @@
 """Rewrites the options table of docs/configuration.md from config/config.cc
 (ConfigTest.EveryOptionIsDocumented checks that they agree).
-usage: python3 tools/gen_config_doc.py"""
+usage: python3 tools/docs/gen_config_doc.py"""
 import os
 import re
 
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 src = open(os.path.join(root, "config/config.cc")).read()
-block = src[src.index("constexpr OptionInfo kOptions[] = {"):src.index("};\n\n}  // namespace")]
+start = src.index("constexpr OptionInfo kOptions[] = {")
+block = src[start:src.index("\n};\n", start)]
 rows = []
 for entry in re.findall(r'\{("VMMSHIM_[A-Z_]+".*?)&Apply', block, re.S):
     literals = re.findall(r'((?:"(?:[^"\\]|\\.)*"\s*)+),?', entry)

@@ -1,6 +1,6 @@
-"""Charts and tables of a tools/multi-gpu-run.sh log (docs/multi-gpu.md).
+"""Charts and tables of a tools/gpu/multi-gpu-run.sh log (docs/multi-gpu.md).
 
-usage: python3 tools/plot_multi_gpu.py LOG [LOG ...] PNG_PREFIX [--title TEXT]
+usage: python3 tools/docs/plot_multi_gpu.py LOG [LOG ...] PNG_PREFIX [--title TEXT]
 
 Writes PNG_PREFIX-overhead.png (cudaDeviceEnablePeerAccess against live
 allocations, cache-hit cudaMalloc), PNG_PREFIX-cold.png (cold cudaMalloc

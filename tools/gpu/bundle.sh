@@ -5,10 +5,10 @@
 # linked in: docs/architecture.md) and so are the test and bench programs
 # (abseil and gtest static), so no library is copied; the bundle refuses a
 # program that needs a shared library outside the system and the build tree.
-# tools/gpu-validate.sh runs the checks from there.
-# usage: tools/gpu-bundle.sh [BUILD_DIR]   (default: build)
+# tools/gpu/validate.sh runs the checks from there.
+# usage: tools/gpu/bundle.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 rm -rf .gpu && mkdir -p .gpu/build
 tar -C "$build" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' -cf - . | tar -C .gpu/build -xf -
@@ -22,7 +22,7 @@ find .gpu/build -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
 # CUDA Toolkit (libcudart.so.13, for examples/cudart_loop, built with the
 # shared cudart for the torch_memory_saver comparison); a
 # library of the build tree is found there through the tree's own paths
-# (tools/gpu-host-env.sh).
+# (tools/gpu/host-env.sh).
 system='^(linux-vdso|ld-linux|libcudart\.|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s\.|libstdc\+\+\.|libcuda\.|libnvidia)'
 missing=$(find "$build" -path '*/CMakeFiles' -prune -o -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
   while IFS= read -r -d '' f; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vmmshim next to its closest peer, torch_memory_saver (preload mode: it
 # serves cudaMalloc from VMM inside its regions), and native, in one call on
-# a GPU host (after tools/gpu-bundle.sh and tools/fetch-gpu-wheels.sh):
+# a GPU host (after tools/gpu/bundle.sh and tools/gpu/fetch-wheels.sh):
 #   - examples/cupy_nopool.py   CuPy with its pool off (2,000 iterations);
 #   - examples/cudart_loop      a cudart malloc/free loop with a resident set;
 #   - examples/torch_step_time.py  a PyTorch training step (median of 200).
@@ -11,13 +11,13 @@
 # region in cudart_loop), on the main thread, as its region() does.
 # Writes $OUT/tms-compare.csv (one row per run) and prints medians and
 # ratios against native.
-# usage: tools/compare-tms.sh [ROUNDS]
+# usage: tools/gpu/compare-tms.sh [ROUNDS]
 set -uo pipefail
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 rounds=${1:-3}
 wheel=$(ls "$root"/.gpu/wheels/torch_memory_saver-*.whl 2>/dev/null | head -1)
 if [ -z "$wheel" ]; then
-  echo "no torch_memory_saver wheel in .gpu/wheels (run tools/fetch-gpu-wheels.sh)"; exit 1
+  echo "no torch_memory_saver wheel in .gpu/wheels (run tools/gpu/fetch-wheels.sh)"; exit 1
 fi
 tms_dir=$(mktemp -d)
 python3 -m zipfile -e "$wheel" "$tms_dir"

@@ -7,9 +7,9 @@
 #     of the shim, for side-by-side runs.
 # The checks install them from there into a temporary directory (nothing is
 # installed system-wide). numpy is the host's own.
-# usage: tools/fetch-gpu-wheels.sh   (after tools/gpu-bundle.sh, which wipes .gpu)
+# usage: tools/gpu/fetch-wheels.sh   (after tools/gpu/bundle.sh, which wipes .gpu)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mkdir -p .gpu/wheels
 common=(--quiet -d .gpu/wheels --no-deps --python-version 3.12 --only-binary=:all:
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64)

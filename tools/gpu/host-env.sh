@@ -1,5 +1,5 @@
 # Sourced by the scripts that run on a GPU host from a bundled build tree
-# (tools/gpu-bundle.sh): makes the build tree's recorded absolute paths
+# (tools/gpu/bundle.sh): makes the build tree's recorded absolute paths
 # valid there, puts its libraries on the path, and sets
 #   out   where logs go ($OUT, else ./gpu-out)
 #   root  the repository root

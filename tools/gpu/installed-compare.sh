@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 14 on a GPU host (after tools/gpu-bundle.sh and tools/fetch-gpu-wheels.sh):
-# the gpu-labelled checks; the build tree installed into a staging prefix as a
+# The installed `vmmshim` on a GPU host (after tools/gpu/bundle.sh and
+# tools/gpu/fetch-wheels.sh): the gpu-labelled checks; the build tree installed into a staging prefix as a
 # user would (`cmake --install`), its vmmshim --version and the exit report's
 # version; then the installed `vmmshim compare` on real programs: PyTorch
 # training (examples/train_mlp.py through python3) under all and none, and a
 # static-cudart program (examples/alloc_mix) under all, none, min-size:1M.
 # Tables and files in $OUT/compare-*.
-# usage: tools/gpu-issue14.sh [REPEAT]   (GPU_CTEST=0 skips the checks)
+# usage: tools/gpu/installed-compare.sh [REPEAT]   (GPU_CTEST=0 skips the checks)
 set -uo pipefail
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 repeat=${1:-3}
 gpu_header_and_checks
 echo "== cmake --install into a staging prefix"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The multi-GPU validation and measurements (docs/multi-gpu.md), for any
 # number of GPUs, run from the repository root on the GPU machine after
-# tools/gpu-bundle.sh on the build machine. Logs to
-# $OUT/multi-gpu-<N>gpu[-<sections>].log; tools/plot_multi_gpu.py draws the
+# tools/gpu/bundle.sh on the build machine. Logs to
+# $OUT/multi-gpu-<N>gpu[-<sections>].log; tools/docs/plot_multi_gpu.py draws the
 # charts and prints the tables from it (or from several logs of one machine).
 #
 # Sections, in this order (the issue's new measurements first):
@@ -23,7 +23,7 @@
 # Never creates a multicast object (NVLS off for NCCL, PyTorch, NVSHMEM).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 bin=$b/bench/multi_gpu
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
 sections=" $(tr ', ' '  ' <<<"${SECTIONS:-6 7 5 8 1 2 3 4}") "
@@ -162,5 +162,5 @@ done
 echo "== [t=${SECONDS}s] done"
 if [ ${#left[@]} -gt 0 ]; then
   echo "== not run for lack of time: sections ${left[*]}; run them in another call:"
-  echo "   SECTIONS=\"${left[*]}\" bash tools/multi-gpu-run.sh"
+  echo "   SECTIONS=\"${left[*]}\" bash tools/gpu/multi-gpu-run.sh"
 fi

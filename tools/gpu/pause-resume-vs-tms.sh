@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 15 on a GPU host (after tools/gpu-bundle.sh and tools/fetch-gpu-wheels.sh):
+# Pause and resume (docs/pause-resume.md) against torch_memory_saver on a GPU
+# host (after tools/gpu/bundle.sh and tools/gpu/fetch-wheels.sh):
 # examples/pause_resume.py (a PyTorch model and a KV_GIB GiB `kv` buffer) natively
 # without a pause (the reference result), under vmmshim pausing `kv` with its
 # contents and without, and under torch_memory_saver (preload mode, CPU backup),
 # after one warm-up run of each that is not reported, alternating ROUNDS times; every paused run's result line must equal the
 # reference. Logs to $OUT/pause-resume.log.
-# usage: tools/gpu-issue15.sh [ROUNDS]   (KV_GIB, default 8)
+# usage: tools/gpu/pause-resume-vs-tms.sh [ROUNDS]   (KV_GIB, default 8)
 set -uo pipefail
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 rounds=${1:-2}
 kv=${KV_GIB:-8}
 exec > >(tee "$out/pause-resume.log") 2>&1

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU part of the reliability work (docs/reliability.md), in one call on a
-# GPU host after tools/gpu-bundle.sh: compute-sanitizer memcheck (with
+# GPU host after tools/gpu/bundle.sh: compute-sanitizer memcheck (with
 # --leak-check full) over the examples, natively, under the shim, and under
 # the shim without its cache (VMMSHIM_CACHE_LIMIT=0, for comparison;
 # docs/reliability.md), and a
 # soak run (allocation churn with kernels, memory back to its start at the
 # end) under the shim. Logs to $OUT (or ./gpu-out).
-# usage: bash tools/gpu-reliability.sh [SOAK_SECONDS]   (default 150)
+# usage: bash tools/gpu/reliability.sh [SOAK_SECONDS]   (default 150)
 set -uo pipefail
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 soak_seconds=${1:-150}
 exec > >(tee "$out/reliability.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

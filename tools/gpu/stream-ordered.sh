@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The stream-ordered validation of issue 12 in one GPU call, from the
-# repository root on a GPU host after tools/gpu-bundle.sh (and
-# tools/fetch-gpu-wheels.sh) ran on the build machine. Writes to $OUT.
+# repository root on a GPU host after tools/gpu/bundle.sh (and
+# tools/gpu/fetch-wheels.sh) ran on the build machine. Writes to $OUT.
 #   - the gpu checks stream_ordered, torch_async, cupy_async, rmm_async;
 #   - CuPy's MemoryAsyncPool loop and RMM's view resource timed natively and
 #     under the shim, alternating, 4 and 2 times each (first runs included:
 #     each run warms up itself);
 #   - the allocation benchmark, 2 alternating rounds (its async rows).
 set -uo pipefail
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 exec > >(tee "$out/stream-ordered.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 (cd "$b" && ctest -L gpu -R "gpu_(stream_ordered|torch_async|cupy_async|rmm_async)" -V 2>&1) |

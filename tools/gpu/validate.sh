@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole real-GPU validation in one call, run from the repository root on a
-# GPU host after tools/gpu-bundle.sh was run on the build machine (the build
+# GPU host after tools/gpu/bundle.sh was run on the build machine (the build
 # tree lives in .gpu/build). Writes logs to $OUT (or ./gpu-out).
 #   - all ctest tests (unit and e2e on the simulated driver, and the gpu label:
 #     static-cudart program, parity probe, footprint, driver API, PyTorch)
 #   - the full outputs of the parity probe and the footprint runs
 set -uo pipefail
-source "$(dirname "$0")/gpu-host-env.sh"
+source "$(dirname "$0")/host-env.sh"
 exec > >(tee "$out/validate.log") 2>&1
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
