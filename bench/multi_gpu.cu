@@ -1,5 +1,5 @@
 // Multi-GPU measurements of per-allocation peer access (run natively and
-// under the shim by tools/multi-gpu-run.sh), for any number of GPUs. `cold`
+// under the shim by tools/gpu/multi-gpu-run.sh), for any number of GPUs. `cold`
 // and `pool` also run on one GPU (0 peers only); the others need two.
 //
 //   multi_gpu correct            every device reads and writes every other

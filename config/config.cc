@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iterator>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -16,8 +17,6 @@ extern char** environ;
 
 namespace vmmshim {
 namespace {
-
-constexpr absl::string_view kPrefix = "VMMSHIM_";
 
 struct LevelName {
   const char* name;
@@ -166,77 +165,91 @@ void ResolvePeerPolicy(ParseResult* result) {
 constexpr OptionInfo kOptions[] = {
     {"VMMSHIM_ENABLE", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "0 turns the shim into a pure pass-through: every call reaches the driver unchanged.",
-     &ApplyEnable, false},
+     &ApplyEnable, false, OptionKey::kEnable},
     {"VMMSHIM_LOG_LEVEL", "enum", "warn",
      "trace, debug, info, warn (or warning), error, off (any case)",
      "Least severe message logged. At info the shim logs its start and an exit report "
      "(allocations and bytes served from VMM and passed through).",
-     &ApplyLogLevel, false},
+     &ApplyLogLevel, false, OptionKey::kLogLevel},
     {"VMMSHIM_LOG_FILE", "path", "stderr",
      "a file path in an existing directory; %p becomes the pid",
      "Where log lines go, appended. A file that cannot be opened, or whose directory does not "
      "exist, gets one warning and logging stays on standard error.",
-     &ApplyLogFile, false},
+     &ApplyLogFile, false, OptionKey::kLogFile},
     {"VMMSHIM_PEER_POLICY", "enum", "all (rules when VMMSHIM_CONFIG is set)",
      "all, none, min-size, rules",
      "Which allocations peers that enable peer access may map: all (as "
      "cudaDeviceEnablePeerAccess), none, those of at least VMMSHIM_PEER_MIN_BYTES, or the "
      "rules of VMMSHIM_CONFIG. Malformed: the program stops with one message.",
-     &ApplyPeerPolicy, true},
+     &ApplyPeerPolicy, true, OptionKey::kPeerPolicy},
     {"VMMSHIM_PEER_MIN_BYTES", "bytes", "(none)",
      "a byte count: digits with an optional K, M, G or T[iB] (powers of 1024)",
      "The threshold of the min-size policy. Malformed: the program stops with one message.",
-     &ApplyPeerMinBytes, true},
+     &ApplyPeerMinBytes, true, OptionKey::kPeerMinBytes},
     {"VMMSHIM_CONFIG", "path", "(none)", "a TOML rules file (docs/peer-access.md)",
      "Peer-access rules for the rules policy. A file that cannot be read or parsed stops the "
      "program with one message naming the file, line and problem.",
-     &ApplyConfigFile, true},
+     &ApplyConfigFile, true, OptionKey::kConfig},
     {"VMMSHIM_PEER_ENABLE_DRIVER", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: cuCtxEnablePeerAccess also reaches the driver, so memory the shim does not serve "
      "(stream-ordered pools, library buffers) stays reachable by peers; 0: only shim "
      "allocations are granted, by the policy.",
-     &ApplyPeerEnableDriver, false},
+     &ApplyPeerEnableDriver, false, OptionKey::kPeerEnableDriver},
     {"VMMSHIM_CACHE_LIMIT", "bytes or percent", "10%",
      "a byte count (K, M, G, T[iB]) or a percentage of device memory such as 25%",
      "The most each device keeps mapped for reuse after frees. Cached memory counts as free "
      "in cudaMemGetInfo and is released before an allocation would fail for lack of memory. "
      "0 turns the cache off.",
-     &ApplyCacheLimit, false},
+     &ApplyCacheLimit, false, OptionKey::kCacheLimit},
     {"VMMSHIM_STATS_FILE", "path", "(none)", "a file path; %p becomes the pid",
      "Writes a JSON report at exit: per device allocations, bytes, peak, grants and denials "
      "per peer, bytes mapped into each peer, driver calls and time by entry point.",
-     &ApplyStatsFile, false},
+     &ApplyStatsFile, false, OptionKey::kStatsFile},
     {"VMMSHIM_TRACE_FILE", "path", "(none)", "a file path; %p becomes the pid",
      "Records every allocation and free as CSV (time, thread, device, op, size, pointer) for "
      "replay with bench/replay; written at exit.",
-     &ApplyTraceFile, false},
+     &ApplyTraceFile, false, OptionKey::kTraceFile},
     {"VMMSHIM_IPC", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: shim memory is created shareable (POSIX file-descriptor handle type) and "
      "cudaIpcGetMemHandle/cudaIpcOpenMemHandle work on it between processes of the same user "
      "(docs/ipc.md); 0: memory is not shareable and IPC calls reach the driver, which rejects "
      "VMM memory.",
-     &ApplyIpc, false},
+     &ApplyIpc, false, OptionKey::kIpc},
     {"VMMSHIM_IPC_DIR", "path", "/tmp/vmmshim-<uid>",
      "an absolute directory path; created with mode 0700 when missing",
      "Where exporting processes keep their IPC sockets. Exporter and importer must use the same "
      "directory. One owned by another user, open to others, or a symbolic link is refused with "
      "one error line (once per process) and IPC exports fail with CUDA_ERROR_OPERATING_SYSTEM.",
-     &ApplyIpcDir, false},
+     &ApplyIpcDir, false, OptionKey::kIpcDir},
     {"VMMSHIM_COMPRESSION", "enum", "none", "none, generic (any case)",
      "generic: request compressible memory (CUDA guide 4.16.5.2) on devices that report "
      "generic compression support; whether the driver granted it is logged once per device and "
      "in the exit report.",
-     &ApplyCompression, false},
+     &ApplyCompression, false, OptionKey::kCompression},
     {"VMMSHIM_ARENAS", "int", "0", "0 (automatic) or 1 to 64",
      "Heap arenas per device: each thread allocates in one of them, so threads up to this "
      "number never share a lock on the fast path (core/heap/device_heap.h). 0: the number of CPUs "
      "the process may run on, at most 8. 1: one arena (one lock per device).",
-     &ApplyArenas, false},
+     &ApplyArenas, false, OptionKey::kArenas},
 };
+
+// Option(key) indexes the table: each row must sit at its key's place, and
+// every key have its row.
+constexpr bool RowsInKeyOrder() {
+  for (size_t i = 0; i < std::size(kOptions); ++i) {
+    if (static_cast<size_t>(kOptions[i].key) != i) return false;
+  }
+  return true;
+}
+static_assert(RowsInKeyOrder(), "kOptions rows out of OptionKey order");
+static_assert(std::size(kOptions) == static_cast<size_t>(OptionKey::kArenas) + 1,
+              "an OptionKey without its row in kOptions (or a row without a key)");
 
 }  // namespace
 
 absl::Span<const OptionInfo> Options() { return kOptions; }
+
+const OptionInfo& Option(OptionKey key) { return kOptions[static_cast<size_t>(key)]; }
 
 absl::string_view LogLevelName(LogLevel level) {
   for (const LevelName& l : kLevels) {
@@ -263,7 +276,7 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
     }
   }
   for (const std::string& name : environ_names) {
-    if (!absl::StartsWith(name, kPrefix)) continue;
+    if (!absl::StartsWith(name, kOptionPrefix)) continue;
     bool known = false;
     for (const OptionInfo& option : kOptions) known |= name == option.name;
     if (!known) {
@@ -291,7 +304,7 @@ ParseResult ParseConfigFromEnvironment() {
   std::vector<std::string> names;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     absl::string_view entry(*e);
-    if (absl::StartsWith(entry, kPrefix)) names.emplace_back(entry.substr(0, entry.find('=')));
+    if (absl::StartsWith(entry, kOptionPrefix)) names.emplace_back(entry.substr(0, entry.find('=')));
   }
   return ParseConfig([](const char* name) { return std::getenv(name); }, names, getpid());
 }

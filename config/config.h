@@ -61,6 +61,30 @@ struct Config {
   int arenas = 0;
 };
 
+// The prefix of every option's variable name; Options() knows all of them.
+inline constexpr absl::string_view kOptionPrefix = "VMMSHIM_";
+
+// One key per row of Options(), in table order, so that a program setting a
+// variable for the shim (the `vmmshim` CLI) names it through the table:
+// Option(OptionKey::kStatsFile).name. A key without its row fails to compile
+// (a static_assert in config.cc).
+enum class OptionKey {
+  kEnable,
+  kLogLevel,
+  kLogFile,
+  kPeerPolicy,
+  kPeerMinBytes,
+  kConfig,
+  kPeerEnableDriver,
+  kCacheLimit,
+  kStatsFile,
+  kTraceFile,
+  kIpc,
+  kIpcDir,
+  kCompression,
+  kArenas,  // the last: config.cc checks that the table has a row for each
+};
+
 struct OptionInfo {
   const char* name;           // the environment variable
   const char* type;           // "bool", "enum", "path"
@@ -73,10 +97,14 @@ struct OptionInfo {
   // allocation is served (a silently different peer policy can hang NVLink
   // collectives); other options fall back to their default.
   bool fatal;
+  OptionKey key;
 };
 
 // The options table, in documentation order.
 absl::Span<const OptionInfo> Options();
+
+// The row of `key`.
+const OptionInfo& Option(OptionKey key);
 
 struct ParseResult {
   Config config;

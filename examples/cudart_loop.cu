@@ -1,6 +1,6 @@
 // A cudart malloc/free loop as a program without a pool makes it, for
 // side-by-side runs of native, vmmshim and torch_memory_saver
-// (tools/compare-tms.sh). Linked with the *shared* cudart, because
+// (tools/gpu/compare-tms.sh). Linked with the *shared* cudart, because
 // torch_memory_saver's preload library replaces the cudaMalloc/cudaFree
 // symbols (vmmshim hooks the driver and serves either build).
 //

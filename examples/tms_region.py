@@ -1,4 +1,4 @@
-"""For side-by-side runs with torch_memory_saver (tools/compare-tms.sh): when
+"""For side-by-side runs with torch_memory_saver (tools/gpu/compare-tms.sh): when
 its preload library is in LD_PRELOAD, enter its "interesting region" on this
 thread, as torch_memory_saver.region() does, so that this thread's cudaMalloc
 calls are served from its VMM allocations (outside a region it passes them to

@@ -90,7 +90,7 @@ void ReleaseCacheAtExit() {
 const Runtime* Initialize() {
   // Whatever build of abseil is linked in: no process-wide deadlock graph
   // behind every Lock (it serializes threads on different mutexes;
-  // tools/build-abseil.sh builds with NDEBUG, where this is the default).
+  // tools/build/build-abseil.sh builds with NDEBUG, where this is the default).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ParseResult parsed = ParseConfigFromEnvironment();
   if (!parsed.fatal_problems.empty()) {

@@ -8,7 +8,7 @@
 # examples/peer_access on the real GPUs follows the nvcc program.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/build.sh
+tools/build/build.sh
 shim=$PWD/build/libvmmshim.so
 # compare's exit status is 1 when a policy broke the program (none does here,
 # on purpose); only 2 (the comparison could not be made) stops the demo.

@@ -6,7 +6,7 @@
 # contracts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/build.sh
+tools/build/build.sh
 status=0
 (cd build && ctest --output-on-failure -j2) || status=$?
 if grep -h "^SKIP:" build/Testing/Temporary/LastTest.log >/dev/null 2>&1; then
@@ -15,21 +15,25 @@ if grep -h "^SKIP:" build/Testing/Temporary/LastTest.log >/dev/null 2>&1; then
 fi
 
 # Checking builds (docs/reliability.md): the unit, contract, fault-sweep and
-# stress tests under AddressSanitizer + UndefinedBehaviorSanitizer and under
-# ThreadSanitizer, and clang's thread-safety analysis of the lock
-# annotations, as errors.
+# stress tests and the CLI's tests under AddressSanitizer +
+# UndefinedBehaviorSanitizer and under ThreadSanitizer, and clang's
+# thread-safety analysis of the lock annotations, as errors.
 echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DVMMSHIM_SANITIZE=address,undefined \
   -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
-cmake --build build-asan -j"$(nproc)" --target vmmshim_unit_tests >/dev/null
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-asan/tests/vmmshim_unit_tests --gtest_brief=1 2>&1 | grep -vE "^\[vmmshim" || status=1
+cmake --build build-asan -j"$(nproc)" --target vmmshim_unit_tests vmmshim_cli_tests >/dev/null
+for t in vmmshim_unit_tests vmmshim_cli_tests; do
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    build-asan/tests/$t --gtest_brief=1 2>&1 | grep -vE "^\[vmmshim" || status=1
+done
 echo "== unit tests under ThreadSanitizer (our locks as std::shared_mutex: core/sync/mutex.h)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DVMMSHIM_SANITIZE=thread \
   -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null
-cmake --build build-tsan -j"$(nproc)" --target vmmshim_unit_tests >/dev/null
-TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/vmmshim_unit_tests --gtest_brief=1 2>&1 \
-  | grep -vE "^\[vmmshim" || status=1
+cmake --build build-tsan -j"$(nproc)" --target vmmshim_unit_tests vmmshim_cli_tests >/dev/null
+for t in vmmshim_unit_tests vmmshim_cli_tests; do
+  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$t --gtest_brief=1 2>&1 \
+    | grep -vE "^\[vmmshim" || status=1
+done
 echo "== clang -Wthread-safety (lock contracts) over libvmmshim.so"
 CC=clang CXX=clang++ cmake -S . -B build-tsa -DVMMSHIM_THREAD_SAFETY_ANALYSIS=ON \
   -DVMMSHIM_BUILD_TESTS=OFF -DVMMSHIM_BUILD_EXAMPLES=OFF -DVMMSHIM_BUILD_BENCH=OFF >/dev/null

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/driver/driver_stats.h"
 #include "core/base/version.h"
+#include "core/report/stats_schema.h"
 #include "nlohmann/json.hpp"
 
 namespace vmmshim {
@@ -22,72 +23,79 @@ const char* CompressionName(CompressionState state) {
 }
 
 std::string StatsJson(const Allocator& allocator, int pid) {
+  namespace k = stats_schema;
+  namespace kt = stats_schema::totals;
+  namespace kd = stats_schema::device;
+  namespace ks = stats_schema::stream_ordered;
+  namespace kp = stats_schema::peer;
+  namespace kc = stats_schema::driver_call;
   const AllocatorStats t = allocator.GetStats();
   nlohmann::json doc;
-  doc["pid"] = pid;
-  doc["version"] = VMMSHIM_VERSION;
-  doc["policy"] = allocator.peer_policy().Describe();
-  doc["totals"] = {{"served_allocations", t.served_allocations},
-                   {"served_bytes", t.served_bytes},
-                   {"passthrough_allocations", t.passthrough_allocations},
-                   {"passthrough_bytes", t.passthrough_bytes},
-                   {"frees", t.frees},
-                   {"live_allocations", t.live_allocations},
-                   {"live_bytes", t.live_bytes},
-                   {"peak_physical_bytes", t.peak_handle_bytes},
-                   {"stream_ordered_allocations", t.stream_ordered_allocations},
-                   {"stream_ordered_reuses", t.stream_ordered_reuses},
-                   {"free_synchronizes", t.free_synchronizes},
-                   {"free_synchronizes_shared", t.free_synchronizes_shared},
-                   {"peer_enable_calls", t.peer_enable_calls},
-                   {"peer_enable_seconds", t.peer_enable_seconds},
-                   {"paused_bytes", t.paused_bytes},
-                   {"peak_paused_bytes", t.peak_paused_bytes}};
-  doc["devices"] = nlohmann::json::array();
-  for (const DeviceStats& d : allocator.GetStats().devices) {
+  doc[k::kPid] = pid;
+  doc[k::kVersion] = VMMSHIM_VERSION;
+  doc[k::kSchemaVersion] = k::kSchemaVersionNumber;
+  doc[k::kPolicy] = allocator.peer_policy().Describe();
+  doc[k::kTotals] = {{kt::kServedAllocations, t.served_allocations},
+                     {kt::kServedBytes, t.served_bytes},
+                     {kt::kPassthroughAllocations, t.passthrough_allocations},
+                     {kt::kPassthroughBytes, t.passthrough_bytes},
+                     {kt::kFrees, t.frees},
+                     {kt::kLiveAllocations, t.live_allocations},
+                     {kt::kLiveBytes, t.live_bytes},
+                     {kt::kPeakPhysicalBytes, t.peak_handle_bytes},
+                     {kt::kStreamOrderedAllocations, t.stream_ordered_allocations},
+                     {kt::kStreamOrderedReuses, t.stream_ordered_reuses},
+                     {kt::kFreeSynchronizes, t.free_synchronizes},
+                     {kt::kFreeSynchronizesShared, t.free_synchronizes_shared},
+                     {kt::kPeerEnableCalls, t.peer_enable_calls},
+                     {kt::kPeerEnableSeconds, t.peer_enable_seconds},
+                     {kt::kPausedBytes, t.paused_bytes},
+                     {kt::kPeakPausedBytes, t.peak_paused_bytes}};
+  doc[k::kDevices] = nlohmann::json::array();
+  for (const DeviceStats& d : t.devices) {
     nlohmann::json peers = nlohmann::json::array();
     for (size_t p = 0; p < d.peers.size(); ++p) {
       const PeerCounters& c = d.peers[p];
       if (c.grants == 0 && c.denials == 0 && c.peak_mapped_bytes == 0) continue;
-      peers.push_back({{"peer", p},
-                       {"grants", c.grants},
-                       {"denials", c.denials},
-                       {"mapped_bytes", c.mapped_bytes},
-                       {"peak_mapped_bytes", c.peak_mapped_bytes}});
+      peers.push_back({{kp::kPeer, p},
+                       {kp::kGrants, c.grants},
+                       {kp::kDenials, c.denials},
+                       {kp::kMappedBytes, c.mapped_bytes},
+                       {kp::kPeakMappedBytes, c.peak_mapped_bytes}});
     }
-    doc["devices"].push_back({{"device", d.device},
-                              {"allocations", d.allocations},
-                              {"bytes", d.bytes},
-                              {"live_bytes", d.live_bytes},
-                              {"peak_live_bytes", d.peak_live_bytes},
-                              {"physical_bytes", d.handle_bytes},
-                              {"peak_physical_bytes", d.peak_handle_bytes},
-                              {"set_access_calls", d.set_access_calls},
-                              {"cache_hits", d.cache_hits},
-                              {"cache_misses", d.cache_misses},
-                              {"cached_bytes", d.cached_bytes},
-                              {"ipc_exports", d.exports},
-                              {"context_releases", d.context_releases},
-                              {"paused_bytes", d.paused_bytes},
-                              {"peak_paused_bytes", d.peak_paused_bytes},
-                              {"compression", CompressionName(d.compression)},
-                              {"stream_ordered",
-                               {{"allocations", d.stream_ordered.allocations},
-                                {"reuses", d.stream_ordered.reuses},
-                                {"frees", d.stream_ordered.frees},
-                                {"live_allocations", d.stream_ordered.live_allocations},
-                                {"used_bytes", d.stream_ordered.used},
-                                {"used_high_bytes", d.stream_ordered.used_high},
-                                {"reserved_bytes", d.stream_ordered.reserved},
-                                {"reserved_high_bytes", d.stream_ordered.reserved_high},
-                                {"cached_bytes", d.stream_ordered.cached},
-                                {"driver_queries", d.stream_ordered.driver_queries}}},
-                              {"peers", peers}});
+    doc[k::kDevices].push_back({{kd::kDevice, d.device},
+                                {kd::kAllocations, d.allocations},
+                                {kd::kBytes, d.bytes},
+                                {kd::kLiveBytes, d.live_bytes},
+                                {kd::kPeakLiveBytes, d.peak_live_bytes},
+                                {kd::kPhysicalBytes, d.handle_bytes},
+                                {kd::kPeakPhysicalBytes, d.peak_handle_bytes},
+                                {kd::kSetAccessCalls, d.set_access_calls},
+                                {kd::kCacheHits, d.cache_hits},
+                                {kd::kCacheMisses, d.cache_misses},
+                                {kd::kCachedBytes, d.cached_bytes},
+                                {kd::kIpcExports, d.exports},
+                                {kd::kContextReleases, d.context_releases},
+                                {kd::kPausedBytes, d.paused_bytes},
+                                {kd::kPeakPausedBytes, d.peak_paused_bytes},
+                                {kd::kCompression, CompressionName(d.compression)},
+                                {kd::kStreamOrdered,
+                                 {{ks::kAllocations, d.stream_ordered.allocations},
+                                  {ks::kReuses, d.stream_ordered.reuses},
+                                  {ks::kFrees, d.stream_ordered.frees},
+                                  {ks::kLiveAllocations, d.stream_ordered.live_allocations},
+                                  {ks::kUsedBytes, d.stream_ordered.used},
+                                  {ks::kUsedHighBytes, d.stream_ordered.used_high},
+                                  {ks::kReservedBytes, d.stream_ordered.reserved},
+                                  {ks::kReservedHighBytes, d.stream_ordered.reserved_high},
+                                  {ks::kCachedBytes, d.stream_ordered.cached},
+                                  {ks::kDriverQueries, d.stream_ordered.driver_queries}}},
+                                {kd::kPeers, peers}});
   }
-  doc["driver_calls"] = nlohmann::json::array();
+  doc[k::kDriverCalls] = nlohmann::json::array();
   for (const DriverCallCount& c : DriverCallCounts()) {
-    doc["driver_calls"].push_back(
-        {{"entry", c.entry}, {"calls", c.calls}, {"seconds", c.seconds}});
+    doc[k::kDriverCalls].push_back(
+        {{kc::kEntry, c.entry}, {kc::kCalls, c.calls}, {kc::kSeconds, c.seconds}});
   }
   return doc.dump(2);
 }

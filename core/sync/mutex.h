@@ -3,7 +3,7 @@
 // where it is a std::shared_mutex with the same interface subset and the
 // same thread-safety annotations.
 //
-// Why: the project's abseil (tools/build-abseil.sh) is not built with
+// Why: the project's abseil (tools/build/build-abseil.sh) is not built with
 // -fsanitize=thread, so TSan cannot
 // see absl::Mutex's synchronization (futex calls inside an uninstrumented
 // library) and would report every access guarded by one as a race. TSan

@@ -243,12 +243,12 @@ PY
       fail "CuPy's MemoryAsyncPool not served from VMM"
     ;;
   rmm_async)
-    # RMM's stream-ordered resources (wheels from tools/fetch-gpu-wheels.sh,
+    # RMM's stream-ordered resources (wheels from tools/gpu/fetch-wheels.sh,
     # installed into a temporary directory when RMM is not installed).
     python3 -c "import cupy" 2>/dev/null || { echo "SKIP: CuPy is not installed"; exit 77; }
     if ! python3 -c "import rmm" 2>/dev/null; then
       ls "$src"/.gpu/wheels/rmm*.whl >/dev/null 2>&1 ||
-        { echo "SKIP: RMM is not installed and no wheels in .gpu/wheels (tools/fetch-gpu-wheels.sh)"; exit 77; }
+        { echo "SKIP: RMM is not installed and no wheels in .gpu/wheels (tools/gpu/fetch-wheels.sh)"; exit 77; }
       site=$(mktemp -d)
       pip install --quiet --no-index --no-deps --target "$site" "$src"/.gpu/wheels/*.whl ||
         fail "installing the RMM wheels"

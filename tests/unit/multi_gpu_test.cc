@@ -1,5 +1,5 @@
 // Multi-GPU behaviour at 4, 8 and 10 simulated GPUs, the parts of the
-// multi-GPU runs (tools/multi-gpu-run.sh, docs/multi-gpu.md) that do not need
+// multi-GPU runs (tools/gpu/multi-gpu-run.sh, docs/multi-gpu.md) that do not need
 // the real hardware: cudaDeviceEnablePeerAccess for every ordered pair
 // through the shim's enable path (core/peer_enable.h), the driver's
 // peer-connection limit (CUDA_ERROR_TOO_MANY_PEERS, modelled by the simulated

@@ -1,0 +1,86 @@
+// Strings, files and directories of a comparison (internal.h).
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "cli/compare/internal.h"
+
+namespace vmmshim::compare {
+
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  return parts;
+}
+
+std::string Truncate(std::string s, size_t n) {
+  if (s.size() > n) s = s.substr(0, n - 3) + "...";
+  return s;
+}
+
+std::string Describe(const ChildResult& c) {
+  if (c.timed_out) return "timed out (killed)";
+  if (c.interrupted) return "interrupted";
+  if (c.signal != 0) return "killed by " + SignalName(c.signal);
+  return "exit " + std::to_string(c.exit_code);
+}
+
+std::vector<std::string> FilesWithPrefix(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> found;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (StartsWith(e->d_name, prefix)) found.push_back(dir + "/" + e->d_name);
+    }
+    closedir(d);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+bool MakeDirs(const std::string& path, std::string* error) {
+  std::string partial;
+  for (const std::string& part : Split(path, '/')) {
+    partial += part;
+    if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      *error = "cannot create " + partial + ": " + std::strerror(errno);
+      return false;
+    }
+    partial += '/';
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *error = path + " is not a directory";
+    return false;
+  }
+  return true;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool WriteFile(const std::string& path, const std::string& text, std::string* error) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace vmmshim::compare

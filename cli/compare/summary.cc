@@ -1,0 +1,264 @@
+// The summaries of a comparison and the table printed from them
+// (internal.h: Summarize, PrintSummary).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "cli/compare/internal.h"
+#include "cli/format.h"
+
+namespace vmmshim::compare {
+namespace {
+
+using cli::FormatBytes;
+using cli::FormatSeconds;
+
+std::string Ratio(std::optional<double> value, std::optional<double> native) {
+  if (!value || !native || *native <= 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", *value / *native);
+  return buf;
+}
+
+
+std::vector<std::string> DenialLogLines(const std::vector<std::string>& logs, size_t most) {
+  std::vector<std::string> lines;
+  for (const std::string& path : logs) {
+    std::ifstream in(path);
+    std::string line;
+    while (lines.size() < most && std::getline(in, line)) {
+      if (line.find("denied access") != std::string::npos) lines.push_back(line);
+    }
+  }
+  return lines;
+}
+
+// "3 allocations of device 1 denied to peer 0", or for many pairs the
+// first four and "... and 8 more pairs (2412 in all)".
+std::string DenialSummary(const std::vector<ShimFigures::PairDenials>& pairs) {
+  if (pairs.empty()) return "no denials counted";
+  std::string text;
+  uint64_t total = 0;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    total += pairs[i].denials;
+    if (i >= 4) continue;
+    text += (i == 0 ? "" : ", ") + std::to_string(pairs[i].denials) + " allocation(s) of device " +
+            std::to_string(pairs[i].device) + " denied to peer " + std::to_string(pairs[i].peer);
+  }
+  if (pairs.size() > 4) {
+    text += ", and " + std::to_string(pairs.size() - 4) + " more pairs (" +
+            std::to_string(total) + " denials in all)";
+  }
+  return text;
+}
+
+std::string Cell(std::optional<double> v, bool integer) {
+  if (!v) return "-";
+  char buf[32];
+  if (integer) {
+    std::snprintf(buf, sizeof buf, "%.0f", *v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.3g", *v);
+  }
+  return buf;
+}
+
+std::string BytesCell(std::optional<double> v) {
+  return v ? FormatBytes(static_cast<uint64_t>(std::llround(*v))) : "-";
+}
+
+std::string SecondsCell(std::optional<double> v) { return v ? FormatSeconds(*v) : "-"; }
+
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      // The first two columns (policy, result) left-aligned, figures right.
+      const size_t pad = width[i] - row[i].size();
+      if (i < 2) {
+        line += row[i] + std::string(pad, ' ');
+      } else {
+        line += std::string(pad, ' ') + row[i];
+      }
+      if (i + 1 < row.size()) line += "  ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+}  // namespace
+
+std::vector<Summary> Summarize(const std::vector<Mode>& modes, const std::vector<Run>& runs) {
+  std::vector<Summary> summaries;
+  for (const Mode& m : modes) {
+    Summary s;
+    s.mode = &m;
+    std::vector<double> wall, peak, failed_wall, failed_peak, served, physical, mapped, grants,
+        denials, setaccess, enable_s, enable_n;
+    for (const Run& r : runs) {
+      if (r.mode != &m || r.warmup) continue;
+      ++s.runs;
+      if (!r.failure.empty() && s.failed++ == 0) {
+        s.failure = r.failure;
+        s.denials_by_pair = r.shim.denials_by_pair;
+        s.denial_lines = DenialLogLines(r.log_files, 3);
+      }
+      // Time and memory of runs that matched native; a crashed or killed
+      // run's time says nothing about the program's (all runs where none did).
+      (r.failure.empty() ? wall : failed_wall).push_back(r.child.wall_seconds);
+      if (r.peak_device_bytes) {
+        (r.failure.empty() ? peak : failed_peak)
+            .push_back(static_cast<double>(*r.peak_device_bytes));
+      }
+      if (!m.policy) continue;
+      if (r.shim.files == 0) {
+        ++s.without_stats;
+        continue;
+      }
+      served.push_back(static_cast<double>(r.shim.served_allocations));
+      physical.push_back(static_cast<double>(r.shim.peak_physical_bytes));
+      mapped.push_back(static_cast<double>(r.shim.mapped_into_peers_bytes));
+      grants.push_back(static_cast<double>(r.shim.grants));
+      denials.push_back(static_cast<double>(r.shim.denials));
+      setaccess.push_back(static_cast<double>(r.shim.set_access_calls));
+      enable_s.push_back(r.shim.peer_enable_seconds);
+      enable_n.push_back(static_cast<double>(r.shim.peer_enable_calls));
+    }
+    s.wall = Median(wall.empty() ? failed_wall : wall);
+    s.peak_device = Median(wall.empty() ? failed_peak : peak);
+    s.served = Median(served);
+    s.peak_physical = Median(physical);
+    s.mapped = Median(mapped);
+    s.grants = Median(grants);
+    s.denials = Median(denials);
+    s.set_access = Median(setaccess);
+    s.peer_enable_seconds = Median(enable_s);
+    s.peer_enable_calls = Median(enable_n);
+    summaries.push_back(s);
+  }
+  return summaries;
+}
+
+bool NoShim(const Summary& s, const std::vector<Run>& runs) {
+  if (!s.mode->policy || s.without_stats < s.runs) return false;
+  for (const Run& r : runs) {
+    if (r.mode == s.mode && !r.warmup && !r.child.timed_out && r.child.signal == 0) return true;
+  }
+  return false;
+}
+
+int PrintSummary(const Results& results) {
+  const CompareOptions& options = *results.options;
+  const std::vector<Summary>& summaries = results.summaries;
+  const std::vector<Run>& runs = *results.runs;
+  const Run* reference = results.reference;
+  const DeviceMemorySampler* sampler = results.sampler;
+  const Summary& native = summaries.front();
+  // The table.
+  std::string command;
+  for (const std::string& a : options.command) command += (command.empty() ? "" : " ") + a;
+  std::printf("vmmshim compare: %s\n", command.c_str());
+  std::printf("%d counted run(s) of each mode, alternating (%d warm-up run(s) of each not "
+              "counted); results checked against the first counted native run: exit status "
+              "and %s\n\n",
+              options.repeat, options.warmup,
+              options.check_regex ? ("the lines matching '" + *options.check_regex + "'").c_str()
+                                  : "the whole standard output");
+  std::vector<std::vector<std::string>> rows = {
+      {"policy", "result", "wall (median)", "vs native", "peak device memory", "vs native",
+       "served", "shim peak physical", "mapped into peers", "grants", "denials",
+       "cuMemSetAccess", "cuCtxEnablePeerAccess"}};
+  bool any_failed = false, any_without_shim = false;
+  for (const Summary& s : summaries) {
+    std::string result = "ok";
+    const std::string counts =
+        " (" + std::to_string(s.failed) + "/" + std::to_string(s.runs) + ")";
+    if (NoShim(s, runs)) {
+      result = "NO SHIM";
+      any_without_shim = true;
+    } else if (s.failed > 0) {
+      result = (s.mode->policy ? "FAILED" : "differs") + counts;
+      if (s.mode->policy) any_failed = true;
+    }
+    std::string enable = "-";
+    if (s.peer_enable_calls && *s.peer_enable_calls == 0) {
+      enable = "no calls";
+    } else if (s.peer_enable_seconds && s.peer_enable_calls) {
+      enable = FormatSeconds(*s.peer_enable_seconds) + " (" + Cell(s.peer_enable_calls, true) +
+               ")";
+    }
+    rows.push_back({s.mode->label, result, SecondsCell(s.wall),
+                    s.mode->policy ? Ratio(s.wall, native.wall) : "1.00x",
+                    BytesCell(s.peak_device),
+                    s.mode->policy ? Ratio(s.peak_device, native.peak_device)
+                                   : (s.peak_device ? "1.00x" : "-"),
+                    Cell(s.served, true), BytesCell(s.peak_physical), BytesCell(s.mapped),
+                    Cell(s.grants, true), Cell(s.denials, true), Cell(s.set_access, true),
+                    enable});
+  }
+  PrintTable(rows);
+  std::printf("\n");
+  std::printf("- native: no shim in the process, so its figures are '-'. Natively "
+              "cudaDeviceEnablePeerAccess maps every allocation of the device into the peer: "
+              "what policy all reproduces (its 'mapped into peers').\n");
+  if (sampler->Available()) {
+    std::printf("- peak device memory: NVML, %s, sampled every 10 ms.\n",
+                sampler->Source() == "process"
+                    ? "the program's processes (context included, as nvidia-smi shows)"
+                    : "the devices' used memory above its level before each run (NVML shows no "
+                      "process of the program: another pid namespace)");
+  } else {
+    std::printf("- peak device memory: not measured (%s); 'shim peak physical' is the shim's "
+                "own count of the physical memory it held.\n",
+                sampler->Unavailable().c_str());
+  }
+  std::printf("- cuCtxEnablePeerAccess: seconds the program spent in it per run (and its "
+              "calls), the driver's enable and the shim's grants together.\n");
+  const ChildResult& ref = reference->child;
+  if (ref.signal != 0 || ref.exit_code != 0) {
+    std::printf("- native itself ends with %s%s: the policies are compared with that.\n",
+                Describe(ref).c_str(),
+                reference->stderr_last.empty()
+                    ? ""
+                    : ("; last line of stderr: " + Truncate(reference->stderr_last, 200)).c_str());
+  }
+  if (results.checked_none) {
+    std::printf("- --check matched no line of native's output: only exit statuses were "
+                "compared.\n");
+  }
+  for (const Summary& s : summaries) {
+    if (NoShim(s, runs)) {
+      std::printf("- %s: no run wrote a statistics file: the shim did not start in the program "
+                  "(ld.so could not preload it: see %s/%s.*.err; or the program never used "
+                  "CUDA). Nothing of the shim's was measured.\n",
+                  s.mode->label.c_str(), results.runs_dir.c_str(), s.mode->slug.c_str());
+    } else if (s.without_stats > 0) {
+      std::printf("- %s: %d run(s) wrote no statistics file (the program ended by _exit or a "
+                  "signal?); its shim figures are the other runs'.\n",
+                  s.mode->label.c_str(), s.without_stats);
+    }
+    if (s.failed == 0) continue;
+    if (!s.mode->policy) {
+      const bool output = s.failure.rfind("standard output differs", 0) == 0;
+      std::printf("- native runs do not all agree with the first counted one: %s%s\n",
+                  s.failure.c_str(),
+                  output ? "; use --check REGEX to compare only the lines that must agree" : "");
+      continue;
+    }
+    std::printf("- %s: %s; %s\n", s.mode->label.c_str(), s.failure.c_str(),
+                DenialSummary(s.denials_by_pair).c_str());
+    for (const std::string& l : s.denial_lines) std::printf("    %s\n", l.c_str());
+  }
+  std::fflush(stdout);
+  if (any_without_shim) return 2;
+  return any_failed ? 1 : 0;
+}
+
+}  // namespace vmmshim::compare

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages vmmshim builds with (idempotent: installs only
+# what is missing). The CUDA Toolkit (13.0) is expected to be preinstalled;
+# CMake's FindCUDAToolkit finds it under /usr/local/cuda.
+set -euo pipefail
+# Abseil is not among them: tools/build/build-abseil.sh builds Debian's source with
+# -fPIC (curl, patch, xz-utils fetch and unpack it) for libvmmshim.so to link
+# statically.
+packages=(cmake g++ make libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
+          nlohmann-json3-dev libcli11-dev file binutils pkg-config dpkg-dev clang libclang-rt-14-dev
+          python3 curl patch xz-utils)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "error: no CUDA Toolkit under /usr/local/cuda or on PATH; vmmshim needs its headers" \
+       "(CUDA 13.0) to build" >&2
+  exit 1
+fi

@@ -1,0 +1,29 @@
+# Sourced by the scripts that run on a GPU host from a bundled build tree
+# (tools/gpu/bundle.sh): makes the build tree's recorded absolute paths
+# valid there, puts its libraries on the path, and sets
+#   out   where logs go ($OUT, else ./gpu-out)
+#   root  the repository root
+#   b     the build tree
+#   shim  libvmmshim.so
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+root=$PWD
+built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' .gpu/build/CMakeCache.txt)
+if [ "$built_at" != "$root" ]; then
+  mkdir -p "$(dirname "$built_at")" && ln -sfn "$root" "$built_at"
+fi
+ln -sfn .gpu/build build
+export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+b=$built_at/build
+shim=$b/libvmmshim.so
+
+# The GPU's name and driver, then the gpu-labelled checks into
+# $out/ctest-gpu.txt (GPU_CTEST=0 skips them).
+gpu_header_and_checks() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  if [ "${GPU_CTEST:-1}" = 1 ]; then
+    echo "== ctest -L gpu"
+    (cd "$b" && ctest -L gpu --output-on-failure 2>&1) > "$out/ctest-gpu.txt"
+    grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
+  fi
+}
