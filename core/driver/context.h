@@ -39,6 +39,32 @@ uint64_t ContextEpoch();
 // code as a status (core/driver/cu_status.h).
 absl::Status SynchronizeContext(const DriverApi& driver, CUcontext context);
 
+// Makes `context` current for the scope when it is not (events belong to
+// the context current at their creation; CU_STREAM_LEGACY and
+// CU_STREAM_PER_THREAD name a stream of the current context).
+class ContextScope {
+ public:
+  ContextScope(const DriverApi& driver, CUcontext context) : driver_(driver) {
+    CUcontext current = nullptr;
+    if (context == nullptr || driver_.cuCtxGetCurrent(&current) != CUDA_SUCCESS ||
+        current == context) {
+      return;
+    }
+    pushed_ = driver_.cuCtxPushCurrent_v2(context) == CUDA_SUCCESS;
+  }
+  ~ContextScope() {
+    if (!pushed_) return;
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  bool pushed_ = false;
+};
+
 }  // namespace vmmshim
 
 #endif  // VMMSHIM_CORE_DRIVER_CONTEXT_H_
