@@ -83,8 +83,9 @@ class Slab {
   // Whether a live allocation starts at unit `u` (< units_).
   bool StartsAt(size_t u) const { return (starts_[u / 64] >> (u % 64)) & 1; }
   void Mark(size_t first, size_t count, bool used);
-  // The first unit at or after `from` whose state is `used`, or units_.
-  size_t NextUnit(size_t from, bool used) const;
+  // The first unit in [from, limit) whose state is `used`, or `limit`
+  // (<= units_).
+  size_t NextUnit(size_t from, bool used, size_t limit) const;
   // First unit, a multiple of `align` units, of a free run of `count` units
   // at or after `from`, scanning to the end; nullopt when none.
   std::optional<size_t> FindRun(size_t from, size_t count, size_t align) const;
