@@ -14,6 +14,19 @@
 // the lowest set bit of n: first fit from a moving hint. 10,000 x 256 B fill
 // 10,000 units (4.9 MiB, three granules) as natively (6 MiB).
 //
+// Index: flat arrays over the units, so that an allocation or a free touches
+// only its own units' words and no tree is changed per call (a cache hit of
+// a packed size is one Allocate, its cudaFree one Free):
+//   used_    1 bit per unit, set while the unit is in use (FindRun reads it);
+//   starts_  1 bit per unit, set where a live allocation starts: Free and
+//            Resize test one bit; Find of an interior offset scans it
+//            backwards a word at a time from the offset's unit (a used unit's
+//            nearest start at or below it is its allocation's);
+//   bytes_   uint32_t per unit, the requested bytes of the allocation that
+//            starts there (unused elsewhere).
+// Host memory: 4 bytes and 2 bits per unit, 17 KiB per 2 MiB granule (4,096
+// units), whatever the number of allocations. Sizes are below 4 GiB.
+//
 // The slab stores no device data and makes no driver calls; offsets are
 // relative to the granule's base address.
 // Thread safety: none; the owning device heap serializes calls.
@@ -23,9 +36,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
-
-#include "absl/container/btree_map.h"
 
 namespace vmmshim {
 
@@ -62,24 +74,30 @@ class Slab {
   size_t size() const { return units_ * kUnit; }
   size_t used_bytes() const { return used_units_ * kUnit; }
   bool empty() const { return used_units_ == 0; }
-  size_t allocations() const { return live_.size(); }
+  size_t allocations() const { return allocations_; }
   // The bytes requested by the live allocations (not rounded to units).
   size_t requested_bytes() const { return requested_bytes_; }
 
  private:
+  static size_t Units(size_t bytes) { return (bytes + kUnit - 1) / kUnit; }
+  // Whether a live allocation starts at unit `u` (< units_).
+  bool StartsAt(size_t u) const { return (starts_[u / 64] >> (u % 64)) & 1; }
   void Mark(size_t first, size_t count, bool used);
-  // The first unit at or after `from` whose state is `used`, or units_.
-  size_t NextUnit(size_t from, bool used) const;
+  // The first unit in [from, limit) whose state is `used`, or `limit`
+  // (<= units_).
+  size_t NextUnit(size_t from, bool used, size_t limit) const;
   // First unit, a multiple of `align` units, of a free run of `count` units
   // at or after `from`, scanning to the end; nullopt when none.
   std::optional<size_t> FindRun(size_t from, size_t count, size_t align) const;
 
   size_t units_;
   size_t used_units_ = 0;
+  size_t allocations_ = 0;
   size_t requested_bytes_ = 0;
   size_t hint_ = 0;
-  std::vector<uint64_t> bits_;                   // 1 = used
-  absl::btree_map<uint32_t, uint32_t> live_;     // first unit -> requested bytes
+  std::vector<uint64_t> used_;    // header comment
+  std::vector<uint64_t> starts_;
+  std::vector<uint32_t> bytes_;
 };
 
 }  // namespace vmmshim

@@ -1,5 +1,7 @@
 #include "core/heap/slab.h"
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -172,6 +174,141 @@ TEST(SlabTest, MatchesBruteForceOnRandomSizes) {
       live[*off] = bytes;
     }
   }
+}
+
+// The flat index (slab.h) against a std::map of the live allocations: after
+// every random Allocate, Free, Find or Resize the slab answers as the map
+// does, including Find of interior offsets of allocations that span several
+// words of the start bitmap, double frees, frees and resizes of interior
+// offsets, and offsets past the end. Two sizes: 1,000 units (not a multiple
+// of 64, so the last word is partial) and a 2 MiB granule.
+TEST(SlabTest, IndexMatchesAMapOfLiveAllocations) {
+  for (const size_t units : {size_t{1000}, kG / Slab::kUnit}) {
+    const size_t size = units * Slab::kUnit;
+    Slab slab(size);
+    std::map<size_t, size_t> live;  // offset -> requested bytes
+    std::vector<size_t> freed;      // recently freed offsets (double-free probes)
+    std::mt19937_64 rng(23);
+    size_t requested = 0, used_units = 0;
+    auto units_of = [](size_t bytes) { return (bytes + Slab::kUnit - 1) / Slab::kUnit; };
+    // The model's Find: the allocation containing `offset`, if any.
+    auto model_find = [&](size_t offset) -> std::optional<std::pair<size_t, size_t>> {
+      auto it = live.upper_bound(offset);
+      if (it == live.begin()) return std::nullopt;
+      --it;
+      if (offset >= it->first + units_of(it->second) * Slab::kUnit) return std::nullopt;
+      return *it;
+    };
+    auto random_live = [&] {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      return it;
+    };
+    for (int step = 0; step < 40000; ++step) {
+      SCOPED_TRACE(::testing::Message() << "units " << units << ", step " << step);
+      const int op = static_cast<int>(rng() % 8);
+      if (op <= 2 || live.empty()) {  // allocate: 1 B .. 100 units
+        const size_t bytes = 1 + rng() % (rng() % 4 == 0 ? 100 * Slab::kUnit : 3 * Slab::kUnit);
+        std::optional<size_t> off = slab.Allocate(bytes);
+        if (!off) continue;  // when it may fail is MatchesAUnitByUnitModel's subject
+        ASSERT_EQ(*off % Slab::Alignment(bytes), 0u);
+        ASSERT_LE(*off + units_of(bytes) * Slab::kUnit, size);
+        // Disjoint from its neighbours in the model.
+        auto next = live.lower_bound(*off);
+        if (next != live.end()) {
+          ASSERT_GE(next->first, *off + units_of(bytes) * Slab::kUnit);
+        }
+        if (next != live.begin()) {
+          auto prev = std::prev(next);
+          ASSERT_LE(prev->first + units_of(prev->second) * Slab::kUnit, *off);
+        }
+        live[*off] = bytes;
+        requested += bytes;
+        used_units += units_of(bytes);
+        freed.erase(std::remove(freed.begin(), freed.end(), *off), freed.end());
+      } else if (op == 3) {  // free a live allocation
+        auto it = random_live();
+        ASSERT_EQ(slab.Free(it->first), it->second);
+        requested -= it->second;
+        used_units -= units_of(it->second);
+        freed.push_back(it->first);
+        if (freed.size() > 64) freed.erase(freed.begin());
+        live.erase(it);
+      } else if (op == 4) {  // free what is not an allocation's start
+        size_t offset;
+        if (rng() % 2 == 0 && !freed.empty()) {
+          offset = freed[rng() % freed.size()];  // a double free (unless reused: then live)
+        } else if (rng() % 2 == 0) {
+          auto it = random_live();
+          offset = it->first + Slab::kUnit * (1 + rng() % units_of(it->second));  // interior or after
+        } else {
+          offset = (rng() % (units + 70)) * Slab::kUnit + (rng() % 4 == 0 ? rng() % 512 : 0);
+        }
+        auto it = live.find(offset);
+        if (it == live.end()) {
+          ASSERT_FALSE(slab.Free(offset)) << offset;
+        } else {
+          ASSERT_EQ(slab.Free(offset), it->second);
+          requested -= it->second;
+          used_units -= units_of(it->second);
+          freed.push_back(it->first);
+          live.erase(it);
+        }
+      } else if (op <= 6) {  // find: interior offsets, starts, free bytes, past the end
+        size_t offset;
+        if (rng() % 2 == 0) {
+          auto it = random_live();
+          offset = it->first + rng() % (units_of(it->second) * Slab::kUnit + Slab::kUnit);
+        } else {
+          offset = rng() % (size + 64 * Slab::kUnit);
+        }
+        ASSERT_EQ(slab.Find(offset), model_find(offset)) << offset;
+      } else {  // resize: same units (succeeds), other units or not a start (fails)
+        auto it = random_live();
+        const size_t n = units_of(it->second);
+        size_t bytes = (n - 1) * Slab::kUnit + 1 + rng() % Slab::kUnit;  // same units
+        if (rng() % 3 == 0) bytes += Slab::kUnit;                     // one more
+        size_t offset = it->first;
+        if (rng() % 4 == 0) offset += n > 1 ? Slab::kUnit : 1;        // interior
+        const bool ok = offset == it->first && units_of(bytes) == n;
+        ASSERT_EQ(slab.Resize(offset, bytes), ok);
+        if (ok) {
+          requested = requested - it->second + bytes;
+          it->second = bytes;
+        }
+      }
+      ASSERT_EQ(slab.allocations(), live.size());
+      ASSERT_EQ(slab.requested_bytes(), requested);
+      ASSERT_EQ(slab.used_bytes(), used_units * Slab::kUnit);
+      ASSERT_EQ(slab.empty(), live.empty());
+    }
+    for (const auto& [offset, bytes] : live) ASSERT_EQ(slab.Free(offset), bytes);
+    EXPECT_TRUE(slab.empty());
+    EXPECT_EQ(slab.requested_bytes(), 0u);
+    EXPECT_FALSE(slab.Find(0));
+  }
+}
+
+// Find of the last byte of a run of allocations that fill whole words of
+// the start bitmap, and of an allocation starting at unit 0 (the backward
+// scan stops at the first word).
+TEST(SlabTest, FindScansBackAcrossWords) {
+  Slab slab(kG);
+  auto big = slab.Allocate(1 << 20);  // 2048 units, 32 words of starts
+  ASSERT_EQ(big, 0u);
+  for (size_t offset : {size_t{0}, size_t{511}, size_t{64 * 512}, size_t{(1 << 20) - 1}}) {
+    auto found = slab.Find(offset);
+    ASSERT_TRUE(found) << offset;
+    EXPECT_EQ(*found, std::make_pair(size_t{0}, size_t{1} << 20)) << offset;
+  }
+  EXPECT_FALSE(slab.Find(1 << 20));
+  auto next = slab.Allocate(512);
+  ASSERT_EQ(next, size_t{1} << 20);
+  EXPECT_EQ(slab.Find((1 << 20) + 100), std::make_pair(size_t{1} << 20, size_t{512}));
+  EXPECT_EQ(slab.Find((1 << 20) - 1), std::make_pair(size_t{0}, size_t{1} << 20));
+  EXPECT_FALSE(slab.Find(kG));
+  EXPECT_FALSE(slab.Free(kG));
+  EXPECT_FALSE(slab.Resize(kG, 512));
 }
 }  // namespace
 }  // namespace vmmshim
