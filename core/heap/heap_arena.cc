@@ -411,7 +411,8 @@ absl::Status HeapArena::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "stream-ordered release");
   }
   absl::Status status;
-  FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
+  FreeLocked(ptr, info->range_base, *blocks_[info->range_base], info->allocation_size,
+             /*driver_gone=*/false, &status);
   return status;
 }
 
@@ -432,23 +433,33 @@ bool HeapArena::Resize(CUdeviceptr ptr, size_t bytes) {
 
 absl::Status HeapArena::Free(CUdeviceptr ptr, bool driver_gone) {
   MutexLock lock(&mu_);
-  std::optional<PointerInfo> info = FindLocked(ptr);
-  if (!info || info->allocation_base != ptr) {
+  // FindLocked's checks for a pointer that must start a live allocation,
+  // with one lookup of its block and no PointerInfo (a tag copy) built.
+  const auto [base, block] = BlockAt(ptr);
+  size_t bytes = 0;  // stays 0 unless `ptr` starts a live allocation
+  if (block != nullptr && !block->cached) {
+    if (block->slab == nullptr) {
+      if (ptr == base) bytes = block->requested;  // 0: a new block not yet handed out
+    } else if (std::optional<std::pair<size_t, size_t>> found = block->slab->Find(ptr - base);
+               found && found->first == ptr - base) {
+      bytes = found->second;
+    }
+  }
+  if (bytes == 0 || (!deferred_.empty() && deferred_.contains(ptr))) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");  // interior, or freed meanwhile
   }
   absl::Status status;
-  FreeLocked(ptr, *info, driver_gone, &status);
+  FreeLocked(ptr, base, *block, bytes, driver_gone, &status);
   return status;
 }
 
-void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
-                            absl::Status* status) {
-  const CUdeviceptr base = info.range_base;
-  Block& block = *blocks_[base];
+void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size_t bytes,
+                           bool driver_gone, absl::Status* status) {
+  const bool packed = block.slab != nullptr;
   // A large block's export goes with the block (ForgetBlockLocked), so that
   // a free that cannot unmap keeps it; a packed free always succeeds.
-  if (block.exported && info.packed) exports_.DropRange(options_.device, ptr, ptr + 1);
-  if (!info.packed) {
+  if (block.exported && packed) exports_.DropRange(options_.device, ptr, ptr + 1);
+  if (!packed) {
     if (driver_gone) {
       ForgetBlockLocked(base, Forget::kReleased);  // the driver has freed everything already
       ++stats_.frees;
@@ -472,7 +483,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver
   }
   block.slab->Free(ptr - base);
   --stats_.live_allocations;
-  AddLiveLocked(-static_cast<int64_t>(info.allocation_size));
+  AddLiveLocked(-static_cast<int64_t>(bytes));
   ++stats_.frees;
   // A paused granule takes no allocations (its memory is released) and
   // goes when it empties, as a sealed one does.
@@ -529,7 +540,8 @@ void HeapArena::CompleteDeferred(CUcontext context) {
     std::optional<PointerInfo> info = FindLocked(ptr);
     if (!info || info->allocation_base != ptr) continue;  // released with its context
     absl::Status status;
-    FreeLocked(ptr, *info, /*driver_gone=*/false, &status);
+    FreeLocked(ptr, info->range_base, *blocks_[info->range_base], info->allocation_size,
+               /*driver_gone=*/false, &status);
     if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
   }
   SyncDeferredLocked();

@@ -330,8 +330,10 @@ class HeapArena {
   };
   // The single place a block leaves the heap (no driver call).
   void ForgetBlockLocked(CUdeviceptr base, Forget how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeLocked(CUdeviceptr ptr, const PointerInfo& info, bool driver_gone,
-                  absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the live allocation of `bytes` starting at `ptr` in `block`, the
+  // block at `base` (validated by the caller).
+  void FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size_t bytes,
+                  bool driver_gone, absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyAccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseOrphansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
