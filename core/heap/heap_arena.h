@@ -37,9 +37,8 @@
 // place (AccountHandle), so the two cannot drift.
 //
 // Thread safety: every public method takes the arena's mutex itself
-// (ABSL_LOCKS_EXCLUDED) and no other arena's; lock order in
-// docs/architecture.md: peer mutex -> arena mutex -> reservation map /
-// export registry.
+// (ABSL_LOCKS_EXCLUDED) and no other arena's; lock order:
+// core/sync/lock_order.h ("arena mutex").
 #ifndef VMMSHIM_CORE_HEAP_HEAP_ARENA_H_
 #define VMMSHIM_CORE_HEAP_HEAP_ARENA_H_
 
@@ -133,9 +132,6 @@ class HeapArena {
   HeapArena(const HeapArena&) = delete;
   HeapArena& operator=(const HeapArena&) = delete;
 
-  int device() const { return options_.device; }
-  size_t granularity() const { return options_.granularity; }
-  size_t packing_threshold() const { return options_.packing_threshold; }
 
   // Fast path (header comment): a pointer, or nullopt when a new block is
   // needed. No driver call. `cached_only`: only freed memory (a cached
@@ -179,7 +175,6 @@ class HeapArena {
 
   // Releases the cache; returns the bytes released.
   size_t Trim() ABSL_LOCKS_EXCLUDED(mu_);
-  size_t cached_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // The same without the lock (a hint: it may change at once).
   size_t cached_bytes_hint() const { return cached_hint_.load(std::memory_order_relaxed); }
 
@@ -379,7 +374,7 @@ class HeapArena {
   DeviceCounters& shared_;
   const Options options_;
 
-  mutable Mutex mu_;
+  mutable Mutex mu_;  // lock order: "arena mutex" (core/sync/lock_order.h)
   CUmemAllocationProp prop_ ABSL_GUARDED_BY(mu_);
   bool compression_checked_ ABSL_GUARDED_BY(mu_) = false;
   VaFreeList arena_ ABSL_GUARDED_BY(mu_);

@@ -63,10 +63,10 @@ class StatsFileTest : public SimTest {
     absl::StatusOr<size_t> paused = a.pause().Pause("kv", /*keep_contents=*/false);
     ASSERT_TRUE(paused.ok() && *paused > 0) << paused.status();
     const CUstream stream = reinterpret_cast<CUstream>(0x51);
-    absl::StatusOr<Allocator::Allocation> async = a.AllocateAsync(1 * kTestMiB, stream, false, nullptr);
+    absl::StatusOr<Allocator::Allocation> async = a.stream_ordered().AllocateAsync(1 * kTestMiB, stream, false, nullptr);
     ASSERT_TRUE(async.ok() && async->served) << async.status();
     a.counters().PassThrough(1000);
-    a.NotePeerEnable(1500);
+    a.counters().PeerEnable(1500);
   }
 };
 

@@ -1,0 +1,181 @@
+// HeapArena (core/heap/heap_arena.h): memory leaving the arena other than by
+// a free: deferred frees completing, trims of the cache and of orphaned
+// handles, context releases, the release of everything.
+#include <algorithm>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "core/base/log.h"
+#include "core/base/round_up.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/heap_arena.h"
+
+namespace vmmshim {
+
+absl::Status HeapArena::DeferFree(CUdeviceptr ptr) {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || info->allocation_base != ptr) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
+  }
+  deferred_[ptr] = info->context;
+  SyncDeferredLocked();
+  return absl::OkStatus();
+}
+
+std::vector<CUcontext> HeapArena::DeferredContexts() const {
+  MutexLock lock(&mu_);
+  std::vector<CUcontext> out;
+  for (const auto& [ptr, context] : deferred_) {
+    if (std::find(out.begin(), out.end(), context) == out.end()) out.push_back(context);
+  }
+  return out;
+}
+
+void HeapArena::CompleteDeferred(CUcontext context) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> ready;
+  for (const auto& [ptr, ctx] : deferred_) {
+    if (ctx == context) ready.push_back(ptr);
+  }
+  for (CUdeviceptr ptr : ready) {
+    deferred_.erase(ptr);
+    std::optional<PointerInfo> info = FindLocked(ptr);
+    if (!info || info->allocation_base != ptr) continue;  // released with its context
+    absl::Status status;
+    FreeLocked(ptr, info->range_base, *blocks_[info->range_base], info->allocation_size,
+               /*driver_gone=*/false, &status);
+    if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
+  }
+  SyncDeferredLocked();
+}
+
+void HeapArena::ReleaseOrphansLocked() {
+  std::vector<OrphanMapping> still_mapped;
+  for (const OrphanMapping& m : orphan_mappings_) {
+    if (!mapper_.Unmap(m.base, m.size).ok()) {
+      still_mapped.push_back(m);
+      continue;
+    }
+    AccountMapped(m.peers, -static_cast<int64_t>(m.size));
+    arena_.Free(m.base, m.size);
+    orphan_handles_.push_back({m.handle, m.size});
+  }
+  orphan_mappings_ = std::move(still_mapped);
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> left;
+  for (const auto& [h, size] : orphan_handles_) {
+    if (mapper_.Release(h).ok()) {
+      AccountHandle(-static_cast<int64_t>(size));
+    } else {
+      left.push_back({h, size});
+    }
+  }
+  orphan_handles_ = std::move(left);
+}
+
+void HeapArena::TrimLocked() {
+  ReleaseOrphansLocked();
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [placement, bins] : bins_) {
+    for (const auto& [size, base] : bins.cached_large) bases.push_back(base);
+    for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
+  }
+  // Sealed granules that emptied but could not be unmapped then.
+  for (const auto& [base, block] : blocks_) {
+    if (block->slab != nullptr && block->sealed && block->slab->empty()) bases.push_back(base);
+  }
+  for (CUdeviceptr base : bases) {
+    if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      // At exit the driver may be gone already: nothing left to release.
+      if (ToCuResult(s) == CUDA_ERROR_DEINITIALIZED) return;
+      Log().warn("device {}: releasing cached memory: {}", options_.device, s.ToString());
+    }
+  }
+}
+
+size_t HeapArena::Trim() {
+  MutexLock lock(&mu_);
+  const size_t before = cached_bytes_;
+  TrimLocked();
+  return before - cached_bytes_;
+}
+
+bool HeapArena::Holds(CUcontext context) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, block] : blocks_) {
+    if (block->placement.context == context) return true;
+  }
+  return false;
+}
+
+size_t HeapArena::ReleaseContext(CUcontext context) {
+  MutexLock lock(&mu_);
+  std::vector<CUdeviceptr> bases;
+  for (const auto& [base, block] : blocks_) {
+    if (block->placement.context == context) bases.push_back(base);
+  }
+  if (bases.empty()) return 0;
+  size_t released = 0;
+  for (CUdeviceptr base : bases) {
+    // A paused block holds no physical memory: nothing of it is released.
+    const size_t size = blocks_[base]->unmapped() ? 0 : blocks_[base]->size;
+    if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+      Log().warn("device {}: releasing memory of a destroyed context: {}", options_.device,
+                 s.ToString());
+      // Still mapped: never served again, unmapped by a later Trim.
+      ForgetBlockLocked(base, Forget::kStillMapped);
+      continue;
+    }
+    released += size;
+  }
+  return released;
+}
+
+void HeapArena::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
+  compression_checked_ = true;
+  CUmemAllocationProp got = {};
+  CUresult r = driver_.cuMemGetAllocationPropertiesFromHandle != nullptr
+                   ? driver_.cuMemGetAllocationPropertiesFromHandle(&got, handle)
+                   : CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) {
+    stats_.compression = CompressionState::kGranted;
+    Log().info("device {}: generic compression granted (cuMemGetAllocationPropertiesFromHandle)",
+               options_.device);
+    return;
+  }
+  stats_.compression = CompressionState::kNotGranted;
+  prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
+  Log().warn("device {}: compression requested but not granted ({}); later memory is made "
+             "without it",
+             options_.device,
+             r == CUDA_SUCCESS ? "the handle reports no compression" : CuResultName(r));
+}
+
+absl::Status HeapArena::ReleaseAll() {
+  MutexLock lock(&mu_);
+  absl::Status first;
+  std::vector<CUdeviceptr> bases;
+  for (const auto& entry : blocks_) bases.push_back(entry.first);
+  for (CUdeviceptr base : bases) {
+    absl::Status s = DestroyBlockLocked(base);
+    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+    first.Update(s);
+  }
+  ReleaseOrphansLocked();
+  if (!orphan_mappings_.empty() || !orphan_handles_.empty()) {
+    first.Update(DriverError(CUDA_ERROR_UNKNOWN, "releasing handles that stayed mapped"));
+  }
+  for (const auto& [base, size] : arena_.reservations()) {
+    first.Update(mapper_.FreeReservation(base, size));
+    ranges_.Remove(base);
+  }
+  arena_ = VaFreeList(options_.granularity);
+  bins_.clear();
+  deferred_.clear();
+  AddCachedLocked(-static_cast<int64_t>(cached_bytes_));
+  SyncDeferredLocked();
+  return first;
+}
+
+}  // namespace vmmshim

@@ -1,0 +1,77 @@
+// HeapArena (core/heap/heap_arena.h): its figures and the counters it shares
+// with the device and the process (one place each changes).
+#include <algorithm>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "core/base/log.h"
+#include "core/base/round_up.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/heap_arena.h"
+
+namespace vmmshim {
+
+void HeapArena::AccountHandle(int64_t delta) {
+  if (delta > 0) {
+    ++stats_.handles;
+  } else {
+    --stats_.handles;
+  }
+  stats_.handle_bytes += delta;
+  AddWithPeak(shared_.handle_bytes, shared_.peak_handle_bytes, delta);
+  AddWithPeak(global_.bytes, global_.peak, delta);
+}
+
+void HeapArena::AddPausedLocked(int64_t delta) {
+  stats_.paused_bytes += delta;
+  AddWithPeak(shared_.paused_bytes, shared_.peak_paused_bytes, delta);
+  AddWithPeak(global_.paused, global_.paused_peak, delta);
+}
+
+void HeapArena::AddLiveLocked(int64_t delta) {
+  stats_.live_bytes += delta;
+  AddWithPeak(shared_.live_bytes, shared_.peak_live_bytes, delta);
+}
+
+void HeapArena::AddCachedLocked(int64_t delta) {
+  cached_bytes_ += delta;
+  cached_hint_.store(cached_bytes_, std::memory_order_relaxed);
+  // Growth was reserved in the shared figure by ReserveCacheLocked.
+  if (delta < 0) shared_.cached_bytes.fetch_add(delta, std::memory_order_relaxed);
+}
+
+bool HeapArena::ReserveCacheLocked(size_t size) {
+  // Check and add in one step: two arenas freeing at once must not both
+  // pass the device's limit.
+  uint64_t now = shared_.cached_bytes.load(std::memory_order_relaxed);
+  do {
+    if (now + size > options_.cache_limit) return false;
+  } while (!shared_.cached_bytes.compare_exchange_weak(now, now + size,
+                                                        std::memory_order_relaxed));
+  return true;
+}
+
+void HeapArena::SyncDeferredLocked() {
+  const uint64_t now = deferred_.size();
+  global_.deferred.fetch_add(now - stats_.deferred_frees, std::memory_order_acq_rel);
+  stats_.deferred_frees = now;
+}
+
+void HeapArena::AccountMapped(DeviceSet peers, int64_t delta) {
+  for (int d : peers) {
+    PeerCounters& c = stats_.peers[d];
+    c.mapped_bytes += delta;
+    AddWithPeak(shared_.mapped_bytes[d], shared_.peak_mapped_bytes[d], delta);
+  }
+}
+
+DeviceStats HeapArena::stats() const {
+  MutexLock lock(&mu_);
+  DeviceStats out = stats_;
+  out.cached_bytes = cached_bytes_;
+  for (const auto& [base, block] : blocks_) out.paused_blocks += block->paused ? 1 : 0;
+  return out;
+}
+
+}  // namespace vmmshim
