@@ -101,11 +101,11 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     // most a quarter of the request.
     const size_t rounded = RoundUp(bytes, options_.granularity);
     auto it = bins.cached_large.lower_bound({rounded, 0});
-    if (it == bins.cached_large.end() || it->first > LargestReusableBlock(rounded)) {
+    if (it == bins.cached_large.end() || it->first.first > LargestReusableBlock(rounded)) {
       return std::nullopt;
     }
-    const CUdeviceptr base = it->second;
-    Block& b = *blocks_[base];
+    const CUdeviceptr base = it->first.second;
+    Block& b = *it->second;
     AddCachedLocked(-static_cast<int64_t>(b.size));
     bins.cached_large.erase(it);
     b.cached = false;
@@ -117,8 +117,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     // packing into granules in use stays with this arena's threads.
     const absl::btree_set<CUdeviceptr>& search =
         cached_only ? bins.empty_granules : bins.open_granules;
-    auto try_granule = [&](CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      Block& block = *blocks_.at(base);
+    auto try_granule = [&](CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const bool was_empty = block.slab->empty();
       std::optional<size_t> offset = block.slab->Allocate(bytes);
       if (!offset) return false;
@@ -128,14 +127,17 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
       // A full granule leaves the search until a free in it.
       if (block.slab->used_bytes() == block.size) bins.open_granules.erase(base);
       bins.recent = base;
+      bins.recent_block = &block;
       ptr = base + *offset;
       return true;
     };
     const CUdeviceptr recent = bins.recent;
-    if (!cached_only && recent != 0 && bins.open_granules.contains(recent)) try_granule(recent);
+    if (!cached_only && recent != 0 && bins.open_granules.contains(recent)) {
+      try_granule(recent, bins.recent_block != nullptr ? *bins.recent_block : *blocks_.at(recent));
+    }
     for (auto it = search.begin(); !ptr && it != search.end(); ++it) {
       if (*it == recent && !cached_only) continue;  // tried above
-      if (try_granule(*it)) break;
+      if (try_granule(*it, *blocks_.at(*it))) break;
     }
     if (!ptr) return std::nullopt;
   }
@@ -292,6 +294,7 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
     Bins& bins = bins_it->second;
     bins.open_granules.erase(base);
     if (bins.empty_granules.erase(base) > 0) AddCachedLocked(-static_cast<int64_t>(b.size));
+    if (bins.recent_block == &b) bins.recent_block = nullptr;
     if (b.cached && bins.cached_large.erase({b.size, base}) > 0) {
       AddCachedLocked(-static_cast<int64_t>(b.size));
     }
@@ -418,7 +421,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
       AddLiveLocked(-static_cast<int64_t>(block.requested));
       block.cached = true;
       block.requested = 0;
-      bins_[block.placement].cached_large.insert({block.size, base});
+      bins_[block.placement].cached_large.emplace(std::make_pair(block.size, base), &block);
       AddCachedLocked(static_cast<int64_t>(block.size));
     } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       *status = s;
@@ -444,6 +447,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
   Bins& bins = bins_[block.placement];
   bins.open_granules.insert(base);
   bins.recent = base;
+  bins.recent_block = &block;
   if (!block.slab->empty() || driver_gone) return;
   if (!block.has_explicit() && ReserveCacheLocked(block.size)) {
     bins.empty_granules.insert(base);

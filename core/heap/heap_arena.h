@@ -285,11 +285,15 @@ class HeapArena {
   struct Bins {
     absl::btree_set<CUdeviceptr> open_granules;  // packed, with free units, not sealed
     absl::btree_set<CUdeviceptr> empty_granules; // cached: empty, still mapped
-    absl::btree_set<std::pair<size_t, CUdeviceptr>> cached_large;  // (size, base)
+    // (size, base) -> the block, so that a cache hit looks nothing up in blocks_.
+    absl::btree_map<std::pair<size_t, CUdeviceptr>, Block*> cached_large;
     // The open granule that last served or took back an allocation, tried
     // first: a free followed by an allocation of the same size (the common
     // case) finds its hole there without trying the granules before it.
     CUdeviceptr recent = 0;
+    // The block at `recent` when set with it, so that a hit there looks
+    // nothing up in blocks_; null once that block is forgotten.
+    Block* recent_block = nullptr;
     int packed_blocks = 0;  // packed blocks of the placement held now (open, full or empty)
   };
   // A placement's packed blocks grow in larger steps: the n-th one held at

@@ -78,7 +78,7 @@ void HeapArena::TrimLocked() {
   ReleaseOrphansLocked();
   std::vector<CUdeviceptr> bases;
   for (const auto& [placement, bins] : bins_) {
-    for (const auto& [size, base] : bins.cached_large) bases.push_back(base);
+    for (const auto& [key, block] : bins.cached_large) bases.push_back(key.second);
     for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
   }
   // Sealed granules that emptied but could not be unmapped then.
