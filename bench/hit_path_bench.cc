@@ -1,12 +1,15 @@
-// CPU cost of a cache hit and of its free, in process, on the simulated
-// driver: the Allocator's cuMemAlloc and cuMemFree paths without the
-// interposition layer, with a resident set of 1,000 live allocations (as
-// bench/alloc_bench.cc's "_resident" rows hold). The simulated driver's
+// CPU cost of a cache hit and of its free, in process: the Allocator's
+// cuMemAlloc and cuMemFree paths without the interposition layer and
+// without cudart, with a resident set of 1,000 live allocations (as
+// bench/alloc_bench.cc's "_resident" rows hold), on the simulated driver or
+// (--real-driver, on a GPU host) on libcuda.so.1. The simulated driver's
 // calls on the path (cuCtxGetCurrent, cuCtxSynchronize) take its mutex, which
-// the real driver's do not: figures are for comparing builds of the shim on
-// one machine, not for the GPU's rows.
+// the real driver's do not: simulated figures are for comparing builds of the
+// shim on one machine. With the real driver the row driver_ctx_get_current
+// is the one driver call a hit makes, so the rest of a hit is the shim's own
+// and what bench/alloc_bench's cudaMalloc rows add above it is cudart's.
 //
-//   hit_path_bench [--iterations N] [--rounds R] [--sizes B,B,...]
+//   hit_path_bench [--real-driver] [--iterations N] [--rounds R] [--sizes B,B,...]
 //     -> CSV rows on stdout: metric,bytes,median_ns,p10_ns (per call, the
 //        best of R rounds of N timed calls each)
 // Under valgrind --tool=callgrind use a small --iterations and divide the
@@ -20,6 +23,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <dlfcn.h>
 
 #include "core/allocator.h"
 #include "tests/sim/sim_driver.h"
@@ -54,8 +59,13 @@ Figures Summarize(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int iterations = 20000, rounds = 5;
+  bool real_driver = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--real-driver") == 0) real_driver = true;
+  }
   std::vector<size_t> sizes = {256, 4096, 65536, size_t{2} << 20, size_t{64} << 20};
   for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--real-driver") == 0) continue;
     if (std::strcmp(argv[i], "--iterations") == 0) iterations = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--sizes") == 0) {
@@ -66,17 +76,32 @@ int main(int argc, char** argv) {
     }
   }
   namespace sim = vmmshim::sim;
-  sim::SimOptions o;
-  o.device_count = 1;
-  o.memory_per_device = size_t{16} << 30;
-  sim::Reset(o);
-  if (sim::cuInit(0) != CUDA_SUCCESS) Fail("cuInit", 0);
-  CUcontext ctx = nullptr;
-  if (sim::cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
-      sim::cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-    Fail("context", 0);
+  vmmshim::DriverApi api;
+  if (real_driver) {
+    void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (libcuda == nullptr) Fail("dlopen libcuda.so.1", 0);
+    api = vmmshim::LoadDriverApi(libcuda, dlsym);
+    if (!vmmshim::CheckRequired(api).ok() || api.cuInit(0) != CUDA_SUCCESS) Fail("cuInit", 0);
+    CUcontext ctx = nullptr;
+    // The primary context made current as cudart does (pushed: the table
+    // holds no cuCtxSetCurrent).
+    if (api.cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+        api.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) {
+      Fail("context", 0);
+    }
+  } else {
+    sim::SimOptions o;
+    o.device_count = 1;
+    o.memory_per_device = size_t{16} << 30;
+    sim::Reset(o);
+    if (sim::cuInit(0) != CUDA_SUCCESS) Fail("cuInit", 0);
+    CUcontext ctx = nullptr;
+    if (sim::cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+        sim::cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+      Fail("context", 0);
+    }
+    api = sim::Api();
   }
-  const vmmshim::DriverApi api = sim::Api();
   vmmshim::Allocator a(api);
 
   // The resident set of bench/alloc_bench.cc (log-uniform 256 B .. 8 MiB).
@@ -95,6 +120,16 @@ int main(int argc, char** argv) {
     }
     const Figures f = Summarize(empty);
     std::printf("clock_overhead,0,%.1f,%.1f\n", f.median, f.p10);
+    // The one driver call of a hit.
+    std::vector<double> get(iterations);
+    for (double& g : get) {
+      CUcontext c = nullptr;
+      const auto t0 = Clock::now();
+      api.cuCtxGetCurrent(&c);
+      g = Ns(Clock::now() - t0);
+    }
+    const Figures fg = Summarize(get);
+    std::printf("driver_ctx_get_current,0,%.1f,%.1f\n", fg.median, fg.p10);
   }
   std::vector<double> alloc_ns(iterations), free_ns(iterations);
   for (size_t bytes : sizes) {
