@@ -190,7 +190,7 @@ class HeapArena {
   // denials are counted and logged.
   absl::Status ApplyPeerChange(int peer, bool stream_ordered = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Explicit grant (true) or revoke of `peer` on the allocation containing
-  // `ptr` (Allocator::GrantPeer states the rule).
+  // `ptr` (Allocator::SetPeerAccess states the rule).
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -206,7 +206,7 @@ class HeapArena {
 
   DeviceStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // ---- Pause and resume (Allocator::PauseMemory states the contract) ----
+  // ---- Pause and resume (core/heap/pause.h states the contract) ----
   // `tag`: the blocks whose placement has this tag; nullopt: every block.
   // Stream-ordered blocks are never selected (their freed blocks are reused
   // by the stream-ordered cache without asking the heap).
@@ -263,8 +263,8 @@ class HeapArena {
     Placement placement;
     size_t requested = 0;         // large blocks: the bytes asked for
     std::unique_ptr<Slab> slab;   // packed granules only
-    DeviceSet explicit_grant;     // GrantPeer: granted whatever the policy says
-    DeviceSet explicit_revoke;    // RevokePeer: denied whatever the policy says
+    DeviceSet explicit_grant;     // SetPeerAccess(grant): granted whatever the policy says
+    DeviceSet explicit_revoke;    // SetPeerAccess(revoke): denied whatever the policy says
     DeviceSet access;             // devices with read-write access now
     bool sealed = false;          // packed: takes no new allocations
     bool cached = false;          // large: freed, kept mapped for reuse

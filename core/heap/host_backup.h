@@ -1,5 +1,5 @@
 // Copies of device memory in host memory, for a pause that keeps contents
-// (Allocator::PauseMemory; docs/pause-resume.md).
+// (PauseCoordinator, core/heap/pause.h; docs/pause-resume.md).
 //
 // Measured on an H200 (bench/backup_bandwidth.cu, docs/pause-resume.md): the
 // DMA is not the limit (51 GiB/s from page-locked memory), the host memory

@@ -362,7 +362,6 @@ size_t StreamOrderedFrontEnd::PoolTrimTo(CUmemoryPool pool, size_t keep) {
   if (captures_.any()) return 0;
   const ReleasedBlocks blocks = CacheFor(d)->Harvest(keep);
   size_t bytes = 0;
-  DeviceHeap* heap = heaps_.heap(d);
   for (const ReleasedBlock& b : blocks) {
     if (std::optional<PointerInfo> info = Find(b.ptr)) bytes += SizeClassOf(*info);
   }

@@ -1,4 +1,4 @@
-// Pause and resume by tag (Allocator::PauseMemory / ResumeMemory,
+// Pause and resume by tag (PauseCoordinator::Pause / Resume, core/heap/pause.h,
 // docs/pause-resume.md) on the simulated driver: memory released and
 // addresses kept, contents restored, access as if never paused, the error
 // codes, failures leaving nothing half done, and concurrency.
