@@ -56,7 +56,7 @@ VMMSHIM_EXPORT int vmmshim_release_cached_memory(int device, size_t* released_by
 
 VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
   if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
-  vmmshim::AllocationTag() = tag != nullptr ? tag : "";
+  vmmshim::SetAllocationTag(tag != nullptr ? tag : "");
   return CUDA_SUCCESS;
 }
 

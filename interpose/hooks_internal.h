@@ -8,10 +8,14 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
+#include "absl/strings/string_view.h"
+#include "core/base/tls.h"
 #include "interpose/hook_list.h"
 #include "interpose/runtime.h"
 
@@ -26,9 +30,26 @@ VMMSHIM_HOOKED_DRIVER_EXPORTS(VMMSHIM_DECLARE_HOOK)
 namespace vmmshim {
 
 // This thread's tag for its next allocations (vmmshim_set_allocation_tag).
-inline std::string& AllocationTag() {
-  thread_local std::string tag;
+// The calling thread's allocation tag (vmmshim_set_allocation_tag; at most
+// 255 bytes, checked there), read on every allocation: a fixed buffer, so
+// that the thread-local needs no constructor guard or destructor.
+struct ThreadTag {
+  char bytes[256];
+  unsigned char length;
+};
+inline ThreadTag& AllocationTagStorage() {
+  VMMSHIM_INITIAL_EXEC_TLS thread_local ThreadTag tag;
   return tag;
+}
+inline absl::string_view AllocationTag() {
+  const ThreadTag& t = AllocationTagStorage();
+  return absl::string_view(t.bytes, t.length);
+}
+inline void SetAllocationTag(absl::string_view tag) {
+  ThreadTag& t = AllocationTagStorage();
+  const size_t n = std::min<size_t>(tag.size(), sizeof t.bytes - 1);
+  std::memcpy(t.bytes, tag.data(), n);
+  t.length = static_cast<unsigned char>(n);
 }
 
 // VMMSHIM_TRACE_FILE: records a successful allocation or free.

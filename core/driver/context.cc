@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "core/base/tls.h"
 #include "core/driver/cu_status.h"
 
 namespace vmmshim {
@@ -13,7 +14,7 @@ struct ContextMemo {
   int device = -1;
   uint64_t epoch = 0;
 };
-thread_local ContextMemo t_context_memo;
+VMMSHIM_INITIAL_EXEC_TLS thread_local ContextMemo t_context_memo;
 
 }  // namespace
 

@@ -89,12 +89,21 @@ std::optional<PointerInfo> HeapArena::Find(CUdeviceptr ptr) const {
   return FindLocked(ptr);
 }
 
+HeapArena::Bins* HeapArena::FindBinsLocked(const Placement& placement) {
+  if (last_bins_ != nullptr && last_placement_ == placement) return last_bins_;
+  auto it = bins_.find(placement);
+  if (it == bins_.end()) return nullptr;
+  last_placement_ = placement;
+  last_bins_ = &it->second;
+  return last_bins_;
+}
+
 std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, size_t bytes,
                                                    bool cached_only) {
   MutexLock lock(&mu_);
-  auto bins_it = bins_.find(placement);
-  if (bins_it == bins_.end()) return std::nullopt;
-  Bins& bins = bins_it->second;
+  Bins* found = FindBinsLocked(placement);
+  if (found == nullptr) return std::nullopt;
+  Bins& bins = *found;
   std::optional<CUdeviceptr> ptr;
   if (bytes > options_.packing_threshold) {
     // The smallest cached block of this placement that fits and wastes at
@@ -301,6 +310,7 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
     if (b.slab != nullptr) --bins.packed_blocks;
     if (bins.open_granules.empty() && bins.empty_granules.empty() &&
         bins.cached_large.empty() && bins.packed_blocks == 0) {
+      if (last_bins_ == &bins) last_bins_ = nullptr;
       bins_.erase(bins_it);
     }
   }

@@ -58,6 +58,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -384,7 +385,15 @@ class HeapArena {
   VaFreeList arena_ ABSL_GUARDED_BY(mu_);
   // Boxed so that Block pointers stay valid while the map changes.
   absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Placement, Bins> bins_ ABSL_GUARDED_BY(mu_);
+  // Node-based, so that a Bins stays where it is while others come and go:
+  // last_bins_ remembers the placement a hit last served, and the next hit of
+  // that placement (the common case: one placement per program and device)
+  // compares instead of hashing.
+  absl::node_hash_map<Placement, Bins> bins_ ABSL_GUARDED_BY(mu_);
+  Placement last_placement_ ABSL_GUARDED_BY(mu_);
+  Bins* last_bins_ ABSL_GUARDED_BY(mu_) = nullptr;  // bins_[last_placement_], or null
+  // The Bins of `placement`, or null; remembers it for the next call.
+  Bins* FindBinsLocked(const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<size_t> cached_hint_{0};  // cached_bytes_, for lock-free peeks
   // Deferred frees: allocation base -> its context.

@@ -171,6 +171,7 @@ absl::Status HeapArena::ReleaseAll() {
     ranges_.Remove(base);
   }
   arena_ = VaFreeList(options_.granularity);
+  last_bins_ = nullptr;
   bins_.clear();
   deferred_.clear();
   AddCachedLocked(-static_cast<int64_t>(cached_bytes_));

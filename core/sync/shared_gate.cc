@@ -1,5 +1,7 @@
 #include "core/sync/shared_gate.h"
 
+#include "core/base/tls.h"
+
 #include <array>
 #include <new>
 #include <thread>
@@ -27,7 +29,7 @@ struct Held {
   const SharedGate* gate = nullptr;
   int depth = 0;
 };
-thread_local std::array<Held, 4> t_held;
+VMMSHIM_INITIAL_EXEC_TLS thread_local std::array<Held, 4> t_held;
 
 Held* HeldEntry(const SharedGate* gate, bool make) {
   Held* free = nullptr;

@@ -3,6 +3,8 @@
 #include <array>
 #include <atomic>
 
+#include "core/base/tls.h"
+
 namespace vmmshim {
 namespace {
 
@@ -13,7 +15,7 @@ std::atomic<int> g_overflow{0};
 // that thread_local destructors running after the release below (an
 // application's per-thread cache freeing device memory) still read a
 // stable slot; only its hold is given back.
-thread_local int t_slot = -1;
+VMMSHIM_INITIAL_EXEC_TLS thread_local int t_slot = -1;
 struct SlotRelease {
   bool armed = false;
   ~SlotRelease() {
