@@ -1,5 +1,5 @@
 // How fast device memory can be copied to host memory and back, natively,
-// by the ways a pause with contents (issue 15, docs/pause-resume.md) could
+// by the ways a pause with contents (docs/pause-resume.md) could
 // do it, and what releasing and re-creating the physical memory costs (a
 // pause without contents). Measured on one buffer of SIZE bytes (default
 // 8 GiB) with a resident set of 1,000 cudaMalloc allocations live; each way

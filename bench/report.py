@@ -17,17 +17,17 @@ TARGETS = {  # (metric, bytes) -> (limit on shim/native, what the target says)
 for b in (256, 65536, 2 << 20, 64 << 20, 1 << 30):
     TARGETS[("cold_malloc", b)] = (1.2, "at most 1.2 x native")
 TARGETS[("footprint_10000x256B_MiB", 256)] = (1.2, "at most 1.2 x native")
-for b in (256, 65536, 2 << 20, 64 << 20):  # with a resident set (issue 13)
+for b in (256, 65536, 2 << 20, 64 << 20):  # with a resident set (as a framework holds)
     TARGETS[("warm_pair_resident", b)] = (0.5, "at most 0.5 x native")
 TARGETS[("warm_pair_resident", 1 << 30)] = (0.1, "at most 0.1 x native")
 for b in (256, 65536, 2 << 20, 64 << 20, 1 << 30):
     TARGETS[("cold_malloc_resident", b)] = (1.2, "at most 1.2 x native")
-for b in (256, 1 << 20, 64 << 20):  # stream-ordered (issue 12): at most native
+for b in (256, 1 << 20, 64 << 20):  # stream-ordered: at most native
     TARGETS[("async_pair_resident", b)] = (1.0, "at most native")
     TARGETS[("async2s_pair_resident", b)] = (1.0, "at most native")
 
 
-# Targets on the shim's own figure (issue 13): (metric, bytes) -> (most us, text).
+# Targets on the shim's own figure: (metric, bytes) -> (most us, text).
 ABSOLUTE = {("warm_malloc_resident", b): (0.3, "cache hit at most 0.3 us")
             for b in (256, 65536, 2 << 20, 64 << 20, 1 << 30)}
 for b in (256, 65536, 2 << 20, 64 << 20, 1 << 30):

@@ -1,6 +1,6 @@
 // What the driver does with stream-ordered allocations (cuMemAllocAsync and
-// the default memory pool), measured before the shim serves them (issue 12,
-// docs/stream-ordered.md). Lines starting "PARITY" must be identical with and
+// the default memory pool), measured before the shim serves them
+// (docs/stream-ordered.md). Lines starting "PARITY" must be identical with and
 // without the shim; "INFO" lines are figures (latencies, raw values) that may
 // differ between runs, or by design under the shim: the pool's reserved bytes
 // (the driver reserves 32 MiB at a time, the shim a size class), and the used

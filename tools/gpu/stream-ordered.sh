@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The stream-ordered validation of issue 12 in one GPU call, from the
+# The stream-ordered validation in one GPU call, from the
 # repository root on a GPU host after tools/gpu/bundle.sh (and
 # tools/gpu/fetch-wheels.sh) ran on the build machine. Writes to $OUT.
 #   - the gpu checks stream_ordered, torch_async, cupy_async, rmm_async;
