@@ -4,16 +4,21 @@
 # baseline shim build, when given, in the same rotation), and prints one
 # table (shim / native per row, targets marked, medians over the rounds),
 # results.csv and chart.png (with matplotlib) in OUTDIR; with several rounds
-# also each round's figures and their spread (bench/compare.py).
-# usage: bench/run_bench.sh [--quick] [--simulated] [--rounds N] [--baseline LIB] [--only GROUPS]
+# also each round's figures and their spread (bench/compare.py). Before the
+# counted rounds, each variant runs --warmup times (default 1) uncounted, in
+# the same order, so that no counted run is the first of its kind on the
+# machine (driver, page cache and GPU clocks in their working state).
+# usage: bench/run_bench.sh [--quick] [--simulated] [--rounds N] [--warmup N] [--baseline LIB]
+#                           [--only GROUPS]
 #                           BENCH_BINARY LIBVMMSHIM OUTDIR
 set -euo pipefail
-quick=() only=() simulated=0 rounds=1 baseline=""
+quick=() only=() simulated=0 rounds=1 warmup=1 baseline=""
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --quick) quick=(--quick) ;;
     --simulated) simulated=1 ;;
     --rounds) rounds=$2; shift ;;
+    --warmup) warmup=$2; shift ;;
     --baseline) baseline=$2; shift ;;
     --only) only=(--only "$2"); shift ;;
   esac
@@ -23,6 +28,11 @@ bin=$1 shim=$2 out=$3
 mkdir -p "$out"
 here=$(dirname "$0")
 native_csv=() shim_csv=() base_csv=()
+for ((i = 1; i <= warmup; i++)); do
+  "$bin" "${quick[@]}" "${only[@]}" --label native > /dev/null
+  [ -n "$baseline" ] && LD_PRELOAD=$baseline "$bin" "${quick[@]}" "${only[@]}" --label baseline > /dev/null
+  LD_PRELOAD=$shim "$bin" "${quick[@]}" "${only[@]}" --label shim > /dev/null
+done
 for ((i = 1; i <= rounds; i++)); do
   "$bin" "${quick[@]}" "${only[@]}" --label native > "$out/native-$i.csv"
   native_csv+=("$out/native-$i.csv")

@@ -36,7 +36,6 @@
 #include "core/peer/peer_access.h"
 #include "core/policy/peer_policy.h"
 #include "core/sync/capture.h"
-#include "core/sync/lock_order.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
