@@ -37,6 +37,42 @@ void CallCounters::AddTo(AllocatorStats* s) const {
   s->peer_enable_seconds = peer_enable_ns_.load(std::memory_order_relaxed) * 1e-9;
 }
 
+void CallCounters::PassThroughLive(CUdeviceptr ptr, size_t bytes, int device) {
+  PassThrough(bytes);
+  MutexLock lock(&live_mu_);
+  live_[ptr] = {bytes, device};
+  live_count_.store(live_.size(), std::memory_order_relaxed);
+}
+
+void CallCounters::PassThroughFreed(CUdeviceptr ptr) {
+  if (live_count_.load(std::memory_order_relaxed) == 0) return;
+  MutexLock lock(&live_mu_);
+  live_.erase(ptr);
+  live_count_.store(live_.size(), std::memory_order_relaxed);
+}
+
+uint64_t CallCounters::PassedThroughLive(int device) const {
+  MutexLock lock(&live_mu_);
+  uint64_t bytes = 0;
+  for (const auto& [ptr, entry] : live_) {
+    if (entry.second == device) bytes += entry.first;
+  }
+  return bytes;
+}
+
+std::vector<DeviceResidency> Allocator::Residency() const {
+  std::vector<DeviceResidency> out;
+  heaps_.ForEach([&](DeviceHeap* heap) {
+    DeviceResidency r;
+    r.device = heap->device();
+    heap->ForEachArena([&](HeapArena* arena) { arena->AddResidency(&r); });
+    r.stream_ordered_cached_bytes = stream_ordered_.figures(r.device).cached;
+    r.passed_through_bytes = counters_.PassedThroughLive(r.device);
+    out.push_back(std::move(r));
+  });
+  return out;
+}
+
 Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
     : driver_(driver),
       options_(std::move(options)),
@@ -49,7 +85,11 @@ Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
                       options_.stream_query_interval_ns, [this] { return ReclaimDeferred(); }),
       pause_(driver, heaps_, captures_,
              options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(8),
-             [this] { Trim(-1); }) {
+             PauseCoordinator::Hooks{
+                 [this] { Trim(-1); },
+                 [this](const TagSelection& tag) {
+                   return stream_ordered_.ReleaseForPause(tag);
+                 }}) {
   // Another allocator (tests) may see the same context handles on other
   // devices.
   ForgetContexts();

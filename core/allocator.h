@@ -54,9 +54,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -153,7 +155,9 @@ struct AllocatorStats {
 };
 
 // What the interposition layer reports about calls the allocator does not
-// make itself (for GetStats). Thread-safe (relaxed atomics).
+// make itself (for GetStats and Residency). Thread-safe: relaxed atomics,
+// and a mutex around the passed-through allocations still live (a rare
+// path: the shim serves every allocation it can).
 class CallCounters {
  public:
   // A request handed to the driver unchanged.
@@ -161,6 +165,16 @@ class CallCounters {
     passthrough_allocations_.fetch_add(1, std::memory_order_relaxed);
     passthrough_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
+  // The same for a cuMemAlloc-style allocation the driver made at `ptr` on
+  // `device`: its bytes count as passed through and live until
+  // PassThroughFreed(ptr) (the residency report's "passed through").
+  void PassThroughLive(CUdeviceptr ptr, size_t bytes, int device)
+      ABSL_LOCKS_EXCLUDED(live_mu_);
+  // `ptr` was freed by the driver (a pointer the shim does not own). One
+  // atomic load when nothing passed through is live.
+  void PassThroughFreed(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(live_mu_);
+  // Live passed-through bytes on `device`.
+  uint64_t PassedThroughLive(int device) const ABSL_LOCKS_EXCLUDED(live_mu_);
   // One cuCtxEnablePeerAccess call of `nanoseconds` (the driver's enable
   // and the shim's grants together, whatever it returned).
   void PeerEnable(uint64_t nanoseconds) {
@@ -172,6 +186,9 @@ class CallCounters {
  private:
   std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
   std::atomic<uint64_t> peer_enable_calls_{0}, peer_enable_ns_{0};
+  std::atomic<size_t> live_count_{0};  // live_.size()
+  mutable Mutex live_mu_;  // a leaf (core/sync/lock_order.h, locks outside the allocator's order)
+  absl::flat_hash_map<CUdeviceptr, std::pair<size_t, int>> live_ ABSL_GUARDED_BY(live_mu_);
 };
 
 // An allocation made shareable by Export.
@@ -236,6 +253,11 @@ class Allocator {
   // The live allocation containing `ptr`: NotShimMemory() outside the
   // shim's VA, CUDA_ERROR_NOT_FOUND inside it but not in a live allocation.
   absl::StatusOr<PointerInfo> Find(CUdeviceptr ptr) const;
+
+  // What the shim holds on every device it served now, by tag and kind
+  // (core/heap/types.h: DeviceResidency), with the stream-ordered cache's
+  // part and the live passed-through allocations; device order.
+  std::vector<DeviceResidency> Residency() const;
 
   // Bytes the shim holds mapped on `device` that serve no allocation (its
   // cache); these count as free memory.

@@ -6,8 +6,11 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/driver/cu_status.h"
+#include "core/report/residency.h"
 #include "core/report/stats_report.h"
 #include "interpose/hooks_internal.h"
 #include "vmmshim/vmmshim.h"
@@ -60,27 +63,61 @@ VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
   return CUDA_SUCCESS;
 }
 
-VMMSHIM_EXPORT int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes) {
-  if (released_bytes != nullptr) *released_bytes = 0;
+namespace {
+
+// The pause behind vmmshim_pause_memory and vmmshim_pause_memory_except,
+// after their own argument checks.
+int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* released_bytes) {
   if ((flags & ~VMMSHIM_PAUSE_KEEP_CONTENTS) != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  absl::StatusOr<size_t> released = rt->allocator->pause().Pause(
-      tag != nullptr ? std::optional<std::string>(tag) : std::nullopt,
-      (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0);
+  absl::StatusOr<size_t> released =
+      rt->allocator->pause().Pause(selection, (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0);
   if (!released.ok()) return ToCuResult(released.status());
   if (released_bytes != nullptr) *released_bytes = *released;
   return CUDA_SUCCESS;
 }
 
+bool TagTooLong(const char* tag) { return tag != nullptr && std::strlen(tag) > 255; }
+
+// A NUL-terminated document into the caller's buffer (the contract of
+// vmmshim_get_statistics and vmmshim_get_residency).
+int CopyOut(const std::string& json, char* buffer, size_t size, size_t* needed) {
+  if (needed != nullptr) *needed = json.size() + 1;
+  if (buffer == nullptr) return CUDA_SUCCESS;
+  if (size < json.size() + 1) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(buffer, json.c_str(), json.size() + 1);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes) {
+  if (released_bytes != nullptr) *released_bytes = 0;
+  if (TagTooLong(tag)) return CUDA_ERROR_INVALID_VALUE;
+  return Pause(vmmshim::TagSelection::FromNullable(tag), flags, released_bytes);
+}
+
+VMMSHIM_EXPORT int vmmshim_pause_memory_except(const char* const* keep_tags, size_t count,
+                                               unsigned flags, size_t* released_bytes) {
+  if (released_bytes != nullptr) *released_bytes = 0;
+  if (keep_tags == nullptr && count > 0) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::string> keep;
+  keep.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (keep_tags[i] == nullptr || TagTooLong(keep_tags[i])) return CUDA_ERROR_INVALID_VALUE;
+    keep.emplace_back(keep_tags[i]);
+  }
+  return Pause(vmmshim::TagSelection::AllExcept(std::move(keep)), flags, released_bytes);
+}
+
 VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes) {
   if (restored_bytes != nullptr) *restored_bytes = 0;
-  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
+  if (TagTooLong(tag)) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  absl::StatusOr<size_t> restored = rt->allocator->pause().Resume(
-      tag != nullptr ? std::optional<std::string>(tag) : std::nullopt);
+  absl::StatusOr<size_t> restored =
+      rt->allocator->pause().Resume(vmmshim::TagSelection::FromNullable(tag));
   if (!restored.ok()) return ToCuResult(restored.status());
   if (restored_bytes != nullptr) *restored_bytes = *restored;
   return CUDA_SUCCESS;
@@ -89,10 +126,11 @@ VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes
 VMMSHIM_EXPORT int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  const std::string json = vmmshim::StatsJson(*rt->allocator, getpid());
-  if (needed != nullptr) *needed = json.size() + 1;
-  if (buffer == nullptr) return CUDA_SUCCESS;
-  if (size < json.size() + 1) return CUDA_ERROR_INVALID_VALUE;
-  std::memcpy(buffer, json.c_str(), json.size() + 1);
-  return CUDA_SUCCESS;
+  return CopyOut(vmmshim::StatsJson(*rt->allocator, getpid()), buffer, size, needed);
+}
+
+VMMSHIM_EXPORT int vmmshim_get_residency(char* buffer, size_t size, size_t* needed) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  return CopyOut(vmmshim::ResidencyJson(*rt->allocator, &rt->driver), buffer, size, needed);
 }

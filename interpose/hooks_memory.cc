@@ -24,6 +24,12 @@ void NoticeOnce(std::atomic<bool>& flag, const char* message) {
 std::atomic<bool> g_alloc_notice{false};
 std::atomic<bool> g_free_notice{false};
 
+// The device of the current context, or -1 (the residency report's
+// passed-through figure is per device).
+int CurrentDevice(const Runtime& rt) {
+  CUdevice device = -1;
+  return rt.driver.cuCtxGetDevice(&device) == CUDA_SUCCESS ? device : -1;
+}
 
 }  // namespace
 
@@ -46,7 +52,7 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
                "VMM support); further ones are counted in the exit report");
     CUresult r = rt->driver.cuMemAlloc_v2(dptr, bytesize);
     if (r == CUDA_SUCCESS) {
-      rt->allocator->counters().PassThrough(bytesize);
+      rt->allocator->counters().PassThroughLive(*dptr, bytesize, CurrentDevice(*rt));
       Trace(*rt, "alloc", bytesize, *dptr);
     }
     return r;
@@ -74,7 +80,9 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   }
   if (!a->served) {
     CUresult r = rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
-    if (r == CUDA_SUCCESS) rt->allocator->counters().PassThrough(*pitch * height);
+    if (r == CUDA_SUCCESS) {
+      rt->allocator->counters().PassThroughLive(*dptr, *pitch * height, CurrentDevice(*rt));
+    }
     return r;
   }
   *dptr = a->ptr;
@@ -92,7 +100,10 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
                "a pointer not allocated by vmmshim was freed through the driver (allocated "
                "before the shim took over, or passed through); further ones are not logged");
     CUresult r = rt->driver.cuMemFree_v2(dptr);
-    if (r == CUDA_SUCCESS) Trace(*rt, "free", 0, dptr);
+    if (r == CUDA_SUCCESS) {
+      rt->allocator->counters().PassThroughFreed(dptr);
+      Trace(*rt, "free", 0, dptr);
+    }
     return r;
   }
   if (!freed.ok()) return ToCuResult(freed);

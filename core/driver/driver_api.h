@@ -156,7 +156,10 @@ namespace vmmshim {
   X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020, false)                 \
   X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000, false)                    \
   X(cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2", PFN_cuMemcpyDtoH_v3020, false)                 \
-  X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)
+  X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)                 \
+  /* the residency report (core/report/residency.h) */                                  \
+  X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute",                      \
+    PFN_cuDeviceGetGraphMemAttribute_v11040, false)
 
 struct DriverApi {
 #define VMMSHIM_DECLARE_ENTRY(member, symbol, type, required) type member = nullptr;

@@ -68,6 +68,7 @@ std::optional<PointerInfo> HeapArena::FindLocked(CUdeviceptr ptr) const {
   info.allowed = block->placement.allowed;
   if (!block->placement.tag.empty()) info.tag = block->placement.tag;
   info.has_explicit = block->has_explicit();
+  info.paused = block->paused || block->pausing;
   if (block->slab == nullptr) {
     if (ptr >= base + block->requested) return std::nullopt;
     info.allocation_base = base;

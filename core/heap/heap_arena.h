@@ -70,6 +70,7 @@
 #include "core/peer/peer_access.h"
 #include "core/policy/peer_policy.h"
 #include "core/heap/slab.h"
+#include "core/heap/tag_selection.h"
 #include "core/heap/types.h"
 #include "core/heap/va_free_list.h"
 #include "core/driver/vmm_mapping.h"
@@ -108,6 +109,18 @@ inline void AddWithPeak(std::atomic<uint64_t>& value, std::atomic<uint64_t>& pea
   while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
   }
 }
+
+// Where a pause's or resume's time went, in seconds, summed over the
+// arenas (PauseCoordinator logs it; core/heap/pause.h).
+struct PauseTimes {
+  double synchronize = 0;  // the owning contexts (and stream-ordered frees) synchronized
+  double copy = 0;         // contents to host memory, or back
+  double release = 0;      // cuMemUnmap + cuMemRelease of paused and cached blocks
+  double create = 0;       // cuMemCreate at resume
+  double map = 0;          // cuMemMap + cuMemSetAccess at resume
+  double trim = 0;         // caches released to make room at resume
+  size_t blocks = 0;       // blocks paused or resumed
+};
 
 class HeapArena {
  public:
@@ -206,19 +219,22 @@ class HeapArena {
                                uint64_t size, uint64_t* handle_size) ABSL_LOCKS_EXCLUDED(mu_);
 
   DeviceStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds this arena's physical memory, by tag and kind, to `out`.
+  void AddResidency(DeviceResidency* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Pause and resume (core/heap/pause.h states the contract) ----
-  // `tag`: the blocks whose placement has this tag; nullopt: every block.
-  // Stream-ordered blocks are never selected (their freed blocks are reused
-  // by the stream-ordered cache without asking the heap).
+  // `tag`: the blocks whose placement's tag it selects, stream-ordered
+  // ones too (their freed blocks must have left the stream-ordered cache
+  // first: StreamOrderedFrontEnd::ReleaseForPause). `times` (never null)
+  // collects where the time went.
   //
   // The bytes of the live blocks a pause of `tag` would back up; their
   // contexts are added to `contexts` (once each).
-  size_t PauseCandidates(const std::optional<std::string>& tag,
+  size_t PauseCandidates(const TagSelection& tag,
                          std::vector<CUcontext>* contexts) const ABSL_LOCKS_EXCLUDED(mu_);
   // CUDA_ERROR_NOT_PERMITTED (and a log line naming it) when a block the
   // pause would select holds exported memory; nothing changes.
-  absl::Status CheckPausable(const std::optional<std::string>& tag) const
+  absl::Status CheckPausable(const TagSelection& tag) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Pause in two steps, so that a pause over several arenas and devices
   // either happens everywhere or nowhere. PausePrepare (the contexts
@@ -230,10 +246,10 @@ class HeapArena {
   // blocks (the VA stays theirs) and releases the tag's cached memory;
   // returns the physical bytes the driver got back; a block whose unmap
   // fails stays live and the first such error is returned after the rest.
-  absl::StatusOr<size_t> PausePrepare(const std::optional<std::string>& tag,
-                                      BackupCopier* copier) ABSL_LOCKS_EXCLUDED(mu_);
-  void PauseAbort(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<size_t> PauseCommit(const std::optional<std::string>& tag)
+  absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                      PauseTimes* times) ABSL_LOCKS_EXCLUDED(mu_);
+  void PauseAbort(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Resume in two steps, likewise: Prepare maps new memory at each paused
   // block's address with the access it would have had (Target), unless a
@@ -243,10 +259,10 @@ class HeapArena {
   // Prepare retries failed releases first and releases this arena's cache
   // once before failing with CUDA_ERROR_OUT_OF_MEMORY; on failure it undoes
   // what it mapped. Returns the bytes mapped.
-  absl::StatusOr<size_t> ResumePrepare(const std::optional<std::string>& tag,
-                                       BackupCopier& copier) ABSL_LOCKS_EXCLUDED(mu_);
-  void ResumeCommit(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
-  void ResumeAbort(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                       PauseTimes* times) ABSL_LOCKS_EXCLUDED(mu_);
+  void ResumeCommit(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  void ResumeAbort(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Unmaps and releases every handle and frees every reservation; returns
   // the first driver error and continues past errors.
@@ -347,9 +363,10 @@ class HeapArena {
   void UnmapPausedLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A granule with room that is not sealed takes allocations again.
   void ReopenLocked(CUdeviceptr base, Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `b` is selected by a pause or resume of `tag`.
-  static bool Selected(const Block& b, const std::optional<std::string>& tag) {
-    return !b.placement.stream_ordered && (!tag || b.placement.tag == *tag);
+  // Whether `b` is selected by a pause or resume of `tag` (stream-ordered
+  // blocks too: their freed ones left the stream-ordered cache first).
+  static bool Selected(const Block& b, const TagSelection& tag) {
+    return tag.Matches(b.placement.tag);
   }
   // After deferred_ changed: its size into the device's and the global
   // figures.

@@ -1,5 +1,6 @@
 // HeapArena: pause and resume (core/heap/heap_arena.h; docs/pause-resume.md).
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,13 +28,13 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
-std::string TagName(const std::optional<std::string>& tag) {
-  return tag ? absl::StrCat("tag '", *tag, "'") : std::string("every allocation");
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
 
-size_t HeapArena::PauseCandidates(const std::optional<std::string>& tag,
+size_t HeapArena::PauseCandidates(const TagSelection& tag,
                                   std::vector<CUcontext>* contexts) const {
   MutexLock lock(&mu_);
   size_t bytes = 0;
@@ -50,13 +51,13 @@ size_t HeapArena::PauseCandidates(const std::optional<std::string>& tag,
   return bytes;
 }
 
-absl::Status HeapArena::CheckPausable(const std::optional<std::string>& tag) const {
+absl::Status HeapArena::CheckPausable(const TagSelection& tag) const {
   MutexLock lock(&mu_);
   for (const auto& [base, b] : blocks_) {
     if (!Selected(*b, tag) || b->paused || !b->exported) continue;
     Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is exported "
                "to another process (cudaIpcGetMemHandle); nothing paused",
-               TagName(tag), base, options_.device);
+               tag.Describe(), base, options_.device);
     return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
   }
   return absl::OkStatus();
@@ -68,8 +69,8 @@ void HeapArena::ReopenLocked(CUdeviceptr base, Block& b) {
   }
 }
 
-absl::StatusOr<size_t> HeapArena::PausePrepare(const std::optional<std::string>& tag,
-                                               BackupCopier* copier) {
+absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                               PauseTimes* times) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> live;
   for (const auto& [base, b] : blocks_) {
@@ -80,18 +81,19 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const std::optional<std::string>&
     if (b->exported) {  // exported after CheckPausable
       Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is "
                  "exported to another process; nothing paused",
-                 TagName(tag), base, options_.device);
+                 tag.Describe(), base, options_.device);
       return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
     }
     live.push_back(base);
   }
   // Backups first, all of them: host memory that runs out pauses nothing.
   std::vector<HostBackup> backups;
+  const auto copy_start = std::chrono::steady_clock::now();
   if (copier != nullptr) {
     for (CUdeviceptr base : live) {
       absl::StatusOr<HostBackup> backup = HostBackup::Create(blocks_.at(base)->size);
       if (!backup.ok()) {
-        Log().error("vmmshim_pause_memory({}): {}; nothing paused", TagName(tag),
+        Log().error("vmmshim_pause_memory({}): {}; nothing paused", tag.Describe(),
                     backup.status().ToString());
         return backup.status();
       }
@@ -106,10 +108,11 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const std::optional<std::string>&
       if (!copied.ok()) {
         Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} to host memory: {}; "
                     "nothing paused",
-                    TagName(tag), b.size, live[i], copied.ToString());
+                    tag.Describe(), b.size, live[i], copied.ToString());
         return copied;
       }
     }
+    times->copy += SecondsSince(copy_start);
   }
   size_t bytes = 0;
   for (size_t i = 0; i < live.size(); ++i) {
@@ -125,7 +128,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const std::optional<std::string>&
   return bytes;
 }
 
-void HeapArena::PauseAbort(const std::optional<std::string>& tag) {
+void HeapArena::PauseAbort(const TagSelection& tag) {
   MutexLock lock(&mu_);
   for (auto& [base, owned] : blocks_) {
     Block& b = *owned;
@@ -136,8 +139,9 @@ void HeapArena::PauseAbort(const std::optional<std::string>& tag) {
   }
 }
 
-absl::StatusOr<size_t> HeapArena::PauseCommit(const std::optional<std::string>& tag) {
+absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTimes* times) {
   MutexLock lock(&mu_);
+  const auto start = std::chrono::steady_clock::now();
   std::vector<CUdeviceptr> marked, cached;
   for (const auto& [base, b] : blocks_) {
     if (!Selected(*b, tag) || b->paused) continue;
@@ -154,7 +158,7 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const std::optional<std::string>& 
     b.pausing = false;
     if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
       // Still mapped and whole: it stays live (its backup goes).
-      Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", TagName(tag), base,
+      Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", tag.Describe(), base,
                  s.ToString());
       b.backup.reset();
       ReopenLocked(base, b);
@@ -174,6 +178,7 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const std::optional<std::string>& 
     b.access = DeviceSet();
     b.paused = true;
     AddPausedLocked(static_cast<int64_t>(b.size));
+    ++times->blocks;
   }
   // The tag's freed memory goes too: it is memory the program gave up.
   for (CUdeviceptr base : cached) {
@@ -181,10 +186,11 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const std::optional<std::string>& 
     if (absl::Status s = DestroyBlockLocked(base); s.ok()) {
       released += size;
     } else {
-      Log().warn("vmmshim_pause_memory({}): releasing cached memory at {:#x}: {}", TagName(tag),
+      Log().warn("vmmshim_pause_memory({}): releasing cached memory at {:#x}: {}", tag.Describe(),
                  base, s.ToString());
     }
   }
+  times->release += SecondsSince(start);
   if (!first.ok()) return first;
   return released;
 }
@@ -208,8 +214,8 @@ void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
   b.access = DeviceSet();
 }
 
-absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>& tag,
-                                                BackupCopier& copier) {
+absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                                PauseTimes* times) {
   MutexLock lock(&mu_);
   // Handles a pause or an earlier undo could not release hold memory the
   // resume may need.
@@ -226,17 +232,25 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>
     Block& b = *blocks_.at(base);
     bytes += b.size;
     if (b.handle != 0) continue;  // still mapped by a failed undo: reused as it is
+    auto step = std::chrono::steady_clock::now();
     absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(b.size, prop_);
     if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
+      times->create += SecondsSince(step);
+      step = std::chrono::steady_clock::now();
       TrimLocked();  // this arena's cache and orphans
+      times->trim += SecondsSince(step);
+      step = std::chrono::steady_clock::now();
       handle = mapper_.Create(b.size, prop_);
     }
+    times->create += SecondsSince(step);
     // Exactly the access it would have had, never paused: the owner, and the
     // peers the policy or explicit grants allow among those enabled now.
     const DeviceSet target = Target(b) | DeviceSet::Of(options_.device);
     absl::Status status = handle.status();
     if (handle.ok()) {
+      step = std::chrono::steady_clock::now();
       status = mapper_.MapWithAccess(base, b.size, *handle, target);
+      times->map += SecondsSince(step);
       if (!status.ok() && !mapper_.Release(*handle).ok()) {
         orphan_handles_.push_back({*handle, b.size});
         AccountHandle(static_cast<int64_t>(b.size));  // counted until released
@@ -245,7 +259,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>
     if (!status.ok()) {
       Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
                  "stays paused",
-                 TagName(tag), b.size, base, options_.device, status.ToString());
+                 tag.Describe(), b.size, base, options_.device, status.ToString());
       undo();
       return status;
     }
@@ -256,6 +270,8 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>
     AccountMapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
     mapped_now.push_back(base);
   }
+  times->blocks += paused.size();
+  const auto copy_start = std::chrono::steady_clock::now();
   for (CUdeviceptr base : paused) {
     Block& b = *blocks_.at(base);
     if (!b.backup) continue;
@@ -266,15 +282,16 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const std::optional<std::string>
     if (!copied.ok()) {
       Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything stays "
                  "paused",
-                 TagName(tag), b.size, base, copied.ToString());
+                 tag.Describe(), b.size, base, copied.ToString());
       undo();
       return copied;
     }
   }
+  times->copy += SecondsSince(copy_start);
   return bytes;
 }
 
-void HeapArena::ResumeCommit(const std::optional<std::string>& tag) {
+void HeapArena::ResumeCommit(const TagSelection& tag) {
   MutexLock lock(&mu_);
   for (auto& [base, owned] : blocks_) {
     Block& b = *owned;
@@ -286,7 +303,7 @@ void HeapArena::ResumeCommit(const std::optional<std::string>& tag) {
   }
 }
 
-void HeapArena::ResumeAbort(const std::optional<std::string>& tag) {
+void HeapArena::ResumeAbort(const TagSelection& tag) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> mapped;
   for (const auto& [base, owned] : blocks_) {

@@ -74,4 +74,19 @@ DeviceStats HeapArena::stats() const {
   return out;
 }
 
+void HeapArena::AddResidency(DeviceResidency* out) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, b] : blocks_) {
+    if (b->unmapped()) {
+      out->tags[b->placement.tag].paused_bytes += b->size;
+    } else if (b->cached || (b->slab != nullptr && b->slab->empty())) {
+      out->cached_bytes += b->size;
+    } else {
+      out->tags[b->placement.tag].resident_bytes += b->size;
+    }
+  }
+  for (const auto& [handle, size] : orphan_handles_) out->orphan_bytes += size;
+  for (const OrphanMapping& m : orphan_mappings_) out->orphan_bytes += m.size;
+}
+
 }  // namespace vmmshim

@@ -1,5 +1,6 @@
 #include "core/heap/pause.h"
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -30,16 +31,30 @@ absl::StatusOr<size_t> SumOverAll(const std::vector<HeapArena*>& arenas, Step st
   return sum;
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// One line per pause or resume: what it moved and where the time went.
+void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const PauseTimes& t,
+              double total) {
+  Log().info("{}({}): {} bytes in {} blocks, {:.3f} ms: synchronize {:.3f} ms, copies {:.3f} ms "
+             "({:.1f} GiB/s), unmap+release {:.3f} ms, cuMemCreate {:.3f} ms, map+access {:.3f} "
+             "ms, caches released {:.3f} ms",
+             what, tag.Describe(), bytes, t.blocks, total * 1e3, t.synchronize * 1e3,
+             t.copy * 1e3, t.copy > 0 ? static_cast<double>(bytes) / t.copy / (1u << 30) : 0.0,
+             t.release * 1e3, t.create * 1e3, t.map * 1e3, t.trim * 1e3);
+}
+
 }  // namespace
 
 PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
-                                   CaptureTracker& captures, int copy_threads,
-                                   std::function<void()> release_caches)
+                                   CaptureTracker& captures, int copy_threads, Hooks hooks)
     : driver_(driver),
       heaps_(heaps),
       captures_(captures),
       copy_threads_(copy_threads),
-      release_caches_(std::move(release_caches)) {}
+      hooks_(std::move(hooks)) {}
 
 std::vector<HeapArena*> PauseCoordinator::Arenas() const {
   std::vector<HeapArena*> arenas;
@@ -49,7 +64,7 @@ std::vector<HeapArena*> PauseCoordinator::Arenas() const {
   return arenas;
 }
 
-absl::StatusOr<size_t> PauseCoordinator::Pause(const std::optional<std::string>& tag,
+absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
                                                bool keep_contents) {
   // No capture begins meanwhile; during one, the synchronize and the copies
   // would invalidate it (core/sync/capture.h): refused, the capture untouched.
@@ -58,13 +73,20 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const std::optional<std::string>&
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_pause_memory");
   }
   MutexLock lock(&mu_);
+  const auto start = std::chrono::steady_clock::now();
+  PauseTimes times;
   const std::vector<HeapArena*> arenas = Arenas();
-  std::vector<CUcontext> contexts;
-  size_t live = 0;
   for (HeapArena* arena : arenas) {
     if (absl::Status s = arena->CheckPausable(tag); !s.ok()) return s;
-    live += arena->PauseCandidates(tag, &contexts);
   }
+  // Freed stream-ordered blocks of the selection are live to the heap until
+  // they leave the stream-ordered cache: released first, not backed up.
+  if (hooks_.release_stream_ordered) {
+    if (absl::Status s = hooks_.release_stream_ordered(tag); !s.ok()) return s;
+  }
+  std::vector<CUcontext> contexts;
+  size_t live = 0;
+  for (HeapArena* arena : arenas) live += arena->PauseCandidates(tag, &contexts);
   if (keep_contents && live > AvailableHostMemory()) {
     Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed, {} "
                 "available (MemAvailable); nothing paused",
@@ -72,38 +94,46 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const std::optional<std::string>&
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "vmmshim_pause_memory (host memory)");
   }
   // The program's work on the memory must be done before it goes.
+  auto step = std::chrono::steady_clock::now();
   for (CUcontext ctx : contexts) {
     if (absl::Status s = SynchronizeContext(driver_, ctx); !s.ok()) return s;
   }
+  times.synchronize = SecondsSince(step);
   std::optional<BackupCopier> copier;
   if (keep_contents) copier.emplace(driver_, copy_threads_);
   // All or nothing: every arena copies and marks first; only then is memory
   // released anywhere. A failed prepare undoes its own marks; the abort
   // below undoes everyone's, once.
   for (HeapArena* arena : arenas) {
-    absl::StatusOr<size_t> r = arena->PausePrepare(tag, copier ? &*copier : nullptr);
+    absl::StatusOr<size_t> r =
+        arena->PausePrepare(tag, copier ? &*copier : nullptr, &times);
     if (!r.ok()) {
       for (HeapArena* a : arenas) a->PauseAbort(tag);
       return r.status();
     }
   }
-  return SumOverAll(arenas, [&](HeapArena* arena) { return arena->PauseCommit(tag); });
+  absl::StatusOr<size_t> released =
+      SumOverAll(arenas, [&](HeapArena* arena) { return arena->PauseCommit(tag, &times); });
+  if (released.ok() && (*released > 0 || times.blocks > 0)) LogTimes("vmmshim_pause_memory", tag, *released, times, SecondsSince(start));
+  return released;
 }
 
-absl::StatusOr<size_t> PauseCoordinator::Resume(const std::optional<std::string>& tag) {
+absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
   GateReaderLock gate(&captures_.gate());
   if (captures_.any()) {
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_resume_memory");
   }
   MutexLock lock(&mu_);
-  BackupCopier copier(driver_, copy_threads_);
+  const auto start = std::chrono::steady_clock::now();
+  PauseTimes times;
+  BackupCopier copier(driver_, copy_threads_);  // its staging ring only when a backup is copied
   const std::vector<HeapArena*> arenas = Arenas();
   absl::Status status;
   for (int attempt = 0; attempt < 2; ++attempt) {
     size_t restored = 0;
     status = absl::OkStatus();
     for (HeapArena* arena : arenas) {
-      absl::StatusOr<size_t> r = arena->ResumePrepare(tag, copier);
+      absl::StatusOr<size_t> r = arena->ResumePrepare(tag, copier, &times);
       if (!r.ok()) {
         status = r.status();
         break;
@@ -112,14 +142,19 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const std::optional<std::string>
     }
     if (status.ok()) {
       for (HeapArena* arena : arenas) arena->ResumeCommit(tag);
+      if (restored > 0) {
+        LogTimes("vmmshim_resume_memory", tag, restored, times, SecondsSince(start));
+      }
       return restored;
     }
     // All or nothing: what other arenas prepared goes again, once.
     for (HeapArena* arena : arenas) arena->ResumeAbort(tag);
-    if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY) break;
+    if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY || !hooks_.release_caches) break;
     // Out of memory: every cache the shim holds (all arenas, deferred frees,
     // the stream-ordered cache) goes back to the driver, then once more.
-    release_caches_();
+    const auto step = std::chrono::steady_clock::now();
+    hooks_.release_caches();
+    times.trim += SecondsSince(step);
   }
   return status;
 }

@@ -1,18 +1,22 @@
 // Pause and resume by allocation tag (docs/pause-resume.md): what the facade
 // exposes as Allocator::pause().
 //
-// Pause releases the physical memory of the allocations made under tag `tag`
-// (nullopt: every allocation the shim serves; a tag no allocation has:
-// nothing, 0 bytes) and keeps their addresses reserved: the owning contexts
-// are synchronized, with `keep_contents` the contents are copied to host
-// memory (core/heap/host_backup.h), then each block is unmapped and
-// released; an access to paused memory faults. The tag's cached (freed)
-// memory is released too. Returns the physical bytes released (0 when all of
-// it is paused already). Pointers stay valid for cudaFree (which frees a
-// paused allocation as any other, dropping its share of the backup), Find
-// and the peer queries (which answer with the access it gets back).
-// Stream-ordered memory is not paused; IPC imports are not selected (not
-// this process's allocations).
+// Pause releases the physical memory of the allocations a TagSelection
+// takes (core/heap/tag_selection.h: every one, one tag, or every one but
+// some tags; a tag no allocation has: nothing, 0 bytes) and keeps their
+// addresses reserved: freed stream-ordered blocks of the selection leave
+// the stream-ordered cache first (their streams' contexts synchronized), the
+// owning contexts are synchronized, with `keep_contents` the contents are
+// copied to host memory (core/heap/host_backup.h), then each block is
+// unmapped and released; an access to paused memory faults. The
+// selection's cached (freed) memory is released too. Returns the physical
+// bytes released (0 when all of it is paused already). Pointers stay valid
+// for cudaFree and cuMemFreeAsync (which free a paused allocation as any
+// other, dropping its share of the backup), Find and the peer queries
+// (which answer with the access it gets back). Stream-ordered memory
+// (cuMemAllocAsync from a default pool the shim serves) is paused like
+// cudaMalloc memory, by the tag set when it was allocated; IPC imports are
+// not selected (not this process's allocations).
 // All or nothing: every arena of every device copies and marks before any
 // memory is released. Errors (nothing paused): CUDA_ERROR_NOT_PERMITTED when
 // selected memory is exported to another process (logged, naming it);
@@ -23,11 +27,16 @@
 //
 // Resume maps new physical memory at the paused addresses with the access
 // each allocation would have had never paused (the owner, the peers that
-// policy or explicit grants allow among those enabled now) and copies the
-// contents back. Returns the bytes restored (0: nothing paused).
-// CUDA_ERROR_OUT_OF_MEMORY when the devices cannot hold it all after every
-// cache the shim holds was released: everything stays paused, nothing leaks,
-// a later resume can succeed.
+// policy or explicit grants allow among those enabled now, by
+// cuCtxEnablePeerAccess or, for stream-ordered memory, cuMemPoolSetAccess)
+// and copies the contents back. Returns the bytes restored (0: nothing
+// paused). CUDA_ERROR_OUT_OF_MEMORY when the devices cannot hold it all
+// after every cache the shim holds was released: everything stays paused,
+// nothing leaks, a later resume can succeed.
+//
+// Each pause and resume logs, at info, the bytes, blocks and where the time
+// went (synchronize, copies, driver calls, caches released), so that a slow
+// one can be explained without a profiler.
 //
 // Thread safety: pauses and resumes are serialized with each other (lock
 // order: "pause mutex", after the capture gate); allocations and frees go on
@@ -47,6 +56,7 @@
 #include "absl/status/statusor.h"
 #include "core/driver/driver_api.h"
 #include "core/heap/heap_table.h"
+#include "core/heap/tag_selection.h"
 #include "core/sync/capture.h"
 #include "core/sync/mutex.h"
 
@@ -54,18 +64,26 @@ namespace vmmshim {
 
 class PauseCoordinator {
  public:
+  // What the rooms above the heap do for a pause (the facade wires them).
+  struct Hooks {
+    // Gives every cache of the shim back to the driver (Allocator::Trim(-1)),
+    // for the retry of a resume that ran out of memory.
+    std::function<void()> release_caches;
+    // Before a pause selects memory: the freed stream-ordered blocks of the
+    // selection go back to their heap
+    // (StreamOrderedFrontEnd::ReleaseForPause); an error refuses the pause.
+    std::function<absl::Status(const TagSelection&)> release_stream_ordered;
+  };
   // Everything referenced must outlive the coordinator. `copy_threads` >= 1
-  // (host-backup copy threads); `release_caches` gives every cache of the
-  // shim back to the driver (Allocator::Trim(-1)), for the retry of a
-  // resume that ran out of memory.
+  // (host-backup copy threads); empty hooks are skipped.
   PauseCoordinator(const DriverApi& driver, HeapTable& heaps, CaptureTracker& captures,
-                   int copy_threads, std::function<void()> release_caches);
+                   int copy_threads, Hooks hooks);
   PauseCoordinator(const PauseCoordinator&) = delete;
   PauseCoordinator& operator=(const PauseCoordinator&) = delete;
 
-  absl::StatusOr<size_t> Pause(const std::optional<std::string>& tag, bool keep_contents)
+  absl::StatusOr<size_t> Pause(const TagSelection& tag, bool keep_contents)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<size_t> Resume(const std::optional<std::string>& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> Resume(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
@@ -79,7 +97,7 @@ class PauseCoordinator {
   HeapTable& heaps_;
   CaptureTracker& captures_;
   const int copy_threads_;
-  const std::function<void()> release_caches_;
+  const Hooks hooks_;
   Mutex mu_;  // lock order: "pause mutex"
 };
 

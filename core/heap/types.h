@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -73,6 +74,32 @@ struct DeviceStats {
   StreamOrderedFigures stream_ordered;
 };
 
+// What one device's shim memory holds now, by allocation tag
+// (vmmshim_get_residency; core/report/residency.h). Bytes of physical
+// memory: a packed granule counts whole under its tag (its free units are
+// device memory too).
+struct TagResidency {
+  uint64_t resident_bytes = 0;  // mapped for live allocations (stream-ordered ones included)
+  uint64_t paused_bytes = 0;    // released by a pause, not resumed: not device memory now
+};
+struct DeviceResidency {
+  int device = -1;
+  std::map<std::string, TagResidency> tags;  // "" the untagged
+  uint64_t cached_bytes = 0;   // freed memory kept mapped for reuse (the heap's cache)
+  uint64_t orphan_bytes = 0;   // handles or mappings whose release failed, retried later
+  // Of the resident bytes, freed stream-ordered blocks waiting in the
+  // stream-ordered cache (size classes; filled by the facade).
+  uint64_t stream_ordered_cached_bytes = 0;
+  // Allocations the shim handed to the driver on this device and that are
+  // not freed yet (filled by the facade from CallCounters).
+  uint64_t passed_through_bytes = 0;
+  uint64_t resident_bytes() const {
+    uint64_t sum = cached_bytes + orphan_bytes;
+    for (const auto& [tag, r] : tags) sum += r.resident_bytes;
+    return sum;
+  }
+};
+
 // What Find() knows about a pointer inside shim memory.
 struct PointerInfo {
   CUdeviceptr allocation_base = 0;  // the pointer Allocate returned
@@ -88,6 +115,9 @@ struct PointerInfo {
   DeviceSet allowed;
   std::string tag;
   bool has_explicit = false;
+  // Paused (its physical memory released, or being released by a pause):
+  // not to be reused until freed.
+  bool paused = false;
 };
 
 // The placement of an allocation (header comment). `stream_ordered`: the

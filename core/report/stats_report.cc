@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/driver/driver_stats.h"
 #include "core/base/version.h"
+#include "core/report/residency.h"
 #include "core/report/stats_schema.h"
 #include "nlohmann/json.hpp"
 
@@ -92,6 +93,9 @@ std::string StatsJson(const Allocator& allocator, int pid) {
                                   {ks::kDriverQueries, d.stream_ordered.driver_queries}}},
                                 {kd::kPeers, peers}});
   }
+  // What is held, by tag and kind (the shim's own figures: the driver may
+  // be gone at exit).
+  doc[k::kResidency] = nlohmann::json::parse(ResidencyJson(allocator, nullptr))["devices"];
   doc[k::kDriverCalls] = nlohmann::json::array();
   for (const DriverCallCount& c : DriverCallCounts()) {
     doc[k::kDriverCalls].push_back(
@@ -149,7 +153,8 @@ std::string ExitSummary(const Allocator& allocator) {
                       s.peak_paused_bytes == 0
                           ? std::string()
                           : absl::StrCat("; paused: ", s.paused_bytes, " bytes now, at most ",
-                                         s.peak_paused_bytes));
+                                         s.peak_paused_bytes, "; ",
+                                         ResidencySummary(allocator)));
 }
 
 }  // namespace vmmshim

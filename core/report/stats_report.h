@@ -25,7 +25,7 @@ absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::stri
 // at most M bytes mapped into peers" (M: the per-peer peaks, added up);
 // "; E IPC exports" and, where compression was requested, "; device D
 // compression granted|not granted|unsupported"; after any pause, "; paused:
-// P bytes now, at most Q".
+// P bytes now, at most Q; resident: ..." (core/report/residency.h).
 std::string ExitSummary(const Allocator& allocator);
 
 // "off", "unsupported", "granted", "not granted".

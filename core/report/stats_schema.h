@@ -11,6 +11,7 @@
 //    kTotals: {totals::*},
 //    kDevices: [{device::*, device::kStreamOrdered: {stream_ordered::*},
 //                device::kPeers: [{peer::*}]}],
+//    kResidency: [core/report/residency.h's per-device objects],
 //    kDriverCalls: [{driver_call::*}]}
 // Each k*Keys array lists the keys of one object, in the order written; the
 // tests check that a written file has exactly those.
@@ -33,8 +34,12 @@ inline constexpr char kPolicy[] = "policy";                 // string: PeerPolic
 inline constexpr char kTotals[] = "totals";                 // object: totals::*
 inline constexpr char kDevices[] = "devices";               // array of device::* objects
 inline constexpr char kDriverCalls[] = "driver_calls";      // array of driver_call::* objects
+// array: per device, what the process holds by tag and kind (the "devices"
+// of core/report/residency.h, from the shim's own figures: the device_*
+// and driver-derived figures are null in the file)
+inline constexpr char kResidency[] = "residency";
 inline constexpr const char* kTopLevelKeys[] = {kPid,    kVersion, kSchemaVersion, kPolicy,
-                                                kTotals, kDevices, kDriverCalls};
+                                                kTotals, kDevices, kResidency, kDriverCalls};
 
 // "totals": process-wide sums (AllocatorStats).
 namespace totals {

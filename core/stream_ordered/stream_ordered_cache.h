@@ -81,6 +81,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/base/device_set.h"
+#include "core/heap/tag_selection.h"
 #include "core/heap/types.h"
 #include "core/driver/driver_api.h"
 #include "core/sync/mutex.h"
@@ -192,6 +193,12 @@ class StreamOrderedCache {
   // those contexts, MarkReady(mark) makes them ready.
   uint64_t PendingContexts(std::vector<CUcontext>* contexts) const ABSL_LOCKS_EXCLUDED(mu_);
   void MarkReady(uint64_t mark) ABSL_LOCKS_EXCLUDED(mu_);
+  // For a pause of `selection` (core/heap/pause.h), after MarkReady: the
+  // ready blocks whose allocation tag it selects leave the cache, whatever
+  // the release threshold, so that the pause releases their memory instead
+  // of keeping it for reuse. The caller frees them in the heap. No driver
+  // call.
+  ReleasedBlocks TakeSelected(const TagSelection& selection) ABSL_LOCKS_EXCLUDED(mu_);
 
   // `stream` is about to be destroyed: its blocks are covered by one last
   // event (or become ready at once when it is idle) and the handle is

@@ -201,6 +201,17 @@ absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CU
     }
   }
   if (!released.empty()) ReleaseToHeap(released);
+  if (reuse && heaps_.global().paused.load(std::memory_order_relaxed) > 0) {
+    // A block freed while a pause was selecting memory may have been paused
+    // since (ReleaseForPause takes the ones freed before): never hand out
+    // memory without its physical backing. One atomic load otherwise.
+    std::optional<PointerInfo> info = Find(reuse->ptr);
+    if (!info || info->paused) {
+      cache->NoteFreed(key.context, reuse->size_class, bytes);  // as Allocate counted it
+      ReleaseToHeap({{reuse->ptr, key.context}});
+      reuse.reset();
+    }
+  }
   if (reuse) {
     if (reuse->bytes == bytes || Resize(reuse->ptr, bytes)) {
       return Allocation{reuse->ptr, true};
@@ -241,6 +252,15 @@ absl::Status StreamOrderedFrontEnd::Free(const PointerInfo& info, CUstream strea
   int stream_device = -1;
   if (absl::Status s = ResolveStream(stream, per_thread, &key, &stream_device); !s.ok()) return s;
   StreamOrderedCache* cache = CacheFor(info.device);
+  if (info.paused) {
+    // Its physical memory is gone: nothing to reuse and no work to wait
+    // for (the pause synchronized it). Freed as cuMemFree frees paused
+    // memory: its backup dropped, its address range given back.
+    cache->NoteFreed(info.context, SizeClassOf(info), info.allocation_size);
+    HeapArena* arena = heaps_.Locate(info.allocation_base).arena;
+    return arena == nullptr ? DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFreeAsync")
+                            : arena->FreeStreamOrdered(info.allocation_base, info.context);
+  }
   // Explicit grants belong to this allocation: such a block is not reused.
   const Placement placement{info.context, info.allowed, info.tag, /*stream_ordered=*/true};
   absl::StatusOr<bool> harvest = cache->Put(key, info.allocation_base, placement,
@@ -276,6 +296,21 @@ bool StreamOrderedFrontEnd::Reclaim(int device) {
     ReleaseToHeap(blocks);
   }
   return any;
+}
+
+absl::Status StreamOrderedFrontEnd::ReleaseForPause(const TagSelection& selection) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    StreamOrderedCache* cache = CacheFor(d);
+    if (cache == nullptr) continue;
+    std::vector<CUcontext> contexts;
+    const uint64_t mark = cache->PendingContexts(&contexts);
+    for (CUcontext c : contexts) {
+      if (absl::Status s = SynchronizeContext(driver_, c); !s.ok()) return s;
+    }
+    cache->MarkReady(mark);
+    ReleaseToHeap(cache->TakeSelected(selection));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StreamOrderedFrontEnd::SetPoolPeer(int peer, int owner, bool enable) {

@@ -122,6 +122,14 @@ class StreamOrderedFrontEnd {
   // `device` (-1: every device), then releases every ready block; true when
   // any was released. Nothing while a capture is in progress.
   bool Reclaim(int device);
+  // A pause of `selection` is about to select memory (core/heap/pause.h;
+  // the caller holds the capture gate shared, and no capture is in
+  // progress): the contexts whose streams hold freed blocks not known to be
+  // ready are synchronized, then every freed block of the selection leaves
+  // the caches for its heap, so that the pause releases it instead of
+  // keeping it. A synchronize's driver error is returned; what was released
+  // before it stays released (freed memory, nothing of the program's).
+  absl::Status ReleaseForPause(const TagSelection& selection);
   // Whether any cache holds blocks of `context` or freed on its streams.
   bool Holds(CUcontext context) const;
   // The context goes: its blocks leave the caches (released to their heap),

@@ -137,6 +137,16 @@ void StreamOrderedCache::MarkReady(uint64_t mark) {
   MarkRetiredReadyLocked(mark, nullptr);
 }
 
+ReleasedBlocks StreamOrderedCache::TakeSelected(const TagSelection& selection) {
+  MutexLock lock(&mu_);
+  ReleasedBlocks out;
+  for (const auto& [ptr, e] : entries_) {
+    if (e.ready && selection.Matches(e.placement.tag)) out.push_back({ptr, e.placement.context});
+  }
+  for (const ReleasedBlock& b : out) RemoveLocked(b.ptr);
+  return out;
+}
+
 void StreamOrderedCache::MarkRetiredReadyLocked(uint64_t mark, CUcontext only) {
   for (auto it = retired_.begin(); it != retired_.end();) {
     if (only != nullptr && it->context != only) {

@@ -78,11 +78,23 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
  * All or nothing across devices: contents are copied everywhere before any
  * memory is released (a later cuMemUnmap refusal leaves that block live and
  * returns the driver's code). "" selects the untagged allocations.
- * Stream-ordered (cudaMallocAsync) memory is not paused. During a stream
- * capture: 900 (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the capture
- * untouched. Sizes are bytes. */
+ * Stream-ordered (cudaMallocAsync from a device's default pool) memory is
+ * paused like cudaMalloc memory, by the tag set on the thread that called
+ * cudaMallocAsync; its freed blocks waiting for reuse are released (their
+ * streams' contexts synchronized first). Pausing paused memory releases 0
+ * bytes and returns 0. During a stream capture: 900
+ * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the capture untouched. Sizes are
+ * bytes. */
 #define VMMSHIM_PAUSE_KEEP_CONTENTS 1u
 int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes);
+/* The same for every allocation whose tag is not one of the `count` tags of
+ * `keep_tags` ("" keeps the untagged ones; count 0: every allocation, as
+ * vmmshim_pause_memory(NULL, ...)). 1 (CUDA_ERROR_INVALID_VALUE) when
+ * `keep_tags` is NULL with count > 0, or a tag in it is NULL or over 255
+ * bytes; otherwise the codes of vmmshim_pause_memory. A resume of NULL
+ * brings it all back. */
+int vmmshim_pause_memory_except(const char* const* keep_tags, size_t count, unsigned flags,
+                                size_t* released_bytes);
 /* Maps new physical memory at the paused addresses of `tag` (NULL: all),
  * with the access each allocation would have had never paused (its owner,
  * and the peers the policy or explicit grants allow among those that
@@ -98,8 +110,20 @@ int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
  * that. CUDA_ERROR_INVALID_VALUE (1) when `size` is too small (nothing
  * written); 801 when the shim is disabled. */
 int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed);
+/* What the process holds on each device now, by category (docs/pause-resume.md,
+ * "What is left"; a JSON document, NUL-terminated, in the buffer contract of
+ * vmmshim_get_statistics): the device's used memory (cuMemGetInfo in its
+ * primary context, when active), the shim's memory by tag (resident and
+ * paused), its cache, allocations passed through to the driver, graph
+ * memory, the driver's part of the default pool, and the rest
+ * (unattributed: the context, modules, pools the program made, other
+ * libraries' own VMM memory). Bytes throughout. 801 when the shim is
+ * disabled. */
+int vmmshim_get_residency(char* buffer, size_t size, size_t* needed);
 typedef int (*vmmshim_get_statistics_fn)(char*, size_t, size_t*);
 typedef int (*vmmshim_pause_memory_fn)(const char*, unsigned, size_t*);
+typedef int (*vmmshim_pause_memory_except_fn)(const char* const*, size_t, unsigned, size_t*);
+typedef int (*vmmshim_get_residency_fn)(char*, size_t, size_t*);
 typedef int (*vmmshim_resume_memory_fn)(const char*, size_t*);
 typedef int (*vmmshim_grant_peer_access_fn)(const void*, int);
 typedef int (*vmmshim_revoke_peer_access_fn)(const void*, int);

@@ -24,7 +24,7 @@ import sys
 import threading
 import warnings
 
-__all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "grant_peer_access",
+__all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
            "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
            "KEEP_CONTENTS"]
 __version__ = "0.1.0"
@@ -72,8 +72,16 @@ def _api():
                                                       ctypes.POINTER(ctypes.c_size_t)],
                     "vmmshim_get_statistics": [ctypes.c_char_p, ctypes.c_size_t,
                                                ctypes.POINTER(ctypes.c_size_t)],
+                    # Newer entry points: absent from an older libvmmshim.so.
+                    "vmmshim_pause_memory_except": [ctypes.POINTER(ctypes.c_char_p),
+                                                    ctypes.c_size_t, ctypes.c_uint,
+                                                    ctypes.POINTER(ctypes.c_size_t)],
+                    "vmmshim_get_residency": [ctypes.c_char_p, ctypes.c_size_t,
+                                              ctypes.POINTER(ctypes.c_size_t)],
                 }
                 for name, args in sigs.items():
+                    if not hasattr(lib, name):
+                        continue
                     fn = getattr(lib, name)
                     fn.argtypes = args
                     fn.restype = ctypes.c_int
@@ -151,13 +159,25 @@ def tag(name):
         _call("vmmshim_set_allocation_tag", stack[-1].encode() if stack else None)
 
 
-def pause(tag=None, keep_contents=True):
+def pause(tag=None, keep_contents=True, except_tags=None):
     """Releases the physical memory of the allocations made under `tag` (None:
-    all), keeping their addresses and, with keep_contents, their contents in
-    host memory. Returns the bytes released (0: nothing to pause)."""
+    all; stream-ordered ones too), keeping their addresses and, with
+    keep_contents, their contents in host memory. `except_tags` (a list; not
+    with `tag`): every allocation but those of these tags ("" the untagged).
+    Returns the bytes released (0: nothing to pause, or paused already)."""
     n = ctypes.c_size_t(0)
-    rc = _call("vmmshim_pause_memory", tag.encode() if tag is not None else None,
-               KEEP_CONTENTS if keep_contents else 0, ctypes.byref(n))
+    flags = KEEP_CONTENTS if keep_contents else 0
+    if except_tags is not None:
+        if tag is not None:
+            raise ValueError("vmmshim.pause: give tag or except_tags, not both")
+        if isinstance(except_tags, str):
+            except_tags = [except_tags]
+        keep = (ctypes.c_char_p * max(1, len(except_tags)))(*[t.encode() for t in except_tags])
+        rc = _call("vmmshim_pause_memory_except", keep, len(except_tags), flags,
+                   ctypes.byref(n))
+    else:
+        rc = _call("vmmshim_pause_memory", tag.encode() if tag is not None else None, flags,
+                   ctypes.byref(n))
     return 0 if rc is None else n.value
 
 
@@ -196,18 +216,32 @@ def release_cached_memory(device=-1):
     return 0 if rc is None else n.value
 
 
-def statistics():
-    """The shim's statistics as a dict (the VMMSHIM_STATS_FILE document: totals,
-    devices, peers; units bytes and seconds), or None without the shim."""
+def _document(name):
+    """A JSON document from one of the buffer-filling calls, as a dict; None
+    without the shim."""
     needed = ctypes.c_size_t(0)
-    if _call("vmmshim_get_statistics", None, 0, ctypes.byref(needed)) is None:
+    if _call(name, None, 0, ctypes.byref(needed)) is None:
         return None
     for _ in range(3):  # the document may grow between the two calls
         buf = ctypes.create_string_buffer(needed.value + 4096)
-        lib = _api()
-        rc = lib.vmmshim_get_statistics(buf, len(buf), ctypes.byref(needed))
+        rc = getattr(_api(), name)(buf, len(buf), ctypes.byref(needed))
         if rc == 0:
             return json.loads(buf.value.decode())
         if rc != 1:
-            raise VmmshimError("vmmshim_get_statistics", rc)
-    raise VmmshimError("vmmshim_get_statistics", 1)
+            raise VmmshimError(name, rc)
+    raise VmmshimError(name, 1)
+
+
+def statistics():
+    """The shim's statistics as a dict (the VMMSHIM_STATS_FILE document: totals,
+    devices, peers; units bytes and seconds), or None without the shim."""
+    return _document("vmmshim_get_statistics")
+
+
+def residency():
+    """What the process holds on each device now, by category (a dict: per
+    device, the device's used memory, the shim's memory by tag, resident and
+    paused, its cache, memory passed through to the driver, graph memory, the
+    driver's default-pool part, and what is unattributed: the context and
+    runtime); bytes. None without the shim."""
+    return _document("vmmshim_get_residency")

@@ -60,7 +60,7 @@ class StatsFileTest : public SimTest {
     absl::StatusOr<Allocator::Allocation> kv = a.Allocate(4 * kTestMiB, "kv");
     ASSERT_TRUE(kv.ok() && kv->served) << kv.status();
     ASSERT_TRUE(a.EnablePeer(1, 0).ok());
-    absl::StatusOr<size_t> paused = a.pause().Pause("kv", /*keep_contents=*/false);
+    absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false);
     ASSERT_TRUE(paused.ok() && *paused > 0) << paused.status();
     const CUstream stream = reinterpret_cast<CUstream>(0x51);
     absl::StatusOr<Allocator::Allocation> async = a.stream_ordered().AllocateAsync(1 * kTestMiB, stream, false, nullptr);

@@ -66,7 +66,7 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
   Fill(small, 4096, 3);
   const size_t free_before = FreeMemory();
 
-  absl::StatusOr<size_t> released = a.pause().Pause("kv", /*keep_contents=*/true);
+  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/true);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_GE(*released, 32 * kMiB + 2 * kMiB);
   EXPECT_EQ(FreeMemory(), free_before + *released);  // the driver has it back
@@ -82,7 +82,7 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
   Fill(other, 32 * kMiB, 9);
   ASSERT_TRUE(a.Free(other).ok());
 
-  absl::StatusOr<size_t> restored = a.pause().Resume("kv");
+  absl::StatusOr<size_t> restored = a.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, *released);
   EXPECT_TRUE(Holds(kv, 32 * kMiB, 2));
@@ -100,12 +100,12 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
 TEST_F(PauseTest, UnknownTagsAndRepeatsDoNothingAndSucceed) {
   Allocator a(api_);
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
-  EXPECT_EQ(*a.pause().Pause("nobody", true), 0u);
-  EXPECT_EQ(*a.pause().Resume("kv"), 0u);  // nothing paused yet
-  EXPECT_GT(*a.pause().Pause("kv", false), 0u);
-  EXPECT_EQ(*a.pause().Pause("kv", true), 0u);  // already paused
-  EXPECT_GT(*a.pause().Resume("kv"), 0u);
-  EXPECT_EQ(*a.pause().Resume("kv"), 0u);  // already resumed
+  EXPECT_EQ(*a.pause().Pause(TagSelection::Only("nobody"), true), 0u);
+  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // nothing paused yet
+  EXPECT_GT(*a.pause().Pause(TagSelection::Only("kv"), false), 0u);
+  EXPECT_EQ(*a.pause().Pause(TagSelection::Only("kv"), true), 0u);  // already paused
+  EXPECT_GT(*a.pause().Resume(TagSelection::Only("kv")), 0u);
+  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // already resumed
   char c = 0;
   EXPECT_EQ(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // mapped again (contents not kept)
   ASSERT_TRUE(a.Free(kv).ok());
@@ -120,12 +120,12 @@ TEST_F(PauseTest, NoTagSelectsEveryAllocationOnEveryDevice) {
   MakeCurrent(0);
   Fill(p0, 4 * kMiB, 4);
   Fill(t0, 4096, 5);
-  absl::StatusOr<size_t> released = a.pause().Pause(std::nullopt, true);
+  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::All(), true);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_EQ(sim::GetUsage().handles, 0u);  // nothing of the shim's holds memory now
   char c;
   EXPECT_NE(sim::DeviceRead(1, &c, p1, 1), CUDA_SUCCESS);
-  ASSERT_EQ(*a.pause().Resume(std::nullopt), *released);
+  ASSERT_EQ(*a.pause().Resume(TagSelection::All()), *released);
   EXPECT_TRUE(Holds(p0, 4 * kMiB, 4));
   EXPECT_TRUE(Holds(t0, 4096, 5));
   EXPECT_EQ(sim::DeviceRead(1, &c, p1, 1), CUDA_SUCCESS);
@@ -140,18 +140,18 @@ TEST_F(PauseTest, FreeingPausedMemoryWorksAndLeaksNothing) {
   const CUdeviceptr s1 = Alloc(a, 4096, "kv");
   const CUdeviceptr s2 = Alloc(a, 8192, "kv");
   Fill(s2, 8192, 6);
-  ASSERT_TRUE(a.pause().Pause("kv", true).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
   ASSERT_TRUE(a.Free(big).ok());
   ASSERT_TRUE(a.Free(s1).ok());
   EXPECT_EQ(ToCuResult(a.Free(big)), CUDA_ERROR_INVALID_VALUE);  // a double free, as ever
   const AllocatorStats paused = a.GetStats();
   EXPECT_EQ(paused.live_allocations, 1u);
-  absl::StatusOr<size_t> restored = a.pause().Resume("kv");
+  absl::StatusOr<size_t> restored = a.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(restored.ok());
   EXPECT_LT(*restored, 16 * kMiB);  // only the granule of s2
   EXPECT_TRUE(Holds(s2, 8192, 6));
   ASSERT_TRUE(a.Free(s2).ok());
-  ASSERT_TRUE(a.pause().Pause("kv", true).ok());  // nothing left but cached memory
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());  // nothing left but cached memory
   ASSERT_TRUE(a.ReleaseAll().ok());
   const sim::Usage u = sim::GetUsage();
   EXPECT_EQ(u.handles, 0u);
@@ -165,15 +165,15 @@ TEST_F(PauseTest, ExportedMemoryIsRefusedAndNothingIsPaused) {
   const CUdeviceptr shared = Alloc(a, 4 * kMiB, "kv");
   Fill(kept, 4 * kMiB, 7);
   ASSERT_TRUE(a.Export(shared).ok());
-  EXPECT_EQ(ToCuResult(a.pause().Pause("kv", true).status()), CUDA_ERROR_NOT_PERMITTED);
-  EXPECT_EQ(ToCuResult(a.pause().Pause(std::nullopt, false).status()), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::Only("kv"), true).status()), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::All(), false).status()), CUDA_ERROR_NOT_PERMITTED);
   EXPECT_TRUE(Holds(kept, 4 * kMiB, 7));
   EXPECT_EQ(a.GetStats().paused_bytes, 0u);
   // Paused memory cannot be exported either.
   const CUdeviceptr other = Alloc(a, 4 * kMiB, "solo");
-  ASSERT_TRUE(a.pause().Pause("solo", false).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("solo"), false).ok());
   EXPECT_EQ(ToCuResult(a.Export(other).status()), CUDA_ERROR_NOT_PERMITTED);
-  ASSERT_TRUE(a.pause().Resume("solo").ok());
+  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("solo")).ok());
   for (CUdeviceptr p : {kept, shared, other}) ASSERT_TRUE(a.Free(p).ok());
 }
 
@@ -185,19 +185,19 @@ TEST_F(PauseTest, ResumeWithoutRoomLeavesEverythingPausedUntilThereIsRoom) {
   const CUdeviceptr kv2 = Alloc(a, 64 * kMiB, "kv");
   Fill(kv1, 64 * kMiB, 8);
   Fill(kv2, 64 * kMiB, 9);
-  const size_t released = *a.pause().Pause("kv", true);
+  const size_t released = *a.pause().Pause(TagSelection::Only("kv"), true);
   const size_t handles_paused = sim::GetUsage().handles;
   // Someone else takes the memory (a plain driver allocation, as another
   // library's would be).
   CUdeviceptr hog = 0;
   ASSERT_EQ(sim::cuMemAlloc_v2(&hog, 200 * kMiB), CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a.pause().Resume("kv").status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(ToCuResult(a.pause().Resume(TagSelection::Only("kv")).status()), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(a.GetStats().paused_bytes, released);
   EXPECT_EQ(sim::GetUsage().handles, handles_paused);  // the half-made resume is undone
   char c;
   EXPECT_NE(sim::DeviceRead(0, &c, kv1, 1), CUDA_SUCCESS);
   ASSERT_EQ(sim::cuMemFree_v2(hog), CUDA_SUCCESS);
-  ASSERT_EQ(*a.pause().Resume("kv"), released);
+  ASSERT_EQ(*a.pause().Resume(TagSelection::Only("kv")), released);
   EXPECT_TRUE(Holds(kv1, 64 * kMiB, 8));
   EXPECT_TRUE(Holds(kv2, 64 * kMiB, 9));
   for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
@@ -213,14 +213,14 @@ TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
   const CUdeviceptr big = Alloc(a, 8 * kMiB, "kv");   // the policy allows peers
   const CUdeviceptr tiny = Alloc(a, 4096, "kv2");     // denied by it
   Fill(big, 8 * kMiB, 10);
-  ASSERT_TRUE(a.pause().Pause("kv", true).ok());
-  ASSERT_TRUE(a.pause().Pause("kv2", true).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv2"), true).ok());
   ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
   const uint64_t grants_before = a.GetStats().devices[0].peers[1].grants;
   ASSERT_TRUE(a.SetPeerAccess(tiny, 1, true).ok());  // and an explicit grant on paused memory
   EXPECT_EQ(a.GetStats().devices[0].peers[1].grants, grants_before + 1);  // counted as any grant
   EXPECT_TRUE(*a.PeerHasAccess(big, 1));   // the access it will get back
-  ASSERT_TRUE(a.pause().Resume(std::nullopt).ok());
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
   std::vector<unsigned char> got(8 * kMiB);
   ASSERT_EQ(sim::DeviceRead(1, got.data(), big, got.size()), CUDA_SUCCESS);
   EXPECT_EQ(got[12345], static_cast<unsigned char>(12345 * 13 + 10));
@@ -249,11 +249,11 @@ TEST_F(PauseTest, FaultsAnywhereInPauseOrResumeLeaveAConsistentState) {
           Fill(kv, 6 * kMiB, 11);
           Fill(s, 4096, 12);
           if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-          absl::StatusOr<size_t> paused = a.pause().Pause("kv", true);
+          absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), true);
           if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-          absl::StatusOr<size_t> resumed = a.pause().Resume("kv");
+          absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::Only("kv"));
           sim::ClearFailures();
-          ASSERT_TRUE(a.pause().Resume("kv").ok()) << entry << " " << nth;
+          ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok()) << entry << " " << nth;
           EXPECT_TRUE(Holds(kv, 6 * kMiB, 11)) << entry << " " << nth << " " << at_resume
                                                 << " pause: " << paused.status()
                                                 << " resume: " << resumed.status();
@@ -303,8 +303,8 @@ TEST_F(PauseTest, PauseAndResumeConcurrentWithAllocationsElsewhere) {
     });
   }
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(a.pause().Pause("kv", true).ok());
-    ASSERT_TRUE(a.pause().Resume("kv").ok());
+    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
     ASSERT_TRUE(Holds(kv, 8 * kMiB, 13)) << i;
   }
   stop = true;
@@ -324,11 +324,11 @@ TEST_F(PauseTest, CopyFailureOnASecondDevicePausesNothing) {
   MakeCurrent(0);
   Fill(p0, 4 * kMiB, 1);
   sim::FailCall("cuMemcpyDtoH_v2", 2, CUDA_ERROR_UNKNOWN);  // 1: device 0's block, 2: device 1's
-  EXPECT_FALSE(a.pause().Pause("kv", true).ok());
+  EXPECT_FALSE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
   sim::ClearFailures();
   EXPECT_EQ(a.GetStats().paused_bytes, 0u);
   EXPECT_TRUE(Holds(p0, 4 * kMiB, 1));
-  EXPECT_EQ(*a.pause().Resume("kv"), 0u);
+  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);
   for (CUdeviceptr p : {p0, p1}) ASSERT_TRUE(a.Free(p).ok());
 }
 
@@ -340,7 +340,7 @@ TEST_F(PauseTest, ResumeReleasesOtherArenasCachesBeforeOutOfMemory) {
   Allocator a(api_, options);
   const CUdeviceptr kv = Alloc(a, 128 * kMiB, "kv");
   Fill(kv, 128 * kMiB, 2);
-  ASSERT_TRUE(a.pause().Pause("kv", true).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
   int worker_slot = -1;
   std::thread([&] {
     MakeCurrent(0);
@@ -349,7 +349,7 @@ TEST_F(PauseTest, ResumeReleasesOtherArenasCachesBeforeOutOfMemory) {
     ASSERT_TRUE(a.Free(other).ok());  // cached in the other arena
   }).join();
   ASSERT_NE(worker_slot % 2, ThreadSlot() % 2);
-  absl::StatusOr<size_t> r = a.pause().Resume("kv");
+  absl::StatusOr<size_t> r = a.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(Holds(kv, 128 * kMiB, 2));
   ASSERT_TRUE(a.Free(kv).ok());
@@ -362,12 +362,12 @@ TEST_F(PauseTest, ResumeUndoWhoseUnmapFailsStillAllowsALaterResume) {
   const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
   Fill(kv1, 4 * kMiB, 3);
   Fill(kv2, 4 * kMiB, 4);
-  ASSERT_TRUE(a.pause().Pause("kv", true).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
   sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);  // the undo of the first block
-  EXPECT_FALSE(a.pause().Resume("kv").ok());
+  EXPECT_FALSE(a.pause().Resume(TagSelection::Only("kv")).ok());
   sim::ClearFailures();
-  absl::StatusOr<size_t> r = a.pause().Resume("kv");
+  absl::StatusOr<size_t> r = a.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(Holds(kv1, 4 * kMiB, 3));
   EXPECT_TRUE(Holds(kv2, 4 * kMiB, 4));
@@ -378,13 +378,13 @@ TEST_F(PauseTest, ResumeUndoWhoseReleaseFailsLeaksNothing) {
   {
     Allocator a(api_);
     const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
-    ASSERT_TRUE(a.pause().Pause("kv", false).ok());
+    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
     sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
     sim::FailCall("cuMemRelease", 2, CUDA_ERROR_UNKNOWN);  // 1: block 2's new handle, 2: undo of 1
-    EXPECT_FALSE(a.pause().Resume("kv").ok());
+    EXPECT_FALSE(a.pause().Resume(TagSelection::Only("kv")).ok());
     sim::ClearFailures();
     EXPECT_EQ(a.GetStats().handle_bytes, sim::GetUsage().handle_bytes);
-    ASSERT_TRUE(a.pause().Resume("kv").ok());
+    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
     for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
     a.Trim();
     ASSERT_TRUE(a.ReleaseAll().ok());
@@ -400,10 +400,10 @@ TEST_F(PauseTest, UnmapFailureAtPauseIsReportedAndResumable) {
   Fill(kv1, 4 * kMiB, 5);
   Fill(kv2, 4 * kMiB, 6);
   sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
-  EXPECT_EQ(ToCuResult(a.pause().Pause("kv", true).status()), CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::Only("kv"), true).status()), CUDA_ERROR_UNKNOWN);
   sim::ClearFailures();
   EXPECT_EQ(a.GetStats().paused_bytes, 4 * kMiB);  // one paused, one left live
-  ASSERT_TRUE(a.pause().Resume("kv").ok());
+  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
   EXPECT_TRUE(Holds(kv1, 4 * kMiB, 5));
   EXPECT_TRUE(Holds(kv2, 4 * kMiB, 6));
   for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
@@ -415,9 +415,9 @@ TEST_F(PauseTest, PauseDuringACaptureIsRefusedWithoutInvalidatingIt) {
   ASSERT_EQ(a.captures().BeginCapture(kStream, false, [&] {
     return sim::cuStreamBeginCapture_v2(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
   }), CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a.pause().Pause("kv", true).status()),
+  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::Only("kv"), true).status()),
             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  EXPECT_EQ(ToCuResult(a.pause().Resume("kv").status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(ToCuResult(a.pause().Resume(TagSelection::Only("kv")).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CUgraph g = nullptr;
   EXPECT_EQ(sim::cuStreamEndCapture(kStream, &g), CUDA_SUCCESS);
   a.CaptureEnded(kStream, false);
@@ -431,18 +431,18 @@ TEST_F(PauseTest, ResumeRetriesAHandleWhoseReleaseFailedAtPause) {
   const CUdeviceptr kv = Alloc(a, 200 * kMiB, "kv");
   const size_t free_before = FreeMemory();
   sim::FailCall("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
-  absl::StatusOr<size_t> released = a.pause().Pause("kv", false);
+  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), false);
   sim::ClearFailures();
   ASSERT_TRUE(released.ok());
   EXPECT_EQ(FreeMemory(), free_before + *released);
-  EXPECT_TRUE(a.pause().Resume("kv").ok());
+  EXPECT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
   ASSERT_TRUE(a.Free(kv).ok());
 }
 
 TEST_F(PauseTest, ReleaseContextOfPausedMemoryReleasesNoPhysicalBytes) {
   Allocator a(api_);
   Alloc(a, 8 * kMiB, "kv");
-  ASSERT_TRUE(a.pause().Pause("kv", false).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
   CUcontext ctx = nullptr;
   ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
   EXPECT_EQ(a.ReleaseContext(ctx, false), 0u);

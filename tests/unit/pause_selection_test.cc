@@ -1,0 +1,288 @@
+// What a pause selects beyond one tag's cudaMalloc memory, on the simulated
+// driver: stream-ordered memory (live and freed blocks waiting for reuse),
+// "everything but these tags" (TagSelection::AllExcept), repeats that do
+// nothing, faults at the new driver calls, and the residency report that
+// says what is left (core/report/residency.h).
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/tag_selection.h"
+#include "core/report/residency.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+class PauseSelectionTest : public SimTest {
+ protected:
+  void SetUp() override {
+    StartSim(2, 256 * kMiB);
+    MakeCurrent(0);
+    ASSERT_EQ(sim::cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+  static CUdeviceptr Alloc(Allocator& a, size_t bytes, const std::string& tag) {
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes, tag);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+  CUdeviceptr AllocAsync(Allocator& a, size_t bytes, const std::string& tag) {
+    absl::StatusOr<Allocator::Allocation> r =
+        a.stream_ordered().AllocateAsync(bytes, stream_, false, nullptr, tag);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+  static void Fill(CUdeviceptr p, size_t bytes, int seed) {
+    std::vector<unsigned char> v(bytes);
+    for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<unsigned char>(i * 7 + seed);
+    ASSERT_EQ(sim::DeviceWrite(0, p, v.data(), bytes), CUDA_SUCCESS);
+  }
+  static bool Holds(CUdeviceptr p, size_t bytes, int seed) {
+    std::vector<unsigned char> v(bytes);
+    if (sim::DeviceRead(0, v.data(), p, bytes) != CUDA_SUCCESS) return false;
+    for (size_t i = 0; i < bytes; ++i) {
+      if (v[i] != static_cast<unsigned char>(i * 7 + seed)) return false;
+    }
+    return true;
+  }
+  static bool Readable(CUdeviceptr p) {
+    char c;
+    return sim::DeviceRead(0, &c, p, 1) == CUDA_SUCCESS;
+  }
+  static size_t FreeMemory() {
+    size_t free = 0, total = 0;
+    EXPECT_EQ(sim::cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+    return free;
+  }
+  static void Teardown(Allocator& a) {
+    a.Trim();
+    ASSERT_TRUE(a.ReleaseAll().ok());
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    EXPECT_EQ(sim::GetUsage().mappings, 0u);
+    EXPECT_EQ(sim::LiveHostAllocations(), 0u);
+  }
+
+  CUstream stream_ = nullptr;
+};
+
+TEST_F(PauseSelectionTest, StreamOrderedMemoryIsPausedAndResumedWithItsContents) {
+  Allocator a(api_);
+  const CUdeviceptr big = AllocAsync(a, 8 * kMiB, "kv");
+  const CUdeviceptr small = AllocAsync(a, 1000, "kv");
+  const CUdeviceptr other = AllocAsync(a, 4 * kMiB, "");
+  Fill(big, 8 * kMiB, 1);
+  Fill(small, 1000, 2);
+  Fill(other, 4 * kMiB, 3);
+  const size_t free_before = FreeMemory();
+  sim::HoldStream(stream_);  // work pending on the memory: the pause waits for it
+  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), true);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_GE(*released, 8 * kMiB + 2 * kMiB);
+  EXPECT_EQ(FreeMemory(), free_before + *released);
+  EXPECT_FALSE(Readable(big));
+  EXPECT_FALSE(Readable(small));
+  EXPECT_TRUE(Holds(other, 4 * kMiB, 3));
+  EXPECT_EQ(*a.pause().Pause(TagSelection::Only("kv"), true), 0u);  // paused already: 0
+
+  absl::StatusOr<size_t> restored = a.pause().Resume(TagSelection::Only("kv"));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, *released);
+  EXPECT_TRUE(Holds(big, 8 * kMiB, 1));
+  EXPECT_TRUE(Holds(small, 1000, 2));
+  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // resumed already: 0
+  for (CUdeviceptr p : {big, small, other}) {
+    ASSERT_TRUE(a.FreeAsync(p, stream_, false).ok());
+  }
+  Teardown(a);
+}
+
+TEST_F(PauseSelectionTest, FreedStreamOrderedBlocksOfAPausedTagAreReleasedNotKept) {
+  Allocator a(api_);
+  // A release threshold that keeps every freed block (as PyTorch sets it).
+  const cuuint64_t keep_all = UINT64_MAX;
+  a.stream_ordered().PoolAttributeSet(a.stream_ordered().DefaultPool(0),
+                                      CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  const CUdeviceptr kept = AllocAsync(a, 6 * kMiB, "kv");
+  const CUdeviceptr freed = AllocAsync(a, 16 * kMiB, "kv");
+  sim::HoldStream(stream_);
+  ASSERT_TRUE(a.FreeAsync(freed, stream_, false).ok());  // waits in the cache, not ready
+  EXPECT_GT(a.GetStats().stream_ordered_cached_bytes, 0u);
+  const size_t free_before = FreeMemory();
+  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), false);
+  ASSERT_TRUE(released.ok()) << released.status();
+  // Both the live block and the freed one went back to the driver.
+  EXPECT_GE(*released, 6 * kMiB + 16 * kMiB);
+  EXPECT_EQ(FreeMemory(), free_before + *released);
+  EXPECT_EQ(a.GetStats().stream_ordered_cached_bytes, 0u);
+  // A new allocation of the freed block's size is new memory, mapped.
+  const CUdeviceptr again = AllocAsync(a, 16 * kMiB, "kv");
+  EXPECT_TRUE(Readable(again));
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Readable(kept));
+  ASSERT_TRUE(a.FreeAsync(kept, stream_, false).ok());
+  ASSERT_TRUE(a.FreeAsync(again, stream_, false).ok());
+  Teardown(a);
+}
+
+TEST_F(PauseSelectionTest, FreeAsyncOfPausedMemoryIsNeverReused) {
+  Allocator a(api_);
+  const CUdeviceptr p = AllocAsync(a, 4 * kMiB, "kv");
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  // Freed while paused: straight back, its backup dropped; a double free is
+  // the driver's code, as ever.
+  ASSERT_TRUE(a.FreeAsync(p, stream_, false).ok());
+  EXPECT_EQ(ToCuResult(a.FreeAsync(p, stream_, false)), CUDA_ERROR_INVALID_VALUE);
+  // The same size on the same stream gets mapped memory, not the paused block.
+  const CUdeviceptr q = AllocAsync(a, 4 * kMiB, "kv");
+  EXPECT_TRUE(Readable(q));
+  Fill(q, 4 * kMiB, 5);
+  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // nothing paused is left
+  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  ASSERT_TRUE(a.FreeAsync(q, stream_, false).ok());
+  Teardown(a);
+}
+
+TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
+  Allocator a(api_);
+  const CUdeviceptr weights = Alloc(a, 8 * kMiB, "weights");
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr untagged = Alloc(a, 4 * kMiB, "");
+  const CUdeviceptr async_kv = AllocAsync(a, 2 * kMiB, "kv");
+  MakeCurrent(1);
+  const CUdeviceptr other_device = Alloc(a, 4 * kMiB, "graph");
+  MakeCurrent(0);
+  Fill(weights, 8 * kMiB, 1);
+  Fill(kv, 8 * kMiB, 2);
+
+  absl::StatusOr<size_t> released =
+      a.pause().Pause(TagSelection::AllExcept({"weights", ""}), true);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(*released, 8 * kMiB + 2 * kMiB + 4 * kMiB);
+  EXPECT_TRUE(Holds(weights, 8 * kMiB, 1));
+  EXPECT_TRUE(Readable(untagged));
+  EXPECT_FALSE(Readable(kv));
+  EXPECT_FALSE(Readable(async_kv));
+  char c;
+  EXPECT_NE(sim::DeviceRead(1, &c, other_device, 1), CUDA_SUCCESS);
+  // Again: everything selected is paused already.
+  EXPECT_EQ(*a.pause().Pause(TagSelection::AllExcept({"weights", ""}), true), 0u);
+  // An empty list is everything.
+  EXPECT_TRUE(TagSelection::AllExcept({}).is_all());
+  EXPECT_EQ(TagSelection::AllExcept({"w", ""}).Describe(),
+            "every allocation but tags 'w', ''");
+
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 8 * kMiB, 2));
+  EXPECT_EQ(sim::DeviceRead(1, &c, other_device, 1), CUDA_SUCCESS);
+  for (CUdeviceptr p : {weights, kv, untagged}) ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(a.FreeAsync(async_kv, stream_, false).ok());
+  MakeCurrent(1);
+  ASSERT_TRUE(a.Free(other_device).ok());
+  MakeCurrent(0);
+  Teardown(a);
+}
+
+TEST_F(PauseSelectionTest, ResidencySaysWhatIsLeftByTagAndKind) {
+  Allocator a(api_);
+  const CUdeviceptr weights = Alloc(a, 8 * kMiB, "weights");
+  const CUdeviceptr kv = Alloc(a, 16 * kMiB, "kv");
+  const CUdeviceptr cached = Alloc(a, 4 * kMiB, "");
+  ASSERT_TRUE(a.Free(cached).ok());  // kept mapped in the cache
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
+
+  const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(a, &api_));
+  ASSERT_EQ(doc["devices"].size(), 1u);
+  const nlohmann::json& d = doc["devices"][0];
+  EXPECT_EQ(d["device"], 0);
+  EXPECT_EQ(d["shim"]["by_tag"]["weights"]["resident_bytes"], 8 * kMiB);
+  EXPECT_EQ(d["shim"]["by_tag"]["kv"]["resident_bytes"], 0u);
+  EXPECT_EQ(d["shim"]["by_tag"]["kv"]["paused_bytes"], 16 * kMiB);
+  EXPECT_EQ(d["shim"]["cached_bytes"], 4 * kMiB);
+  EXPECT_EQ(d["shim"]["resident_bytes"], 12 * kMiB);
+  // The driver's figures, in the active primary context: used memory is the
+  // shim's resident memory here (the simulated driver has no context
+  // overhead), and nothing is left unattributed.
+  size_t free = 0, total = 0;
+  ASSERT_EQ(sim::cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+  EXPECT_EQ(d["device_total_bytes"], total);
+  EXPECT_EQ(d["device_used_bytes"], total - free);
+  EXPECT_EQ(d["unattributed_bytes"], 0u);
+  // Without the driver (the exit report): the shim's figures alone.
+  const nlohmann::json quiet = nlohmann::json::parse(ResidencyJson(a, nullptr));
+  EXPECT_TRUE(quiet["devices"][0]["device_used_bytes"].is_null());
+  EXPECT_EQ(quiet["devices"][0]["shim"]["resident_bytes"], 12 * kMiB);
+  EXPECT_EQ(ResidencySummary(a),
+            "resident: device 0: 12582912 bytes (tag 'kv' 0 (paused 16777216), "
+            "tag 'weights' 8388608, cache 4194304; passed through 0)");
+
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  for (CUdeviceptr p : {weights, kv}) ASSERT_TRUE(a.Free(p).ok());
+  Teardown(a);
+}
+
+TEST_F(PauseSelectionTest, PassedThroughAllocationsAreCountedUntilFreed) {
+  CallCounters c;
+  c.PassThroughLive(0x1000, 4096, 0);
+  c.PassThroughLive(0x9000, 512, 1);
+  EXPECT_EQ(c.PassedThroughLive(0), 4096u);
+  EXPECT_EQ(c.PassedThroughLive(1), 512u);
+  c.PassThroughFreed(0x1000);
+  c.PassThroughFreed(0x5555);  // not passed through: nothing
+  EXPECT_EQ(c.PassedThroughLive(0), 0u);
+  EXPECT_EQ(c.PassedThroughLive(1), 512u);
+}
+
+// Every driver call a stream-ordered pause adds (the synchronize of the
+// streams holding freed blocks, then the same steps as any pause) failing
+// once: nothing leaked, nothing half paused, and a later resume restores
+// the contents.
+TEST_F(PauseSelectionTest, FaultsInAStreamOrderedPauseLeaveAConsistentState) {
+  int runs = 0;
+  for (const char* entry : {"cuCtxSynchronize", "cuMemHostAlloc", "cuMemcpyDtoH_v2",
+                            "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
+                            "cuMemSetAccess", "cuMemcpyHtoD_v2"}) {
+    for (int nth = 1; nth <= 2; ++nth) {
+      for (bool at_resume : {false, true}) {
+        SetUp();
+        {
+          Allocator a(api_);
+          const CUdeviceptr live = AllocAsync(a, 6 * kMiB, "kv");
+          const CUdeviceptr freed = AllocAsync(a, 4 * kMiB, "kv");
+          Fill(live, 6 * kMiB, 9);
+          sim::HoldStream(stream_);
+          ASSERT_TRUE(a.FreeAsync(freed, stream_, false).ok());
+          if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+          absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), true);
+          if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+          absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::Only("kv"));
+          sim::ClearFailures();
+          ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok()) << entry << " " << nth;
+          EXPECT_TRUE(Holds(live, 6 * kMiB, 9))
+              << entry << " " << nth << " " << at_resume << " pause: " << paused.status()
+              << " resume: " << resumed.status();
+          EXPECT_EQ(a.GetStats().paused_bytes, 0u) << entry << " " << nth;
+          ASSERT_TRUE(a.FreeAsync(live, stream_, false).ok());
+          ASSERT_TRUE(sim::cuCtxSynchronize() == CUDA_SUCCESS);
+          a.stream_ordered().Reclaim(-1);
+          a.Trim();
+          ASSERT_TRUE(a.ReleaseAll().ok()) << entry << " " << nth;
+        }
+        const sim::Usage u = sim::GetUsage();
+        EXPECT_EQ(u.handles, 0u) << entry << " " << nth << " " << at_resume;
+        EXPECT_EQ(u.mappings, 0u) << entry << " " << nth << " " << at_resume;
+        EXPECT_EQ(sim::LiveHostAllocations(), 0u) << entry << " " << nth;
+        ++runs;
+      }
+    }
+  }
+  EXPECT_EQ(runs, 36);
+}
+
+}  // namespace
+}  // namespace vmmshim
