@@ -84,7 +84,7 @@ Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
       stream_ordered_(driver, heaps_, captures_, options_.peer_policy,
                       options_.stream_query_interval_ns, [this] { return ReclaimDeferred(); }),
       pause_(driver, heaps_, captures_,
-             options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(8),
+             options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(16),
              PauseCoordinator::Hooks{
                  [this] { Trim(-1); },
                  [this](const TagSelection& tag) {

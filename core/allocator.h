@@ -113,8 +113,8 @@ struct AllocatorOptions {
   int arenas = 0;
   // Threads copying contents to host memory and back (PauseMemory with
   // contents; core/heap/host_backup.h); 0: the CPUs this process may run on, at
-  // most 8 (8 measured 14 GiB/s out, 23 GiB/s back on an H200 host with 16
-  // CPUs).
+  // most 16 (bench/backup_bandwidth on an H200 host with 16 CPUs: 8 threads
+  // 14 GiB/s out and 23 back, 16 threads 19-20 out and 28-30 back).
   int copy_threads = 0;
 };
 

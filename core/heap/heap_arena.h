@@ -115,6 +115,7 @@ inline void AddWithPeak(std::atomic<uint64_t>& value, std::atomic<uint64_t>& pea
 struct PauseTimes {
   double synchronize = 0;  // the owning contexts (and stream-ordered frees) synchronized
   double copy = 0;         // contents to host memory, or back
+  size_t copied_bytes = 0; // of them
   double release = 0;      // cuMemUnmap + cuMemRelease of paused and cached blocks
   double create = 0;       // cuMemCreate at resume
   double map = 0;          // cuMemMap + cuMemSetAccess at resume

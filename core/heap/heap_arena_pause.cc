@@ -111,6 +111,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
                     tag.Describe(), b.size, live[i], copied.ToString());
         return copied;
       }
+      times->copied_bytes += b.size;
     }
     times->copy += SecondsSince(copy_start);
   }
@@ -275,6 +276,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
   for (CUdeviceptr base : paused) {
     Block& b = *blocks_.at(base);
     if (!b.backup) continue;
+    times->copied_bytes += b.size;
     ScopedContext ctx(driver_, b.placement.context);
     absl::Status copied = ctx.ok() ? copier.ToDevice(base, b.backup->data(), b.size)
                                    : DriverError(CUDA_ERROR_INVALID_CONTEXT,

@@ -38,11 +38,12 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 // One line per pause or resume: what it moved and where the time went.
 void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const PauseTimes& t,
               double total) {
-  Log().info("{}({}): {} bytes in {} blocks, {:.3f} ms: synchronize {:.3f} ms, copies {:.3f} ms "
-             "({:.1f} GiB/s), unmap+release {:.3f} ms, cuMemCreate {:.3f} ms, map+access {:.3f} "
-             "ms, caches released {:.3f} ms",
+  Log().info("{}({}): {} bytes in {} blocks, {:.3f} ms: synchronize {:.3f} ms, copies of {} "
+             "bytes {:.3f} ms ({:.1f} GiB/s), unmap+release {:.3f} ms, cuMemCreate {:.3f} ms, "
+             "map+access {:.3f} ms, caches released {:.3f} ms",
              what, tag.Describe(), bytes, t.blocks, total * 1e3, t.synchronize * 1e3,
-             t.copy * 1e3, t.copy > 0 ? static_cast<double>(bytes) / t.copy / (1u << 30) : 0.0,
+             t.copied_bytes, t.copy * 1e3,
+             t.copy > 0 ? static_cast<double>(t.copied_bytes) / t.copy / (1u << 30) : 0.0,
              t.release * 1e3, t.create * 1e3, t.map * 1e3, t.trim * 1e3);
 }
 

@@ -242,6 +242,30 @@ PY
     grep -qE 'stream-ordered: [1-9][0-9]* allocations served' <<<"$shimmed" ||
       fail "CuPy's MemoryAsyncPool not served from VMM"
     ;;
+  sleep_wake)
+    # Pause and resume on four allocators (examples/sleep_wake.py): weights
+    # kept, everything else dropped (JAX: everything kept), another phase in
+    # the freed memory, then the same result as a native run that never
+    # paused; the shim's stream-ordered memory must have been paused.
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    for fw in torch torch-async cupy-async jax-async; do
+      case $fw in
+        cupy-async) python3 -c "import cupy" 2>/dev/null || { echo "$fw: CuPy is not installed"; continue; } ;;
+        jax-async) python3 -c "import jax" 2>/dev/null || { echo "$fw: JAX is not installed"; continue; } ;;
+      esac
+      args=(--framework "$fw" --kv-gib 2 --work-gib 2)
+      native=$(python3 "$src/examples/sleep_wake.py" "${args[@]}" --no-pause 2>&1) || fail "$fw native: $native"
+      shimmed=$(under_shim python3 "$src/examples/sleep_wake.py" "${args[@]}" 2>&1) || fail "$fw shim: $shimmed"
+      echo "native: $(grep ^result <<<"$native")"; echo "shim:   $(grep ^result <<<"$shimmed")"
+      grep -E 'sleep_wake: .*(paused|resumed)|vmmshim_(pause|resume)_memory\(' <<<"$shimmed"
+      # Exit 0 means the result after the resume equals the one before; JAX's
+      # results differ between processes even natively (autotuning).
+      [ "$fw" = jax-async ] || [ "$(grep ^result <<<"$native")" = "$(grep ^result <<<"$shimmed")" ] ||
+        fail "$fw: results differ from the native run"
+      grep -qE 'sleep_wake: .*paused [1-9][0-9]* bytes' <<<"$shimmed" || fail "$fw: nothing paused"
+    done
+    ;;
   rmm_async)
     # RMM's stream-ordered resources (wheels from tools/gpu/fetch-wheels.sh,
     # installed into a temporary directory when RMM is not installed).
