@@ -38,27 +38,9 @@ class PauseSelectionTest : public SimTest {
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
-  static void Fill(CUdeviceptr p, size_t bytes, int seed) {
-    std::vector<unsigned char> v(bytes);
-    for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<unsigned char>(i * 7 + seed);
-    ASSERT_EQ(sim::DeviceWrite(0, p, v.data(), bytes), CUDA_SUCCESS);
-  }
-  static bool Holds(CUdeviceptr p, size_t bytes, int seed) {
-    std::vector<unsigned char> v(bytes);
-    if (sim::DeviceRead(0, v.data(), p, bytes) != CUDA_SUCCESS) return false;
-    for (size_t i = 0; i < bytes; ++i) {
-      if (v[i] != static_cast<unsigned char>(i * 7 + seed)) return false;
-    }
-    return true;
-  }
   static bool Readable(CUdeviceptr p) {
     char c;
     return sim::DeviceRead(0, &c, p, 1) == CUDA_SUCCESS;
-  }
-  static size_t FreeMemory() {
-    size_t free = 0, total = 0;
-    EXPECT_EQ(sim::cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
-    return free;
   }
   static void Teardown(Allocator& a) {
     a.Trim();

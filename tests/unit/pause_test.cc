@@ -33,25 +33,6 @@ class PauseTest : public SimTest {
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
-  // Fills with a pattern of `seed`; Check compares.
-  static void Fill(CUdeviceptr p, size_t bytes, int seed) {
-    std::vector<unsigned char> v(bytes);
-    for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<unsigned char>(i * 13 + seed);
-    ASSERT_EQ(sim::DeviceWrite(0, p, v.data(), bytes), CUDA_SUCCESS);
-  }
-  static bool Holds(CUdeviceptr p, size_t bytes, int seed) {
-    std::vector<unsigned char> v(bytes);
-    if (sim::DeviceRead(0, v.data(), p, bytes) != CUDA_SUCCESS) return false;
-    for (size_t i = 0; i < bytes; ++i) {
-      if (v[i] != static_cast<unsigned char>(i * 13 + seed)) return false;
-    }
-    return true;
-  }
-  static size_t FreeMemory() {
-    size_t free = 0, total = 0;
-    EXPECT_EQ(sim::cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
-    return free;
-  }
 
   const CUstream kStream = reinterpret_cast<CUstream>(0x51);
 };

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "gtest/gtest.h"
@@ -63,6 +64,29 @@ class SimTest : public ::testing::Test {
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
+  }
+
+  // Writes a byte pattern of `seed` into device 0's memory at `p`;
+  // HoldsPattern says whether it is still there (false also when the
+  // memory cannot be read: unmapped, paused).
+  static void Fill(CUdeviceptr p, size_t bytes, int seed) {
+    std::vector<unsigned char> v(bytes);
+    for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<unsigned char>(i * 13 + seed);
+    ASSERT_EQ(sim::DeviceWrite(0, p, v.data(), bytes), CUDA_SUCCESS);
+  }
+  static bool Holds(CUdeviceptr p, size_t bytes, int seed) {
+    std::vector<unsigned char> v(bytes);
+    if (sim::DeviceRead(0, v.data(), p, bytes) != CUDA_SUCCESS) return false;
+    for (size_t i = 0; i < bytes; ++i) {
+      if (v[i] != static_cast<unsigned char>(i * 13 + seed)) return false;
+    }
+    return true;
+  }
+  // cuMemGetInfo's free bytes of the current context's device.
+  static size_t FreeMemory() {
+    size_t free = 0, total = 0;
+    EXPECT_EQ(sim::cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+    return free;
   }
 
   DriverApi api_;
