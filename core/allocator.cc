@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <new>
+#include <map>
 #include <utility>
 
 #include "core/base/cpus.h"
@@ -61,15 +62,24 @@ uint64_t CallCounters::PassedThroughLive(int device) const {
 }
 
 std::vector<DeviceResidency> Allocator::Residency() const {
-  std::vector<DeviceResidency> out;
+  // Devices the shim served, and those where other libraries hold memory.
+  std::map<int, DeviceResidency> by_device;
   heaps_.ForEach([&](DeviceHeap* heap) {
-    DeviceResidency r;
+    DeviceResidency& r = by_device[heap->device()];
     r.device = heap->device();
     heap->ForEachArena([&](HeapArena* arena) { arena->AddResidency(&r); });
     r.stream_ordered_cached_bytes = stream_ordered_.figures(r.device).cached;
     r.passed_through_bytes = counters_.PassedThroughLive(r.device);
-    out.push_back(std::move(r));
   });
+  for (ForeignDeviceFigures& f : foreign_.Figures()) {
+    DeviceResidency& r = by_device[f.device];
+    r.device = f.device;
+    r.other_vmm_by_tag = std::move(f.by_tag);
+    r.other_vmm_exported_bytes = f.exported_bytes;
+    r.other_vmm_imported_bytes = f.imported_bytes;
+  }
+  std::vector<DeviceResidency> out;
+  for (auto& [device, r] : by_device) out.push_back(std::move(r));
   return out;
 }
 

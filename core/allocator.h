@@ -65,6 +65,7 @@
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
 #include "core/driver/vmm_mapping.h"
+#include "core/foreign/foreign_vmm.h"
 #include "core/heap/export_registry.h"
 #include "core/heap/heap_table.h"
 #include "core/heap/pause.h"
@@ -346,6 +347,9 @@ class Allocator {
   AllocatorStats GetStats() const;
   // Calls the interposition layer counts (pass-throughs, peer enables).
   CallCounters& counters() { return counters_; }
+  // Other libraries' own VMM memory, as the hooks observe it (residency).
+  ForeignVmm& foreign() { return foreign_; }
+  const ForeignVmm& foreign() const { return foreign_; }
   const PeerPolicy& peer_policy() const { return options_.peer_policy; }
 
   // Unmaps and releases every handle and frees every reservation, in the
@@ -370,6 +374,7 @@ class Allocator {
   StreamOrderedFrontEnd stream_ordered_;
   PauseCoordinator pause_;
   CallCounters counters_;
+  ForeignVmm foreign_;
 };
 
 }  // namespace vmmshim

@@ -92,6 +92,8 @@ namespace vmmshim {
     PFN_cuMemImportFromShareableHandle_v10020, false)                                  \
   X(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle",  \
     PFN_cuMemGetAllocationPropertiesFromHandle_v10020, false)                          \
+  X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle",                        \
+    PFN_cuMemRetainAllocationHandle_v11000, false)                                     \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle", PFN_cuIpcGetMemHandle_v4010, false)        \
   X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle_v2", PFN_cuIpcOpenMemHandle_v11000, false) \
   X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", PFN_cuIpcCloseMemHandle_v4010, false)  \

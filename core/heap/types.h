@@ -93,6 +93,17 @@ struct DeviceResidency {
   // Allocations the shim handed to the driver on this device and that are
   // not freed yet (filled by the facade from CallCounters).
   uint64_t passed_through_bytes = 0;
+  // Other libraries' own VMM memory (core/foreign/foreign_vmm.h; filled by
+  // the facade): held bytes of the handles they made, by the tag at
+  // cuMemCreate; of them, exported; and what they mapped of imported ones.
+  std::map<std::string, uint64_t> other_vmm_by_tag;
+  uint64_t other_vmm_exported_bytes = 0;
+  uint64_t other_vmm_imported_bytes = 0;
+  uint64_t other_vmm_bytes() const {
+    uint64_t sum = other_vmm_imported_bytes;
+    for (const auto& [tag, b] : other_vmm_by_tag) sum += b;
+    return sum;
+  }
   uint64_t resident_bytes() const {
     uint64_t sum = cached_bytes + orphan_bytes;
     for (const auto& [tag, r] : tags) sum += r.resident_bytes;

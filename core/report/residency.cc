@@ -76,8 +76,8 @@ std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
       used = *f.total - *f.free;
       // What no category above explains; clamped at 0 (the figures are not
       // taken at one instant).
-      const uint64_t known = shim + r.passed_through_bytes + f.graph.value_or(0) +
-                             f.pool.value_or(0);
+      const uint64_t known = shim + r.passed_through_bytes + r.other_vmm_bytes() +
+                             f.graph.value_or(0) + f.pool.value_or(0);
       rest = *used > known ? *used - known : 0;
     }
     devices.push_back(
@@ -94,7 +94,12 @@ std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
          {"passed_through_bytes", r.passed_through_bytes},
          {"graph_memory_bytes", OrNull(f.graph)},
          {"driver_default_pool_bytes", OrNull(f.pool)},
-         {"other_libraries_vmm", "not observed by this version; in unattributed_bytes"},
+         {"other_libraries_vmm",
+          {{"bytes", r.other_vmm_bytes()},
+           {"by_tag", r.other_vmm_by_tag},
+           {"exported_bytes", r.other_vmm_exported_bytes},
+           {"imported_bytes", r.other_vmm_imported_bytes},
+           {"paused", "never: left alone by pause in this version"}}},
          {"unattributed_bytes", OrNull(rest)}});
   }
   return nlohmann::json{{"devices", devices}}.dump(2);
@@ -113,7 +118,7 @@ std::string ResidencySummary(const Allocator& allocator) {
       sep = ", ";
     }
     absl::StrAppend(&out, sep, "cache ", r.cached_bytes, "; passed through ",
-                    r.passed_through_bytes, ")");
+                    r.passed_through_bytes, "; other libraries' VMM ", r.other_vmm_bytes(), ")");
   }
   return out;
 }

@@ -20,11 +20,13 @@
 //     (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT; null if unknown);
 //   driver_default_pool_bytes: the driver's own part of the default pool
 //     (its RESERVED_MEM_CURRENT without the shim's; null if unknown);
-//   other_libraries_vmm: not observed by this version (such memory is in
-//     unattributed_bytes);
+//   other_libraries_vmm: {bytes, by_tag, exported_bytes, imported_bytes,
+//     paused}: memory other libraries made with cuMemCreate or imported and
+//     mapped themselves (core/foreign/foreign_vmm.h), by the tag at
+//     cuMemCreate; a pause leaves it alone in this version;
 //   unattributed_bytes: device_used_bytes less everything above: the CUDA
-//     context, module images, pools the program created, other libraries'
-//     own VMM memory (null when device_used_bytes is).
+//     context, module images, pools the program created (null when
+//     device_used_bytes is).
 //
 // Thread safety: any thread; the figures are a snapshot per arena, not one
 // instant across the process. Driver calls: only with a driver table (below);
@@ -46,7 +48,7 @@ std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver);
 
 // One clause for the exit report, from the shim's own figures (no driver
 // call): "resident: device 0: 1048576 bytes (tag 'kv' 0 (paused 8589934592),
-// untagged 1048576; cache 0; passed through 0)".
+// untagged 1048576, cache 0; passed through 0; other libraries' VMM 0)".
 std::string ResidencySummary(const Allocator& allocator);
 
 }  // namespace vmmshim

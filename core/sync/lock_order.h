@@ -51,7 +51,8 @@ inline constexpr std::array<LockRank, 9> kLockOrder = {{
 // Locks outside the allocator, each a leaf: held only around its own state,
 // never while calling into the allocator: PeerContexts::mu_
 // (core/peer_contexts.h), CallCounters::live_mu_ (core/allocator.h: the
-// passed-through allocations still live), Ipc::mu_ (core/ipc/ipc.h; held around driver calls of imports, never around the allocator's), Trace::mu_
+// passed-through allocations still live), ForeignVmm::mu_
+// (core/foreign/foreign_vmm.h: other libraries' VMM memory), Ipc::mu_ (core/ipc/ipc.h; held around driver calls of imports, never around the allocator's), Trace::mu_
 // (core/report/trace.h), the log's mutex (core/base/log.cc).
 
 }  // namespace vmmshim

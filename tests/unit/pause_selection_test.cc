@@ -201,7 +201,8 @@ TEST_F(PauseSelectionTest, ResidencySaysWhatIsLeftByTagAndKind) {
   EXPECT_EQ(quiet["devices"][0]["shim"]["resident_bytes"], 12 * kMiB);
   EXPECT_EQ(ResidencySummary(a),
             "resident: device 0: 12582912 bytes (tag 'kv' 0 (paused 16777216), "
-            "tag 'weights' 8388608, cache 4194304; passed through 0)");
+            "tag 'weights' 8388608, cache 4194304; passed through 0; "
+            "other libraries' VMM 0)");
 
   ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
   for (CUdeviceptr p : {weights, kv}) ASSERT_TRUE(a.Free(p).ok());
