@@ -266,6 +266,18 @@ PY
       grep -qE 'sleep_wake: .*paused [1-9][0-9]* bytes' <<<"$shimmed" || fail "$fw: nothing paused"
     done
     ;;
+  residency)
+    # The residency report on a PyTorch process: the tagged memory is the
+    # shim's under the caching allocator and other libraries' VMM memory
+    # (observed, by tag) under expandable_segments:True.
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    for conf in "" "expandable_segments:True"; do
+      got=$(PYTORCH_CUDA_ALLOC_CONF=$conf LD_PRELOAD=$shim python3 "$src/examples/residency_report.py" --gib 2 2>&1) ||
+        fail "PYTORCH_CUDA_ALLOC_CONF=$conf: $got"
+      grep -v '^\[vmmshim' <<<"$got"
+    done
+    ;;
   rmm_async)
     # RMM's stream-ordered resources (wheels from tools/gpu/fetch-wheels.sh,
     # installed into a temporary directory when RMM is not installed).
