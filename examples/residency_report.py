@@ -7,8 +7,9 @@ per category of device 0 and checks that the categories explain what the
 device reports used: with the default caching allocator (or
 backend:cudaMallocAsync) the tensors are the shim's memory; with
 expandable_segments:True PyTorch maps its own VMM memory, which the shim
-observes as other libraries' VMM memory, by tag. Exit status 1 when the
-tagged memory is not found where expected.
+observes as other libraries' VMM memory, by the tag set when each 20 MiB
+page was mapped. Exit status 1 when the tagged memory is not found where
+expected.
 
     LD_PRELOAD=build/libvmmshim.so PYTHONPATH=python python3 examples/residency_report.py
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True LD_PRELOAD=... python3 examples/residency_report.py
@@ -54,10 +55,16 @@ def main():
     print(f"  unattributed           {d['unattributed_bytes'] / MIB:10.1f} MiB (context, modules)")
     kv_bytes = kv.numel() * 4
     if "expandable_segments:True" in conf:
+        # Expandable segments map pages of 20 MiB as they grow: a page is
+        # tagged when it is mapped, so the first pages of kv may sit in a
+        # page mapped (and tagged) for the weights. Seen on the H200: 2040
+        # of kv's 2048 MiB under "kv", 80 MiB under "weights" (64 MiB of
+        # weights).
         where = other["by_tag"].get("kv", 0)
+        ok = where >= kv_bytes - 20 * MIB and other["bytes"] >= kv_bytes
     else:
         where = shim["by_tag"].get("kv", {}).get("resident_bytes", 0)
-    ok = where >= kv_bytes
+        ok = where >= kv_bytes
     print(f"residency_report: kv's {kv_bytes} bytes found in "
           f"{'other libraries VMM' if 'expandable' in conf else 'the shim'}: {where} bytes: "
           f"{'ok' if ok else 'MISSING'}")
