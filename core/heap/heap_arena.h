@@ -46,6 +46,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -121,6 +122,11 @@ struct PauseTimes {
   double map = 0;          // cuMemMap + cuMemSetAccess at resume
   double trim = 0;         // caches released to make room at resume
   size_t blocks = 0;       // blocks paused or resumed
+
+  // Seconds from `start` to now, for the fields above.
+  static double Since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
 };
 
 class HeapArena {

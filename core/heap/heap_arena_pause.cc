@@ -28,10 +28,6 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace
 
 size_t HeapArena::PauseCandidates(const TagSelection& tag,
@@ -113,7 +109,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
       }
       times->copied_bytes += b.size;
     }
-    times->copy += SecondsSince(copy_start);
+    times->copy += PauseTimes::Since(copy_start);
   }
   size_t bytes = 0;
   for (size_t i = 0; i < live.size(); ++i) {
@@ -191,7 +187,7 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
                  base, s.ToString());
     }
   }
-  times->release += SecondsSince(start);
+  times->release += PauseTimes::Since(start);
   if (!first.ok()) return first;
   return released;
 }
@@ -236,14 +232,14 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
     auto step = std::chrono::steady_clock::now();
     absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(b.size, prop_);
     if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
-      times->create += SecondsSince(step);
+      times->create += PauseTimes::Since(step);
       step = std::chrono::steady_clock::now();
       TrimLocked();  // this arena's cache and orphans
-      times->trim += SecondsSince(step);
+      times->trim += PauseTimes::Since(step);
       step = std::chrono::steady_clock::now();
       handle = mapper_.Create(b.size, prop_);
     }
-    times->create += SecondsSince(step);
+    times->create += PauseTimes::Since(step);
     // Exactly the access it would have had, never paused: the owner, and the
     // peers the policy or explicit grants allow among those enabled now.
     const DeviceSet target = Target(b) | DeviceSet::Of(options_.device);
@@ -251,7 +247,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
     if (handle.ok()) {
       step = std::chrono::steady_clock::now();
       status = mapper_.MapWithAccess(base, b.size, *handle, target);
-      times->map += SecondsSince(step);
+      times->map += PauseTimes::Since(step);
       if (!status.ok() && !mapper_.Release(*handle).ok()) {
         orphan_handles_.push_back({*handle, b.size});
         AccountHandle(static_cast<int64_t>(b.size));  // counted until released
@@ -289,7 +285,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
       return copied;
     }
   }
-  times->copy += SecondsSince(copy_start);
+  times->copy += PauseTimes::Since(copy_start);
   return bytes;
 }
 

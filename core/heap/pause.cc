@@ -31,10 +31,6 @@ absl::StatusOr<size_t> SumOverAll(const std::vector<HeapArena*>& arenas, Step st
   return sum;
 }
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // One line per pause or resume: what it moved and where the time went.
 void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const PauseTimes& t,
               double total) {
@@ -99,7 +95,7 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
   for (CUcontext ctx : contexts) {
     if (absl::Status s = SynchronizeContext(driver_, ctx); !s.ok()) return s;
   }
-  times.synchronize = SecondsSince(step);
+  times.synchronize = PauseTimes::Since(step);
   std::optional<BackupCopier> copier;
   if (keep_contents) copier.emplace(driver_, copy_threads_);
   // All or nothing: every arena copies and marks first; only then is memory
@@ -115,7 +111,9 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
   }
   absl::StatusOr<size_t> released =
       SumOverAll(arenas, [&](HeapArena* arena) { return arena->PauseCommit(tag, &times); });
-  if (released.ok() && (*released > 0 || times.blocks > 0)) LogTimes("vmmshim_pause_memory", tag, *released, times, SecondsSince(start));
+  if (released.ok() && (*released > 0 || times.blocks > 0)) {
+    LogTimes("vmmshim_pause_memory", tag, *released, times, PauseTimes::Since(start));
+  }
   return released;
 }
 
@@ -144,7 +142,7 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
     if (status.ok()) {
       for (HeapArena* arena : arenas) arena->ResumeCommit(tag);
       if (restored > 0) {
-        LogTimes("vmmshim_resume_memory", tag, restored, times, SecondsSince(start));
+        LogTimes("vmmshim_resume_memory", tag, restored, times, PauseTimes::Since(start));
       }
       return restored;
     }
@@ -155,7 +153,7 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
     // the stream-ordered cache) goes back to the driver, then once more.
     const auto step = std::chrono::steady_clock::now();
     hooks_.release_caches();
-    times.trim += SecondsSince(step);
+    times.trim += PauseTimes::Since(step);
   }
   return status;
 }

@@ -47,7 +47,6 @@ class TagSelection {
     }
     return false;
   }
-  bool is_all() const { return kind_ == Kind::kAll || (kind_ == Kind::kAllExcept && tags_.empty()); }
 
   // For log lines: "tag 'kv'", "every allocation", "every allocation but tags 'w', ''".
   std::string Describe() const;

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/report/residency_devices.h"
 #include "nlohmann/json.hpp"
 
 namespace vmmshim {
@@ -61,7 +62,7 @@ nlohmann::json OrNull(const std::optional<uint64_t>& v) {
 
 }  // namespace
 
-std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
+nlohmann::json ResidencyDevices(const Allocator& allocator, const DriverApi* driver) {
   nlohmann::json devices = nlohmann::json::array();
   for (const DeviceResidency& r : allocator.Residency()) {
     nlohmann::json tags = nlohmann::json::object();
@@ -102,7 +103,11 @@ std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
            {"paused", "never: left alone by pause in this version"}}},
          {"unattributed_bytes", OrNull(rest)}});
   }
-  return nlohmann::json{{"devices", devices}}.dump(2);
+  return devices;
+}
+
+std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
+  return nlohmann::json{{"devices", ResidencyDevices(allocator, driver)}}.dump(2);
 }
 
 std::string ResidencySummary(const Allocator& allocator) {

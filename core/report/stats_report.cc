@@ -8,6 +8,7 @@
 #include "core/driver/driver_stats.h"
 #include "core/base/version.h"
 #include "core/report/residency.h"
+#include "core/report/residency_devices.h"
 #include "core/report/stats_schema.h"
 #include "nlohmann/json.hpp"
 
@@ -95,7 +96,7 @@ std::string StatsJson(const Allocator& allocator, int pid) {
   }
   // What is held, by tag and kind (the shim's own figures: the driver may
   // be gone at exit).
-  doc[k::kResidency] = nlohmann::json::parse(ResidencyJson(allocator, nullptr))["devices"];
+  doc[k::kResidency] = ResidencyDevices(allocator, nullptr);
   doc[k::kDriverCalls] = nlohmann::json::array();
   for (const DriverCallCount& c : DriverCallCounts()) {
     doc[k::kDriverCalls].push_back(

@@ -155,7 +155,9 @@ TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
   // Again: everything selected is paused already.
   EXPECT_EQ(*a.pause().Pause(TagSelection::AllExcept({"weights", ""}), true), 0u);
   // An empty list is everything.
-  EXPECT_TRUE(TagSelection::AllExcept({}).is_all());
+  EXPECT_TRUE(TagSelection::AllExcept({}).Matches(""));
+  EXPECT_TRUE(TagSelection::AllExcept({}).Matches("weights"));
+  EXPECT_FALSE(TagSelection::AllExcept({"w", ""}).Matches(""));
   EXPECT_EQ(TagSelection::AllExcept({"w", ""}).Describe(),
             "every allocation but tags 'w', ''");
 
