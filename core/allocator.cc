@@ -75,7 +75,9 @@ std::vector<DeviceResidency> Allocator::Residency() const {
     DeviceResidency& r = by_device[f.device];
     r.device = f.device;
     r.other_vmm_by_tag = std::move(f.by_tag);
+    r.other_vmm_paused_by_tag = std::move(f.paused_by_tag);
     r.other_vmm_exported_bytes = f.exported_bytes;
+    r.other_vmm_unmapped_bytes = f.unmapped_bytes;
     r.other_vmm_imported_bytes = f.imported_bytes;
   }
   std::vector<DeviceResidency> out;
@@ -93,13 +95,15 @@ Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
              [this](int device) { stream_ordered_.CreateCache(device); }),
       stream_ordered_(driver, heaps_, captures_, options_.peer_policy,
                       options_.stream_query_interval_ns, [this] { return ReclaimDeferred(); }),
+      foreign_(driver),
       pause_(driver, heaps_, captures_,
              options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(16),
              PauseCoordinator::Hooks{
                  [this] { Trim(-1); },
                  [this](const TagSelection& tag) {
                    return stream_ordered_.ReleaseForPause(tag);
-                 }}) {
+                 },
+                 &foreign_}) {
   // Another allocator (tests) may see the same context handles on other
   // devices.
   ForgetContexts();
@@ -298,6 +302,7 @@ size_t Allocator::ReleaseContext(CUcontext context, bool synchronize) {
 void Allocator::PrepareFork() {
   captures_.PrepareForkGate();
   pause_.PrepareFork();
+  foreign_.PrepareFork();
   heaps_.PrepareForkPeers();
   stream_ordered_.PrepareFork();
   heaps_.PrepareForkHeaps();
@@ -314,6 +319,7 @@ void Allocator::AfterFork(bool in_child) {
     ResetThreadSlotsInForkChild();  // the parent's other threads do not exist here
     heaps_.AfterForkChild();
     stream_ordered_.AfterForkChild();
+    foreign_.AfterForkChild();
     pause_.AfterForkChild();
     return;
   }
@@ -321,6 +327,7 @@ void Allocator::AfterFork(bool in_child) {
   heaps_.AfterForkParentHeaps();
   stream_ordered_.AfterForkParent();
   heaps_.AfterForkParentPeers();
+  foreign_.AfterForkParent();
   pause_.AfterForkParent();
   captures_.AfterForkParentGate();
 }

@@ -372,9 +372,9 @@ class Allocator {
   SyncCombiner free_syncs_;
   HeapTable heaps_;
   StreamOrderedFrontEnd stream_ordered_;
+  ForeignVmm foreign_;  // before pause_, which pauses it too
   PauseCoordinator pause_;
   CallCounters counters_;
-  ForeignVmm foreign_;
 };
 
 }  // namespace vmmshim

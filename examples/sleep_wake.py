@@ -1,8 +1,10 @@
 """Put a program's GPU memory to sleep and wake it up, as an RL trainer does
-with its inference engine (docs/pause-resume.md), on one of four allocators:
+with its inference engine (docs/pause-resume.md), on one of five allocators:
 
   torch        PyTorch's caching allocator (cudaMalloc underneath)
   torch-async  PyTorch with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+  torch-expandable  PyTorch with expandable_segments:True (its own VMM
+               memory: cuMemCreate/cuMemMap, which the shim pauses too)
   cupy-async   CuPy's MemoryAsyncPool (cudaMallocAsync)
   jax-async    JAX with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async
 
@@ -155,7 +157,8 @@ class JaxAsync:
         self.kv.block_until_ready()
 
 
-FRAMEWORKS = {"torch": Torch, "torch-async": Torch, "cupy-async": CupyAsync,
+FRAMEWORKS = {"torch": Torch, "torch-async": Torch, "torch-expandable": Torch,
+              "cupy-async": CupyAsync,
               "jax-async": JaxAsync}
 
 
@@ -168,6 +171,8 @@ def main():
     args = ap.parse_args()
     if args.framework == "torch-async":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    if args.framework == "torch-expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if args.framework == "jax-async":
         os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "cuda_async"
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

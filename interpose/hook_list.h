@@ -74,12 +74,15 @@
   X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)                 \
   X(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                                 \
   X(cuCtxSynchronize_v2, PFN_cuCtxSynchronize_v13000)                             \
-  /* other libraries' VMM calls, observed: interpose/hooks_vmm.cc */              \
+  /* other libraries' VMM calls, recorded and paused: interpose/hooks_vmm.cc */   \
   X(cuMemCreate, PFN_cuMemCreate_v10020)                                          \
   X(cuMemRelease, PFN_cuMemRelease_v10020)                                        \
   X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)          \
   X(cuMemMap, PFN_cuMemMap_v10020)                                                \
   X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                            \
+  X(cuMemSetAccess, PFN_cuMemSetAccess_v10020)                                    \
+  X(cuMemGetAllocationPropertiesFromHandle,                                       \
+    PFN_cuMemGetAllocationPropertiesFromHandle_v10020)                            \
   X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)        \
   X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020)
 

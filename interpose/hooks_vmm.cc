@@ -1,9 +1,10 @@
-// Other libraries' own VMM calls (cuMemCreate, cuMemMap, ...: PyTorch's
-// expandable segments, vLLM's CuMemAllocator, NCCL), observed: each call
-// goes to the driver unchanged, with the same arguments and result, and a
-// call that succeeded is recorded in core/foreign/foreign_vmm.h for the
-// residency report. The shim's own VMM calls reach the driver through its
-// table, never through these hooks.
+// Other libraries' own VMM calls (cuMemCreate, cuMemMap, cuMemSetAccess,
+// ...: PyTorch's expandable segments, vLLM's CuMemAllocator, NCCL), handed
+// to core/foreign/foreign_vmm.h, which makes each in the driver with the
+// caller's arguments, records what succeeded (for the residency report and
+// pause), and answers for memory it paused. When the shim does not serve
+// the process the call goes to the driver unchanged. The shim's own VMM
+// calls reach the driver through its table, never through these hooks.
 #include "core/foreign/foreign_vmm.h"
 #include "interpose/hooks_internal.h"
 
@@ -24,56 +25,60 @@ VMMSHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
                                     const CUmemAllocationProp* prop, unsigned long long flags) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  const CUresult r = rt->driver.cuMemCreate(handle, size, prop, flags);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) {
-      f->Created(*handle, size, *prop, vmmshim::AllocationTag());
-    }
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) {
+    return f->Create(handle, size, prop, flags, vmmshim::AllocationTag());
   }
-  return r;
+  return rt->driver.cuMemCreate(handle, size, prop, flags);
 }
 
 VMMSHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  const CUresult r = rt->driver.cuMemRelease(handle);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) f->Released(handle);
-  }
-  return r;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Release(handle);
+  return rt->driver.cuMemRelease(handle);
 }
 
 VMMSHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
                                                     void* addr) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Retain(handle, addr);
   if (rt->driver.cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  const CUresult r = rt->driver.cuMemRetainAllocationHandle(handle, addr);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) f->Retained(*handle);
-  }
-  return r;
+  return rt->driver.cuMemRetainAllocationHandle(handle, addr);
 }
 
 VMMSHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  const CUresult r = rt->driver.cuMemMap(ptr, size, offset, handle, flags);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) f->Mapped(ptr, size, handle);
-  }
-  return r;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Map(ptr, size, offset, handle, flags);
+  return rt->driver.cuMemMap(ptr, size, offset, handle, flags);
 }
 
 VMMSHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  const CUresult r = rt->driver.cuMemUnmap(ptr, size);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) f->Unmapped(ptr, size);
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Unmap(ptr, size);
+  return rt->driver.cuMemUnmap(ptr, size);
+}
+
+VMMSHIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                       size_t count) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->SetAccess(ptr, size, desc, count);
+  return rt->driver.cuMemSetAccess(ptr, size, desc, count);
+}
+
+VMMSHIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(
+    CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->GetProperties(prop, handle);
+  if (rt->driver.cuMemGetAllocationPropertiesFromHandle == nullptr) {
+    return CUDA_ERROR_NOT_SUPPORTED;
   }
-  return r;
+  return rt->driver.cuMemGetAllocationPropertiesFromHandle(prop, handle);
 }
 
 VMMSHIM_EXPORT CUresult cuMemExportToShareableHandle(void* shareable,
@@ -82,12 +87,9 @@ VMMSHIM_EXPORT CUresult cuMemExportToShareableHandle(void* shareable,
                                                      unsigned long long flags) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Export(shareable, handle, type, flags);
   if (rt->driver.cuMemExportToShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  const CUresult r = rt->driver.cuMemExportToShareableHandle(shareable, handle, type, flags);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) f->Exported(handle);
-  }
-  return r;
+  return rt->driver.cuMemExportToShareableHandle(shareable, handle, type, flags);
 }
 
 VMMSHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
@@ -95,17 +97,7 @@ VMMSHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHan
                                                        CUmemAllocationHandleType type) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Import(handle, os_handle, type);
   if (rt->driver.cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  const CUresult r = rt->driver.cuMemImportFromShareableHandle(handle, os_handle, type);
-  if (r == CUDA_SUCCESS) {
-    if (vmmshim::ForeignVmm* f = Registry(*rt)) {
-      // Its device, for the report; a driver that cannot say leaves it uncounted.
-      CUmemAllocationProp prop = {};
-      const bool known = rt->driver.cuMemGetAllocationPropertiesFromHandle != nullptr &&
-                         rt->driver.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) ==
-                             CUDA_SUCCESS;
-      f->Imported(*handle, known ? &prop : nullptr);
-    }
-  }
-  return r;
+  return rt->driver.cuMemImportFromShareableHandle(handle, os_handle, type);
 }

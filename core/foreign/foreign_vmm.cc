@@ -1,74 +1,315 @@
 #include "core/foreign/foreign_vmm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <utility>
+
+#include "core/base/log.h"
+#include "core/driver/context.h"
+#include "core/driver/cu_status.h"
 
 namespace vmmshim {
+namespace {
 
-void ForeignVmm::Created(CUmemGenericAllocationHandle handle, size_t size,
-                         const CUmemAllocationProp& prop, absl::string_view tag) {
+// The current context when it is on `device` (where the library's work on
+// its memory runs), else nullptr.
+CUcontext ContextOn(const DriverApi& driver, int device) {
+  CUcontext context = nullptr;
+  int current = -1;
+  if (device < 0 || !CurrentContext(driver, &context, &current) || current != device) {
+    return nullptr;
+  }
+  return context;
+}
+
+// Records `desc` as the access of a mapping: the last flags per location.
+void RecordAccess(std::vector<CUmemAccessDesc>* access, const CUmemAccessDesc* desc,
+                  size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    auto same = std::find_if(access->begin(), access->end(), [&](const CUmemAccessDesc& a) {
+      return a.location.type == desc[i].location.type && a.location.id == desc[i].location.id;
+    });
+    if (same == access->end()) {
+      access->push_back(desc[i]);
+    } else {
+      same->flags = desc[i].flags;
+    }
+  }
+}
+
+CUresult PausedHandleError(const char* call, CUmemGenericAllocationHandle value) {
+  Log().warn("{} of handle {:#x}: its memory is paused (vmmshim_pause_memory); resume it first",
+             call, value);
+  return CUDA_ERROR_ILLEGAL_STATE;
+}
+
+}  // namespace
+
+ForeignVmm::HandleValue ForeignVmm::NameLocked(HandleValue real) {
+  auto it = handles_.find(real);
+  if (it == handles_.end() || it->second.real == real) return real;
+  // A library holds this value for a paused or resumed handle.
+  HandleValue name;
+  do {
+    name = next_name_--;
+  } while (handles_.contains(name) || name == real);
+  names_[real] = name;
+  return name;
+}
+
+ForeignVmm::Handle* ForeignVmm::PausedLocked(HandleValue value) {
+  auto it = handles_.find(value);
+  return it != handles_.end() && it->second.real == 0 ? &it->second : nullptr;
+}
+
+ForeignVmm::HandleValue ForeignVmm::RealLocked(HandleValue value) const {
+  auto it = handles_.find(value);
+  return it == handles_.end() ? value : it->second.real;
+}
+
+absl::btree_map<CUdeviceptr, ForeignVmm::Mapping>::iterator ForeignVmm::MappingAtLocked(
+    CUdeviceptr ptr) {
+  auto m = mappings_.upper_bound(ptr);
+  if (m == mappings_.begin()) return mappings_.end();
+  --m;
+  return ptr < m->first + m->second.size ? m : mappings_.end();
+}
+
+void ForeignVmm::ForgetMappingLocked(absl::btree_map<CUdeviceptr, Mapping>::iterator m) {
+  auto h = handles_.find(m->second.handle);
+  mappings_.erase(m);
+  if (h == handles_.end()) return;
+  --h->second.mappings;
+  MaybeForgetLocked(h);
+}
+
+void ForeignVmm::MaybeForgetLocked(HandleMap::iterator it) {
+  if (it->second.references > 0 || it->second.mappings > 0) return;
+  if (it->second.real != 0) {
+    if (auto n = names_.find(it->second.real); n != names_.end() && n->second == it->first) {
+      names_.erase(n);
+    }
+  }
+  handles_.erase(it);
+}
+
+CUresult ForeignVmm::Create(CUmemGenericAllocationHandle* handle, size_t size,
+                            const CUmemAllocationProp* prop, unsigned long long flags,
+                            absl::string_view tag) {
+  MutexLock lock(&mu_);
+  HandleValue real = 0;
+  const CUresult r = driver_.cuMemCreate(handle != nullptr ? &real : nullptr, size, prop, flags);
+  if (r != CUDA_SUCCESS) return r;
+  const HandleValue value = NameLocked(real);
   Handle h;
+  h.real = real;
   h.size = size;
-  h.device = prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop.location.id : -1;
+  h.prop = *prop;
+  h.device = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
   h.tag = std::string(tag);
-  MutexLock lock(&mu_);
-  handles_[handle] = std::move(h);  // a value the driver reuses starts over
+  h.context = ContextOn(driver_, h.device);
+  handles_[value] = std::move(h);  // a value the driver reuses starts over
+  *handle = value;
+  return CUDA_SUCCESS;
 }
 
-void ForeignVmm::Imported(CUmemGenericAllocationHandle handle, const CUmemAllocationProp* prop) {
+CUresult ForeignVmm::Import(CUmemGenericAllocationHandle* handle, void* os_handle,
+                            CUmemAllocationHandleType type) {
+  MutexLock lock(&mu_);
+  if (driver_.cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  HandleValue real = 0;
+  const CUresult r =
+      driver_.cuMemImportFromShareableHandle(handle != nullptr ? &real : nullptr, os_handle, type);
+  if (r != CUDA_SUCCESS) return r;
+  const HandleValue value = NameLocked(real);
   Handle h;
+  h.real = real;
   h.imported = true;
-  if (prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-    h.device = prop->location.id;
+  // Its device, for the report; a driver that cannot say leaves it uncounted.
+  if (driver_.cuMemGetAllocationPropertiesFromHandle != nullptr &&
+      driver_.cuMemGetAllocationPropertiesFromHandle(&h.prop, real) == CUDA_SUCCESS &&
+      h.prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    h.device = h.prop.location.id;
   }
-  MutexLock lock(&mu_);
-  handles_[handle] = std::move(h);
+  handles_[value] = std::move(h);
+  *handle = value;
+  return CUDA_SUCCESS;
 }
 
-void ForeignVmm::Retained(CUmemGenericAllocationHandle handle) {
+CUresult ForeignVmm::Release(CUmemGenericAllocationHandle value) {
   MutexLock lock(&mu_);
-  if (auto it = handles_.find(handle); it != handles_.end()) ++it->second.references;
-}
-
-void ForeignVmm::Released(CUmemGenericAllocationHandle handle) {
-  MutexLock lock(&mu_);
-  auto it = handles_.find(handle);
-  if (it == handles_.end()) return;
-  --it->second.references;
-  MaybeForgetLocked(it);
-}
-
-void ForeignVmm::Exported(CUmemGenericAllocationHandle handle) {
-  MutexLock lock(&mu_);
-  if (auto it = handles_.find(handle); it != handles_.end()) it->second.exported = true;
-}
-
-void ForeignVmm::Mapped(CUdeviceptr ptr, size_t size, CUmemGenericAllocationHandle handle) {
-  MutexLock lock(&mu_);
-  auto it = handles_.find(handle);
-  if (it == handles_.end()) return;  // made before the shim loaded, or by the shim itself
+  auto it = handles_.find(value);
+  if (it == handles_.end()) return driver_.cuMemRelease(value);
   Handle& h = it->second;
-  ++h.mappings;
-  if (h.imported) h.size = std::max(h.size, size);  // its size is what is mapped of it
-  mappings_[ptr] = Mapping{size, handle};
-}
-
-void ForeignVmm::Unmapped(CUdeviceptr ptr, size_t size) {
-  MutexLock lock(&mu_);
-  // Every mapping that starts inside [ptr, ptr + size): cuMemUnmap takes
-  // whole mappings (a range covering several is allowed).
-  for (auto m = mappings_.lower_bound(ptr); m != mappings_.end() && m->first < ptr + size;) {
-    auto h = handles_.find(m->second.handle);
-    m = mappings_.erase(m);
-    if (h == handles_.end()) continue;
-    --h->second.mappings;
-    MaybeForgetLocked(h);
+  if (h.real != 0 && !h.one_driver_reference) {
+    const CUresult r = driver_.cuMemRelease(h.real);
+    if (r != CUDA_SUCCESS) return r;
+  } else {
+    // Paused (no driver handle), or the driver holds one reference for all
+    // of the library's: the driver's goes with the last of them.
+    if (h.references <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (h.real != 0 && h.references == 1) {
+      const CUresult r = driver_.cuMemRelease(h.real);
+      if (r != CUDA_SUCCESS) return r;
+    }
   }
+  --h.references;
+  MaybeForgetLocked(it);
+  return CUDA_SUCCESS;
 }
 
-void ForeignVmm::MaybeForgetLocked(
-    absl::flat_hash_map<CUmemGenericAllocationHandle, Handle>::iterator it) {
-  if (it->second.references <= 0 && it->second.mappings <= 0) handles_.erase(it);
+CUresult ForeignVmm::Retain(CUmemGenericAllocationHandle* handle, void* addr) {
+  MutexLock lock(&mu_);
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (auto m = MappingAtLocked(reinterpret_cast<CUdeviceptr>(addr)); m != mappings_.end()) {
+    if (Handle* h = PausedLocked(m->second.handle)) {
+      ++h->references;
+      *handle = m->second.handle;
+      return CUDA_SUCCESS;
+    }
+  }
+  if (driver_.cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  HandleValue real = 0;
+  const CUresult r = driver_.cuMemRetainAllocationHandle(&real, addr);
+  if (r != CUDA_SUCCESS) return r;
+  HandleValue value = real;
+  if (auto n = names_.find(real); n != names_.end()) value = n->second;
+  auto it = handles_.find(value);
+  if (it != handles_.end() && it->second.real == real) {
+    Handle& h = it->second;
+    // One driver reference for all of the library's: the retain's extra one
+    // goes back, unless the library had none left.
+    if (h.one_driver_reference && h.references > 0) driver_.cuMemRelease(real);
+    ++h.references;
+  } else if (it != handles_.end()) {
+    // Not a handle made here (the shim's own memory, or made before it
+    // loaded) whose value a library holds for another handle: a new name,
+    // recorded so that its release reaches the driver's handle.
+    value = NameLocked(real);
+    Handle alias;
+    alias.real = real;
+    handles_[value] = std::move(alias);
+  }
+  *handle = value;
+  return CUDA_SUCCESS;
+}
+
+CUresult ForeignVmm::Map(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle value, unsigned long long flags) {
+  MutexLock lock(&mu_);
+  auto it = handles_.find(value);
+  if (it == handles_.end()) return driver_.cuMemMap(ptr, size, offset, value, flags);
+  Handle& h = it->second;
+  if (h.real == 0) return PausedHandleError("cuMemMap", value);
+  const CUresult r = driver_.cuMemMap(ptr, size, offset, h.real, flags);
+  if (r != CUDA_SUCCESS) return r;
+  ++h.mappings;
+  if (h.imported) h.size = std::max(h.size, offset + size);  // what is mapped of it
+  if (h.context == nullptr) h.context = ContextOn(driver_, h.device);
+  Mapping m;
+  m.size = size;
+  m.offset = offset;
+  m.handle = value;
+  mappings_[ptr] = std::move(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult ForeignVmm::Unmap(CUdeviceptr ptr, size_t size) {
+  MutexLock lock(&mu_);
+  // Every recorded mapping that starts inside [ptr, ptr + size): cuMemUnmap
+  // takes whole mappings (a range covering several is allowed).
+  std::vector<CUdeviceptr> inside;
+  bool any_paused = false;
+  for (auto m = mappings_.lower_bound(ptr); m != mappings_.end() && m->first - ptr < size; ++m) {
+    inside.push_back(m->first);
+    any_paused |= PausedLocked(m->second.handle) != nullptr;
+  }
+  if (!any_paused) {
+    const CUresult r = driver_.cuMemUnmap(ptr, size);
+    if (r != CUDA_SUCCESS) return r;
+    for (CUdeviceptr at : inside) ForgetMappingLocked(mappings_.find(at));
+    return CUDA_SUCCESS;
+  }
+  // Paused mappings have nothing in the driver to unmap: the live ones, one
+  // by one.
+  CUresult first = CUDA_SUCCESS;
+  for (CUdeviceptr at : inside) {
+    auto m = mappings_.find(at);
+    if (PausedLocked(m->second.handle) == nullptr) {
+      const CUresult r = driver_.cuMemUnmap(at, m->second.size);
+      if (r != CUDA_SUCCESS) {
+        if (first == CUDA_SUCCESS) first = r;
+        continue;
+      }
+    }
+    ForgetMappingLocked(m);
+  }
+  return first;
+}
+
+CUresult ForeignVmm::SetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                               size_t count) {
+  MutexLock lock(&mu_);
+  // The recorded mappings that overlap [ptr, ptr + size).
+  std::vector<CUdeviceptr> overlap;
+  bool any_paused = false;
+  auto m = MappingAtLocked(ptr);
+  if (m == mappings_.end()) m = mappings_.lower_bound(ptr);
+  for (; m != mappings_.end() && m->first < ptr + size; ++m) {
+    overlap.push_back(m->first);
+    any_paused |= PausedLocked(m->second.handle) != nullptr;
+  }
+  if (!any_paused) {
+    const CUresult r = driver_.cuMemSetAccess(ptr, size, desc, count);
+    if (r != CUDA_SUCCESS) return r;
+    for (CUdeviceptr at : overlap) RecordAccess(&mappings_.at(at).access, desc, count);
+    return CUDA_SUCCESS;
+  }
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  // Paused mappings keep the descriptors for resume; the live ones get them
+  // now, each over its part of the range.
+  CUresult first = CUDA_SUCCESS;
+  for (CUdeviceptr at : overlap) {
+    Mapping& mapping = mappings_.at(at);
+    if (PausedLocked(mapping.handle) == nullptr) {
+      const CUdeviceptr begin = std::max(at, ptr);
+      const CUdeviceptr end = std::min(at + mapping.size, ptr + size);
+      const CUresult r = driver_.cuMemSetAccess(begin, end - begin, desc, count);
+      if (r != CUDA_SUCCESS) {
+        if (first == CUDA_SUCCESS) first = r;
+        continue;
+      }
+    }
+    RecordAccess(&mapping.access, desc, count);
+  }
+  return first;
+}
+
+CUresult ForeignVmm::GetProperties(CUmemAllocationProp* prop,
+                                   CUmemGenericAllocationHandle value) {
+  MutexLock lock(&mu_);
+  if (PausedLocked(value) != nullptr) {
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *prop = handles_.at(value).prop;
+    return CUDA_SUCCESS;
+  }
+  if (driver_.cuMemGetAllocationPropertiesFromHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  return driver_.cuMemGetAllocationPropertiesFromHandle(prop, RealLocked(value));
+}
+
+CUresult ForeignVmm::Export(void* shareable, CUmemGenericAllocationHandle value,
+                            CUmemAllocationHandleType type, unsigned long long flags) {
+  MutexLock lock(&mu_);
+  if (driver_.cuMemExportToShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  if (PausedLocked(value) != nullptr) {
+    return PausedHandleError("cuMemExportToShareableHandle", value);
+  }
+  const CUresult r =
+      driver_.cuMemExportToShareableHandle(shareable, RealLocked(value), type, flags);
+  if (r != CUDA_SUCCESS) return r;
+  if (auto it = handles_.find(value); it != handles_.end()) it->second.exported = true;
+  return CUDA_SUCCESS;
 }
 
 std::vector<ForeignDeviceFigures> ForeignVmm::Figures() const {
@@ -79,16 +320,297 @@ std::vector<ForeignDeviceFigures> ForeignVmm::Figures() const {
     ForeignDeviceFigures& f = by_device[h.device];
     f.device = h.device;
     ++f.handles;
-    if (h.imported) {
+    if (h.paused) {
+      f.paused_by_tag[h.tag] += h.size;
+    } else if (h.imported) {
       f.imported_bytes += h.size;
     } else {
       f.by_tag[h.tag] += h.size;
       if (h.exported) f.exported_bytes += h.size;
+      if (h.mappings == 0) f.unmapped_bytes += h.size;
     }
   }
   std::vector<ForeignDeviceFigures> out;
   for (auto& [device, f] : by_device) out.push_back(std::move(f));
   return out;
+}
+
+// Pause and resume. The coordinator holds mu_ (Lock) around every step.
+
+bool ForeignVmm::SelectedLocked(const Handle& h, const TagSelection& tag) const {
+  return h.device >= 0 && !h.imported && !h.exported && h.mappings > 0 && tag.Matches(h.tag);
+}
+
+std::vector<absl::btree_map<CUdeviceptr, ForeignVmm::Mapping>::iterator>
+ForeignVmm::MappingsOfLocked(HandleValue value) {
+  std::vector<absl::btree_map<CUdeviceptr, Mapping>::iterator> out;
+  for (auto m = mappings_.begin(); m != mappings_.end(); ++m) {
+    if (m->second.handle == value) out.push_back(m);
+  }
+  return out;
+}
+
+absl::Status ForeignVmm::MapAllLocked(HandleValue value, HandleValue real) {
+  std::vector<std::pair<CUdeviceptr, size_t>> mapped;
+  absl::Status status;
+  for (auto m : MappingsOfLocked(value)) {
+    const Mapping& mapping = m->second;
+    CUresult r = driver_.cuMemMap(m->first, mapping.size, mapping.offset, real, 0);
+    if (r != CUDA_SUCCESS) {
+      status = DriverError(r, "cuMemMap");
+      break;
+    }
+    mapped.emplace_back(m->first, mapping.size);
+    if (!mapping.access.empty()) {
+      r = driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
+                                 mapping.access.size());
+      if (r != CUDA_SUCCESS) {
+        status = DriverError(r, "cuMemSetAccess");
+        break;
+      }
+    }
+  }
+  if (!status.ok()) {
+    for (const auto& [at, size] : mapped) driver_.cuMemUnmap(at, size);
+  }
+  return status;
+}
+
+absl::Status ForeignVmm::UnmapAllLocked(HandleValue value) {
+  absl::Status first;
+  for (auto m : MappingsOfLocked(value)) {
+    if (CUresult r = driver_.cuMemUnmap(m->first, m->second.size); r != CUDA_SUCCESS) {
+      first.Update(DriverError(r, "cuMemUnmap"));
+    }
+  }
+  return first;
+}
+
+void ForeignVmm::ReleaseOrphansLocked() {
+  std::vector<HandleValue> left;
+  for (HandleValue real : orphans_) {
+    if (driver_.cuMemRelease(real) != CUDA_SUCCESS) left.push_back(real);
+  }
+  orphans_ = std::move(left);
+}
+
+size_t ForeignVmm::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts)
+ {
+  size_t bytes = 0;
+  for (const auto& [value, h] : handles_) {
+    if (h.paused || !SelectedLocked(h, tag)) continue;
+    bytes += h.size;
+    if (h.context != nullptr &&
+        std::find(contexts->begin(), contexts->end(), h.context) == contexts->end()) {
+      contexts->push_back(h.context);
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                                PauseTimes* times) {
+  std::vector<HandleValue> chosen;
+  for (const auto& [value, h] : handles_) {
+    if (!h.paused && !h.pausing && SelectedLocked(h, tag)) chosen.push_back(value);
+  }
+  // Backups first, all of them: host memory that runs out pauses nothing.
+  std::vector<HostBackup> backups;
+  if (copier != nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    for (HandleValue value : chosen) {
+      absl::StatusOr<HostBackup> backup = HostBackup::Create(handles_.at(value).size);
+      if (!backup.ok()) {
+        Log().error("vmmshim_pause_memory({}): other libraries' VMM memory: {}; nothing paused",
+                    tag.Describe(), backup.status().ToString());
+        return backup.status();
+      }
+      backups.push_back(*std::move(backup));
+    }
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const Handle& h = handles_.at(chosen[i]);
+      ContextScope scope(driver_, h.context);
+      for (auto m : MappingsOfLocked(chosen[i])) {
+        absl::Status copied =
+            copier->ToHost(backups[i].data() + m->second.offset, m->first, m->second.size);
+        if (!copied.ok()) {
+          Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} (another library's "
+                      "VMM memory) to host memory: {}; nothing paused",
+                      tag.Describe(), m->second.size, m->first, copied.ToString());
+          return copied;
+        }
+        times->copied_bytes += m->second.size;
+      }
+    }
+    times->copy += PauseTimes::Since(start);
+  }
+  size_t bytes = 0;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    Handle& h = handles_.at(chosen[i]);
+    h.pausing = true;
+    if (copier != nullptr) h.backup = std::move(backups[i]);
+    bytes += h.size;
+  }
+  return bytes;
+}
+
+void ForeignVmm::PauseAbort(const TagSelection&) {
+  for (auto& [value, h] : handles_) {
+    if (!h.pausing) continue;
+    h.pausing = false;
+    h.backup.reset();
+  }
+}
+
+absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, PauseTimes* times) {
+  const auto start = std::chrono::steady_clock::now();
+  ReleaseOrphansLocked();
+  std::vector<HandleValue> marked;
+  for (const auto& [value, h] : handles_) {
+    if (h.pausing) marked.push_back(value);
+  }
+  size_t released = 0;
+  absl::Status first;
+  for (HandleValue value : marked) {
+    Handle& h = handles_.at(value);
+    h.pausing = false;
+    // Unmapped everywhere, or left whole and live.
+    std::vector<absl::btree_map<CUdeviceptr, Mapping>::iterator> unmapped;
+    absl::Status status;
+    for (auto m : MappingsOfLocked(value)) {
+      if (CUresult r = driver_.cuMemUnmap(m->first, m->second.size); r != CUDA_SUCCESS) {
+        status = DriverError(r, "cuMemUnmap");
+        break;
+      }
+      unmapped.push_back(m);
+    }
+    if (!status.ok()) {
+      for (auto m : unmapped) {
+        const Mapping& mapping = m->second;
+        if (driver_.cuMemMap(m->first, mapping.size, mapping.offset, h.real, 0) != CUDA_SUCCESS ||
+            (!mapping.access.empty() &&
+             driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
+                                    mapping.access.size()) != CUDA_SUCCESS)) {
+          Log().error("vmmshim_pause_memory({}): mapping {:#x} again after a failed unmap "
+                      "failed: an access to it faults",
+                      tag.Describe(), m->first);
+        }
+      }
+      Log().warn("vmmshim_pause_memory({}): another library's VMM memory (handle {:#x}): {}; "
+                 "left live",
+                 tag.Describe(), value, status.ToString());
+      h.backup.reset();
+      first.Update(status);
+      continue;
+    }
+    // Every driver reference goes: the library's releases are answered here
+    // until resume.
+    const int references = h.one_driver_reference ? std::min(h.references, 1) : h.references;
+    for (int i = 0; i < references; ++i) {
+      if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) {
+        Log().warn("vmmshim_pause_memory({}): cuMemRelease of handle {:#x} failed; retried at "
+                   "the next pause or resume",
+                   tag.Describe(), h.real);
+        orphans_.insert(orphans_.end(), references - i, h.real);
+        break;
+      }
+    }
+    names_.erase(h.real);
+    h.real = 0;
+    h.one_driver_reference = false;
+    h.paused = true;
+    released += h.size;
+    ++times->blocks;
+  }
+  times->release += PauseTimes::Since(start);
+  if (!first.ok()) return first;
+  return released;
+}
+
+absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                                 PauseTimes* times) {
+  ReleaseOrphansLocked();
+  std::vector<HandleValue> chosen;
+  for (const auto& [value, h] : handles_) {
+    if (h.paused && h.real == 0 && tag.Matches(h.tag)) chosen.push_back(value);
+  }
+  size_t bytes = 0;
+  for (HandleValue value : chosen) {
+    Handle& h = handles_.at(value);
+    auto step = std::chrono::steady_clock::now();
+    HandleValue real = 0;
+    CUresult r = driver_.cuMemCreate(&real, h.size, &h.prop, 0);
+    times->create += PauseTimes::Since(step);
+    absl::Status status = DriverError(r, "cuMemCreate");
+    if (r == CUDA_SUCCESS) {
+      step = std::chrono::steady_clock::now();
+      status = MapAllLocked(value, real);
+      times->map += PauseTimes::Since(step);
+      if (!status.ok() && driver_.cuMemRelease(real) != CUDA_SUCCESS) orphans_.push_back(real);
+    }
+    if (!status.ok()) {
+      Log().warn("vmmshim_resume_memory({}): {} bytes of another library's VMM memory on device "
+                 "{}: {}; everything stays paused",
+                 tag.Describe(), h.size, h.device, status.ToString());
+      ResumeAbort(tag);
+      return status;
+    }
+    h.real = real;
+    if (real != value) names_[real] = value;
+    bytes += h.size;
+    ++times->blocks;
+  }
+  const auto copy_start = std::chrono::steady_clock::now();
+  for (HandleValue value : chosen) {
+    const Handle& h = handles_.at(value);
+    if (!h.backup) continue;
+    ContextScope scope(driver_, h.context);
+    for (auto m : MappingsOfLocked(value)) {
+      absl::Status copied =
+          copier.ToDevice(m->first, h.backup->data() + m->second.offset, m->second.size);
+      if (!copied.ok()) {
+        Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything "
+                   "stays paused",
+                   tag.Describe(), m->second.size, m->first, copied.ToString());
+        ResumeAbort(tag);
+        return copied;
+      }
+      times->copied_bytes += m->second.size;
+    }
+  }
+  times->copy += PauseTimes::Since(copy_start);
+  return bytes;
+}
+
+void ForeignVmm::ResumeCommit(const TagSelection&) {
+  for (auto it = handles_.begin(); it != handles_.end();) {
+    Handle& h = it->second;
+    auto next = std::next(it);
+    if (h.paused && h.real != 0) {
+      h.paused = false;
+      h.backup.reset();
+      h.one_driver_reference = true;
+      if (h.references == 0) {
+        // Released by the library while paused: its mappings alone keep it.
+        if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
+        MaybeForgetLocked(it);
+      }
+    }
+    it = next;
+  }
+}
+
+void ForeignVmm::ResumeAbort(const TagSelection&) {
+  for (auto& [value, h] : handles_) {
+    if (!h.paused || h.real == 0) continue;
+    if (absl::Status s = UnmapAllLocked(value); !s.ok()) {
+      Log().warn("vmmshim_resume_memory: unmapping handle {:#x} after a failed resume: {}",
+                 value, s.ToString());
+    }
+    if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
+    names_.erase(h.real);
+    h.real = 0;
+  }
 }
 
 }  // namespace vmmshim

@@ -1,10 +1,12 @@
 // Other libraries' own VMM memory in this process: the physical handles
 // they make with cuMemCreate (directly, or through pointers from
 // cuGetProcAddress / cudaGetDriverEntryPoint: PyTorch's expandable segments,
-// vLLM's CuMemAllocator, NCCL's buffers) and the handles they import, as the
-// hooks observe them. Observation only: every call reaches the driver
-// unchanged (docs/pause-resume.md, "What is left"), so that the residency
-// report can name that memory instead of leaving it unattributed.
+// vLLM's CuMemAllocator, NCCL's buffers), their mappings and access, and the
+// handles they import. The hooks (interpose/hooks_vmm.cc) hand each such
+// call here; it is made in the driver with the caller's arguments and its
+// result returned, and what succeeded is recorded, so that the residency
+// report names that memory and a pause can release it
+// (docs/pause-resume.md, "Other libraries' VMM memory").
 //
 // What counts as held: a handle on a device (CUmemAllocationProp's location
 // a device; host and host-NUMA handles are not device memory) from its
@@ -15,9 +17,44 @@
 // the thread at cuMemCreate. Imported handles (cuMemImportFromShareableHandle)
 // count from their first cuMemMap, with the mapped size, as imported.
 //
-// Units: bytes. Thread safety: any thread; one mutex, a leaf (core/sync/
-// lock_order.h: locks outside the allocator's order), held only around the
-// maps, never across a driver call. Process exit: never destroyed.
+// Pause (PausableMemory, core/heap/pause.h): a handle made here on a device,
+// of a selected tag, mapped at least once, never exported, is paused: with
+// contents, every mapping's bytes are copied to host memory; then each
+// mapping is unmapped (the reservation, which the library owns, stays) and
+// every driver reference of the handle is released. Resume makes a new
+// handle with the same CUmemAllocationProp, maps it at the same addresses
+// and offsets, sets the access descriptors the library last set there
+// (cuMemSetAccess, per location), and copies the contents back. Left alone,
+// and named in the residency report: exported handles (another process may
+// map them), imported ones (another process owns them), and handles not
+// mapped anywhere (their contents cannot be reached to be kept).
+//
+// Handle values: the library keeps the value cuMemCreate gave it. After a
+// resume the driver's handle is a new one, so calls that take a handle
+// (cuMemRelease, cuMemMap, cuMemExportToShareableHandle,
+// cuMemGetAllocationPropertiesFromHandle) get the driver's current value for
+// it, and cuMemRetainAllocationHandle answers with the library's. A resumed
+// handle holds one driver reference; the library's references are counted
+// here and the driver's is released with the last of them. A value the
+// driver hands out that equals a value a library still holds for a paused
+// or resumed handle is given to the caller as a new value (bit 63 set,
+// counted down), so that no two handles share one.
+//
+// While paused: cuMemUnmap of its mappings and cuMemRelease of its
+// references are recorded and return CUDA_SUCCESS (the driver has nothing
+// to undo); cuMemRetainAllocationHandle of a paused address returns its
+// value; cuMemSetAccess over it is recorded for resume;
+// cuMemGetAllocationPropertiesFromHandle answers from the record; cuMemMap
+// and cuMemExportToShareableHandle of it return CUDA_ERROR_ILLEGAL_STATE
+// (logged: resume it first). A cuMemUnmap whose range holds paused mappings
+// unmaps the live mappings in it one by one.
+//
+// Units: bytes. Thread safety: any thread. One mutex (lock order: "other
+// libraries' VMM mutex", core/sync/lock_order.h) held across the driver
+// calls made for the callers, so that a pause (which holds it from its
+// selection to its commit) never meets a handle half changed; the calls of
+// other libraries are serialized with each other (microseconds each, slow
+// calls anyway). Process exit: never destroyed.
 #ifndef VMMSHIM_CORE_FOREIGN_FOREIGN_VMM_H_
 #define VMMSHIM_CORE_FOREIGN_FOREIGN_VMM_H_
 
@@ -26,6 +63,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +71,9 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "core/driver/driver_api.h"
+#include "core/heap/host_backup.h"
+#include "core/heap/pause.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
@@ -40,10 +81,12 @@ namespace vmmshim {
 // One device's other-library VMM memory now.
 struct ForeignDeviceFigures {
   int device = -1;
-  std::map<std::string, uint64_t> by_tag;  // held bytes of handles made here, by tag
-  uint64_t exported_bytes = 0;             // of them, exported (cuMemExportToShareableHandle)
-  uint64_t imported_bytes = 0;             // mapped from handles imported from another process
-  uint64_t handles = 0;                    // handles held (made or imported)
+  std::map<std::string, uint64_t> by_tag;  // resident bytes of handles made here, by tag
+  std::map<std::string, uint64_t> paused_by_tag;  // paused bytes of them, by tag
+  uint64_t exported_bytes = 0;  // resident, exported (cuMemExportToShareableHandle)
+  uint64_t unmapped_bytes = 0;  // resident, mapped nowhere
+  uint64_t imported_bytes = 0;  // mapped from handles imported from another process
+  uint64_t handles = 0;         // handles held (made or imported), resident or paused
   uint64_t bytes() const {
     uint64_t sum = imported_bytes;
     for (const auto& [tag, b] : by_tag) sum += b;
@@ -51,46 +94,125 @@ struct ForeignDeviceFigures {
   }
 };
 
-class ForeignVmm {
+class ForeignVmm final : public PausableMemory {
  public:
-  // Each records a call that succeeded in the driver.
-  void Created(CUmemGenericAllocationHandle handle, size_t size, const CUmemAllocationProp& prop,
-               absl::string_view tag) ABSL_LOCKS_EXCLUDED(mu_);
-  // `prop`: cuMemGetAllocationPropertiesFromHandle's answer for it (its
-  // device), or nullptr when that failed (then not counted).
-  void Imported(CUmemGenericAllocationHandle handle, const CUmemAllocationProp* prop)
+  // `driver` must outlive this.
+  explicit ForeignVmm(const DriverApi& driver) : driver_(driver) {}
+  ForeignVmm(const ForeignVmm&) = delete;
+  ForeignVmm& operator=(const ForeignVmm&) = delete;
+
+  // The driver calls of other libraries, with the driver's arguments and
+  // results (see above for handle values and paused memory). `tag`: the
+  // allocation tag set on the calling thread.
+  CUresult Create(CUmemGenericAllocationHandle* handle, size_t size,
+                  const CUmemAllocationProp* prop, unsigned long long flags,
+                  absl::string_view tag) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Release(CUmemGenericAllocationHandle handle) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Retain(CUmemGenericAllocationHandle* handle, void* addr) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+               unsigned long long flags) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Unmap(CUdeviceptr ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult SetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Retained(CUmemGenericAllocationHandle handle) ABSL_LOCKS_EXCLUDED(mu_);
-  void Released(CUmemGenericAllocationHandle handle) ABSL_LOCKS_EXCLUDED(mu_);
-  void Exported(CUmemGenericAllocationHandle handle) ABSL_LOCKS_EXCLUDED(mu_);
-  void Mapped(CUdeviceptr ptr, size_t size, CUmemGenericAllocationHandle handle)
+  CUresult GetProperties(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Unmapped(CUdeviceptr ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Export(void* shareable, CUmemGenericAllocationHandle handle,
+                  CUmemAllocationHandleType type, unsigned long long flags)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Import(CUmemGenericAllocationHandle* handle, void* os_handle,
+                  CUmemAllocationHandleType type) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Per device with anything held, in device order.
   std::vector<ForeignDeviceFigures> Figures() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // PausableMemory (core/heap/pause.h). Lock/Unlock take mu_; the steps
+  // require it.
+  void Lock() override ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void Unlock() override ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  // mu_ is held (Lock) around these; the analysis cannot see the
+  // coordinator's Lock through the interface.
+  size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                      PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void PauseAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) override
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                       PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void ResumeCommit(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void ResumeAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS { new (&mu_) Mutex; }
+
  private:
+  using HandleValue = CUmemGenericAllocationHandle;
   struct Handle {
-    size_t size = 0;     // cuMemCreate's; imported: the largest mapping seen
-    int device = -1;     // -1: not device memory (not counted)
+    HandleValue real = 0;  // the driver's value now; 0 while paused
+    size_t size = 0;       // cuMemCreate's; imported: the largest mapping seen
+    CUmemAllocationProp prop = {};
+    int device = -1;       // -1: not device memory (not counted, never paused)
     std::string tag;
-    int references = 1;  // creates/imports + retains - releases
+    CUcontext context = nullptr;  // current at its cuMemCreate or first cuMemMap
+    int references = 1;    // the library's: creates/imports + retains - releases
     int mappings = 0;
     bool imported = false;
     bool exported = false;
+    // After a resume the driver holds one reference of `real` for all of
+    // the library's (released with the last of them).
+    bool one_driver_reference = false;
+    bool pausing = false;  // prepared, not committed
+    bool paused = false;   // released; `real` is 0 unless a resume is prepared
+    std::optional<HostBackup> backup;
   };
   struct Mapping {
     size_t size = 0;
-    CUmemGenericAllocationHandle handle = 0;
+    size_t offset = 0;
+    HandleValue handle = 0;  // the library's value
+    // The last flags the library set here per location (cuMemSetAccess).
+    std::vector<CUmemAccessDesc> access;
   };
-  // Forgets `it` once nothing references it.
-  void MaybeForgetLocked(absl::flat_hash_map<CUmemGenericAllocationHandle, Handle>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  using HandleMap = absl::flat_hash_map<HandleValue, Handle>;
 
-  mutable Mutex mu_;  // a leaf (core/sync/lock_order.h)
-  absl::flat_hash_map<CUmemGenericAllocationHandle, Handle> handles_ ABSL_GUARDED_BY(mu_);
+  // The library's value for a value the driver just handed out: the same
+  // unless a paused or resumed handle's value equals it.
+  HandleValue NameLocked(HandleValue real) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record of the library's `value` that is paused (no driver handle
+  // now), else nullptr.
+  Handle* PausedLocked(HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver's value now for the library's `value`.
+  HandleValue RealLocked(HandleValue value) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The mapping containing `ptr`, or mappings_.end().
+  absl::btree_map<CUdeviceptr, Mapping>::iterator MappingAtLocked(CUdeviceptr ptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetMappingLocked(absl::btree_map<CUdeviceptr, Mapping>::iterator m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `it` once nothing references it.
+  void MaybeForgetLocked(HandleMap::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SelectedLocked(const Handle& h, const TagSelection& tag) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The mappings of the library's `value`, by address.
+  std::vector<absl::btree_map<CUdeviceptr, Mapping>::iterator> MappingsOfLocked(
+      HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps the library's `value` (driver handle `real`) at each of its
+  // mappings with their access; on failure unmaps what it mapped.
+  absl::Status MapAllLocked(HandleValue value, HandleValue real)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps each mapping of `value`; the first error (the rest still tried).
+  absl::Status UnmapAllLocked(HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back handles whose release failed at a pause or an undone resume.
+  void ReleaseOrphansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DriverApi& driver_;
+  mutable Mutex mu_;  // lock order: "other libraries' VMM mutex"
+  HandleMap handles_ ABSL_GUARDED_BY(mu_);  // by the library's value
+  // Driver value -> the library's, where they differ.
+  absl::flat_hash_map<HandleValue, HandleValue> names_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<CUdeviceptr, Mapping> mappings_ ABSL_GUARDED_BY(mu_);  // by mapped address
+  std::vector<HandleValue> orphans_ ABSL_GUARDED_BY(mu_);  // driver handles to release
+  HandleValue next_name_ ABSL_GUARDED_BY(mu_) = ~HandleValue{0};
 };
 
 }  // namespace vmmshim

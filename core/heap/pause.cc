@@ -43,6 +43,22 @@ void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const Pau
              t.release * 1e3, t.create * 1e3, t.map * 1e3, t.trim * 1e3);
 }
 
+// Holds the other pausable memory's lock for a pause or resume.
+class OtherLock {
+ public:
+  explicit OtherLock(PausableMemory* other) : other_(other) {
+    if (other_ != nullptr) other_->Lock();
+  }
+  ~OtherLock() {
+    if (other_ != nullptr) other_->Unlock();
+  }
+  OtherLock(const OtherLock&) = delete;
+  OtherLock& operator=(const OtherLock&) = delete;
+
+ private:
+  PausableMemory* const other_;
+};
+
 }  // namespace
 
 PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
@@ -81,9 +97,12 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
   if (hooks_.release_stream_ordered) {
     if (absl::Status s = hooks_.release_stream_ordered(tag); !s.ok()) return s;
   }
+  PausableMemory* const other = hooks_.other;
+  OtherLock other_lock(other);
   std::vector<CUcontext> contexts;
   size_t live = 0;
   for (HeapArena* arena : arenas) live += arena->PauseCandidates(tag, &contexts);
+  if (other != nullptr) live += other->PauseCandidates(tag, &contexts);
   if (keep_contents && live > AvailableHostMemory()) {
     Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed, {} "
                 "available (MemAvailable); nothing paused",
@@ -109,8 +128,24 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
       return r.status();
     }
   }
+  if (other != nullptr) {
+    absl::StatusOr<size_t> r = other->PausePrepare(tag, copier ? &*copier : nullptr, &times);
+    if (!r.ok()) {
+      for (HeapArena* a : arenas) a->PauseAbort(tag);
+      other->PauseAbort(tag);
+      return r.status();
+    }
+  }
   absl::StatusOr<size_t> released =
       SumOverAll(arenas, [&](HeapArena* arena) { return arena->PauseCommit(tag, &times); });
+  if (other != nullptr) {
+    absl::StatusOr<size_t> r = other->PauseCommit(tag, &times);
+    if (!r.ok()) {
+      released = r.status();
+    } else if (released.ok()) {
+      *released += *r;
+    }
+  }
   if (released.ok() && (*released > 0 || times.blocks > 0)) {
     LogTimes("vmmshim_pause_memory", tag, *released, times, PauseTimes::Since(start));
   }
@@ -127,6 +162,8 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
   PauseTimes times;
   BackupCopier copier(driver_, copy_threads_);  // its staging ring only when a backup is copied
   const std::vector<HeapArena*> arenas = Arenas();
+  PausableMemory* const other = hooks_.other;
+  OtherLock other_lock(other);
   absl::Status status;
   for (int attempt = 0; attempt < 2; ++attempt) {
     size_t restored = 0;
@@ -139,8 +176,17 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
       }
       restored += *r;
     }
+    if (status.ok() && other != nullptr) {
+      absl::StatusOr<size_t> r = other->ResumePrepare(tag, copier, &times);
+      if (r.ok()) {
+        restored += *r;
+      } else {
+        status = r.status();
+      }
+    }
     if (status.ok()) {
       for (HeapArena* arena : arenas) arena->ResumeCommit(tag);
+      if (other != nullptr) other->ResumeCommit(tag);
       if (restored > 0) {
         LogTimes("vmmshim_resume_memory", tag, restored, times, PauseTimes::Since(start));
       }
@@ -148,6 +194,7 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
     }
     // All or nothing: what other arenas prepared goes again, once.
     for (HeapArena* arena : arenas) arena->ResumeAbort(tag);
+    if (other != nullptr) other->ResumeAbort(tag);
     if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY || !hooks_.release_caches) break;
     // Out of memory: every cache the shim holds (all arenas, deferred frees,
     // the stream-ordered cache) goes back to the driver, then once more.

@@ -62,6 +62,36 @@
 
 namespace vmmshim {
 
+class BackupCopier;
+
+// Memory the heaps do not own that pauses and resumes with them, all or
+// nothing (other libraries' VMM memory: core/foreign/foreign_vmm.h). The
+// coordinator, under its mutex, calls Lock first and Unlock last; between
+// them the steps mirror HeapArena's (core/heap/heap_arena.h), in the order
+// the heaps take them, so that the memory's own state stays still while the
+// heaps' steps run: PauseCandidates, PausePrepare (copies, marks), then
+// PauseAbort or PauseCommit (unmaps, releases); ResumePrepare (creates,
+// maps, copies back), then ResumeAbort or ResumeCommit. A failed step undoes
+// itself; Abort undoes what an earlier successful step did.
+class PausableMemory {
+ public:
+  virtual ~PausableMemory() = default;
+  virtual void Lock() = 0;
+  virtual void Unlock() = 0;
+  // Bytes a pause with contents copies; adds the contexts to synchronize.
+  virtual size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) = 0;
+  virtual absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                              PauseTimes* times) = 0;
+  virtual void PauseAbort(const TagSelection& tag) = 0;
+  // The physical bytes released.
+  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) = 0;
+  // The bytes restored.
+  virtual absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                               PauseTimes* times) = 0;
+  virtual void ResumeCommit(const TagSelection& tag) = 0;
+  virtual void ResumeAbort(const TagSelection& tag) = 0;
+};
+
 class PauseCoordinator {
  public:
   // What the rooms above the heap do for a pause (the facade wires them).
@@ -73,6 +103,9 @@ class PauseCoordinator {
     // selection go back to their heap
     // (StreamOrderedFrontEnd::ReleaseForPause); an error refuses the pause.
     std::function<absl::Status(const TagSelection&)> release_stream_ordered;
+    // Other memory that pauses with the heaps (nullptr: none); it must
+    // outlive the coordinator.
+    PausableMemory* other = nullptr;
   };
   // Everything referenced must outlive the coordinator. `copy_threads` >= 1
   // (host-backup copy threads); empty hooks are skipped.

@@ -94,10 +94,13 @@ struct DeviceResidency {
   // not freed yet (filled by the facade from CallCounters).
   uint64_t passed_through_bytes = 0;
   // Other libraries' own VMM memory (core/foreign/foreign_vmm.h; filled by
-  // the facade): held bytes of the handles they made, by the tag at
-  // cuMemCreate; of them, exported; and what they mapped of imported ones.
+  // the facade): resident bytes of the handles they made, by the tag at
+  // cuMemCreate; of them, exported and mapped nowhere (both left alone by
+  // pause); what they mapped of imported ones; and the paused bytes by tag.
   std::map<std::string, uint64_t> other_vmm_by_tag;
+  std::map<std::string, uint64_t> other_vmm_paused_by_tag;
   uint64_t other_vmm_exported_bytes = 0;
+  uint64_t other_vmm_unmapped_bytes = 0;
   uint64_t other_vmm_imported_bytes = 0;
   uint64_t other_vmm_bytes() const {
     uint64_t sum = other_vmm_imported_bytes;

@@ -98,9 +98,14 @@ nlohmann::json ResidencyDevices(const Allocator& allocator, const DriverApi* dri
          {"other_libraries_vmm",
           {{"bytes", r.other_vmm_bytes()},
            {"by_tag", r.other_vmm_by_tag},
-           {"exported_bytes", r.other_vmm_exported_bytes},
-           {"imported_bytes", r.other_vmm_imported_bytes},
-           {"paused", "never: left alone by pause in this version"}}},
+           {"paused_by_tag", r.other_vmm_paused_by_tag},
+           {"left_alone",
+            {{"exported_bytes", r.other_vmm_exported_bytes},
+             {"exported_reason", "exported to another process, which may map it"},
+             {"imported_bytes", r.other_vmm_imported_bytes},
+             {"imported_reason", "imported: another process owns it"},
+             {"unmapped_bytes", r.other_vmm_unmapped_bytes},
+             {"unmapped_reason", "mapped nowhere: its contents cannot be reached to be kept"}}}}},
          {"unattributed_bytes", OrNull(rest)}});
   }
   return devices;

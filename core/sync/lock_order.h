@@ -27,11 +27,14 @@ struct LockRank {
 };
 
 // Highest first: rank 0 is taken first.
-inline constexpr std::array<LockRank, 9> kLockOrder = {{
+inline constexpr std::array<LockRank, 10> kLockOrder = {{
     {"capture gate", "CaptureTracker::gate_ (core/sync/capture.h)",
      "shared by frees across their synchronize, exclusive across cuStreamBeginCapture"},
     {"pause mutex", "PauseCoordinator::mu_ (core/heap/pause.h)",
      "serializes pauses and resumes"},
+    {"other libraries' VMM mutex", "ForeignVmm::mu_ (core/foreign/foreign_vmm.h)",
+     "other libraries' VMM calls and their handles' state; held across those driver calls and "
+     "through a pause or resume"},
     {"peer mutex", "HeapTable::peer_mu_ (core/heap/heap_table.h)",
      "orders peer enables, disables and pool access, and the grants they cause"},
     {"heap creation mutex", "HeapTable::create_mu_ (core/heap/heap_table.h)",
@@ -51,8 +54,7 @@ inline constexpr std::array<LockRank, 9> kLockOrder = {{
 // Locks outside the allocator, each a leaf: held only around its own state,
 // never while calling into the allocator: PeerContexts::mu_
 // (core/peer_contexts.h), CallCounters::live_mu_ (core/allocator.h: the
-// passed-through allocations still live), ForeignVmm::mu_
-// (core/foreign/foreign_vmm.h: other libraries' VMM memory), Ipc::mu_ (core/ipc/ipc.h; held around driver calls of imports, never around the allocator's), Trace::mu_
+// passed-through allocations still live), Ipc::mu_ (core/ipc/ipc.h; held around driver calls of imports, never around the allocator's), Trace::mu_
 // (core/report/trace.h), the log's mutex (core/base/log.cc).
 
 }  // namespace vmmshim

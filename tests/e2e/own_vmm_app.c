@@ -4,8 +4,12 @@
  * libraries reach the driver), each reserved, mapped and made accessible.
  * Under LD_PRELOAD=libvmmshim.so on the simulated libcuda.so.1 the calls
  * keep the driver's results, and vmmshim_get_residency names the memory
- * under "other_libraries_vmm" with the tag set at cuMemCreate; after the
- * program releases it, the report says 0 again. */
+ * under "other_libraries_vmm" with the tag set at cuMemCreate.
+ * vmmshim_pause_memory(NULL) with contents releases it too; while paused the
+ * program's handle values keep working; resume maps new memory at the same
+ * addresses with the contents back, and cuMemRetainAllocationHandle still
+ * answers with the program's value. After the program releases it, the
+ * report says 0 again. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -59,6 +63,51 @@ static void MapOwn(PFN_cuMemCreate_v10020 create, size_t size, CUdeviceptr* va,
   EXPECT_EQ(cuMemSetAccess(*va, size, &access, 1), CUDA_SUCCESS);
 }
 
+/* With the shim: pauses everything with contents and resumes it, checking
+ * that the program's own memory went and came back. */
+static void PauseAndResume(CUdeviceptr a, CUmemGenericAllocationHandle ha, CUdeviceptr b,
+                           CUmemGenericAllocationHandle hb) {
+  vmmshim_pause_memory_fn pause =
+      (vmmshim_pause_memory_fn)dlsym(RTLD_DEFAULT, "vmmshim_pause_memory");
+  vmmshim_resume_memory_fn resume =
+      (vmmshim_resume_memory_fn)dlsym(RTLD_DEFAULT, "vmmshim_resume_memory");
+  if (pause == NULL || resume == NULL) return;
+  static unsigned char pattern[2 * MIB], back[2 * MIB];
+  for (size_t i = 0; i < sizeof pattern; ++i) pattern[i] = (unsigned char)(i * 7 + 3);
+  EXPECT_EQ(cuMemcpyHtoD(b + 6 * MIB, pattern, sizeof pattern), CUDA_SUCCESS);
+  size_t released = 0, restored = 0;
+  EXPECT_EQ(pause(NULL, VMMSHIM_PAUSE_KEEP_CONTENTS, &released), 0);
+  EXPECT_EQ(released, 28 * MIB); /* 24 of the program's own, 4 of the shim's */
+  char* doc = Residency();
+  if (doc != NULL) {
+    EXPECT_EQ(NumberAfter(doc, "other_libraries_vmm", "bytes"), 0);
+    EXPECT_EQ(NumberAfter(doc, "paused_by_tag", "segments"), 24 * MIB);
+    free(doc);
+  }
+  /* Paused: an access fails, the handle answers from the record. */
+  EXPECT_EQ(cuMemcpyDtoH(back, b + 6 * MIB, sizeof back) != CUDA_SUCCESS, 1);
+  CUmemAllocationProp prop;
+  EXPECT_EQ(cuMemGetAllocationPropertiesFromHandle(&prop, ha), CUDA_SUCCESS);
+  EXPECT_EQ(prop.location.id, 0);
+  EXPECT_EQ(cuMemMap(a, 2 * MIB, 0, hb, 0), CUDA_ERROR_ILLEGAL_STATE);
+  EXPECT_EQ(resume(NULL, &restored), 0);
+  EXPECT_EQ(restored, 28 * MIB);
+  memset(back, 0, sizeof back);
+  EXPECT_EQ(cuMemcpyDtoH(back, b + 6 * MIB, sizeof back), CUDA_SUCCESS);
+  EXPECT_EQ(memcmp(back, pattern, sizeof back), 0);
+  /* The program's value, through a pointer from cuGetProcAddress. */
+  void* resolved = NULL;
+  CUdriverProcAddressQueryResult found;
+  EXPECT_EQ(cuGetProcAddress("cuMemRetainAllocationHandle", &resolved, 12000,
+                             CU_GET_PROC_ADDRESS_DEFAULT, &found),
+            CUDA_SUCCESS);
+  CUmemGenericAllocationHandle retained = 0;
+  EXPECT_EQ(((PFN_cuMemRetainAllocationHandle_v11000)resolved)(&retained, (void*)(b + MIB)),
+            CUDA_SUCCESS);
+  EXPECT_EQ(retained, hb);
+  EXPECT_EQ(cuMemRelease(retained), CUDA_SUCCESS);
+}
+
 int main(void) {
   CUdevice dev;
   CUcontext ctx;
@@ -92,6 +141,7 @@ int main(void) {
     EXPECT_EQ(NumberAfter(doc, "\"shim\"", "resident_bytes"), 4 * MIB);
     free(doc);
   }
+  PauseAndResume(a, ha, b, hb);
   EXPECT_EQ(cuMemUnmap(a, 8 * MIB), CUDA_SUCCESS);
   EXPECT_EQ(cuMemRelease(ha), CUDA_SUCCESS);
   EXPECT_EQ(cuMemAddressFree(a, 8 * MIB), CUDA_SUCCESS);

@@ -53,7 +53,8 @@ struct PhysicalHandle {
   size_t size = 0;
   char* memory = nullptr;
   int mappings = 0;
-  bool released = false;
+  int references = 1;       // cuMemCreate/import + cuMemRetainAllocationHandle - cuMemRelease
+  bool released() const { return references <= 0; }
   int fd = -1;              // memfd: exportable (POSIX-fd handle type) or imported
   bool imported = false;    // memory owned by another process's handle
   bool compressed = false;
@@ -95,6 +96,7 @@ struct State {
   std::vector<Device> devices;
   std::map<CUmemGenericAllocationHandle, PhysicalHandle> handles;
   CUmemGenericAllocationHandle next_handle = 1;
+  std::vector<CUmemGenericAllocationHandle> free_handle_values;  // reuse_handle_values
   std::map<CUdeviceptr, Mapping> mappings;          // by start address
   std::map<CUdeviceptr, size_t> reservations;       // start -> size
   CUdeviceptr next_reserve = kReserveBase;
@@ -180,11 +182,21 @@ CUcontext Current() {
   return tls_context_stack.empty() ? nullptr : tls_context_stack.back();
 }
 
+// The value the driver gives a new handle: the most recently freed one
+// where SimOptions::reuse_handle_values says so.
+CUmemGenericAllocationHandle NewHandleValue(State& s) {
+  if (s.free_handle_values.empty()) return s.next_handle++;
+  const CUmemGenericAllocationHandle h = s.free_handle_values.back();
+  s.free_handle_values.pop_back();
+  return h;
+}
+
 void FreeHandleMemory(State& s, CUmemGenericAllocationHandle h) {
   auto it = s.handles.find(h);
   munmap(it->second.memory, it->second.size);
   if (it->second.fd >= 0) close(it->second.fd);
   if (!it->second.imported) s.devices[it->second.device].used -= it->second.size;
+  if (s.options.reuse_handle_values) s.free_handle_values.push_back(h);
   s.handles.erase(it);
 }
 
@@ -258,6 +270,7 @@ void ResetLocked(State& s, const SimOptions& options) {
     s.devices[d].default_pool = s.devices[d].current_pool = pool;
   }
   s.next_handle = 1;
+  s.free_handle_values.clear();
   s.next_reserve = kReserveBase;
   s.next_legacy = kLegacyBase;
   tls_context_stack.clear();
@@ -1623,8 +1636,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                   : MapHostMemory(size);
   if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   d.used += size;
-  CUmemGenericAllocationHandle h = s.next_handle++;
-  PhysicalHandle ph{prop->location.id, size, mem, 0, false};
+  CUmemGenericAllocationHandle h = NewHandleValue(s);
+  PhysicalHandle ph{prop->location.id, size, mem, 0, 1};
   ph.fd = fd;
   // Granted only where the device supports it, as the driver may refuse.
   ph.compressed = prop->allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC &&
@@ -1640,7 +1653,7 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
   SIM_ENTER("cuMemExportToShareableHandle");
   if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   auto it = s.handles.find(handle);
-  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  if (it == s.handles.end() || it->second.released()) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || it->second.fd < 0 ||
       it->second.imported) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -1667,10 +1680,10 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
   const size_t size = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  PhysicalHandle ph{device, size, static_cast<char*>(p), 0, false};
+  PhysicalHandle ph{device, size, static_cast<char*>(p), 0, 1};
   ph.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // the caller keeps and closes its own
   ph.imported = true;
-  CUmemGenericAllocationHandle h = s.next_handle++;
+  CUmemGenericAllocationHandle h = NewHandleValue(s);
   s.handles[h] = ph;
   *handle = h;
   return CUDA_SUCCESS;
@@ -1681,7 +1694,7 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
   SIM_ENTER("cuMemGetAllocationPropertiesFromHandle");
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto it = s.handles.find(handle);
-  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  if (it == s.handles.end() || it->second.released()) return CUDA_ERROR_INVALID_VALUE;
   *prop = CUmemAllocationProp{};
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -1694,9 +1707,22 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   SIM_ENTER("cuMemRelease");
   auto it = s.handles.find(handle);
-  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
-  it->second.released = true;
-  if (it->second.mappings == 0) FreeHandleMemory(s, handle);
+  if (it == s.handles.end() || it->second.released()) return CUDA_ERROR_INVALID_VALUE;
+  --it->second.references;
+  if (it->second.released() && it->second.mappings == 0) FreeHandleMemory(s, handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  SIM_ENTER("cuMemRetainAllocationHandle");
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(addr);
+  auto it = s.mappings.upper_bound(p);
+  if (it == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (p >= it->first + it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  ++s.handles[it->second.handle].references;
+  *handle = it->second.handle;
   return CUDA_SUCCESS;
 }
 
@@ -1705,7 +1731,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   SIM_ENTER("cuMemMap");
   const size_t g = s.options.granularity;
   auto hit = s.handles.find(handle);
-  if (hit == s.handles.end() || hit->second.released) return CUDA_ERROR_INVALID_HANDLE;
+  if (hit == s.handles.end() || hit->second.released()) return CUDA_ERROR_INVALID_HANDLE;
   if (flags != 0 || size == 0 || !Aligned(ptr, g) || !Aligned(size, g) ||
       !Aligned(offset, g) || offset + size > hit->second.size) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -1755,7 +1781,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     CUmemGenericAllocationHandle h = it->second.handle;
     s.mappings.erase(it);
     PhysicalHandle& ph = s.handles[h];
-    if (--ph.mappings == 0 && ph.released) FreeHandleMemory(s, h);
+    if (--ph.mappings == 0 && ph.released()) FreeHandleMemory(s, h);
   }
   return CUDA_SUCCESS;
 }
@@ -1875,6 +1901,7 @@ constexpr ProcEntry kProcTable[] = {
     {"cuMemAddressFree", 10020, "cuMemAddressFree", nullptr},
     {"cuMemCreate", 10020, "cuMemCreate", nullptr},
     {"cuMemRelease", 10020, "cuMemRelease", nullptr},
+    {"cuMemRetainAllocationHandle", 11000, "cuMemRetainAllocationHandle", nullptr},
     {"cuMemMap", 10020, "cuMemMap", nullptr},
     {"cuMemUnmap", 10020, "cuMemUnmap", nullptr},
     {"cuMemSetAccess", 10020, "cuMemSetAccess", nullptr},

@@ -54,6 +54,9 @@ struct SimOptions {
   // an enabled context pair in either direction; an enable that would give
   // either device more than this many fails with CUDA_ERROR_TOO_MANY_PEERS.
   int max_peer_connections = 8;
+  // A freed handle's value is given to the next cuMemCreate or import, as
+  // the real driver may (its handle values are not unique over time).
+  bool reuse_handle_values = false;
 };
 
 // Streams: any non-null CUstream value names a stream (cuStreamCreate makes
@@ -181,6 +184,8 @@ DriverApi Api();
      const CUmemAllocationProp* prop, unsigned long long flags),                     \
     (handle, size, prop, flags))                                                     \
   X(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle))                   \
+  X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle * handle, void* addr), \
+    (handle, addr))                                                                  \
   X(cuMemMap,                                                                        \
     (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, \
      unsigned long long flags),                                                      \

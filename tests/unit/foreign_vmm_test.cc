@@ -1,8 +1,14 @@
-// Other libraries' own VMM memory as the hooks record it
-// (core/foreign/foreign_vmm.h) and as the residency report names it: a
-// handle is held from cuMemCreate until its last reference and mapping go,
-// host handles are not device memory, imports count what is mapped of them.
+// Other libraries' own VMM memory as the hooks hand it to
+// core/foreign/foreign_vmm.h, on the simulated driver: what is held and how
+// the residency report names it; pause and resume of it (released, mapped
+// again at the same addresses with the same access and contents, the
+// library's handle values working throughout); what is left alone; faults.
 #include "core/foreign/foreign_vmm.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/report/residency.h"
@@ -15,78 +21,353 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-CUmemAllocationProp OnDevice(int device) {
+CUmemAllocationProp OnDevice(int device, bool exportable = false) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  if (exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
 
-uint64_t HeldOn(const ForeignVmm& f, int device) {
-  for (const ForeignDeviceFigures& d : f.Figures()) {
-    if (d.device == device) return d.bytes();
+const ForeignDeviceFigures* On(const std::vector<ForeignDeviceFigures>& figures, int device) {
+  for (const ForeignDeviceFigures& d : figures) {
+    if (d.device == device) return &d;
   }
-  return 0;
+  return nullptr;
 }
 
-TEST(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {
-  ForeignVmm f;
-  f.Created(0x10, 20 * kMiB, OnDevice(0), "kv");
-  EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
-  f.Mapped(0x7000000, 20 * kMiB, 0x10);
-  f.Released(0x10);  // still mapped: the driver keeps the memory
-  EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
-  f.Unmapped(0x7000000, 20 * kMiB);
-  EXPECT_EQ(HeldOn(f, 0), 0u);
-  EXPECT_TRUE(f.Figures().empty());
-
-  // A retain is one more reference to release.
-  f.Created(0x20, 2 * kMiB, OnDevice(1), "");
-  f.Retained(0x20);
-  f.Released(0x20);
-  EXPECT_EQ(HeldOn(f, 1), 2 * kMiB);
-  f.Released(0x20);
-  EXPECT_EQ(HeldOn(f, 1), 0u);
-}
-
-TEST(ForeignVmmTest, TagsExportsImportsAndHostHandles) {
-  ForeignVmm f;
-  f.Created(0x1, 4 * kMiB, OnDevice(0), "weights");
-  f.Created(0x2, 6 * kMiB, OnDevice(0), "");
-  f.Exported(0x2);
-  CUmemAllocationProp host = {};
-  host.location.type = CU_MEM_LOCATION_TYPE_HOST;
-  f.Created(0x3, 64 * kMiB, host, "");  // not device memory
-  const CUmemAllocationProp dev0 = OnDevice(0);
-  f.Imported(0x4, &dev0);
-  EXPECT_EQ(HeldOn(f, 0), 10 * kMiB);  // an import counts once mapped
-  f.Mapped(0x9000000, 8 * kMiB, 0x4);
-  f.Mapped(0x5000000, 2 * kMiB, 0x99);  // a handle it never saw made: ignored
+uint64_t HeldOn(const ForeignVmm& f, int device) {
   const std::vector<ForeignDeviceFigures> figures = f.Figures();
-  ASSERT_EQ(figures.size(), 1u);
-  EXPECT_EQ(figures[0].by_tag.at("weights"), 4 * kMiB);
-  EXPECT_EQ(figures[0].by_tag.at(""), 6 * kMiB);
-  EXPECT_EQ(figures[0].exported_bytes, 6 * kMiB);
-  EXPECT_EQ(figures[0].imported_bytes, 8 * kMiB);
-  EXPECT_EQ(figures[0].handles, 3u);
-  // cuMemUnmap of a range covering several mappings takes them all.
-  f.Mapped(0x9800000, 2 * kMiB, 0x1);
-  f.Unmapped(0x9000000, 10 * kMiB);
-  f.Released(0x4);
-  EXPECT_EQ(HeldOn(f, 0), 10 * kMiB);
+  const ForeignDeviceFigures* d = On(figures, device);
+  return d != nullptr ? d->bytes() : 0;
 }
 
-class ForeignResidencyTest : public SimTest {};
+class ForeignVmmTest : public SimTest {
+ protected:
+  void SetUp() override {
+    StartSim(2, 256 * kMiB);
+    MakeCurrent(0);
+  }
 
-TEST_F(ForeignResidencyTest, TheResidencyReportNamesOtherLibrariesMemory) {
-  StartSim(2, 256 * kMiB);
+  // Memory "another library" makes the way PyTorch's expandable segments
+  // do: its own reservation, a handle mapped into it, access for `access`.
+  struct Buffer {
+    CUdeviceptr va = 0;
+    size_t size = 0;
+    CUmemGenericAllocationHandle handle = 0;
+  };
+  Buffer Make(ForeignVmm& f, size_t size, const char* tag, std::vector<int> access = {0},
+              bool exportable = false) {
+    Buffer b;
+    b.size = size;
+    EXPECT_EQ(api_.cuMemAddressReserve(&b.va, size, 0, 0, 0), CUDA_SUCCESS);
+    const CUmemAllocationProp prop = OnDevice(0, exportable);
+    EXPECT_EQ(f.Create(&b.handle, size, &prop, 0, tag), CUDA_SUCCESS);
+    EXPECT_EQ(f.Map(b.va, size, 0, b.handle, 0), CUDA_SUCCESS);
+    std::vector<CUmemAccessDesc> descs;
+    for (int d : access) {
+      CUmemAccessDesc desc = {};
+      desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, d};
+      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      descs.push_back(desc);
+    }
+    EXPECT_EQ(f.SetAccess(b.va, size, descs.data(), descs.size()), CUDA_SUCCESS);
+    return b;
+  }
+  // The library gives it back: unmap, release, address free.
+  void Drop(ForeignVmm& f, const Buffer& b) {
+    EXPECT_EQ(f.Unmap(b.va, b.size), CUDA_SUCCESS);
+    EXPECT_EQ(f.Release(b.handle), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemAddressFree(b.va, b.size), CUDA_SUCCESS);
+  }
+  static void ExpectNothingLeft() {
+    const sim::Usage u = sim::GetUsage();
+    EXPECT_EQ(u.handles, 0u);
+    EXPECT_EQ(u.mappings, 0u);
+    EXPECT_EQ(u.reservations, 0u);
+    EXPECT_EQ(sim::LiveHostAllocations(), 0u);
+  }
+};
+
+TEST_F(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {
+  {
+    Allocator a(api_);
+    ForeignVmm& f = a.foreign();
+    Buffer b = Make(f, 20 * kMiB, "kv");
+    EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
+    ASSERT_EQ(f.Release(b.handle), CUDA_SUCCESS);  // still mapped: the driver keeps it
+    EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
+    // A retain is one more reference to release, with the library's value.
+    CUmemGenericAllocationHandle retained = 0;
+    ASSERT_EQ(f.Retain(&retained, reinterpret_cast<void*>(b.va + kMiB)), CUDA_SUCCESS);
+    EXPECT_EQ(retained, b.handle);
+    ASSERT_EQ(f.Unmap(b.va, b.size), CUDA_SUCCESS);
+    EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
+    ASSERT_EQ(f.Release(retained), CUDA_SUCCESS);
+    EXPECT_EQ(HeldOn(f, 0), 0u);
+    EXPECT_TRUE(f.Figures().empty());
+    // Bad input gets the driver's code.
+    EXPECT_EQ(f.Release(b.handle), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(f.Map(b.va, 2 * kMiB, 0, 0xdead, 0), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(api_.cuMemAddressFree(b.va, b.size), CUDA_SUCCESS);
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(ForeignVmmTest, TagsExportsAndImportsAreNamed) {
+  {
+    Allocator a(api_);
+    ForeignVmm& f = a.foreign();
+    Buffer weights = Make(f, 4 * kMiB, "weights");
+    Buffer shared = Make(f, 6 * kMiB, "", {0}, /*exportable=*/true);
+    int fd = -1;
+    ASSERT_EQ(f.Export(&fd, shared.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_SUCCESS);
+    CUmemGenericAllocationHandle imported = 0;
+    ASSERT_EQ(f.Import(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              CUDA_SUCCESS);
+    EXPECT_EQ(HeldOn(f, 0), 10 * kMiB);  // an import counts once mapped
+    CUdeviceptr view = 0;
+    ASSERT_EQ(api_.cuMemAddressReserve(&view, 6 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+    ASSERT_EQ(f.Map(view, 6 * kMiB, 0, imported, 0), CUDA_SUCCESS);
+    const std::vector<ForeignDeviceFigures> figures = f.Figures();
+    ASSERT_EQ(figures.size(), 1u);
+    EXPECT_EQ(figures[0].by_tag.at("weights"), 4 * kMiB);
+    EXPECT_EQ(figures[0].by_tag.at(""), 6 * kMiB);
+    EXPECT_EQ(figures[0].exported_bytes, 6 * kMiB);
+    EXPECT_EQ(figures[0].imported_bytes, 6 * kMiB);
+    EXPECT_EQ(figures[0].handles, 3u);
+    ASSERT_EQ(f.Unmap(view, 6 * kMiB), CUDA_SUCCESS);
+    ASSERT_EQ(f.Release(imported), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuMemAddressFree(view, 6 * kMiB), CUDA_SUCCESS);
+    close(fd);
+    Drop(f, weights);
+    Drop(f, shared);
+    EXPECT_TRUE(f.Figures().empty());
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) {
+  {
+    Allocator a(api_);
+    ForeignVmm& f = a.foreign();
+    Buffer kv = Make(f, 8 * kMiB, "kv", {0, 1});
+    Buffer weights = Make(f, 4 * kMiB, "weights", {0});
+    const CUdeviceptr shim = MustAllocate(a, 4 * kMiB);
+    Fill(kv.va, kv.size, 1);
+    Fill(weights.va, weights.size, 2);
+    Fill(shim, 4 * kMiB, 3);
+    CUmemGenericAllocationHandle retained = 0;  // a second reference of kv
+    ASSERT_EQ(f.Retain(&retained, reinterpret_cast<void*>(kv.va)), CUDA_SUCCESS);
+
+    absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::All(), true);
+    ASSERT_TRUE(paused.ok()) << paused.status();
+    EXPECT_EQ(*paused, 16 * kMiB);
+    EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
+    EXPECT_FALSE(Holds(kv.va, kv.size, 1));  // an access faults
+    const std::vector<ForeignDeviceFigures> figures = f.Figures();
+    ASSERT_NE(On(figures, 0), nullptr);
+    EXPECT_EQ(On(figures, 0)->bytes(), 0u);
+    EXPECT_EQ(On(figures, 0)->paused_by_tag.at("kv"), 8 * kMiB);
+    EXPECT_EQ(On(figures, 0)->paused_by_tag.at("weights"), 4 * kMiB);
+
+    // While paused, the library's handles keep working.
+    CUmemAllocationProp prop = {};
+    EXPECT_EQ(f.GetProperties(&prop, kv.handle), CUDA_SUCCESS);
+    EXPECT_EQ(prop.location.id, 0);
+    CUmemGenericAllocationHandle again = 0;
+    EXPECT_EQ(f.Retain(&again, reinterpret_cast<void*>(kv.va + kMiB)), CUDA_SUCCESS);
+    EXPECT_EQ(again, kv.handle);
+    EXPECT_EQ(f.Release(again), CUDA_SUCCESS);
+    CUdeviceptr elsewhere = 0;
+    ASSERT_EQ(api_.cuMemAddressReserve(&elsewhere, 2 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(f.Map(elsewhere, 2 * kMiB, 0, kv.handle, 0), CUDA_ERROR_ILLEGAL_STATE);
+    ASSERT_EQ(api_.cuMemAddressFree(elsewhere, 2 * kMiB), CUDA_SUCCESS);
+    // Pausing again releases nothing more.
+    absl::StatusOr<size_t> twice = a.pause().Pause(TagSelection::All(), true);
+    ASSERT_TRUE(twice.ok());
+    EXPECT_EQ(*twice, 0u);
+
+    absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::All());
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(*resumed, 16 * kMiB);
+    EXPECT_TRUE(Holds(kv.va, kv.size, 1));
+    EXPECT_TRUE(Holds(weights.va, weights.size, 2));
+    EXPECT_TRUE(Holds(shim, 4 * kMiB, 3));
+    // The same access: device 1 reads kv, not the weights.
+    std::vector<char> byte(1);
+    EXPECT_EQ(sim::DeviceRead(1, byte.data(), kv.va, 1), CUDA_SUCCESS);
+    EXPECT_EQ(sim::DeviceRead(1, byte.data(), weights.va, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+    // A retain answers with the library's value; two references, then gone.
+    ASSERT_EQ(f.Retain(&again, reinterpret_cast<void*>(kv.va)), CUDA_SUCCESS);
+    EXPECT_EQ(again, kv.handle);
+    ASSERT_EQ(f.Release(again), CUDA_SUCCESS);
+    ASSERT_EQ(f.Release(retained), CUDA_SUCCESS);
+    EXPECT_EQ(HeldOn(f, 0), 12 * kMiB);
+    Drop(f, kv);
+    Drop(f, weights);
+    EXPECT_TRUE(f.Figures().empty());
+    ASSERT_TRUE(a.Free(shim).ok());
+    ASSERT_TRUE(a.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(ForeignVmmTest, ReleaseAndUnmapWhilePausedNeedNoResume) {
+  {
+    Allocator a(api_);
+    ForeignVmm& f = a.foreign();
+    Buffer kv = Make(f, 6 * kMiB, "kv");
+    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    Drop(f, kv);  // the library frees what it paused
+    EXPECT_TRUE(f.Figures().empty());
+    absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::Only("kv"));
+    ASSERT_TRUE(resumed.ok());
+    EXPECT_EQ(*resumed, 0u);
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(ForeignVmmTest, ValuesTheDriverReusesStayDistinct) {
+  sim::SimOptions o;
+  o.device_count = 2;
+  o.memory_per_device = 256 * kMiB;
+  o.reuse_handle_values = true;
+  sim::Reset(o);
+  ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+  api_ = sim::Api();
   MakeCurrent(0);
+  {
+    Allocator a(api_);
+    ForeignVmm& f = a.foreign();
+    Buffer kv = Make(f, 4 * kMiB, "kv");
+    Fill(kv.va, kv.size, 5);
+    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+    // The driver hands the freed value out again: the library gets another.
+    Buffer other = Make(f, 2 * kMiB, "other");
+    EXPECT_NE(other.handle, kv.handle);
+    Fill(other.va, other.size, 6);
+    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv.va, kv.size, 5));
+    EXPECT_TRUE(Holds(other.va, other.size, 6));
+    CUmemGenericAllocationHandle h = 0;
+    ASSERT_EQ(f.Retain(&h, reinterpret_cast<void*>(other.va)), CUDA_SUCCESS);
+    EXPECT_EQ(h, other.handle);
+    ASSERT_EQ(f.Release(h), CUDA_SUCCESS);
+    ASSERT_EQ(f.Retain(&h, reinterpret_cast<void*>(kv.va)), CUDA_SUCCESS);
+    EXPECT_EQ(h, kv.handle);
+    ASSERT_EQ(f.Release(h), CUDA_SUCCESS);
+    CUmemAllocationProp prop = {};
+    EXPECT_EQ(f.GetProperties(&prop, other.handle), CUDA_SUCCESS);
+    Drop(f, other);
+    EXPECT_TRUE(Holds(kv.va, kv.size, 5));  // the other library's release did not reach kv
+    Drop(f, kv);
+    EXPECT_TRUE(f.Figures().empty());
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
+  {
+    Allocator a(api_);
+    ForeignVmm& f = a.foreign();
+    Buffer kv = Make(f, 8 * kMiB, "kv");
+    Buffer weights = Make(f, 4 * kMiB, "weights");
+    Buffer shared = Make(f, 2 * kMiB, "kv", {0}, /*exportable=*/true);
+    int fd = -1;
+    ASSERT_EQ(f.Export(&fd, shared.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_SUCCESS);
+    CUmemGenericAllocationHandle loose = 0;  // made, never mapped
+    const CUmemAllocationProp prop = OnDevice(0);
+    ASSERT_EQ(f.Create(&loose, 2 * kMiB, &prop, 0, "kv"), CUDA_SUCCESS);
+    absl::StatusOr<size_t> paused =
+        a.pause().Pause(TagSelection::AllExcept({"weights"}), true);
+    ASSERT_TRUE(paused.ok()) << paused.status();
+    EXPECT_EQ(*paused, 8 * kMiB);
+    const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(a, nullptr));
+    const nlohmann::json& other = doc["devices"][0]["other_libraries_vmm"];
+    EXPECT_EQ(other["bytes"], 8 * kMiB);  // weights, the export, the unmapped handle
+    EXPECT_EQ(other["by_tag"]["weights"], 4 * kMiB);
+    EXPECT_EQ(other["paused_by_tag"]["kv"], 8 * kMiB);
+    EXPECT_EQ(other["left_alone"]["exported_bytes"], 2 * kMiB);
+    EXPECT_EQ(other["left_alone"]["unmapped_bytes"], 2 * kMiB);
+    EXPECT_TRUE(other["left_alone"]["exported_reason"].is_string());
+    ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+    close(fd);
+    ASSERT_EQ(f.Release(loose), CUDA_SUCCESS);
+    Drop(f, kv);
+    Drop(f, weights);
+    Drop(f, shared);
+  }
+  ExpectNothingLeft();
+}
+
+// Every driver call a pause or resume makes for other libraries' memory
+// failing once, first and second call: nothing leaked, and a later resume
+// restores every content (theirs and the shim's).
+TEST_F(ForeignVmmTest, FaultsLeaveAConsistentState) {
+  int runs = 0;
+  for (const char* entry : {"cuCtxSynchronize", "cuMemHostAlloc", "cuMemcpyDtoH_v2",
+                            "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
+                            "cuMemSetAccess", "cuMemcpyHtoD_v2"}) {
+    for (int nth = 1; nth <= 2; ++nth) {
+      for (bool at_resume : {false, true}) {
+        SetUp();
+        {
+          Allocator a(api_);
+          ForeignVmm& f = a.foreign();
+          Buffer kv = Make(f, 6 * kMiB, "kv", {0, 1});
+          Buffer more = Make(f, 2 * kMiB, "kv", {0});
+          const CUdeviceptr shim = MustAllocate(a, 4 * kMiB);
+          Fill(kv.va, kv.size, 7);
+          Fill(more.va, more.size, 8);
+          Fill(shim, 4 * kMiB, 9);
+          if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+          absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::All(), true);
+          if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+          absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::All());
+          sim::ClearFailures();
+          ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok()) << entry << " " << nth;
+          const std::string what = std::string(entry) + " " + std::to_string(nth) +
+                                   (at_resume ? " at resume" : " at pause") +
+                                   " pause: " + paused.status().ToString() +
+                                   " resume: " + resumed.status().ToString();
+          EXPECT_TRUE(Holds(kv.va, kv.size, 7)) << what;
+          EXPECT_TRUE(Holds(more.va, more.size, 8)) << what;
+          EXPECT_TRUE(Holds(shim, 4 * kMiB, 9)) << what;
+          std::vector<char> byte(1);
+          EXPECT_EQ(sim::DeviceRead(1, byte.data(), kv.va, 1), CUDA_SUCCESS) << what;
+          for (const ForeignDeviceFigures& d : f.Figures()) {
+            EXPECT_TRUE(d.paused_by_tag.empty()) << what;
+          }
+          Drop(f, kv);
+          Drop(f, more);
+          ASSERT_TRUE(a.Free(shim).ok());
+          ASSERT_TRUE(a.ReleaseAll().ok()) << what;
+        }
+        const sim::Usage u = sim::GetUsage();
+        EXPECT_EQ(u.handles, 0u) << entry << " " << nth << " " << at_resume;
+        EXPECT_EQ(u.mappings, 0u) << entry << " " << nth << " " << at_resume;
+        EXPECT_EQ(sim::LiveHostAllocations(), 0u) << entry << " " << nth;
+        ++runs;
+      }
+    }
+  }
+  EXPECT_EQ(runs, 36);
+}
+
+TEST_F(ForeignVmmTest, TheResidencyReportNamesOtherLibrariesMemory) {
   Allocator a(api_);
   // The allocator's own memory, and memory "another library" made itself
   // on device 1, where the shim served nothing.
   const CUdeviceptr own = MustAllocate(a, 4 * kMiB);
-  a.foreign().Created(0x42, 32 * kMiB, OnDevice(1), "nccl");
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = OnDevice(1);
+  ASSERT_EQ(a.foreign().Create(&h, 32 * kMiB, &prop, 0, "nccl"), CUDA_SUCCESS);
   const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(a, nullptr));
   ASSERT_EQ(doc["devices"].size(), 2u);
   EXPECT_EQ(doc["devices"][0]["other_libraries_vmm"]["bytes"], 0u);
@@ -94,6 +375,7 @@ TEST_F(ForeignResidencyTest, TheResidencyReportNamesOtherLibrariesMemory) {
   EXPECT_EQ(doc["devices"][1]["other_libraries_vmm"]["bytes"], 32 * kMiB);
   EXPECT_EQ(doc["devices"][1]["other_libraries_vmm"]["by_tag"]["nccl"], 32 * kMiB);
   EXPECT_EQ(doc["devices"][1]["shim"]["resident_bytes"], 0u);
+  ASSERT_EQ(a.foreign().Release(h), CUDA_SUCCESS);
   ASSERT_TRUE(a.Free(own).ok());
 }
 

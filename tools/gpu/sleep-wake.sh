@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Pause and resume of everything a process holds, on a GPU host after
 # tools/gpu/bundle.sh: the gpu-labelled checks, then examples/sleep_wake.py on
-# each allocator (PyTorch's caching allocator and its cudaMallocAsync backend,
-# CuPy's MemoryAsyncPool, JAX's cuda_async) with a KV_GIB GiB cache dropped and
+# each allocator (PyTorch's caching allocator, its cudaMallocAsync backend and
+# its expandable segments, CuPy's MemoryAsyncPool, JAX's cuda_async) with a KV_GIB GiB cache dropped and
 # a WORK_GIB GiB phase in its place: native reference (no pause), then under
 # the shim at log level info (the pause and resume lines say where the time
 # went), alternated ROUNDS times after one uncounted warm-up run of each.
 # Writes $OUT/sleep-wake.log.
-# usage: tools/gpu/sleep-wake.sh [ROUNDS]   (KV_GIB, WORK_GIB: default 16)
+# usage: tools/gpu/sleep-wake.sh [ROUNDS]   (KV_GIB, WORK_GIB: default 16; FRAMEWORKS:
+# a subset)
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 rounds=${1:-2}
@@ -16,7 +17,7 @@ gpu_header_and_checks
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 app() { python3 "$root/examples/sleep_wake.py" --kv-gib "${KV_GIB:-16}" --work-gib "${WORK_GIB:-16}" "$@"; }
 failures=0
-for fw in torch torch-async cupy-async jax-async; do
+for fw in ${FRAMEWORKS:-torch torch-async torch-expandable cupy-async jax-async}; do
   echo "== $fw"
   app --framework "$fw" --no-pause >/dev/null 2>&1            # warm-up, not reported
   LD_PRELOAD=$shim app --framework "$fw" >/dev/null 2>&1      # warm-up, not reported
