@@ -77,6 +77,18 @@ class DeviceHeap {
   void CompleteDeferred(CUcontext context);
   size_t Trim();
   size_t cached_bytes() const { return shared_.cached_bytes.load(std::memory_order_relaxed); }
+  // The default pool's reserved bytes as the driver counts them
+  // (DeviceCounters::pool_reserved_bytes), their high mark, and its reset
+  // to the current value (cuMemPoolSetAttribute(RESERVED_MEM_HIGH, 0)).
+  uint64_t pool_reserved_bytes() const {
+    return shared_.pool_reserved_bytes.load(std::memory_order_relaxed);
+  }
+  uint64_t peak_pool_reserved_bytes() const {
+    return shared_.peak_pool_reserved_bytes.load(std::memory_order_relaxed);
+  }
+  void ResetPoolReservedPeak() {
+    shared_.peak_pool_reserved_bytes.store(pool_reserved_bytes(), std::memory_order_relaxed);
+  }
   bool Holds(CUcontext context) const;
   size_t ReleaseContext(CUcontext context);
   // The first error; every arena is brought to the target.

@@ -116,7 +116,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     }
     const CUdeviceptr base = it->first.second;
     Block& b = *it->second;
-    AddCachedLocked(-static_cast<int64_t>(b.size));
+    AddCachedLocked(b, -static_cast<int64_t>(b.size));
     bins.cached_large.erase(it);
     b.cached = false;
     b.requested = bytes;
@@ -132,7 +132,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
       std::optional<size_t> offset = block.slab->Allocate(bytes);
       if (!offset) return false;
       if (was_empty && bins.empty_granules.erase(base) > 0) {
-        AddCachedLocked(-static_cast<int64_t>(block.size));
+        AddCachedLocked(block, -static_cast<int64_t>(block.size));
       }
       // A full granule leaves the search until a free in it.
       if (block.slab->used_bytes() == block.size) bins.open_granules.erase(base);
@@ -161,9 +161,10 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
   size_t size = RoundUp(bytes, options_.granularity);
   if (packed) {
     auto it = bins_.find(placement);
-    const int held = it == bins_.end() ? 0 : it->second.packed_blocks;
-    size = options_.granularity << std::min(held, 3);  // 1, 2, 4, 8 granules
-    static_assert(kMaxPackedGranules == 8, "the shift above");
+    const size_t held = it == bins_.end() ? 0 : it->second.packed_bytes / options_.granularity;
+    size_t granules = 1;
+    while (granules * 2 <= held / 4 && granules * 2 <= kMaxPackedGranules) granules *= 2;
+    size = options_.granularity * granules;
   }
   absl::StatusOr<CUdeviceptr> base = CreateBlockLocked(placement, size, packed);
   if (!base.ok() && packed && size > options_.granularity &&
@@ -267,10 +268,13 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   block.exportable = prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   if (packed) {
     block.slab = std::make_unique<Slab>(size);
-    ++bins_[placement].packed_blocks;
+    Bins& bins = bins_[placement];
+    ++bins.packed_blocks;
+    bins.packed_bytes += size;
   }
   AccountMapped(target - self, static_cast<int64_t>(size));
   AccountHandle(static_cast<int64_t>(size));
+  AccountPoolReserved(block, static_cast<int64_t>(size));
   // A peer enabled or disabled while the lock was released did not see this
   // block: bring it to the current target now.
   if (Target(block) != target) {
@@ -303,18 +307,24 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   if (bins_it != bins_.end()) {
     Bins& bins = bins_it->second;
     bins.open_granules.erase(base);
-    if (bins.empty_granules.erase(base) > 0) AddCachedLocked(-static_cast<int64_t>(b.size));
+    if (bins.empty_granules.erase(base) > 0) AddCachedLocked(b, -static_cast<int64_t>(b.size));
     if (bins.recent_block == &b) bins.recent_block = nullptr;
     if (b.cached && bins.cached_large.erase({b.size, base}) > 0) {
-      AddCachedLocked(-static_cast<int64_t>(b.size));
+      AddCachedLocked(b, -static_cast<int64_t>(b.size));
     }
-    if (b.slab != nullptr) --bins.packed_blocks;
+    if (b.slab != nullptr) {
+      --bins.packed_blocks;
+      bins.packed_bytes -= b.size;
+    }
     if (bins.open_granules.empty() && bins.empty_granules.empty() &&
         bins.cached_large.empty() && bins.packed_blocks == 0) {
       if (last_bins_ == &bins) last_bins_ = nullptr;
       bins_.erase(bins_it);
     }
   }
+  // Out of the pool's reserved bytes (a cached block rejoined them above as
+  // it left the cache; a paused one left them at its pause).
+  if (!b.unmapped()) AccountPoolReserved(b, -static_cast<int64_t>(b.size));
   if (b.slab != nullptr) {
     stats_.live_allocations -= b.slab->allocations();
     AddLiveLocked(-static_cast<int64_t>(b.slab->requested_bytes()));
@@ -433,7 +443,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
       block.cached = true;
       block.requested = 0;
       bins_[block.placement].cached_large.emplace(std::make_pair(block.size, base), &block);
-      AddCachedLocked(static_cast<int64_t>(block.size));
+      AddCachedLocked(block, static_cast<int64_t>(block.size));
     } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       *status = s;
       if (blocks_.contains(base)) return;  // still mapped: the free failed
@@ -462,7 +472,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
   if (!block.slab->empty() || driver_gone) return;
   if (!block.has_explicit() && ReserveCacheLocked(block.size)) {
     bins.empty_granules.insert(base);
-    AddCachedLocked(static_cast<int64_t>(block.size));
+    AddCachedLocked(block, static_cast<int64_t>(block.size));
   } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
     // The application's free succeeded; an empty granule that could not be
     // released stays mapped and serves later requests.

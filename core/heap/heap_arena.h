@@ -99,6 +99,14 @@ struct DeviceCounters {
   std::array<std::atomic<uint64_t>, kMaxDevices> mapped_bytes{}, peak_mapped_bytes{};
   std::array<std::atomic<int>, kMaxDevices> denials_logged{};
   std::atomic<uint64_t> paused_bytes{0}, peak_paused_bytes{0};
+  // The default pool's reserved bytes as the driver counts them
+  // (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT / HIGH): the physical memory of
+  // the blocks that hold stream-ordered allocations, live or freed and kept
+  // by the stream-ordered cache; not the heap's cache (free to any request,
+  // as memory a pool gives back is), not paused blocks. A small allocation
+  // reserves its packed block, and the next ones in it leave the figure as
+  // it is, as the driver's 32 MiB chunks do (docs/stream-ordered.md).
+  std::atomic<uint64_t> pool_reserved_bytes{0}, peak_pool_reserved_bytes{0};
 };
 
 // value += delta, and peak = max(peak, value).
@@ -319,13 +327,18 @@ class HeapArena {
     // nothing up in blocks_; null once that block is forgotten.
     Block* recent_block = nullptr;
     int packed_blocks = 0;  // packed blocks of the placement held now (open, full or empty)
+    size_t packed_bytes = 0;  // their bytes
   };
-  // A placement's packed blocks grow in larger steps: the n-th one held at
-  // once is min(2^n, kMaxPackedGranules) granules, so that one cuMemCreate,
-  // cuMemMap and cuMemSetAccess (each about as costly for 16 MiB as for
-  // 2 MiB on an H200: bench/driver_costs.cu) serve several granules' worth
-  // of small allocations, while a program with few small allocations still
-  // holds one granule.
+  // A placement's packed blocks grow in larger steps: a new one is a quarter
+  // of the placement's packed bytes held, rounded down to a power of two
+  // granules, from 1 to kMaxPackedGranules. One cuMemCreate, cuMemMap and
+  // cuMemSetAccess (each about as costly for 16 MiB as for 2 MiB on an H200:
+  // bench/driver_costs.cu) then serves several granules' worth of small
+  // allocations once many are held, while the granules mapped and not yet
+  // used stay under a quarter of what the placement holds (the doubling
+  // this replaced, 1, 2, 4, 8, 8, ... granules, held 62 MiB for 50 MiB of
+  // 256 KiB buffers in examples/peer_exchange.c), and a program with few
+  // small allocations holds one granule.
   static constexpr int kMaxPackedGranules = 8;
 
   std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
@@ -382,6 +395,11 @@ class HeapArena {
   // Live and cached bytes, here and in the device's shared figures.
   void AddLiveLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddCachedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AddCachedLocked for block `b`, which leaves (delta > 0) or rejoins the
+  // pool's reserved bytes when it is stream-ordered.
+  void AddCachedLocked(const Block& b, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DeviceCounters::pool_reserved_bytes += delta when `b` is stream-ordered.
+  void AccountPoolReserved(const Block& b, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves `size` more cached bytes in the device's shared figure when
   // they stay within its cache limit (then AddCachedLocked(+size) follows).
   bool ReserveCacheLocked(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -100,7 +100,7 @@ void HeapArena::Seal(CUdeviceptr base, Block& block) {
   if (it == bins_.end()) return;
   it->second.open_granules.erase(base);
   if (it->second.empty_granules.erase(base) > 0) {
-    AddCachedLocked(-static_cast<int64_t>(block.size));
+    AddCachedLocked(block, -static_cast<int64_t>(block.size));
   }
 }
 

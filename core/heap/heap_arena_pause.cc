@@ -171,6 +171,7 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
       released += b.size;
     }
     AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+    AccountPoolReserved(b, -static_cast<int64_t>(b.size));
     b.handle = 0;
     b.access = DeviceSet();
     b.paused = true;
@@ -201,6 +202,7 @@ void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
     return;
   }
   AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+  AccountPoolReserved(b, -static_cast<int64_t>(b.size));
   if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
     Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
     orphan_handles_.push_back({b.handle, b.size});  // still counted
@@ -264,6 +266,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
     b.handle = *handle;
     b.access = target;
     AccountHandle(static_cast<int64_t>(b.size));
+    AccountPoolReserved(b, static_cast<int64_t>(b.size));
     AccountMapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
     mapped_now.push_back(base);
   }

@@ -41,6 +41,17 @@ void HeapArena::AddCachedLocked(int64_t delta) {
   if (delta < 0) shared_.cached_bytes.fetch_add(delta, std::memory_order_relaxed);
 }
 
+void HeapArena::AddCachedLocked(const Block& b, int64_t delta) {
+  AddCachedLocked(delta);
+  AccountPoolReserved(b, -delta);
+}
+
+void HeapArena::AccountPoolReserved(const Block& b, int64_t delta) {
+  if (b.placement.stream_ordered) {
+    AddWithPeak(shared_.pool_reserved_bytes, shared_.peak_pool_reserved_bytes, delta);
+  }
+}
+
 bool HeapArena::ReserveCacheLocked(size_t size) {
   // Check and add in one step: two arenas freeing at once must not both
   // pass the device's limit.

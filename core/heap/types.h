@@ -33,7 +33,8 @@ struct PeerCounters {
 // (core/stream_ordered/stream_ordered_cache.h), in the terms of
 // cuMemPoolGetAttribute.
 struct StreamOrderedFigures {
-  uint64_t reserved = 0;       // live allocations' size classes plus cached bytes
+  uint64_t reserved = 0;       // the cache: live allocations' size classes plus cached bytes;
+                               // PoolFigures: the physical blocks (DeviceCounters)
   uint64_t reserved_high = 0;
   uint64_t used = 0;           // requested bytes of live allocations
   uint64_t used_high = 0;

@@ -367,7 +367,14 @@ std::optional<StreamOrderedFigures> StreamOrderedFrontEnd::PoolFigures(CUmemoryP
   const int d = DeviceOfDefaultPool(pool);
   if (d < 0) return std::nullopt;
   SettleStreamOrdered(d);
-  return CacheFor(d)->figures();
+  StreamOrderedFigures f = CacheFor(d)->figures();
+  // Reserved as the driver counts it: the physical blocks that hold the
+  // pool's memory (core/heap/heap_arena.h, DeviceCounters).
+  if (DeviceHeap* heap = heaps_.heap(d)) {
+    f.reserved = heap->pool_reserved_bytes();
+    f.reserved_high = heap->peak_pool_reserved_bytes();
+  }
+  return f;
 }
 
 void StreamOrderedFrontEnd::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attribute attribute,
@@ -381,6 +388,7 @@ void StreamOrderedFrontEnd::PoolAttributeSet(CUmemoryPool pool, CUmemPool_attrib
       break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
       cache->ResetHigh(/*reserved=*/true);
+      if (DeviceHeap* heap = heaps_.heap(d)) heap->ResetPoolReservedPeak();
       break;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
       cache->ResetHigh(/*reserved=*/false);

@@ -101,12 +101,12 @@ TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 10000; ++i) ptrs.push_back(MustAllocate(a, 256));
   // 10,000 x 256 B in 512-byte units, aligned as the driver aligns (slab.h):
-  // 4.9 MiB, in a one-granule block and then a two-granule one (packed
-  // blocks grow in larger steps, heap_arena.h): two handles, 6 MiB. Native
-  // (H200): 6 MiB.
+  // 4.9 MiB, in three blocks of one granule (a new packed block is a
+  // quarter of the placement's packed granules, at least one: heap_arena.h):
+  // three handles, 6 MiB. Native (H200): 6 MiB.
   EXPECT_LE(sim::DeviceBytesInUse(0), 6 * kMiB);
-  EXPECT_EQ(sim::CallCount("cuMemCreate"), 2u);
-  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 2u);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 3u);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 3u);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
   // The empty blocks stay mapped in the cache and count as idle.
   EXPECT_EQ(a.IdleBytes(0), 3 * kGran);
@@ -116,33 +116,31 @@ TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
 }
 
 TEST_F(AllocatorTest, PackedBlocksGrowInLargerSteps) {
-  // The n-th packed block of a placement held at once is 2^n granules, up
-  // to 8: 1,000 x 64 KiB (62.5 MiB) take 1 + 2 + 4 + 8 + 8 + 8 + 8 granules
-  // in 7 handles instead of 32, and a block of several granules reports its
-  // whole range, as the driver does for any VMM handle.
+  // A new packed block is a quarter of the placement's packed granules held
+  // (a power of two, 1 to 8): 1,000 x 64 KiB (62.5 MiB) take 8 blocks of 1
+  // granule, 4 of 2 and 4 of 4, 32 granules in 16 handles instead of 32,
+  // none of them left empty; a block of several granules reports its whole
+  // range, as the driver does for any VMM handle.
   Allocator a(api_);
   sim::ResetCallCounts();
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 1000; ++i) ptrs.push_back(MustAllocate(a, 64 * 1024));
-  EXPECT_EQ(sim::CallCount("cuMemCreate"), 7u);
-  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 7u);
-  EXPECT_EQ(a.Find(ptrs.back())->range_size, 8 * kGran);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 16u);
+  EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 16u);
+  EXPECT_EQ(a.Find(ptrs.back())->range_size, 4 * kGran);
   EXPECT_EQ(a.Find(ptrs.front())->range_size, kGran);
+  EXPECT_EQ(sim::DeviceBytesInUse(0), 32 * kGran);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.Trim(), (1 + 2 + 4 + 8 + 8 + 8 + 8) * kGran);
+  EXPECT_EQ(a.Trim(), 32 * kGran);
   // Out of memory for a larger step: one granule still serves.
+  ptrs.clear();
+  for (int i = 0; i < 8 * 32; ++i) ptrs.push_back(MustAllocate(a, 64 * 1024));  // 8 full granules
   sim::ResetCallCounts();
-  for (int i = 0; i < 40; ++i) ptrs[i] = MustAllocate(a, 64 * 1024);  // 1 + 2 granules
   sim::FailCall("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
-  CUdeviceptr more = 0;
-  for (int i = 0; i < 100 && more == 0; ++i) {
-    CUdeviceptr p = MustAllocate(a, 64 * 1024);
-    if (a.Find(p)->range_size == kGran && a.Find(p)->range_base != a.Find(ptrs[0])->range_base) {
-      more = p;
-    }
-    ptrs.push_back(p);
-  }
-  EXPECT_NE(more, 0u);
+  const CUdeviceptr more = MustAllocate(a, 64 * 1024);  // a step of 2 granules fails
+  EXPECT_EQ(a.Find(more)->range_size, kGran);
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 2u);
+  ptrs.push_back(more);
   for (CUdeviceptr p : ptrs) a.Free(p).IgnoreError();
 }
 

@@ -90,7 +90,7 @@ TEST_F(StreamOrderedTest, ServedFromVmmAndNamedByTheDefaultPool) {
   EXPECT_TRUE(CanRead(0, p));
   StreamOrderedFigures f = Figures();
   EXPECT_EQ(f.used, kTestMiB);
-  EXPECT_EQ(f.reserved, kTestMiB);  // one 1 MiB packed class
+  EXPECT_EQ(f.reserved, 2 * kTestMiB);  // its packed block: one granule
   EXPECT_EQ(f.live_allocations, 1u);
   EXPECT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
   EXPECT_EQ(a_->GetStats().stream_ordered_allocations, 1u);
@@ -331,6 +331,39 @@ TEST_F(StreamOrderedTest, ReleaseThresholdAndTrimActOnTheCache) {
   EXPECT_GE(Figures().reserved_high, 8 * kTestMiB);
   a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
   EXPECT_EQ(Figures().reserved_high, 0u);
+}
+
+// The pool's reserved bytes as the driver keeps them (docs/stream-ordered.md,
+// measured on H200): the first small allocation reserves a chunk, and the
+// next ones in it leave the reserved bytes as they are while the used bytes
+// grow (CuPy's MemoryAsyncPool reads total_bytes() and free_bytes() from
+// them); the reservation goes back at a free with threshold 0. The shim's
+// chunk is the packed block (one 2 MiB granule), the driver's 32 MiB.
+TEST_F(StreamOrderedTest, SmallAllocationsShareTheReservedChunk) {
+  const CUdeviceptr a = AllocAsync(4096, s1_);
+  EXPECT_EQ(Figures().reserved, 2 * kTestMiB);
+  EXPECT_EQ(Figures().used, 4096u);
+  const CUdeviceptr b = AllocAsync(64 * 1024, s1_);
+  const CUdeviceptr c = AllocAsync(4096, s1_);
+  EXPECT_EQ(Figures().reserved, 2 * kTestMiB);
+  EXPECT_EQ(Figures().used, 2 * 4096u + 64 * 1024);
+  const CUdeviceptr big = AllocAsync(64 * kTestMiB, s1_);
+  EXPECT_EQ(Figures().reserved, 66 * kTestMiB);
+  for (CUdeviceptr p : {a, b, c, big}) ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(Figures().reserved, 0u);  // threshold 0: given back
+  EXPECT_EQ(Figures().used, 0u);
+  EXPECT_EQ(Figures().reserved_high, 66 * kTestMiB);
+  cuuint64_t zero = 0;
+  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+  EXPECT_EQ(Figures().reserved_high, 0u);
+  // Paused stream-ordered memory is not reserved; resumed, it is again.
+  const CUdeviceptr d = AllocAsync(8 * kTestMiB, s1_);
+  ASSERT_TRUE(a_->pause().Pause(TagSelection::All(), false).ok());
+  EXPECT_EQ(Figures().reserved, 0u);
+  ASSERT_TRUE(a_->pause().Resume(TagSelection::All()).ok());
+  EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
+  ASSERT_EQ(FreeAsync(d, s1_), CUDA_SUCCESS);
+  EXPECT_EQ(Figures().reserved, 0u);
 }
 
 TEST_F(StreamOrderedTest, AThresholdSetBeforeTheFirstAllocationIsKept) {
