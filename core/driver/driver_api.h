@@ -155,8 +155,9 @@ namespace vmmshim {
   X(cuEventQuery, "cuEventQuery", PFN_cuEventQuery_v2000, false)                       \
   X(cuEventDestroy_v2, "cuEventDestroy_v2", PFN_cuEventDestroy_v4000, false)            \
   /* pause and resume: contents to host memory and back (core/heap/host_backup.h) */          \
-  X(cuMemHostAlloc, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020, false)                 \
-  X(cuMemFreeHost, "cuMemFreeHost", PFN_cuMemFreeHost_v2000, false)                    \
+  X(cuMemHostRegister_v2, "cuMemHostRegister_v2", PFN_cuMemHostRegister_v6050, false)  \
+  X(cuMemHostUnregister, "cuMemHostUnregister", PFN_cuMemHostUnregister_v4000, false)  \
+  X(cuMemHostGetFlags, "cuMemHostGetFlags", PFN_cuMemHostGetFlags_v2030, false)        \
   X(cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2", PFN_cuMemcpyDtoH_v3020, false)                 \
   X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)                 \
   /* the residency report (core/report/residency.h) */                                  \

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 #include "core/base/log.h"
 
@@ -108,50 +109,60 @@ HostBackup::~HostBackup() {
   if (data_ != nullptr) munmap(data_, size_);
 }
 
-BackupCopier::BackupCopier(const DriverApi& driver, int threads)
-    : driver_(driver), threads_(std::max(1, threads)) {}
-
-BackupCopier::~BackupCopier() {
-  if (ring_[0] == nullptr && ring_[1] == nullptr) return;
-  // Freed in the context the ring was made in (current again for the call).
-  const bool pushed = ring_context_ != nullptr &&
-                      driver_.cuCtxPushCurrent_v2(ring_context_) == CUDA_SUCCESS;
-  for (char* slot : ring_) {
-    if (slot == nullptr) continue;
-    if (CUresult r = driver_.cuMemFreeHost(slot); r != CUDA_SUCCESS) {
-      Log().warn("cuMemFreeHost of the pause staging ring: {}", CuResultName(r));
+StagingRing::~StagingRing() {
+  if (memory_ == nullptr) return;
+  unsigned int flags = 0;
+  if (registered_ && driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) {
+    ContextScope scope(driver_, context_);
+    if (CUresult r = driver_.cuMemHostUnregister(memory_); r != CUDA_SUCCESS) {
+      Log().warn("cuMemHostUnregister of the pause staging ring: {}", CuResultName(r));
     }
   }
-  CUcontext popped;
-  if (pushed) driver_.cuCtxPopCurrent_v2(&popped);
+  munmap(memory_, kSlots * kSlotBytes);
 }
 
-absl::Status BackupCopier::EnsureRing() {
-  if (ring_[0] != nullptr) return absl::OkStatus();
-  if (driver_.cuMemHostAlloc == nullptr || driver_.cuMemFreeHost == nullptr ||
-      driver_.cuMemcpyDtoH_v2 == nullptr || driver_.cuMemcpyHtoD_v2 == nullptr) {
-    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemHostAlloc or cuMemcpy");
+absl::Status StagingRing::Ready() {
+  if (driver_.cuMemHostRegister_v2 == nullptr || driver_.cuMemHostUnregister == nullptr ||
+      driver_.cuMemHostGetFlags == nullptr || driver_.cuMemcpyDtoH_v2 == nullptr ||
+      driver_.cuMemcpyHtoD_v2 == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED,
+                       "the driver lacks cuMemHostRegister, cuMemHostGetFlags or cuMemcpy");
   }
-  driver_.cuCtxGetCurrent(&ring_context_);
-  for (char*& slot : ring_) {
-    void* p = nullptr;
-    // Portable: usable from every context, whichever device a block is on.
-    if (CUresult r = driver_.cuMemHostAlloc(&p, kChunkBytes, CU_MEMHOSTALLOC_PORTABLE);
-        r != CUDA_SUCCESS) {
-      return DriverError(r, "cuMemHostAlloc (backup staging)");
+  if (memory_ == nullptr) {
+    void* p = mmap(nullptr, kSlots * kSlotBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return DriverError(CUDA_ERROR_OUT_OF_MEMORY,
+                         absl::StrCat("host memory for the pause staging ring: ",
+                                      std::strerror(errno)));
     }
-    slot = static_cast<char*>(p);
+    memory_ = static_cast<char*>(p);
   }
+  unsigned int flags = 0;
+  if (registered_ && driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) {
+    return absl::OkStatus();
+  }
+  registered_ = false;  // never, or dropped with its context
+  if (CUresult r = driver_.cuMemHostRegister_v2(memory_, kSlots * kSlotBytes,
+                                                CU_MEMHOSTREGISTER_PORTABLE);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemHostRegister (pause staging ring)");
+  }
+  registered_ = true;
+  driver_.cuCtxGetCurrent(&context_);
   return absl::OkStatus();
 }
 
+BackupCopier::BackupCopier(const DriverApi& driver, StagingRing& ring, int threads)
+    : driver_(driver), ring_(ring), threads_(std::max(1, threads)) {}
+
 absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {
-  if (absl::Status s = EnsureRing(); !s.ok()) return s;
+  if (absl::Status s = ring_.Ready(); !s.ok()) return s;
   // The device fills one slot while the threads empty the other.
   CopyJob draining;
   for (size_t off = 0, c = 0; off < bytes; off += kChunkBytes, ++c) {
     const size_t n = std::min(kChunkBytes, bytes - off);
-    char* slot = ring_[c % 2];
+    char* slot = ring_.slot(c % 2);
     if (CUresult r = driver_.cuMemcpyDtoH_v2(slot, src + off, n); r != CUDA_SUCCESS) {
       return DriverError(r, "cuMemcpyDtoH (backup)");
     }
@@ -162,19 +173,20 @@ absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {
 }
 
 absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const char* src, size_t bytes) {
-  if (absl::Status s = EnsureRing(); !s.ok()) return s;
+  if (absl::Status s = ring_.Ready(); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   // The threads fill the next slot while the device empties this one.
-  CopyJob filling(ring_[0], src, std::min(kChunkBytes, bytes), threads_);
+  CopyJob filling(ring_.slot(0), src, std::min(kChunkBytes, bytes), threads_);
   for (size_t off = 0, c = 0; off < bytes; off += kChunkBytes, ++c) {
     const size_t n = std::min(kChunkBytes, bytes - off);
     filling.Join();
     const size_t next = off + kChunkBytes;
     if (next < bytes) {
-      filling = CopyJob(ring_[(c + 1) % 2], src + next, std::min(kChunkBytes, bytes - next),
-                        threads_);
+      filling = CopyJob(ring_.slot((c + 1) % 2), src + next,
+                        std::min(kChunkBytes, bytes - next), threads_);
     }
-    if (CUresult r = driver_.cuMemcpyHtoD_v2(dst + off, ring_[c % 2], n); r != CUDA_SUCCESS) {
+    if (CUresult r = driver_.cuMemcpyHtoD_v2(dst + off, ring_.slot(c % 2), n);
+        r != CUDA_SUCCESS) {
       return DriverError(r, "cuMemcpyHtoD (restore)");
     }
   }

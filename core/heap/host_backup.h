@@ -8,10 +8,11 @@
 // (MADV_HUGEPAGE), written by several threads from a page-locked staging
 // ring: the device copies a chunk into one slot while the threads copy the
 // previous slot out (13.8-14.4 GiB/s out, 22-24 GiB/s back with 8 threads).
+// Page-locking the ring's 128 MiB costs about 50 ms (pinning runs at 2.2-2.5
+// GiB/s there), a seventh of an 8 GiB copy, so the ring (StagingRing) is
+// made once and kept for the process's life.
 //
-// Units: bytes. Chunks of kChunkBytes, a ring of two slots, made once per
-// copier with cuMemHostAlloc in the current context, given back at its
-// destruction.
+// Units: bytes. Chunks of kChunkBytes, a ring of two slots.
 //
 // Errors: a driver failure returns its CUresult in the status
 // (core/driver/cu_status.h); host memory that cannot be mapped is
@@ -62,14 +63,55 @@ class HostBackup {
 // /proc/meminfo), or SIZE_MAX when it cannot be read.
 size_t AvailableHostMemory();
 
+// The staging ring: two slots of page-locked host memory, the shim's own
+// (an anonymous mapping) registered with cuMemHostRegister (portable: usable
+// from every context). Registered at the first Ready and kept; a context's
+// destruction or reset may drop the registration with its context, so Ready
+// asks the driver first (cuMemHostGetFlags) and registers again when it was
+// dropped. The memory never goes back to the driver, so a dropped
+// registration cannot leave the ring pointing into memory someone else got.
+// Holds 128 MiB of host memory, page-locked, from the first pause with
+// contents to the end of the process (or of its owner).
+// Thread safety: one user at a time (the pause coordinator's mutex).
+class StagingRing {
+ public:
+  static constexpr size_t kSlotBytes = size_t{64} << 20;
+  static constexpr int kSlots = 2;
+  // `driver` must outlive the ring.
+  explicit StagingRing(const DriverApi& driver) : driver_(driver) {}
+  // Unregisters (when still registered) and unmaps.
+  ~StagingRing();
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  // Makes the slots page-locked now, in the current context. Errors:
+  // CUDA_ERROR_NOT_SUPPORTED when the driver lacks the calls; host memory
+  // that cannot be mapped: CUDA_ERROR_OUT_OF_MEMORY; cuMemHostRegister's.
+  absl::Status Ready();
+  char* slot(int i) const { return memory_ + static_cast<size_t>(i) * kSlotBytes; }
+  // Whether it is registered now, as far as this ring knows (tests).
+  bool registered() const { return registered_; }
+  // A fork child: the parent's registration means nothing there.
+  void AfterForkChild() {
+    registered_ = false;
+    context_ = nullptr;
+  }
+
+ private:
+  const DriverApi& driver_;
+  char* memory_ = nullptr;  // kSlots * kSlotBytes, mapped at the first Ready
+  bool registered_ = false;
+  CUcontext context_ = nullptr;  // current at the registration
+};
+
 class BackupCopier {
  public:
-  static constexpr size_t kChunkBytes = size_t{64} << 20;
+  static constexpr size_t kChunkBytes = StagingRing::kSlotBytes;
 
-  // `threads` >= 1 copy threads (the CPUs the process may use, at most 8, is
-  // what the measurement above used). `driver` must outlive the copier.
-  BackupCopier(const DriverApi& driver, int threads);
-  ~BackupCopier();
+  // `threads` >= 1 copy threads (the CPUs the process may use, at most 16,
+  // is what the measurement above used). `driver` and `ring` must outlive
+  // the copier.
+  BackupCopier(const DriverApi& driver, StagingRing& ring, int threads);
   BackupCopier(const BackupCopier&) = delete;
   BackupCopier& operator=(const BackupCopier&) = delete;
 
@@ -79,12 +121,9 @@ class BackupCopier {
   absl::Status ToDevice(CUdeviceptr dst, const char* src, size_t bytes);
 
  private:
-  absl::Status EnsureRing();
-
   const DriverApi& driver_;
+  StagingRing& ring_;
   const int threads_;
-  char* ring_[2] = {nullptr, nullptr};  // page-locked (cuMemHostAlloc)
-  CUcontext ring_context_ = nullptr;     // current when the ring was made
 };
 
 }  // namespace vmmshim

@@ -67,7 +67,8 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       heaps_(heaps),
       captures_(captures),
       copy_threads_(copy_threads),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      ring_(driver) {}
 
 std::vector<HeapArena*> PauseCoordinator::Arenas() const {
   std::vector<HeapArena*> arenas;
@@ -116,7 +117,7 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
   }
   times.synchronize = PauseTimes::Since(step);
   std::optional<BackupCopier> copier;
-  if (keep_contents) copier.emplace(driver_, copy_threads_);
+  if (keep_contents) copier.emplace(driver_, ring_, copy_threads_);
   // All or nothing: every arena copies and marks first; only then is memory
   // released anywhere. A failed prepare undoes its own marks; the abort
   // below undoes everyone's, once.
@@ -160,7 +161,7 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
   MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
-  BackupCopier copier(driver_, copy_threads_);  // its staging ring only when a backup is copied
+  BackupCopier copier(driver_, ring_, copy_threads_);  // the ring readied only for a copy
   const std::vector<HeapArena*> arenas = Arenas();
   PausableMemory* const other = hooks_.other;
   OtherLock other_lock(other);

@@ -56,13 +56,12 @@
 #include "absl/status/statusor.h"
 #include "core/driver/driver_api.h"
 #include "core/heap/heap_table.h"
+#include "core/heap/host_backup.h"
 #include "core/heap/tag_selection.h"
 #include "core/sync/capture.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
-
-class BackupCopier;
 
 // Memory the heaps do not own that pauses and resumes with them, all or
 // nothing (other libraries' VMM memory: core/foreign/foreign_vmm.h). The
@@ -120,7 +119,10 @@ class PauseCoordinator {
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
-  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS { new (&mu_) Mutex; }
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    new (&mu_) Mutex;
+    ring_.AfterForkChild();
+  }
 
  private:
   // Every arena of every device, in device and arena order.
@@ -131,6 +133,8 @@ class PauseCoordinator {
   CaptureTracker& captures_;
   const int copy_threads_;
   const Hooks hooks_;
+  // Kept from the first pause with contents on (core/heap/host_backup.h).
+  StagingRing ring_ ABSL_GUARDED_BY(mu_);
   Mutex mu_;  // lock order: "pause mutex"
 };
 

@@ -105,6 +105,8 @@ struct State {
   std::map<std::string, uint64_t> calls;
   std::vector<Failure> failures;
   std::set<void*> host_allocations;  // cuMemHostAlloc
+  // cuMemHostRegister: start -> (bytes, the context current at the call).
+  std::map<void*, std::pair<size_t, CUcontext>> host_registrations;
   // cuCtxEnablePeerAccess state: (current context, peer context) pairs.
   std::set<std::pair<CUcontext, CUcontext>> peer_enabled;
   // Legacy IPC: pointers opened with cuIpcOpenMemHandle (never in practice:
@@ -238,6 +240,7 @@ void ResetLocked(State& s, const SimOptions& options) {
   for (auto& [p, la] : s.legacy) munmap(la.memory, la.size);
   for (void* p : s.host_allocations) std::free(p);
   s.host_allocations.clear();
+  s.host_registrations.clear();
   s.handles.clear();
   s.mappings.clear();
   s.reservations.clear();
@@ -571,6 +574,12 @@ CUresult AllocFromPoolLocked(State& s, CUdeviceptr* dptr, size_t bytes, CUmemory
 }
 }  // namespace
 
+size_t LiveHostRegistrations() {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.host_registrations.size();
+}
+
 size_t LiveHostAllocations() {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -875,7 +884,16 @@ namespace {
 // A context went away: its legacy allocations go with it, as the driver
 // frees a destroyed context's cuMemAlloc memory. VMM handles do not belong
 // to a context and stay.
+// Registrations made in `ctx` go with it (the driver's page-locking is
+// per context; a reset or destruction drops it).
+void DropRegistrationsLocked(State& s, CUcontext ctx) {
+  for (auto it = s.host_registrations.begin(); it != s.host_registrations.end();) {
+    it = it->second.second == ctx ? s.host_registrations.erase(it) : std::next(it);
+  }
+}
+
 void DropContextLocked(State& s, int device) {
+  DropRegistrationsLocked(s, reinterpret_cast<CUcontext>(s.devices[device].primary.get()));
   for (auto it = s.legacy.begin(); it != s.legacy.end();) {
     if (it->second.device != device) {
       ++it;
@@ -951,6 +969,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   for (auto it = s.peer_enabled.begin(); it != s.peer_enabled.end();) {
     it = it->first == ctx || it->second == ctx ? s.peer_enabled.erase(it) : std::next(it);
   }
+  DropRegistrationsLocked(s, ctx);
   delete c;
   return CUDA_SUCCESS;
 }
@@ -1848,6 +1867,37 @@ CUresult cuMemFreeHost(void* p) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
+  SIM_ENTER("cuMemHostRegister_v2");
+  if (p == nullptr || bytes == 0 || (flags & ~0xfu) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  const char* begin = static_cast<char*>(p);
+  for (const auto& [start, reg] : s.host_registrations) {
+    const char* at = static_cast<char*>(start);
+    if (begin < at + reg.first && at < begin + bytes) {
+      return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+  }
+  s.host_registrations[p] = {bytes, Current()};
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  SIM_ENTER("cuMemHostUnregister");
+  if (s.host_registrations.erase(p) == 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
+  SIM_ENTER("cuMemHostGetFlags");
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (s.host_allocations.count(p) == 0 && s.host_registrations.count(p) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *flags = CU_MEMHOSTALLOC_PORTABLE;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
   SIM_ENTER("cuMemsetD8_v2");
   int d = CurrentDevice();
@@ -1947,6 +1997,9 @@ constexpr ProcEntry kProcTable[] = {
     {"cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2", nullptr},
     {"cuMemsetD8", 3020, "cuMemsetD8_v2", nullptr},
     {"cuMemHostAlloc", 2020, "cuMemHostAlloc", nullptr},
+    {"cuMemHostRegister", 6050, "cuMemHostRegister_v2", nullptr},
+    {"cuMemHostUnregister", 4000, "cuMemHostUnregister", nullptr},
+    {"cuMemHostGetFlags", 2030, "cuMemHostGetFlags", nullptr},
     {"cuMemFreeHost", 2000, "cuMemFreeHost", nullptr},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", nullptr},
     {"cuGetProcAddress", 11030, "cuGetProcAddress", nullptr},

@@ -119,6 +119,9 @@ size_t MappingsOwnedBy(int device);
 Usage GetUsage();
 // Bytes of device `device`'s memory in use (handles plus legacy allocations).
 size_t DeviceBytesInUse(int device);
+// cuMemHostRegister registrations not yet undone (by cuMemHostUnregister,
+// or by the destruction or reset of the context that made them).
+size_t LiveHostRegistrations();
 // cuMemHostAlloc allocations not yet given back with cuMemFreeHost.
 size_t LiveHostAllocations();
 // cuCtxSynchronize calls that reached device `device`'s contexts.
@@ -202,6 +205,9 @@ DriverApi Api();
     (dst, value, count))                                                             \
   X(cuMemHostAlloc, (void** pp, size_t bytes, unsigned int flags), (pp, bytes, flags)) \
   X(cuMemFreeHost, (void* p), (p))                                                   \
+  X(cuMemHostRegister_v2, (void* p, size_t bytes, unsigned int flags), (p, bytes, flags)) \
+  X(cuMemHostUnregister, (void* p), (p))                                             \
+  X(cuMemHostGetFlags, (unsigned int* flags, void* p), (flags, p))                   \
   X(cuMemExportToShareableHandle,                                                    \
     (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type, \
      unsigned long long flags),                                                      \

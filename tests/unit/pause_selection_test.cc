@@ -229,7 +229,7 @@ TEST_F(PauseSelectionTest, PassedThroughAllocationsAreCountedUntilFreed) {
 // the contents.
 TEST_F(PauseSelectionTest, FaultsInAStreamOrderedPauseLeaveAConsistentState) {
   int runs = 0;
-  for (const char* entry : {"cuCtxSynchronize", "cuMemHostAlloc", "cuMemcpyDtoH_v2",
+  for (const char* entry : {"cuCtxSynchronize", "cuMemHostRegister_v2", "cuMemcpyDtoH_v2",
                             "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
                             "cuMemSetAccess", "cuMemcpyHtoD_v2"}) {
     for (int nth = 1; nth <= 2; ++nth) {
