@@ -28,6 +28,7 @@ each, prefixed "sleep_wake:".
     python3 examples/sleep_wake.py --framework torch-async --no-pause   # the reference
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -61,6 +62,8 @@ class Torch:
     def __init__(self, kv_gib):
         import torch
         self.t = torch
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        self.own_pool = "cudaMallocAsync" not in conf and hasattr(torch.cuda, "MemPool")
         g = torch.Generator(device="cpu").manual_seed(7)
         with vmmshim.tag("weights"):  # the model and its input: kept
             self.w = [torch.randn(4096, 4096, generator=g).cuda() for _ in range(8)]
@@ -77,10 +80,21 @@ class Torch:
         return hashlib.sha256(h.cpu().numpy().tobytes()).hexdigest()[:16]
 
     def work(self, gib):
-        a = self.t.ones(int(gib * GIB) // 4, dtype=self.t.float32, device="cuda")
-        s = float(a.sum())
-        del a
+        # The other phase allocates from a pool of its own: a pool's allocator
+        # hands out the free part of its pages, and a page paused for a
+        # tensor may have a free part (under expandable segments, a 20 MiB
+        # page shared by a tensor's end and free space), which must not be
+        # handed out while paused (docs/pause-resume.md, "Other libraries'
+        # VMM memory"). Colocated RL frameworks keep the sleeping engine's
+        # pool apart the same way (vLLM's CuMemAllocator gives it a MemPool).
+        # The cudaMallocAsync backend has no MemPool.
+        own = self.t.cuda.MemPool() if self.own_pool else None
+        with self.t.cuda.use_mem_pool(own) if own else contextlib.nullcontext():
+            a = self.t.ones(int(gib * GIB) // 4, dtype=self.t.float32, device="cuda")
+            s = float(a.sum())
+            del a
         self.t.cuda.synchronize()
+        del own
         self.t.cuda.empty_cache()
         return s
 
