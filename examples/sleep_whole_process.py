@@ -25,8 +25,9 @@ Prints one "result" line (hashes of the eager output, the graph replay, the
 all-reduce and the refilled cache; equal across backends when nothing was
 lost) and "sleep_whole_process:" measurement lines on standard error: the
 process's memory as nvidia-smi sees it after CUDA started, with everything
-allocated, after the pause and after the resume; the pause and resume
-times; for vmmshim the residency report after the pause.
+allocated, after the pause and after the resume (native: after everything
+was freed, the floor a pause can reach); the pause and resume times; for
+vmmshim the residency report after the pause.
 
     LD_PRELOAD=build/libvmmshim.so PYTHONPATH=python \\
         python3 examples/sleep_whole_process.py --backend vmmshim
@@ -212,6 +213,16 @@ def main():
           f"{digest(static_out)} all_reduce {reduce_before} again {digest(r)} kv "
           f"{float(kv[:1024].float().sum()):.0f}")
     dist.destroy_process_group()
+    if args.backend == "none":
+        # What the process holds with every allocation freed: the context,
+        # the modules its kernels loaded (PyTorch's, cuBLAS's, NCCL's) and
+        # the driver's own state; the floor a pause can reach.
+        del w, x, kv, eager, again, static_out, graph, r
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        log(f"{args.backend}: everything freed: nvidia-smi {smi_used_mib()} MiB")
     return 0 if ok else 1
 
 

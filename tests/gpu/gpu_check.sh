@@ -243,13 +243,14 @@ PY
       fail "CuPy's MemoryAsyncPool not served from VMM"
     ;;
   sleep_wake)
-    # Pause and resume on four allocators (examples/sleep_wake.py): weights
+    # Pause and resume on five allocators (examples/sleep_wake.py): weights
     # kept, everything else dropped (JAX: everything kept), another phase in
     # the freed memory, then the same result as a native run that never
-    # paused; the shim's stream-ordered memory must have been paused.
+    # paused; the shim's stream-ordered memory, and under expandable
+    # segments PyTorch's own VMM memory, must have been paused.
     have_torch
     export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
-    for fw in torch torch-async cupy-async jax-async; do
+    for fw in torch torch-async torch-expandable cupy-async jax-async; do
       case $fw in
         cupy-async) python3 -c "import cupy" 2>/dev/null || { echo "$fw: CuPy is not installed"; continue; } ;;
         jax-async) python3 -c "import jax" 2>/dev/null || { echo "$fw: JAX is not installed"; continue; } ;;
@@ -264,7 +265,41 @@ PY
       [ "$fw" = jax-async ] || [ "$(grep ^result <<<"$native")" = "$(grep ^result <<<"$shimmed")" ] ||
         fail "$fw: results differ from the native run"
       grep -qE 'sleep_wake: .*paused [1-9][0-9]* bytes' <<<"$shimmed" || fail "$fw: nothing paused"
+      if [ "$fw" = torch-expandable ]; then
+        grep -qE '"paused_by_tag":\{"[^}]*"kv":[1-9]' <<<"$shimmed" ||
+          fail "$fw: PyTorch's own VMM memory under kv not paused"
+      fi
     done
+    ;;
+  sleep_whole_process)
+    # Everything a PyTorch process holds (weights kept, a KV cache dropped,
+    # a captured graph's pool, cuBLAS's workspace, a one-rank NCCL group)
+    # paused and resumed (examples/sleep_whole_process.py): results equal
+    # to a native run that never paused.
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    args=(--kv-gib 2 --work-gib 2)
+    native=$(python3 "$src/examples/sleep_whole_process.py" --backend none "${args[@]}" 2>&1) ||
+      fail "native: $native"
+    shimmed=$(under_shim python3 "$src/examples/sleep_whole_process.py" --backend vmmshim "${args[@]}" 2>&1) ||
+      fail "shim: $shimmed"
+    grep -E '^result|sleep_whole_process:' <<<"$native" | sed 's/^/native: /'
+    grep -E '^result|sleep_whole_process: .*(paused|resumed|allocated|started)' <<<"$shimmed" | sed 's/^/shim: /'
+    [ "$(grep ^result <<<"$native")" = "$(grep ^result <<<"$shimmed")" ] ||
+      fail "results differ from the native run"
+    grep -qE '"paused_by_tag":\{"[^}]*":[1-9]' <<<"$shimmed" ||
+      fail "no other library's VMM memory (NCCL's) paused"
+    ;;
+  cupy_pool)
+    # CuPy's MemoryAsyncPool figures (reserved, used, free) behave as the
+    # driver's through small and large allocations and frees
+    # (examples/cupy_pool_figures.py: its PARITY lines).
+    python3 -c "import cupy" 2>/dev/null || { echo "SKIP: CuPy is not installed"; exit 77; }
+    native=$(python3 "$src/examples/cupy_pool_figures.py" 2>&1) || fail "native: $native"
+    shimmed=$(LD_PRELOAD=$shim python3 "$src/examples/cupy_pool_figures.py" 2>&1) || fail "shim: $shimmed"
+    sed 's/^/native: /' <<<"$native"; sed 's/^/shim:   /' <<<"$shimmed"
+    [ "$(grep ^PARITY <<<"$native")" = "$(grep ^PARITY <<<"$shimmed")" ] ||
+      fail "the pool's figures behave differently"
     ;;
   residency)
     # The residency report on a PyTorch process: the tagged memory is the
