@@ -124,6 +124,8 @@ def main():
     parser.add_argument("--no-keep", action="store_true",
                         help="pause without keeping contents (the result then differs)")
     parser.add_argument("--kv-gib", type=float, default=8)
+    parser.add_argument("--cycles", type=int, default=1,
+                        help="pause and resume this many times (with --pause)")
     args = parser.parse_args()
     if args.pause and args.backend == "none":
         parser.error("--pause needs a backend")
@@ -149,7 +151,10 @@ def main():
         return free
 
     free_start = report("start")
-    if args.pause:
+    for cycle in range(1, args.cycles + 1 if args.pause else 1):
+        # As an RL loop sleeps and wakes its engine, many times per process:
+        # the first cycle carries one-time costs (vmmshim page-locks its
+        # staging ring then), the later ones the steady state.
         t0 = time.perf_counter()
         released = backend.pause("kv")
         torch.cuda.synchronize()
@@ -166,7 +171,8 @@ def main():
         resume_s = time.perf_counter() - t0
         report("resumed")
         gib = kv_bytes / 2**30
-        print(f"pause_resume: {args.backend} {'without' if args.no_keep else 'with'} contents: "
+        print(f"pause_resume: {args.backend} {'without' if args.no_keep else 'with'} contents"
+              f"{f' (cycle {cycle})' if args.cycles > 1 else ''}: "
               f"pause {pause_s:.3f} s ({gib / pause_s:.1f} GiB/s), resume {resume_s:.3f} s "
               f"({gib / resume_s:.1f} GiB/s) of {gib:.2f} GiB; free memory rose by "
               f"{(free_paused - free_start) / 2**30:.2f} GiB; released {released} bytes, "

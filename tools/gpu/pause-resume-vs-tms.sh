@@ -6,7 +6,8 @@
 # contents and without, and under torch_memory_saver (preload mode, CPU backup),
 # after one warm-up run of each that is not reported, alternating ROUNDS times; every paused run's result line must equal the
 # reference. Logs to $OUT/pause-resume.log.
-# usage: tools/gpu/pause-resume-vs-tms.sh [ROUNDS]   (KV_GIB, default 8)
+# usage: tools/gpu/pause-resume-vs-tms.sh [ROUNDS]   (KV_GIB, default 8; CYCLES: pauses and
+# resumes per process, default 1)
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 rounds=${1:-2}
@@ -20,7 +21,7 @@ if [ -n "$wheel" ]; then
   python3 -m zipfile -e "$wheel" "$tms_dir"
 fi
 tms=$tms_dir/torch_memory_saver_hook_mode_preload_cu13.abi3.so
-app="python3 $root/examples/pause_resume.py --kv-gib $kv"
+app="python3 $root/examples/pause_resume.py --kv-gib $kv --cycles ${CYCLES:-1}"
 # One warm-up run of each mode, not reported (page cache, CUDA and PyTorch
 # start-up, the first touch of THP host memory).
 LD_PRELOAD=$shim $app --backend vmmshim --pause >/dev/null 2>&1
@@ -30,7 +31,7 @@ echo "reference (native, no pause): $ref"
 failures=0
 check() {  # check LABEL OUTPUT
   local got; got=$(grep "result" <<<"$2")
-  grep "pause_resume: .*contents:" <<<"$2" | sed "s/^/$1: /"
+  grep -E "pause_resume: .*contents( \(cycle [0-9]+\))?:" <<<"$2" | sed "s/^/$1: /"
   grep -E "pause_resume: (start|paused|resumed):" <<<"$2" | sed "s/^/$1: /"
   grep -E "exit report" <<<"$2" | sed "s/^/$1: /"
   if [ "$got" = "$ref" ]; then echo "$1: result identical to the reference"; else
@@ -45,6 +46,6 @@ for ((i = 1; i <= rounds; i++)); do
     check "torch_memory_saver" "$out2"
   fi
   out3=$(LD_PRELOAD=$shim $app --backend vmmshim --pause --no-keep 2>&1)
-  grep "pause_resume: .*contents:" <<<"$out3" | sed "s/^/vmmshim (no contents): /"
+  grep -E "pause_resume: .*contents( \(cycle [0-9]+\))?:" <<<"$out3" | sed "s/^/vmmshim (no contents): /"
 done
 echo "runs whose result differed from the reference: $failures"
