@@ -32,30 +32,16 @@ import contextlib
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
+
+from process_memory import smi_used_mib
 
 GIB = 1 << 30
 
 
 def log(msg):
     print(f"sleep_wake: {msg}", file=sys.stderr, flush=True)
-
-
-def smi_used_mib():
-    """This process's device memory as nvidia-smi sees it, in MiB (-1: unknown)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=30).stdout
-        for line in out.splitlines():
-            pid, used = [f.strip() for f in line.split(",")]
-            if int(pid) == os.getpid():
-                return int(used)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        pass
-    return -1
 
 
 class Torch:

@@ -53,4 +53,21 @@ absl::Status SynchronizeContext(const DriverApi& driver, CUcontext context) {
   return DriverError(r, "cuCtxSynchronize");
 }
 
+CUcontext ActivePrimaryContext(const DriverApi& driver, CUdevice device) {
+  const DriverApi& d = driver;
+  if (d.cuDevicePrimaryCtxGetState == nullptr || d.cuDevicePrimaryCtxRetain == nullptr ||
+      d.cuDevicePrimaryCtxRelease_v2 == nullptr) {
+    return nullptr;
+  }
+  unsigned int flags = 0;
+  int active = 0;
+  if (d.cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS || active == 0) {
+    return nullptr;
+  }
+  CUcontext ctx = nullptr;
+  if (d.cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS) return nullptr;
+  d.cuDevicePrimaryCtxRelease_v2(device);  // back to its count, at least 1: stays alive
+  return ctx;
+}
+
 }  // namespace vmmshim

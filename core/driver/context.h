@@ -39,6 +39,13 @@ uint64_t ContextEpoch();
 // code as a status (core/driver/cu_status.h).
 absl::Status SynchronizeContext(const DriverApi& driver, CUcontext context);
 
+// The primary context of `device` when it is active, leaving its reference
+// count as it was (one cuDevicePrimaryCtxRetain, one Release); nullptr when
+// it is inactive, when a query fails, or when the driver lacks
+// cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxRetain or
+// cuDevicePrimaryCtxRelease_v2 (then nothing of it can be held).
+CUcontext ActivePrimaryContext(const DriverApi& driver, CUdevice device);
+
 // Makes `context` current for the scope when it is not (events belong to
 // the context current at their creation; CU_STREAM_LEGACY and
 // CU_STREAM_PER_THREAD name a stream of the current context).

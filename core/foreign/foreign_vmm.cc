@@ -76,6 +76,19 @@ absl::btree_map<CUdeviceptr, ForeignVmm::Mapping>::iterator ForeignVmm::MappingA
   return ptr < m->first + m->second.size ? m : mappings_.end();
 }
 
+bool ForeignVmm::PausedOverlapLocked(CUdeviceptr ptr, size_t size) {
+  auto m = MappingAtLocked(ptr);
+  if (m == mappings_.end()) m = mappings_.lower_bound(ptr);
+  for (; m != mappings_.end() && m->first < ptr + size; ++m) {
+    if (PausedLocked(m->second.handle) != nullptr) return true;
+  }
+  return false;
+}
+
+CUcontext ForeignVmm::ContextForLocked(const Handle& h) const {
+  return h.context != nullptr ? h.context : ActivePrimaryContext(driver_, h.device);
+}
+
 void ForeignVmm::ForgetMappingLocked(absl::btree_map<CUdeviceptr, Mapping>::iterator m) {
   auto h = handles_.find(m->second.handle);
   mappings_.erase(m);
@@ -122,6 +135,15 @@ CUresult ForeignVmm::Import(CUmemGenericAllocationHandle* handle, void* os_handl
   const CUresult r =
       driver_.cuMemImportFromShareableHandle(handle != nullptr ? &real : nullptr, os_handle, type);
   if (r != CUDA_SUCCESS) return r;
+  // The driver may answer with a handle this process holds already (its
+  // own export imported back): one more reference of it.
+  HandleValue held = real;
+  if (auto n = names_.find(real); n != names_.end()) held = n->second;
+  if (auto it = handles_.find(held); it != handles_.end() && it->second.real == real) {
+    ++it->second.references;
+    *handle = held;
+    return CUDA_SUCCESS;
+  }
   const HandleValue value = NameLocked(real);
   Handle h;
   h.real = real;
@@ -198,15 +220,23 @@ CUresult ForeignVmm::Retain(CUmemGenericAllocationHandle* handle, void* addr) {
 CUresult ForeignVmm::Map(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle value, unsigned long long flags) {
   MutexLock lock(&mu_);
+  // The range of a paused mapping is empty in the driver; natively it is
+  // mapped, and mapping over it fails.
+  if (PausedOverlapLocked(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   auto it = handles_.find(value);
-  if (it == handles_.end()) return driver_.cuMemMap(ptr, size, offset, value, flags);
-  Handle& h = it->second;
-  if (h.real == 0) return PausedHandleError("cuMemMap", value);
-  const CUresult r = driver_.cuMemMap(ptr, size, offset, h.real, flags);
+  if (it != handles_.end() && it->second.real == 0) return PausedHandleError("cuMemMap", value);
+  const CUresult r =
+      driver_.cuMemMap(ptr, size, offset, it != handles_.end() ? it->second.real : value, flags);
   if (r != CUDA_SUCCESS) return r;
-  ++h.mappings;
-  if (h.imported) h.size = std::max(h.size, offset + size);  // what is mapped of it
-  if (h.context == nullptr) h.context = ContextOn(driver_, h.device);
+  // Recorded even for a handle not made here (made before the shim loaded,
+  // or retained from the shim's memory), so that an unmap of a range that
+  // also holds paused mappings reaches it.
+  if (it != handles_.end()) {
+    Handle& h = it->second;
+    ++h.mappings;
+    if (h.imported) h.size = std::max(h.size, offset + size);  // what is mapped of it
+    if (h.context == nullptr) h.context = ContextOn(driver_, h.device);
+  }
   Mapping m;
   m.size = size;
   m.offset = offset;
@@ -266,9 +296,10 @@ CUresult ForeignVmm::SetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     for (CUdeviceptr at : overlap) RecordAccess(&mappings_.at(at).access, desc, count);
     return CUDA_SUCCESS;
   }
-  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
-  // Paused mappings keep the descriptors for resume; the live ones get them
-  // now, each over its part of the range.
+  // Paused mappings keep the descriptors for resume, checked as the driver
+  // would check them (a descriptor it refuses would make the resume fail);
+  // the live ones get them now, each over its part of the range.
+  if (CUresult r = CheckAccess(desc, count); r != CUDA_SUCCESS) return r;
   CUresult first = CUDA_SUCCESS;
   for (CUdeviceptr at : overlap) {
     Mapping& mapping = mappings_.at(at);
@@ -361,13 +392,24 @@ absl::Status ForeignVmm::MapAllLocked(HandleValue value, HandleValue real) {
       break;
     }
     mapped.emplace_back(m->first, mapping.size);
-    if (!mapping.access.empty()) {
-      r = driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
-                                 mapping.access.size());
-      if (r != CUDA_SUCCESS) {
-        status = DriverError(r, "cuMemSetAccess");
-        break;
-      }
+    if (mapping.access.empty()) continue;
+    r = driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
+                               mapping.access.size());
+    if (r == CUDA_SUCCESS) continue;
+    // One at a time: a peer the driver refuses now (its access was
+    // disabled meanwhile) loses its access, logged; the owner's must hold.
+    for (const CUmemAccessDesc& d : mapping.access) {
+      r = driver_.cuMemSetAccess(m->first, mapping.size, &d, 1);
+      if (r == CUDA_SUCCESS) continue;
+      if (d.location.id == handles_.at(value).device) break;
+      Log().warn("vmmshim_resume_memory: access of device {} to {:#x} ({} bytes, another "
+                 "library's VMM memory) not set again: {}",
+                 d.location.id, m->first, mapping.size, CuResultName(r));
+      r = CUDA_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS) {
+      status = DriverError(r, "cuMemSetAccess");
+      break;
     }
   }
   if (!status.ok()) {
@@ -386,10 +428,70 @@ absl::Status ForeignVmm::UnmapAllLocked(HandleValue value) {
   return first;
 }
 
+CUresult ForeignVmm::CheckAccess(const CUmemAccessDesc* desc, size_t count) const {
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  int devices = 0;
+  if (driver_.cuDeviceGetCount(&devices) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].location.id < 0 || desc[i].location.id >= devices) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+absl::Status ForeignVmm::WithWholeHandleLocked(HandleValue value, HandleValue real,
+                                               const std::function<absl::Status(CUdeviceptr)>& fn) {
+  const Handle& h = handles_.at(value);
+  for (auto m : MappingsOfLocked(value)) {
+    const bool readable = std::any_of(
+        m->second.access.begin(), m->second.access.end(), [&](const CUmemAccessDesc& d) {
+          return d.location.id == h.device && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        });
+    if (m->second.offset == 0 && m->second.size == h.size && readable) return fn(m->first);
+  }
+  // No mapping shows it whole: a reservation of the shim's for the call,
+  // accessible to the handle's device (CUDA Programming Guide 4.16).
+  CUdeviceptr va = 0;
+  if (CUresult r = driver_.cuMemAddressReserve(&va, h.size, 0, 0, 0); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemAddressReserve");
+  }
+  absl::Status status;
+  CUresult r = driver_.cuMemMap(va, h.size, 0, real, 0);
+  if (r != CUDA_SUCCESS) {
+    status = DriverError(r, "cuMemMap");
+  } else {
+    CUmemAccessDesc owner = {};
+    owner.location = {CU_MEM_LOCATION_TYPE_DEVICE, h.device};
+    owner.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = driver_.cuMemSetAccess(va, h.size, &owner, 1);
+    status = r == CUDA_SUCCESS ? fn(va) : DriverError(r, "cuMemSetAccess");
+    if (CUresult u = driver_.cuMemUnmap(va, h.size); u != CUDA_SUCCESS) {
+      // Still mapped: the reservation stays with it (its handle's memory
+      // lives on through the mapping); reported with the copy's status.
+      status.Update(DriverError(u, "cuMemUnmap"));
+      return status;
+    }
+  }
+  driver_.cuMemAddressFree(va, h.size);
+  return status;
+}
+
 void ForeignVmm::ReleaseOrphansLocked() {
   std::vector<HandleValue> left;
   for (HandleValue real : orphans_) {
-    if (driver_.cuMemRelease(real) != CUDA_SUCCESS) left.push_back(real);
+    const CUresult r = driver_.cuMemRelease(real);
+    // A handle the driver says is not one (released after all, or never
+    // valid) is not retried: its value may name someone else's handle later.
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_INVALID_HANDLE) {
+      left.push_back(real);
+    }
   }
   orphans_ = std::move(left);
 }
@@ -400,9 +502,10 @@ size_t ForeignVmm::PauseCandidates(const TagSelection& tag, std::vector<CUcontex
   for (const auto& [value, h] : handles_) {
     if (h.paused || !SelectedLocked(h, tag)) continue;
     bytes += h.size;
-    if (h.context != nullptr &&
-        std::find(contexts->begin(), contexts->end(), h.context) == contexts->end()) {
-      contexts->push_back(h.context);
+    const CUcontext context = ContextForLocked(h);
+    if (context != nullptr &&
+        std::find(contexts->begin(), contexts->end(), context) == contexts->end()) {
+      contexts->push_back(context);
     }
   }
   return bytes;
@@ -427,20 +530,21 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
       }
       backups.push_back(*std::move(backup));
     }
+    // The whole handle, whatever of it is mapped: the library may map any
+    // part of it later, and natively its contents stay.
     for (size_t i = 0; i < chosen.size(); ++i) {
       const Handle& h = handles_.at(chosen[i]);
-      ContextScope scope(driver_, h.context);
-      for (auto m : MappingsOfLocked(chosen[i])) {
-        absl::Status copied =
-            copier->ToHost(backups[i].data() + m->second.offset, m->first, m->second.size);
-        if (!copied.ok()) {
-          Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} (another library's "
-                      "VMM memory) to host memory: {}; nothing paused",
-                      tag.Describe(), m->second.size, m->first, copied.ToString());
-          return copied;
-        }
-        times->copied_bytes += m->second.size;
+      ContextScope scope(driver_, ContextForLocked(h));
+      absl::Status copied = WithWholeHandleLocked(chosen[i], h.real, [&](CUdeviceptr base) {
+        return copier->ToHost(backups[i].data(), base, h.size);
+      });
+      if (!copied.ok()) {
+        Log().error("vmmshim_pause_memory({}): copying handle {:#x} ({} bytes, another "
+                    "library's VMM memory) to host memory: {}; nothing paused",
+                    tag.Describe(), chosen[i], h.size, copied.ToString());
+        return copied;
       }
+      times->copied_bytes += h.size;
     }
     times->copy += PauseTimes::Since(start);
   }
@@ -564,19 +668,18 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
   for (HandleValue value : chosen) {
     const Handle& h = handles_.at(value);
     if (!h.backup) continue;
-    ContextScope scope(driver_, h.context);
-    for (auto m : MappingsOfLocked(value)) {
-      absl::Status copied =
-          copier.ToDevice(m->first, h.backup->data() + m->second.offset, m->second.size);
-      if (!copied.ok()) {
-        Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything "
-                   "stays paused",
-                   tag.Describe(), m->second.size, m->first, copied.ToString());
-        ResumeAbort(tag);
-        return copied;
-      }
-      times->copied_bytes += m->second.size;
+    ContextScope scope(driver_, ContextForLocked(h));
+    absl::Status copied = WithWholeHandleLocked(value, h.real, [&](CUdeviceptr base) {
+      return copier.ToDevice(base, h.backup->data(), h.size);
+    });
+    if (!copied.ok()) {
+      Log().warn("vmmshim_resume_memory({}): restoring handle {:#x} ({} bytes): {}; everything "
+                 "stays paused",
+                 tag.Describe(), value, h.size, copied.ToString());
+      ResumeAbort(tag);
+      return copied;
     }
+    times->copied_bytes += h.size;
   }
   times->copy += PauseTimes::Since(copy_start);
   return bytes;

@@ -19,9 +19,11 @@
 //
 // Pause (PausableMemory, core/heap/pause.h): a handle made here on a device,
 // of a selected tag, mapped at least once, never exported, is paused: with
-// contents, every mapping's bytes are copied to host memory; then each
-// mapping is unmapped (the reservation, which the library owns, stays) and
-// every driver reference of the handle is released. Resume makes a new
+// contents, the whole handle is copied to host memory (through a mapping
+// that shows it whole, else through a reservation of the shim's for the
+// copy: the library may map any part of it later); then each mapping is
+// unmapped (the reservation, which the library owns, stays) and every
+// driver reference of the handle is released. Resume makes a new
 // handle with the same CUmemAllocationProp, maps it at the same addresses
 // and offsets, sets the access descriptors the library last set there
 // (cuMemSetAccess, per location), and copies the contents back. Left alone,
@@ -46,8 +48,13 @@
 // value; cuMemSetAccess over it is recorded for resume;
 // cuMemGetAllocationPropertiesFromHandle answers from the record; cuMemMap
 // and cuMemExportToShareableHandle of it return CUDA_ERROR_ILLEGAL_STATE
-// (logged: resume it first). A cuMemUnmap whose range holds paused mappings
-// unmaps the live mappings in it one by one.
+// (logged: resume it first); cuMemMap of anything over a paused mapping's
+// range returns CUDA_ERROR_INVALID_VALUE, as over a mapped range natively;
+// cuMemSetAccess over it is checked as the driver checks descriptors. A
+// cuMemUnmap whose range holds paused mappings unmaps the live mappings in
+// it one by one (mappings of handles not made here are recorded too, for
+// that). An import that returns a handle held already adds a reference.
+// At resume, a peer's access the driver refuses now is dropped (logged).
 //
 // Units: bytes. Thread safety: any thread. One mutex (lock order: "other
 // libraries' VMM mutex", core/sync/lock_order.h) held across the driver
@@ -62,6 +69,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -202,6 +210,21 @@ class ForeignVmm final : public PausableMemory {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps each mapping of `value`; the first error (the rest still tried).
   absl::Status UnmapAllLocked(HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether [ptr, ptr + size) overlaps a paused mapping.
+  bool PausedOverlapLocked(CUdeviceptr ptr, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The context to synchronize and copy in for `h`: where it was made or
+  // first mapped, else its device's primary context when active.
+  CUcontext ContextForLocked(const Handle& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver's checks of access descriptors (cuMemSetAccess), for those
+  // recorded while paused: CUDA_SUCCESS or the code it would return.
+  CUresult CheckAccess(const CUmemAccessDesc* desc, size_t count) const;
+  // Calls fn(base) with the whole of the library's handle `value` (driver
+  // handle `real`) mapped at `base`, accessible to its device: through its
+  // mapping when one shows it whole with that access, else through a
+  // reservation of the shim's, mapped and made accessible for the call.
+  absl::Status WithWholeHandleLocked(HandleValue value, HandleValue real,
+                                     const std::function<absl::Status(CUdeviceptr)>& fn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back handles whose release failed at a pause or an undone resume.
   void ReleaseOrphansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -99,11 +99,13 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
     if (absl::Status s = hooks_.release_stream_ordered(tag); !s.ok()) return s;
   }
   PausableMemory* const other = hooks_.other;
-  OtherLock other_lock(other);
   std::vector<CUcontext> contexts;
   size_t live = 0;
   for (HeapArena* arena : arenas) live += arena->PauseCandidates(tag, &contexts);
-  if (other != nullptr) live += other->PauseCandidates(tag, &contexts);
+  if (other != nullptr) {
+    OtherLock candidates(other);
+    live += other->PauseCandidates(tag, &contexts);
+  }
   if (keep_contents && live > AvailableHostMemory()) {
     Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed, {} "
                 "available (MemAvailable); nothing paused",
@@ -116,6 +118,9 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
     if (absl::Status s = SynchronizeContext(driver_, ctx); !s.ok()) return s;
   }
   times.synchronize = PauseTimes::Since(step);
+  // Taken after the synchronize: the work waited for may need another
+  // thread's VMM call (a rank of a single-process NCCL group) to go on.
+  OtherLock other_lock(other);
   std::optional<BackupCopier> copier;
   if (keep_contents) copier.emplace(driver_, ring_, copy_threads_);
   // All or nothing: every arena copies and marks first; only then is memory

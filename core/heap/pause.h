@@ -65,13 +65,16 @@ namespace vmmshim {
 
 // Memory the heaps do not own that pauses and resumes with them, all or
 // nothing (other libraries' VMM memory: core/foreign/foreign_vmm.h). The
-// coordinator, under its mutex, calls Lock first and Unlock last; between
-// them the steps mirror HeapArena's (core/heap/heap_arena.h), in the order
-// the heaps take them, so that the memory's own state stays still while the
-// heaps' steps run: PauseCandidates, PausePrepare (copies, marks), then
-// PauseAbort or PauseCommit (unmaps, releases); ResumePrepare (creates,
-// maps, copies back), then ResumeAbort or ResumeCommit. A failed step undoes
-// itself; Abort undoes what an earlier successful step did.
+// coordinator, under its mutex, calls every step between Lock and Unlock;
+// the steps mirror HeapArena's (core/heap/heap_arena.h), in the order the
+// heaps take them: PauseCandidates (locked alone: the contexts it names are
+// synchronized without the lock, since that work may wait on another
+// thread's call into this memory); then, locked from selection to commit so
+// that its state stays still while the heaps' steps run, PausePrepare
+// (copies, marks) and PauseAbort or PauseCommit (unmaps, releases); or
+// ResumePrepare (creates, maps, copies back) and ResumeAbort or
+// ResumeCommit. A failed step undoes itself; Abort undoes what an earlier
+// successful step did.
 class PausableMemory {
  public:
   virtual ~PausableMemory() = default;

@@ -5,23 +5,6 @@
 
 namespace vmmshim {
 
-CUcontext ActivePrimaryContext(const DriverApi& driver, CUdevice device) {
-  const DriverApi& d = driver;
-  if (d.cuDevicePrimaryCtxGetState == nullptr || d.cuDevicePrimaryCtxRetain == nullptr ||
-      d.cuDevicePrimaryCtxRelease_v2 == nullptr) {
-    return nullptr;
-  }
-  unsigned int flags = 0;
-  int active = 0;
-  if (d.cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS || active == 0) {
-    return nullptr;
-  }
-  CUcontext ctx = nullptr;
-  if (d.cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS) return nullptr;
-  d.cuDevicePrimaryCtxRelease_v2(device);  // back to its count, at least 1: stays alive
-  return ctx;
-}
-
 void ContextLifecycle::ReleaseContextMemory(CUcontext ctx, bool synchronize,
                                             const char* why) const {
   const size_t released = allocator_.ReleaseContext(ctx, synchronize);

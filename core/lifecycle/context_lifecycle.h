@@ -42,17 +42,12 @@
 #include <cuda.h>
 
 #include "core/allocator.h"
+#include "core/driver/context.h"
 #include "core/driver/driver_api.h"
 #include "core/ipc/ipc.h"
 
 namespace vmmshim {
 
-// The primary context of `device` when it is active, leaving its reference
-// count as it was (one cuDevicePrimaryCtxRetain, one Release); nullptr when
-// it is inactive, when a query fails, or when the driver lacks
-// cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxRetain or
-// cuDevicePrimaryCtxRelease_v2 (then nothing of it can be held).
-CUcontext ActivePrimaryContext(const DriverApi& driver, CUdevice device);
 
 // The shim's part of the context calls. Holds references only: `driver`,
 // `allocator` (and `ipc` when not nullptr, i.e. VMMSHIM_IPC=1) must outlive

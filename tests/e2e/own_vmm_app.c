@@ -89,7 +89,12 @@ static void PauseAndResume(CUdeviceptr a, CUmemGenericAllocationHandle ha, CUdev
   CUmemAllocationProp prop;
   EXPECT_EQ(cuMemGetAllocationPropertiesFromHandle(&prop, ha), CUDA_SUCCESS);
   EXPECT_EQ(prop.location.id, 0);
-  EXPECT_EQ(cuMemMap(a, 2 * MIB, 0, hb, 0), CUDA_ERROR_ILLEGAL_STATE);
+  CUdeviceptr fresh = 0;
+  EXPECT_EQ(cuMemAddressReserve(&fresh, 2 * MIB, 0, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemMap(fresh, 2 * MIB, 0, hb, 0), CUDA_ERROR_ILLEGAL_STATE); /* resume first */
+  EXPECT_EQ(cuMemAddressFree(fresh, 2 * MIB), CUDA_SUCCESS);
+  /* Over a paused mapping's range, as over a mapped one natively. */
+  EXPECT_EQ(cuMemMap(a, 2 * MIB, 0, hb, 0), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(resume(NULL, &restored), 0);
   EXPECT_EQ(restored, 28 * MIB);
   memset(back, 0, sizeof back);

@@ -228,44 +228,22 @@ TEST_F(PauseSelectionTest, PassedThroughAllocationsAreCountedUntilFreed) {
 // once: nothing leaked, nothing half paused, and a later resume restores
 // the contents.
 TEST_F(PauseSelectionTest, FaultsInAStreamOrderedPauseLeaveAConsistentState) {
-  int runs = 0;
-  for (const char* entry : {"cuCtxSynchronize", "cuMemHostRegister_v2", "cuMemcpyDtoH_v2",
-                            "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
-                            "cuMemSetAccess", "cuMemcpyHtoD_v2"}) {
-    for (int nth = 1; nth <= 2; ++nth) {
-      for (bool at_resume : {false, true}) {
-        SetUp();
-        {
-          Allocator a(api_);
-          const CUdeviceptr live = AllocAsync(a, 6 * kMiB, "kv");
-          const CUdeviceptr freed = AllocAsync(a, 4 * kMiB, "kv");
-          Fill(live, 6 * kMiB, 9);
-          sim::HoldStream(stream_);
-          ASSERT_TRUE(a.FreeAsync(freed, stream_, false).ok());
-          if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-          absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), true);
-          if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-          absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::Only("kv"));
-          sim::ClearFailures();
-          ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok()) << entry << " " << nth;
-          EXPECT_TRUE(Holds(live, 6 * kMiB, 9))
-              << entry << " " << nth << " " << at_resume << " pause: " << paused.status()
-              << " resume: " << resumed.status();
-          EXPECT_EQ(a.GetStats().paused_bytes, 0u) << entry << " " << nth;
-          ASSERT_TRUE(a.FreeAsync(live, stream_, false).ok());
-          ASSERT_TRUE(sim::cuCtxSynchronize() == CUDA_SUCCESS);
-          a.stream_ordered().Reclaim(-1);
-          a.Trim();
-          ASSERT_TRUE(a.ReleaseAll().ok()) << entry << " " << nth;
-        }
-        const sim::Usage u = sim::GetUsage();
-        EXPECT_EQ(u.handles, 0u) << entry << " " << nth << " " << at_resume;
-        EXPECT_EQ(u.mappings, 0u) << entry << " " << nth << " " << at_resume;
-        EXPECT_EQ(sim::LiveHostAllocations(), 0u) << entry << " " << nth;
-        ++runs;
-      }
-    }
-  }
+  CUdeviceptr live = 0;
+  const int runs = RunPauseFaults(
+      PauseDriverCalls(), 2, TagSelection::Only("kv"),
+      [&](Allocator& a) {
+        live = AllocAsync(a, 6 * kMiB, "kv");
+        const CUdeviceptr freed = AllocAsync(a, 4 * kMiB, "kv");
+        Fill(live, 6 * kMiB, 9);
+        sim::HoldStream(stream_);  // the freed block's stream still busy at the pause
+        ASSERT_TRUE(a.FreeAsync(freed, stream_, false).ok());
+      },
+      [&](Allocator& a, const std::string& what) {
+        EXPECT_TRUE(Holds(live, 6 * kMiB, 9)) << what;
+        EXPECT_TRUE(a.FreeAsync(live, stream_, false).ok()) << what;
+        EXPECT_EQ(sim::cuCtxSynchronize(), CUDA_SUCCESS);
+        a.stream_ordered().Reclaim(-1);
+      });
   EXPECT_EQ(runs, 36);
 }
 

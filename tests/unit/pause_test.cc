@@ -259,43 +259,23 @@ TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
 // (contents intact) or everything paused can still be resumed with its
 // contents once the driver works again; nothing leaks.
 TEST_F(PauseTest, FaultsAnywhereInPauseOrResumeLeaveAConsistentState) {
-  int runs = 0;
-  for (const char* entry : {"cuCtxSynchronize", "cuMemHostRegister_v2", "cuMemcpyDtoH_v2",
-                            "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
-                            "cuMemSetAccess", "cuMemcpyHtoD_v2", "cuCtxPushCurrent_v2"}) {
-    for (int nth = 1; nth <= 3; ++nth) {
-      for (bool at_resume : {false, true}) {
-        SetUp();
-        {
-          Allocator a(api_);
-          const CUdeviceptr kv = Alloc(a, 6 * kMiB, "kv");
-          const CUdeviceptr s = Alloc(a, 4096, "kv");
-          Fill(kv, 6 * kMiB, 11);
-          Fill(s, 4096, 12);
-          if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-          absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), true);
-          if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-          absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::Only("kv"));
-          sim::ClearFailures();
-          ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok()) << entry << " " << nth;
-          EXPECT_TRUE(Holds(kv, 6 * kMiB, 11)) << entry << " " << nth << " " << at_resume
-                                                << " pause: " << paused.status()
-                                                << " resume: " << resumed.status();
-          EXPECT_TRUE(Holds(s, 4096, 12)) << entry << " " << nth << " " << at_resume;
-          EXPECT_EQ(a.GetStats().paused_bytes, 0u) << entry << " " << nth;
-          ASSERT_TRUE(a.Free(kv).ok());
-          ASSERT_TRUE(a.Free(s).ok());
-          a.Trim();
-          ASSERT_TRUE(a.ReleaseAll().ok()) << entry << " " << nth;
-        }
-        const sim::Usage u = sim::GetUsage();
-        EXPECT_EQ(u.handles, 0u) << entry << " " << nth << " " << at_resume;
-        EXPECT_EQ(u.mappings, 0u) << entry << " " << nth << " " << at_resume;
-        EXPECT_EQ(sim::LiveHostAllocations(), 0u) << entry << " " << nth;
-        ++runs;
-      }
-    }
-  }
+  std::vector<const char*> entries = PauseDriverCalls();
+  entries.push_back("cuCtxPushCurrent_v2");
+  CUdeviceptr kv = 0, s = 0;
+  const int runs = RunPauseFaults(
+      entries, 3, TagSelection::Only("kv"),
+      [&](Allocator& a) {
+        kv = Alloc(a, 6 * kMiB, "kv");
+        s = Alloc(a, 4096, "kv");
+        Fill(kv, 6 * kMiB, 11);
+        Fill(s, 4096, 12);
+      },
+      [&](Allocator& a, const std::string& what) {
+        EXPECT_TRUE(Holds(kv, 6 * kMiB, 11)) << what;
+        EXPECT_TRUE(Holds(s, 4096, 12)) << what;
+        EXPECT_TRUE(a.Free(kv).ok()) << what;
+        EXPECT_TRUE(a.Free(s).ok()) << what;
+      });
   EXPECT_EQ(runs, 60);
 }
 

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/allocator.h"
+#include "core/heap/tag_selection.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 
@@ -87,6 +89,58 @@ class SimTest : public ::testing::Test {
     size_t free = 0, total = 0;
     EXPECT_EQ(sim::cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
     return free;
+  }
+
+  // The driver calls a pause with contents and its resume make
+  // (core/heap/pause.h), for fault injection.
+  static std::vector<const char*> PauseDriverCalls() {
+    return {"cuCtxSynchronize", "cuMemHostRegister_v2", "cuMemcpyDtoH_v2", "cuMemUnmap",
+            "cuMemRelease", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemcpyHtoD_v2"};
+  }
+
+  // Fault injection in a pause with contents of `selection` and its resume:
+  // for each of `entries`, each of its first `calls` calls, failing at the
+  // pause or at the resume, on a simulation started over (SetUp), with
+  // `prepare(allocator)` making and filling memory first. Then, with the
+  // driver working again, a resume must succeed, nothing may stay paused,
+  // `check(allocator, what)` must find the contents and free the memory, and
+  // nothing may be left: no handle, mapping or page-locked host allocation.
+  // Returns the number of runs.
+  template <typename Prepare, typename Check>
+  int RunPauseFaults(const std::vector<const char*>& entries, int calls,
+                     const TagSelection& selection, Prepare prepare, Check check) {
+    int runs = 0;
+    for (const char* entry : entries) {
+      for (int nth = 1; nth <= calls; ++nth) {
+        for (bool at_resume : {false, true}) {
+          SetUp();
+          std::string what = absl::StrCat(entry, " call ", nth, at_resume ? " at the resume"
+                                                                          : " at the pause");
+          {
+            Allocator a(api_);
+            prepare(a);
+            if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+            absl::StatusOr<size_t> paused = a.pause().Pause(selection, true);
+            if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
+            absl::StatusOr<size_t> resumed = a.pause().Resume(selection);
+            sim::ClearFailures();
+            absl::StrAppend(&what, " (pause: ", paused.status().ToString(),
+                            "; resume: ", resumed.status().ToString(), ")");
+            EXPECT_TRUE(a.pause().Resume(selection).ok()) << what;
+            EXPECT_EQ(a.GetStats().paused_bytes, 0u) << what;
+            check(a, what);
+            a.Trim();
+            EXPECT_TRUE(a.ReleaseAll().ok()) << what;
+          }
+          const sim::Usage u = sim::GetUsage();
+          EXPECT_EQ(u.handles, 0u) << what;
+          EXPECT_EQ(u.mappings, 0u) << what;
+          EXPECT_EQ(sim::LiveHostAllocations(), 0u) << what;
+          ++runs;
+        }
+      }
+    }
+    return runs;
   }
 
   DriverApi api_;
