@@ -89,8 +89,6 @@ class StagingRing {
   // that cannot be mapped: CUDA_ERROR_OUT_OF_MEMORY; cuMemHostRegister's.
   absl::Status Ready();
   char* slot(int i) const { return memory_ + static_cast<size_t>(i) * kSlotBytes; }
-  // Whether it is registered now, as far as this ring knows (tests).
-  bool registered() const { return registered_; }
   // A fork child: the parent's registration means nothing there.
   void AfterForkChild() {
     registered_ = false;

@@ -15,13 +15,10 @@
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 rounds=${1:-3}
-wheel=$(ls "$root"/.gpu/wheels/torch_memory_saver-*.whl 2>/dev/null | head -1)
-if [ -z "$wheel" ]; then
+unpack_tms
+if [ -z "$tms_dir" ]; then
   echo "no torch_memory_saver wheel in .gpu/wheels (run tools/gpu/fetch-wheels.sh)"; exit 1
 fi
-tms_dir=$(mktemp -d)
-python3 -m zipfile -e "$wheel" "$tms_dir"
-tms=$tms_dir/torch_memory_saver_hook_mode_preload_cu13.abi3.so
 csv=$out/tms-compare.csv
 echo "workload,mode,round,value,unit,checksum" > "$csv"
 run() {  # workload mode round command...

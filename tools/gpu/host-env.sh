@@ -27,3 +27,17 @@ gpu_header_and_checks() {
     grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest-gpu.txt" | tail -30
   fi
 }
+
+# torch_memory_saver from its wheel in .gpu/wheels (tools/gpu/fetch-wheels.sh),
+# unpacked into a temporary directory: sets tms_dir (empty when there is no
+# wheel) and tms, its preload library for CUDA 13.
+unpack_tms() {
+  local wheel
+  wheel=$(ls "$root"/.gpu/wheels/torch_memory_saver-*.whl 2>/dev/null | head -1)
+  tms_dir=""
+  if [ -n "$wheel" ]; then
+    tms_dir=$(mktemp -d)
+    python3 -m zipfile -e "$wheel" "$tms_dir"
+  fi
+  tms=$tms_dir/torch_memory_saver_hook_mode_preload_cu13.abi3.so
+}

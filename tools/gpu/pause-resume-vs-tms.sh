@@ -14,13 +14,7 @@ rounds=${1:-2}
 kv=${KV_GIB:-8}
 exec > >(tee "$out/pause-resume.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-wheel=$(ls "$root"/.gpu/wheels/torch_memory_saver-*.whl 2>/dev/null | head -1)
-tms_dir=""
-if [ -n "$wheel" ]; then
-  tms_dir=$(mktemp -d)
-  python3 -m zipfile -e "$wheel" "$tms_dir"
-fi
-tms=$tms_dir/torch_memory_saver_hook_mode_preload_cu13.abi3.so
+unpack_tms
 app="python3 $root/examples/pause_resume.py --kv-gib $kv --cycles ${CYCLES:-1}"
 # One warm-up run of each mode, not reported (page cache, CUDA and PyTorch
 # start-up, the first touch of THP host memory).

@@ -14,13 +14,7 @@ rounds=${1:-2}
 exec > >(tee "$out/sleep-whole-process.log") 2>&1
 gpu_header_and_checks
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
-wheel=$(ls "$root"/.gpu/wheels/torch_memory_saver-*.whl 2>/dev/null | head -1)
-tms_dir=""
-if [ -n "$wheel" ]; then
-  tms_dir=$(mktemp -d)
-  python3 -m zipfile -e "$wheel" "$tms_dir"
-fi
-tms=$tms_dir/torch_memory_saver_hook_mode_preload_cu13.abi3.so
+unpack_tms
 app() { python3 "$root/examples/sleep_whole_process.py" --kv-gib "${KV_GIB:-16}" --work-gib "${WORK_GIB:-16}" "$@"; }
 run() {  # run BACKEND: the program under that backend
   case $1 in
