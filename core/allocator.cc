@@ -140,6 +140,17 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
     return Allocation{*hit, true};
   }
+  if (const uint64_t margin = memory_margin_bytes_.load(std::memory_order_relaxed);
+      margin > 0 && !tag.empty()) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (driver_.cuMemGetInfo_v2(&free_bytes, &total_bytes) == CUDA_SUCCESS &&
+        (bytes > free_bytes || free_bytes - bytes < margin)) {
+      Log().info("cuMemAlloc of {} bytes (tag {}) refused: {} bytes free on device {}, memory "
+                 "margin {} bytes",
+                 bytes, std::string(tag), free_bytes, device, margin);
+      return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc (memory margin)");
+    }
+  }
   absl::StatusOr<CUdeviceptr> ptr = (*heap)->AllocateSlow(placement, bytes);
   // Memory held back by frees during a capture that has ended is free
   // memory to the application: reclaim it and try once more (AllocateSlow
@@ -386,6 +397,12 @@ absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
   }
   return arena->PeerHasAccess(ptr, peer);
+}
+
+absl::StatusOr<const void*> Allocator::PausedContents(CUdeviceptr ptr, size_t bytes) const {
+  HeapArena* arena = heaps_.Locate(ptr).arena;
+  if (arena == nullptr) return NotShimMemory();
+  return arena->PausedContents(ptr, bytes);
 }
 
 void Allocator::CaptureEnded(CUstream stream, bool per_thread) {

@@ -343,6 +343,22 @@ class Allocator {
   absl::Status SetPeerAccess(CUdeviceptr ptr, int peer, bool grant);
   // Whether `peer` can access the allocation containing `ptr` now.
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const;
+  // The memory margin (torch_memory_saver's memory_margin_bytes): from now
+  // on a tagged allocation that needs new physical memory fails with
+  // CUDA_ERROR_OUT_OF_MEMORY when, after it, less than `bytes` of the
+  // device's memory would stay free (cuMemGetInfo). 0 (the default) turns
+  // it off. Allocations served from the cache, and untagged ones, are not
+  // checked: they are outside what the margin protects, and the cached
+  // path makes no driver call. Any thread.
+  void SetMemoryMarginBytes(uint64_t bytes) {
+    memory_margin_bytes_.store(bytes, std::memory_order_relaxed);
+  }
+  // The host copy of [ptr, ptr + bytes) of a paused allocation whose
+  // contents were kept (HeapArena::PausedContents states the rule): valid
+  // until the allocation is resumed or freed. CUDA_ERROR_INVALID_VALUE: not
+  // shim memory or past the allocation's end; CUDA_ERROR_NOT_FOUND: not
+  // paused, or paused without its contents.
+  absl::StatusOr<const void*> PausedContents(CUdeviceptr ptr, size_t bytes) const;
 
   AllocatorStats GetStats() const;
   // Calls the interposition layer counts (pass-throughs, peer enables).
@@ -375,6 +391,7 @@ class Allocator {
   ForeignVmm foreign_;  // before pause_, which pauses it too
   PauseCoordinator pause_;
   CallCounters counters_;
+  std::atomic<uint64_t> memory_margin_bytes_{0};  // SetMemoryMarginBytes
 };
 
 }  // namespace vmmshim

@@ -24,7 +24,7 @@ CUresult ExplicitAccess(const void* ptr, int peer, bool grant) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  return ToCuResult(grant ? rt->allocator->SetPeerAccess(p, peer, true) : rt->allocator->SetPeerAccess(p, peer, false));
+  return ToCuResult(rt->allocator->SetPeerAccess(p, peer, grant));
 }
 }  // namespace
 
@@ -45,6 +45,26 @@ VMMSHIM_EXPORT int vmmshim_query_peer_access(const void* ptr, int peer_device,
       rt->allocator->PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
   if (!has.ok()) return ToCuResult(has.status());
   *has_access = *has ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_get_paused_contents(const void* ptr, size_t bytes,
+                                               const void** host) {
+  if (host == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *host = nullptr;
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  absl::StatusOr<const void*> copy =
+      rt->allocator->PausedContents(reinterpret_cast<CUdeviceptr>(ptr), bytes);
+  if (!copy.ok()) return ToCuResult(copy.status());
+  *host = *copy;
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_set_memory_margin(size_t bytes) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  rt->allocator->SetMemoryMarginBytes(bytes);
   return CUDA_SUCCESS;
 }
 

@@ -222,6 +222,13 @@ class HeapArena {
   // `ptr` (Allocator::SetPeerAccess states the rule).
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The host copy of [ptr, ptr + bytes) while the block holding it is
+  // paused with its contents (PausePrepare with a copier): a pointer into
+  // the block's backup, valid until the block is resumed or freed.
+  // CUDA_ERROR_INVALID_VALUE: not an allocation here, or the range leaves
+  // it; CUDA_ERROR_NOT_FOUND: not paused, or paused without contents.
+  absl::StatusOr<const void*> PausedContents(CUdeviceptr ptr, size_t bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // IPC: marks the allocation containing `ptr` exported (its block is never
   // cached again; a granule takes no new allocations) and registers its

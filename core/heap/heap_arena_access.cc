@@ -20,16 +20,16 @@ void HeapArena::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t
       continue;
     }
     c.denials += allocations;
-    // Rate-limited: a missing grant can hang NVLink collectives instead of
-    // faulting, so the first denial of each pair is a warning.
-    // One warning per pair and device, then up to 100 info lines.
+    // At info: a denial is the policy the user chose doing its work (the
+    // exit report and `vmmshim compare` count them). Rate-limited: the first
+    // of each pair and device says so, then up to 100 more lines.
     std::atomic<int>& count = shared_.denials_logged[p];
     if (count.load(std::memory_order_relaxed) >= 101) continue;
     const int logged = count.fetch_add(1, std::memory_order_relaxed);
     const std::string reason = policy_.DenialReason(options_.device, p, bytes, tag);
     if (logged == 0) {
-      Log().warn("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
-                 "further denials for this pair are logged at info level, up to 100",
+      Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
+                 "further denials for this pair are logged up to 100",
                  p, allocations, bytes, options_.device, reason);
     } else {
       Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({})", p,
@@ -157,6 +157,19 @@ absl::StatusOr<bool> HeapArena::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   const Block& b = *blocks_.at(info->range_base);
   // Paused: the access it gets back at resume.
   return (b.unmapped() ? Target(b) | DeviceSet::Of(options_.device) : b.access).Contains(peer);
+}
+
+absl::StatusOr<const void*> HeapArena::PausedContents(CUdeviceptr ptr, size_t bytes) const {
+  MutexLock lock(&mu_);
+  std::optional<PointerInfo> info = FindLocked(ptr);
+  if (!info || bytes > info->allocation_base + info->allocation_size - ptr) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim paused contents");
+  }
+  const Block& b = *blocks_.at(info->range_base);
+  if (!b.unmapped() || !b.backup.has_value()) {
+    return DriverError(CUDA_ERROR_NOT_FOUND, "vmmshim paused contents");
+  }
+  return static_cast<const void*>(b.backup->data() + (ptr - info->range_base));
 }
 
 absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdeviceptr ptr) {

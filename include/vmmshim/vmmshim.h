@@ -104,6 +104,25 @@ int vmmshim_pause_memory_except(const char* const* keep_tags, size_t count, unsi
  * after releasing the shim's cache: everything stays paused, nothing
  * leaks, a later resume can succeed. */
 int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
+/* The memory margin, as torch_memory_saver's memory_margin_bytes: from now
+ * on an allocation made under a tag (vmmshim_set_allocation_tag) that needs
+ * new physical memory fails with CUDA_ERROR_OUT_OF_MEMORY (cudaMalloc:
+ * cudaErrorMemoryAllocation) when less than `bytes` of the device's memory
+ * (cuMemGetInfo) would stay free after it; a line at log level info says
+ * so. 0, the default, turns it off. Untagged allocations and those the
+ * shim's cache serves are not checked. 801 when the shim is disabled. */
+int vmmshim_set_memory_margin(size_t bytes);
+/* The contents of a paused allocation, as kept in host memory by a pause
+ * with VMMSHIM_PAUSE_KEEP_CONTENTS: *host receives the host address that
+ * holds the `bytes` bytes from `ptr` (inside one allocation the shim
+ * serves), readable (not writable) until the allocation is resumed or
+ * freed. Nothing is copied: it is the shim's own backup. *host is NULL on
+ * failure. Returns 1 (CUDA_ERROR_INVALID_VALUE) for a NULL `host`, a `ptr`
+ * the shim does not serve or a range past the allocation's end; 500
+ * (CUDA_ERROR_NOT_FOUND) when the allocation is not paused, or was paused
+ * without its contents; 801 when the shim is disabled. Other libraries' own
+ * VMM memory (docs/pause-resume.md) is not reached here. */
+int vmmshim_get_paused_contents(const void* ptr, size_t bytes, const void** host);
 /* The statistics of VMMSHIM_STATS_FILE (a JSON document, docs/configuration.md)
  * now, NUL-terminated, into `buffer` of `size` bytes. *needed (may be NULL)
  * receives the bytes it takes, NUL included; `buffer` NULL only asks for
@@ -121,6 +140,7 @@ int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed);
  * disabled. */
 int vmmshim_get_residency(char* buffer, size_t size, size_t* needed);
 typedef int (*vmmshim_get_statistics_fn)(char*, size_t, size_t*);
+typedef int (*vmmshim_get_paused_contents_fn)(const void*, size_t, const void**);
 typedef int (*vmmshim_pause_memory_fn)(const char*, unsigned, size_t*);
 typedef int (*vmmshim_pause_memory_except_fn)(const char* const*, size_t, unsigned, size_t*);
 typedef int (*vmmshim_get_residency_fn)(char*, size_t, size_t*);

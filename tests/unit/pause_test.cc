@@ -78,6 +78,65 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
   EXPECT_EQ(sim::GetUsage().handles, 0u);
 }
 
+// A paused allocation's kept contents are readable in host memory (what
+// torch_memory_saver's get_cpu_backup gives), only while paused with them.
+TEST_F(PauseTest, PausedContentsAreTheHostCopyWhilePaused) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  const CUdeviceptr small = Alloc(a, 4096, "kv");   // packed: inside a shared granule
+  const CUdeviceptr scratch = Alloc(a, 4 * kMiB, "scratch");
+  Fill(kv, 4 * kMiB, 5);
+  Fill(small, 4096, 6);
+  auto code = [](const absl::Status& s) { return ToCuResult(s); };
+  EXPECT_EQ(code(a.PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);  // live
+
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/true).ok());
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("scratch"), /*keep_contents=*/false).ok());
+  absl::StatusOr<const void*> host = a.PausedContents(kv + kMiB, 3 * kMiB);
+  ASSERT_TRUE(host.ok()) << host.status();
+  // Fill's pattern: byte i of an allocation is i * 13 + seed.
+  const auto* bytes = static_cast<const unsigned char*>(*host);
+  bool same = true;
+  for (size_t i = 0; i < 3 * kMiB; ++i) {
+    same &= bytes[i] == static_cast<unsigned char>((kMiB + i) * 13 + 5);
+  }
+  EXPECT_TRUE(same);
+  host = a.PausedContents(small, 4096);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(static_cast<const unsigned char*>(*host)[4095],
+            static_cast<unsigned char>(4095 * 13 + 6));
+  EXPECT_EQ(code(a.PausedContents(kv, 4 * kMiB + 1).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(code(a.PausedContents(small + 1, 4096).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(code(a.PausedContents(0x1234, 1).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(code(a.PausedContents(scratch, 16).status()), CUDA_ERROR_NOT_FOUND);  // dropped
+
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_EQ(code(a.PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 5));
+  for (CUdeviceptr p : {kv, small, scratch}) ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+// The memory margin (torch_memory_saver's memory_margin_bytes): a tagged
+// allocation that needs new memory fails when less than the margin would
+// stay free; untagged ones and cache hits are not held back.
+TEST_F(PauseTest, TheMemoryMarginRefusesTaggedAllocationsThatWouldEatIntoIt) {
+  Allocator a(api_);
+  const CUdeviceptr kept = Alloc(a, 8 * kMiB, "kv");
+  ASSERT_TRUE(a.Free(kept).ok());  // cached
+  const size_t free_bytes = FreeMemory();
+  a.SetMemoryMarginBytes(free_bytes - 16 * kMiB);
+  absl::StatusOr<Allocator::Allocation> refused = a.Allocate(32 * kMiB, "kv");
+  EXPECT_EQ(ToCuResult(refused.status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(FreeMemory(), free_bytes);                  // nothing was made
+  const CUdeviceptr fits = Alloc(a, 8 * kMiB, "kv");    // the cached block
+  const CUdeviceptr untagged = Alloc(a, 32 * kMiB, "");
+  a.SetMemoryMarginBytes(0);
+  const CUdeviceptr later = Alloc(a, 32 * kMiB, "kv");
+  for (CUdeviceptr p : {fits, untagged, later}) ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
 // The staging ring is page-locked once and kept (pinning costs about as much
 // as a seventh of an 8 GiB copy on an H200 host); a context's end that drops
 // its registration is met by registering again; the ring's end unregisters
