@@ -16,8 +16,13 @@ for f in lib/libvmmshim.so bin/vmmshim include/vmmshim/vmmshim.h \
          lib/cmake/vmmshim/vmmshimConfig.cmake lib/cmake/vmmshim/vmmshimConfigVersion.cmake \
          lib/cmake/vmmshim/vmmshimTargets.cmake lib/pkgconfig/vmmshim.pc \
          share/doc/vmmshim/README.md share/doc/vmmshim/performance.md \
-         share/doc/vmmshim/compare.md share/vmmshim/compare_chart.py; do
+         share/doc/vmmshim/compare.md share/vmmshim/compare_chart.py \
+         share/doc/vmmshim/LICENSE share/doc/vmmshim/copyright; do
   [ -e "$stage/$f" ] || { echo "missing after install: $f"; exit 1; }
+done
+# Stripped by default (VMMSHIM_INSTALL_STRIP): the debug info stays in the build tree.
+for f in lib/libvmmshim.so bin/vmmshim; do
+  file -L "$stage/$f" | grep -q ', stripped' || { echo "installed $f is not stripped: $(file -L "$stage/$f")"; exit 1; }
 done
 version=$(sed -n 's/^project(vmmshim VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
 [ "$("$stage/bin/vmmshim" --version)" = "vmmshim $version" ] ||
@@ -51,12 +56,12 @@ cmake --build "$work/consumer" >/dev/null
 (cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/deb" >/dev/null)
 deb=$(ls "$work"/deb/*.deb)
 dpkg-deb -c "$deb" > "$work/contents"
-for f in ./usr/lib/libvmmshim.so ./usr/bin/vmmshim ./usr/share/vmmshim/compare_chart.py; do
+for f in ./usr/lib/libvmmshim.so ./usr/bin/vmmshim ./usr/share/vmmshim/compare_chart.py \
+         ./usr/share/doc/vmmshim/copyright; do
   grep -q "$f" "$work/contents" || { echo "no $f in $deb"; exit 1; }
 done
 # Its dependencies come from the binaries (dpkg-shlibdeps): at least the
-# glibc whose symbols libvmmshim.so's static C++ runtime uses (2.36 where it
-# was built on Debian 12), never below 2.36 when built here.
+# glibc whose symbols libvmmshim.so uses (2.35: cmake/glibc_floor.c).
 depends=$(dpkg-deb -f "$deb" Depends)
 glibc=$(sed -n 's/.*libc6 (>= \([0-9.]*\)).*/\1/p' <<<"$depends")
 need=$(objdump -T "$build/libvmmshim.so" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
