@@ -42,7 +42,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (argc > 1) n = atoi(argv[1]) < n ? atoi(argv[1]) : n;
-  if (n > kMaxDevices) n = kMaxDevices;
+  if (n > kMaxDevices) {
+    fprintf(stderr, "peer_exchange: using %d of the %d devices (at most %d)\n", kMaxDevices, n,
+            kMaxDevices);
+    n = kMaxDevices;
+  }
   if (n < 2) {
     printf("peer_exchange: %d device(s); the exchange needs two. Nothing to show here.\n", n);
     return 0;

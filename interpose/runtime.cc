@@ -151,10 +151,8 @@ const Runtime* Initialize() {
     }
     Log().info("serving device allocations from VMM (driver {}, log level {})", version,
                std::string(LogLevelName(rt->config.log_level)));
-    // The policy in force, once: visible by default when it is selective.
-    const bool selective = rt->config.peer_policy.kind != PeerPolicy::Kind::kAll;
-    Log().log(selective ? spdlog::level::warn : spdlog::level::info,
-              "peer-access policy: {}{}", rt->config.peer_policy.Describe(),
+    // The policy in force, once, at info: it is the user's own choice.
+    Log().info("peer-access policy: {}{}", rt->config.peer_policy.Describe(),
               rt->config.peer_enable_driver ? "" : "; cuCtxEnablePeerAccess does not reach the driver");
   }
   g_runtime_for_exit = rt;

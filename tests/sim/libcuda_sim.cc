@@ -9,6 +9,7 @@
 //
 // Environment: see sim::OptionsFromEnv; also SIMCUDA_FAIL=entry:nth:code[,..]
 // to fail the nth call of an entry point.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -38,12 +39,27 @@ void ApplyEnvFailures() {
   }
 }
 
-void EnsureConfigured() {
+// False, after one message naming it, when a SIMCUDA_* variable is
+// malformed: every entry point then fails with CUDA_ERROR_INVALID_VALUE, so
+// that a typo is not run as some other configuration.
+bool EnsureConfigured() {
   static std::once_flag once;
+  static bool configured = false;
   std::call_once(once, [] {
-    vmmshim::sim::Reset(vmmshim::sim::OptionsFromEnv());
+    std::string error;
+    vmmshim::sim::SimOptions options = vmmshim::sim::OptionsFromEnv(&error);
+    if (!error.empty()) {
+      std::fprintf(stderr,
+                   "simcuda (the simulated libcuda.so.1): %s; every driver call fails with "
+                   "CUDA_ERROR_INVALID_VALUE\n",
+                   error.c_str());
+      return;
+    }
+    vmmshim::sim::Reset(options);
     ApplyEnvFailures();
+    configured = true;
   });
+  return configured;
 }
 
 void* ExportLookup(const char* name);
@@ -52,7 +68,9 @@ void* ExportLookup(const char* name);
 
 #define VMMSHIM_SIM_EXPORT(name, params, args) \
   SIM_EXPORT CUresult name params {            \
-    EnsureConfigured();                        \
+    if (!EnsureConfigured()) {                 \
+      return CUDA_ERROR_INVALID_VALUE;         \
+    }                                          \
     return vmmshim::sim::name args;            \
   }
 VMMSHIM_SIM_ENTRY_POINTS(VMMSHIM_SIM_EXPORT)

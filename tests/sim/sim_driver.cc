@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/driver/cu_status.h"
 
@@ -586,18 +587,31 @@ size_t LiveHostAllocations() {
   return s.host_allocations.size();
 }
 
-SimOptions OptionsFromEnv() {
+SimOptions OptionsFromEnv(std::string* error) {
   SimOptions o;
+  auto bad = [error](const char* name, const char* value, const char* expected) {
+    if (error != nullptr && error->empty()) {
+      *error = absl::StrCat(name, "='", value, "': expected ", expected);
+    }
+  };
   if (const char* v = std::getenv("SIMCUDA_COMPRESSION")) {
     o.generic_compression = std::string(v) == "1";
   }
   if (const char* v = std::getenv("SIMCUDA_DEVICES")) {
     int n;
-    if (absl::SimpleAtoi(v, &n) && n > 0) o.device_count = n;
+    if (absl::SimpleAtoi(v, &n) && n > 0 && n <= kMaxSimDevices) {
+      o.device_count = n;
+    } else {
+      bad("SIMCUDA_DEVICES", v, "a device count from 1 to 64");
+    }
   }
   if (const char* v = std::getenv("SIMCUDA_MEMORY_MIB")) {
     size_t mib;
-    if (absl::SimpleAtoi(v, &mib) && mib > 0) o.memory_per_device = mib << 20;
+    if (absl::SimpleAtoi(v, &mib) && mib > 0 && mib <= (size_t{1} << 24)) {
+      o.memory_per_device = mib << 20;
+    } else {
+      bad("SIMCUDA_MEMORY_MIB", v, "MiB per device, from 1 to 16777216");
+    }
   }
   if (const char* v = std::getenv("SIMCUDA_NO_P2P")) {  // "0-3,1-2"
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {

@@ -76,10 +76,16 @@ struct SimOptions {
 void HoldStream(CUstream stream);
 void ReleaseStream(CUstream stream);
 
-// SIMCUDA_COMPRESSION=1 (generic compression supported), SIMCUDA_DEVICES (count), SIMCUDA_MEMORY_MIB (per device), SIMCUDA_NO_VMM
-// (comma-separated ordinals), SIMCUDA_NO_P2P (pairs without peer capability,
-// "0-3,1-2"), SIMCUDA_FAIL (entry:nth:code[,...], libcuda.so.1 only).
-SimOptions OptionsFromEnv();
+// The simulation's settings (docs/configuration.md, "The simulated driver"):
+// SIMCUDA_DEVICES (device count, 1 to kMaxSimDevices; default 2),
+// SIMCUDA_MEMORY_MIB (memory per device, MiB), SIMCUDA_COMPRESSION=1 (generic
+// compression supported), SIMCUDA_NO_VMM (comma-separated ordinals),
+// SIMCUDA_NO_P2P (pairs without peer capability, "0-3,1-2"), SIMCUDA_FAIL
+// (entry:nth:code[,...], libcuda.so.1 only). A malformed value sets *error
+// (when given) to a message naming the variable and what it takes; the
+// default stands in for it.
+inline constexpr int kMaxSimDevices = 64;  // the shim's device limit (core/base/device_set.h)
+SimOptions OptionsFromEnv(std::string* error = nullptr);
 
 // Drops every allocation, handle, reservation, context and counter, and
 // starts over with `options`. cuInit must be called again afterwards.
