@@ -98,6 +98,26 @@ bool ApplyStatsFile(absl::string_view value, int pid, Config* config) {
   return ApplyPidPath(value, pid, &config->stats_file);
 }
 
+bool ApplyStatsPid(absl::string_view value, int, Config* config) {
+  int pid;
+  if (!absl::SimpleAtoi(value, &pid) || pid <= 0) return false;
+  config->stats_pid = pid;
+  return true;
+}
+
+// A statistics path for process `pid` that is not the one VMMSHIM_STATS_PID
+// names: ".PID" before the extension (or at the end), so that the children
+// of `vmmshim run --stats FILE` do not overwrite each other's file or the
+// program's.
+std::string WithPid(const std::string& path, int pid) {
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  const bool has_extension =
+      dot != std::string::npos && dot > (slash == std::string::npos ? 0 : slash + 1);
+  const size_t at = has_extension ? dot : path.size();
+  return absl::StrCat(path.substr(0, at), ".", pid, path.substr(at));
+}
+
 bool ApplyIpc(absl::string_view value, int, Config* config) {
   return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->ipc);
 }
@@ -231,6 +251,12 @@ constexpr OptionInfo kOptions[] = {
      "number never share a lock on the fast path (core/heap/device_heap.h). 0: the number of CPUs "
      "the process may run on, at most 8. 1: one arena (one lock per device).",
      &ApplyArenas, false, OptionKey::kArenas},
+    {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
+     "Set by `vmmshim run --stats FILE`: the process that writes VMMSHIM_STATS_FILE as named. "
+     "Any other process under the same setting (a child: torchrun's workers, multiprocessing, "
+     "a shell's commands) writes it with .PID before the extension (stats.json: "
+     "stats.1234.json), so that none overwrites another's. A path with %p is used as given.",
+     &ApplyStatsPid, false, OptionKey::kStatsPid},
 };
 
 // Option(key) indexes the table: each row must sit at its key's place, and
@@ -242,7 +268,7 @@ constexpr bool RowsInKeyOrder() {
   return true;
 }
 static_assert(RowsInKeyOrder(), "kOptions rows out of OptionKey order");
-static_assert(std::size(kOptions) == static_cast<size_t>(OptionKey::kArenas) + 1,
+static_assert(std::size(kOptions) == static_cast<size_t>(OptionKey::kStatsPid) + 1,
               "an OptionKey without its row in kOptions (or a row without a key)");
 
 }  // namespace
@@ -288,6 +314,11 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
            : result.problems)
           .push_back(absl::StrCat(name, " is not a vmmshim option; options are:", names));
     }
+  }
+  if (const char* stats = getenv(Option(OptionKey::kStatsFile).name);
+      stats != nullptr && !result.config.stats_file.empty() && result.config.stats_pid != 0 &&
+      result.config.stats_pid != pid && absl::string_view(stats).find("%p") == absl::string_view::npos) {
+    result.config.stats_file = WithPid(result.config.stats_file, pid);
   }
   if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
   if (!result.config.enable) {

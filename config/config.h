@@ -44,6 +44,9 @@ struct Config {
   bool peer_enable_driver = true;
   // JSON statistics written at exit; empty = none. "%p" already replaced.
   std::string stats_file;
+  // The process that writes stats_file as named (VMMSHIM_STATS_PID, set by
+  // `vmmshim run --stats`); 0: every process does. Applied by ParseConfig.
+  int stats_pid = 0;
   // Allocation trace (core/report/trace.h); empty = none. "%p" already replaced.
   std::string trace_file;
   // VMMSHIM_CACHE_LIMIT: a percentage of each device's memory when
@@ -82,7 +85,8 @@ enum class OptionKey {
   kIpc,
   kIpcDir,
   kCompression,
-  kArenas,  // the last: config.cc checks that the table has a row for each
+  kArenas,
+  kStatsPid,  // the last: config.cc checks that the table has a row for each
 };
 
 struct OptionInfo {

@@ -23,6 +23,27 @@ ParseResult Parse(const std::map<std::string, std::string>& env) {
       names, 4242);
 }
 
+// `vmmshim run --stats FILE` names the process that writes FILE; its
+// children (pid 4242 here) write FILE with their pid before the extension.
+TEST(ConfigTest, StatsFileOfAChildCarriesItsPid) {
+  EXPECT_EQ(Parse({{"VMMSHIM_STATS_FILE", "/tmp/run/stats.json"}, {"VMMSHIM_STATS_PID", "4242"}})
+                .config.stats_file,
+            "/tmp/run/stats.json");  // the program itself
+  EXPECT_EQ(Parse({{"VMMSHIM_STATS_FILE", "/tmp/run/stats.json"}, {"VMMSHIM_STATS_PID", "7"}})
+                .config.stats_file,
+            "/tmp/run/stats.4242.json");
+  EXPECT_EQ(Parse({{"VMMSHIM_STATS_FILE", "/tmp/r.d/stats"}, {"VMMSHIM_STATS_PID", "7"}})
+                .config.stats_file,
+            "/tmp/r.d/stats.4242");
+  EXPECT_EQ(Parse({{"VMMSHIM_STATS_FILE", "/tmp/s.%p.json"}, {"VMMSHIM_STATS_PID", "7"}})
+                .config.stats_file,
+            "/tmp/s.4242.json");  // %p: as given
+  EXPECT_EQ(Parse({{"VMMSHIM_STATS_FILE", "/tmp/s.json"}}).config.stats_file, "/tmp/s.json");
+  ParseResult bad = Parse({{"VMMSHIM_STATS_FILE", "/tmp/s.json"}, {"VMMSHIM_STATS_PID", "x"}});
+  ASSERT_EQ(bad.problems.size(), 1u);
+  EXPECT_NE(bad.problems[0].find("VMMSHIM_STATS_PID='x'"), std::string::npos);
+}
+
 TEST(ConfigTest, DefaultsWhenUnset) {
   ParseResult r = Parse({});
   EXPECT_TRUE(r.problems.empty());
