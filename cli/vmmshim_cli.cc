@@ -2,7 +2,7 @@
 //
 //   vmmshim run [--policy P] [--min-bytes N] [--config FILE] [--stats FILE]
 //               [--cache-limit X] [--log-level L] [--log-file F] [--lib PATH]
-//               -- PROGRAM ARGS...
+//               [--torch-memory-saver] -- PROGRAM ARGS...
 //       sets LD_PRELOAD (libvmmshim.so next to this program, or --lib) and
 //       the VMMSHIM_* variables, then runs PROGRAM in place of itself (exec),
 //       so its exit status is the program's.
@@ -66,6 +66,28 @@ std::string DefaultLibrary() {
   return NextToSelf({"/libvmmshim.so", "/../lib/libvmmshim.so"}, SelfDir() + "/libvmmshim.so");
 }
 
+// The directory whose torch_memory_saver package is vmmshim's drop-in
+// (python/vmmshim/_tms), and the directory that holds the vmmshim package
+// when it is not installed (the build tree's source); empty when absent.
+struct DropIn {
+  std::string tms_dir;
+  std::string package_parent;  // empty in the wheel: vmmshim is importable there
+};
+DropIn FindDropIn() {
+  const std::string dir = SelfDir();
+  DropIn found;
+  if (access((dir + "/../_tms/torch_memory_saver/__init__.py").c_str(), R_OK) == 0) {
+    found.tms_dir = dir + "/../_tms";  // the wheel: vmmshim/bin/vmmshim
+    return found;
+  }
+  const std::string source = VMMSHIM_SOURCE_DIR "/python";
+  if (access((source + "/vmmshim/_tms/torch_memory_saver/__init__.py").c_str(), R_OK) == 0) {
+    found.tms_dir = source + "/vmmshim/_tms";  // a build tree
+    found.package_parent = source;
+  }
+  return found;
+}
+
 int Report(const std::string& path) {
   std::string error;
   const std::optional<vmmshim::cli::StatsFile> stats = vmmshim::cli::ReadStatsFile(path, &error);
@@ -104,6 +126,10 @@ int main(int argc, char** argv) {
   run->add_option("--log-level", log_level, "trace, debug, info, warn, error, off");
   run->add_option("--log-file", log_file, "log to this file (%p: pid)");
   run->add_option("--lib", lib, "the libvmmshim.so to preload")->check(CLI::ExistingFile);
+  bool torch_memory_saver = false;
+  run->add_flag("--torch-memory-saver", torch_memory_saver,
+                "`import torch_memory_saver` resolves to vmmshim's drop-in "
+                "(docs/torch-memory-saver.md)");
   run->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
 
   CLI::App* report = app.add_subcommand("report", "print a statistics file as tables");
@@ -188,6 +214,26 @@ int main(int argc, char** argv) {
   SetOption(OptionKey::kCacheLimit, cache_limit);
   SetOption(OptionKey::kLogLevel, log_level);
   SetOption(OptionKey::kLogFile, log_file);
+  if (!stats.empty()) {
+    // This process becomes the program (exec): it writes the file as named,
+    // its children FILE.PID (VMMSHIM_STATS_PID, config/config.h).
+    setenv(vmmshim::Option(OptionKey::kStatsPid).name, std::to_string(getpid()).c_str(), 1);
+  }
+  if (torch_memory_saver) {
+    const DropIn drop_in = FindDropIn();
+    if (drop_in.tms_dir.empty()) {
+      std::fprintf(stderr,
+                   "vmmshim run: --torch-memory-saver: the vmmshim Python package is not next to "
+                   "this vmmshim (install the wheel: tools/build/build-wheel.sh, pip install)\n");
+      return 2;
+    }
+    std::string path = drop_in.tms_dir;
+    if (!drop_in.package_parent.empty()) path += ":" + drop_in.package_parent;
+    if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') {
+      path += std::string(":") + old;
+    }
+    setenv("PYTHONPATH", path.c_str(), 1);
+  }
   std::string preload = lib;
   if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') {
     preload += std::string(" ") + old;

@@ -1,7 +1,10 @@
 """vmmshim from Python: the C API of libvmmshim.so (include/vmmshim/vmmshim.h),
-found in the running process with ctypes, as C programs find it with dlsym.
+found in the running process with ctypes, as C programs find it with dlsym;
+and, from the wheel (pip install vmmshim), the library itself and the
+`vmmshim` command.
 
-    LD_PRELOAD=libvmmshim.so python3 train.py
+    vmmshim run -- python3 train.py          # or: python -m vmmshim run -- ...
+    LD_PRELOAD=$(python -c 'import vmmshim; print(vmmshim.library_path())') python3 train.py
 
     import vmmshim
     with vmmshim.tag("kv"):             # allocations made here carry the tag
@@ -20,17 +23,91 @@ thread, as vmmshim_set_allocation_tag is.
 import contextlib
 import ctypes
 import json
+import os
 import sys
 import threading
 import warnings
 
 __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
            "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
+           "paused_contents", "library_path", "environment", "configure_subprocess",
            "KEEP_CONTENTS"]
 __version__ = "0.1.0"
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The shim's options as `vmmshim run` names them (config/config.h's table).
+_OPTIONS = {"policy": "VMMSHIM_PEER_POLICY", "min_bytes": "VMMSHIM_PEER_MIN_BYTES",
+            "config": "VMMSHIM_CONFIG", "stats": "VMMSHIM_STATS_FILE",
+            "cache_limit": "VMMSHIM_CACHE_LIMIT", "log_level": "VMMSHIM_LOG_LEVEL",
+            "log_file": "VMMSHIM_LOG_FILE"}
+
+
+def _loaded_library():
+    """The path of the libvmmshim.so mapped into this process, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and os.path.basename(fields[5].strip()) == "libvmmshim.so":
+                    return fields[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def library_path():
+    """The libvmmshim.so to preload: the one this process runs under, else the
+    wheel's (vmmshim/lib/libvmmshim.so), else $VMMSHIM_LIBRARY. Raises
+    FileNotFoundError naming the places it looked."""
+    candidates = [_loaded_library(), os.path.join(_PACKAGE_DIR, "lib", "libvmmshim.so"),
+                  os.environ.get("VMMSHIM_LIBRARY")]
+    for path in candidates:
+        if path and os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        "vmmshim: no libvmmshim.so: not loaded in this process, not in the package ("
+        + candidates[1] + "), and VMMSHIM_LIBRARY is not set; install the wheel "
+        "(tools/build/build-wheel.sh) or point VMMSHIM_LIBRARY at build/libvmmshim.so")
+
+
+def environment(env=None, **options):
+    """A copy of `env` (default os.environ) for a child process under the shim:
+    libvmmshim.so first in LD_PRELOAD (once), and the options of `vmmshim run`
+    as keywords: policy, min_bytes, config, stats, cache_limit, log_level,
+    log_file (values as strings or ints; None leaves the variable as it is).
+    For subprocess.run(cmd, env=vmmshim.environment(stats="/tmp/s.%p.json"))."""
+    out = dict(os.environ if env is None else env)
+    lib = library_path()
+    rest = [p for p in out.get("LD_PRELOAD", "").replace(":", " ").split()
+            if os.path.basename(p) != "libvmmshim.so"]
+    out["LD_PRELOAD"] = " ".join([lib] + rest)
+    for key, value in options.items():
+        if key not in _OPTIONS:
+            raise TypeError(f"vmmshim.environment: unknown option {key!r}; expected one of "
+                            + ", ".join(sorted(_OPTIONS)))
+        if value is not None:
+            out[_OPTIONS[key]] = str(value)
+    return out
+
+
+@contextlib.contextmanager
+def configure_subprocess(**options):
+    """Inside, os.environ preloads the shim (environment(**options)), so that
+    processes started there (subprocess, multiprocessing spawn, torchrun)
+    run under it; restored at the end."""
+    saved = dict(os.environ)
+    new = environment(**options)
+    os.environ.update(new)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+
 KEEP_CONTENTS = 1  # VMMSHIM_PAUSE_KEEP_CONTENTS
 _NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: the shim is disabled or inactive
+_NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
 
 
 class VmmshimError(RuntimeError):
@@ -78,6 +155,8 @@ def _api():
                                                     ctypes.POINTER(ctypes.c_size_t)],
                     "vmmshim_get_residency": [ctypes.c_char_p, ctypes.c_size_t,
                                               ctypes.POINTER(ctypes.c_size_t)],
+                    "vmmshim_get_paused_contents": [ctypes.c_void_p, ctypes.c_size_t,
+                                                    ctypes.POINTER(ctypes.c_void_p)],
                 }
                 for name, args in sigs.items():
                     if not hasattr(lib, name):
@@ -144,19 +223,21 @@ def _ptr(obj):
 @contextlib.contextmanager
 def tag(name):
     """Allocations this thread makes inside carry allocation tag `name` (at most
-    255 bytes); the tag that was set before is restored at the end."""
-    if not isinstance(name, str):
-        raise TypeError("vmmshim.tag: the tag must be a str")
+    255 bytes; None: no tag); the tag that was set before is restored at the
+    end."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError("vmmshim.tag: the tag must be a str or None")
     stack = getattr(_tags, "stack", None)
     if stack is None:
         stack = _tags.stack = []
-    _call("vmmshim_set_allocation_tag", name.encode())
+    _call("vmmshim_set_allocation_tag", name.encode() if name is not None else None)
     stack.append(name)
     try:
         yield
     finally:
         stack.pop()
-        _call("vmmshim_set_allocation_tag", stack[-1].encode() if stack else None)
+        previous = stack[-1] if stack else None
+        _call("vmmshim_set_allocation_tag", previous.encode() if previous is not None else None)
 
 
 def pause(tag=None, keep_contents=True, except_tags=None):
@@ -214,6 +295,35 @@ def release_cached_memory(device=-1):
     n = ctypes.c_size_t(0)
     rc = _call("vmmshim_release_cached_memory", device, ctypes.byref(n))
     return 0 if rc is None else n.value
+
+
+def paused_contents(obj, nbytes):
+    """The kept contents of a paused allocation: a read-only memoryview of
+    `nbytes` bytes from `obj` (an address, a tensor or a CUDA array) in the
+    shim's host copy, valid until the memory is resumed or freed (copy it to
+    keep it). None when the memory is not paused with its contents (or
+    without the shim). VmmshimError for memory the shim does not serve or a
+    range past the allocation's end."""
+    address = _paused_address(obj, nbytes)
+    if address is None:
+        return None
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).toreadonly()
+
+
+def _paused_address(obj, nbytes):
+    """The host address of paused_contents, or None."""
+    if nbytes < 0:
+        raise ValueError("vmmshim.paused_contents: nbytes must be 0 or more")
+    lib = _api()
+    if lib is None or not hasattr(lib, "vmmshim_get_paused_contents"):
+        return None
+    host = ctypes.c_void_p()
+    rc = lib.vmmshim_get_paused_contents(_ptr(obj), nbytes, ctypes.byref(host))
+    if rc in (_NOT_FOUND, _NOT_SUPPORTED):
+        return None
+    if rc != 0:
+        raise VmmshimError("vmmshim_get_paused_contents", rc)
+    return host.value
 
 
 def _document(name):

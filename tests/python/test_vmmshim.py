@@ -6,10 +6,13 @@ libcuda.so.1 (EXPECT_VMMSHIM_LOADED=1: tags, pause/resume with contents,
 peer access, statistics and errors through the real C API)."""
 import ctypes
 import os
+import subprocess
+import sys
 import unittest
 import warnings
 
 import vmmshim
+from vmmshim import torch_memory_saver as tms_module
 
 EXPECT_LOADED = os.environ.get("EXPECT_VMMSHIM_LOADED") == "1"
 MIB = 1 << 20
@@ -33,6 +36,68 @@ class WithoutTheShim(unittest.TestCase):
         self.assertEqual(seen[0].filename, __file__)  # the caller's line, not the module's
         self.assertIn("libvmmshim.so is not loaded in this process", messages[0])
         self.assertIn("LD_PRELOAD=libvmmshim.so", messages[0])
+
+
+PACKAGED_LIBRARY = os.path.join(os.path.dirname(vmmshim.__file__), "lib", "libvmmshim.so")
+
+
+class Environment(unittest.TestCase):
+    """library_path(), environment() and configure_subprocess(), with or
+    without the shim."""
+
+    def test_library_path_and_environment(self):
+        if EXPECT_LOADED:
+            expected = next(line.split()[-1] for line in open("/proc/self/maps")
+                            if line.rstrip().endswith("/libvmmshim.so"))
+        elif os.path.isfile(PACKAGED_LIBRARY):  # the installed wheel
+            expected = PACKAGED_LIBRARY
+        elif os.environ.get("VMMSHIM_LIBRARY"):
+            expected = os.environ["VMMSHIM_LIBRARY"]
+        else:
+            with self.assertRaises(FileNotFoundError) as err:
+                vmmshim.library_path()
+            self.assertIn("VMMSHIM_LIBRARY", str(err.exception))
+            return
+        self.assertEqual(os.path.realpath(vmmshim.library_path()), os.path.realpath(expected))
+        env = vmmshim.environment({"LD_PRELOAD": f"/x/other.so {expected}", "A": "1"},
+                                  policy="none", stats="/tmp/s.%p.json", min_bytes=None)
+        self.assertEqual(env["LD_PRELOAD"].split(), [vmmshim.library_path(), "/x/other.so"])
+        self.assertEqual(env["VMMSHIM_PEER_POLICY"], "none")
+        self.assertEqual(env["VMMSHIM_STATS_FILE"], "/tmp/s.%p.json")
+        self.assertNotIn("VMMSHIM_PEER_MIN_BYTES", env)
+        self.assertEqual(env["A"], "1")
+        with self.assertRaises(TypeError) as err:
+            vmmshim.environment(polcy="none")
+        self.assertIn("'polcy'", str(err.exception))
+        # The drop-in's configure_subprocess: a child preloads the shim and
+        # imports torch_memory_saver from vmmshim; the parent's environment
+        # comes back afterwards.
+        before = dict(os.environ)
+        with tms_module.configure_subprocess():
+            out = subprocess.run(
+                [sys.executable, "-c", "import os, torch_memory_saver; "
+                 "print(torch_memory_saver.__file__); print(os.environ['LD_PRELOAD'])"],
+                check=True, capture_output=True, text=True).stdout.split("\n")
+        self.assertEqual(dict(os.environ), before)
+        self.assertIn(os.path.join("vmmshim", "_tms", "torch_memory_saver"), out[0])
+        self.assertEqual(out[1].split()[0], vmmshim.library_path())
+
+
+@unittest.skipIf(EXPECT_LOADED, "runs without the shim")
+class DropInWithoutTheShim(unittest.TestCase):
+    def test_says_how_to_start_it(self):
+        saver = tms_module.TorchMemorySaver()
+        with self.assertRaises(RuntimeError) as err:
+            saver.pause()
+        self.assertIn("vmmshim run --torch-memory-saver", str(err.exception))
+        with self.assertRaises(NotImplementedError):
+            with saver.region(enable_disk_backup=True):
+                pass
+        with self.assertRaises(ValueError):
+            with saver.region(cpu_backup_backend="pinned"):  # without enable_cpu_backup
+                pass
+        self.assertEqual(tms_module.shim_tag("kv", False), "tms:kv")
+        self.assertEqual(tms_module.shim_tag("w", True), "tms:w:cpu-backup")
 
 
 @unittest.skipUnless(EXPECT_LOADED, "runs under LD_PRELOAD=libvmmshim.so on the simulated driver")
@@ -82,6 +147,47 @@ class WithTheShim(unittest.TestCase):
         self.assertEqual(vmmshim.statistics()["totals"]["peak_paused_bytes"], released)
         for p in (kv, other):
             self.assertEqual(self.cu.cuMemFree_v2(p), 0)
+
+    def test_paused_contents_while_paused_with_them(self):
+        with vmmshim.tag("backup"):
+            kept = self.alloc(4 * MIB)
+        with vmmshim.tag("dropped"):
+            dropped = self.alloc(4 * MIB)
+        data = bytes(range(256)) * (4 * MIB // 256)
+        self.write(kept, data)
+        self.assertIsNone(vmmshim.paused_contents(kept, 16))  # live
+        vmmshim.pause("backup")
+        vmmshim.pause("dropped", keep_contents=False)
+        view = vmmshim.paused_contents(kept + 256, 4 * MIB - 256)
+        self.assertTrue(view.readonly)
+        self.assertEqual(view.tobytes(), data[256:])
+        self.assertIsNone(vmmshim.paused_contents(dropped, 16))
+        with self.assertRaises(vmmshim.VmmshimError) as err:
+            vmmshim.paused_contents(kept, 4 * MIB + 1)  # past the allocation
+        self.assertEqual(err.exception.code, 1)
+        vmmshim.resume()
+        self.assertIsNone(vmmshim.paused_contents(kept, 16))
+        self.assertEqual(self.read(kept, len(data)), data)
+        for p in (kept, dropped):
+            self.assertEqual(self.cu.cuMemFree_v2(p), 0)
+
+    def test_memory_margin_of_the_drop_in(self):
+        saver = tms_module.TorchMemorySaver()
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.assertEqual(self.cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), 0)
+        saver.memory_margin_bytes = free.value  # nothing new fits above it
+        p = ctypes.c_uint64()
+        with vmmshim.tag(tms_module.shim_tag("kv", False)):
+            rc = self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(64 * MIB))
+        self.assertEqual(rc, 2)  # CUDA_ERROR_OUT_OF_MEMORY
+        untagged = self.alloc(64 * MIB)  # outside regions: not held back
+        saver.memory_margin_bytes = 0
+        with vmmshim.tag(tms_module.shim_tag("kv", False)):
+            tagged = self.alloc(64 * MIB)
+        for q in (untagged, tagged):
+            self.assertEqual(self.cu.cuMemFree_v2(q), 0)
+        with self.assertRaises(ValueError):
+            saver.memory_margin_bytes = -1
 
     def test_tags_nest_per_thread(self):
         with vmmshim.tag("outer"):

@@ -5,10 +5,11 @@
 set -euo pipefail
 # Abseil is not among them: tools/build/build-abseil.sh builds Debian's source with
 # -fPIC (curl, patch, xz-utils fetch and unpack it) for libvmmshim.so to link
-# statically.
+# statically. python3-wheel and python3-venv: tools/build/build-wheel.sh packs the
+# wheel (`python3 -m wheel pack`) and tests/wheel installs it into a fresh venv.
 packages=(cmake g++ make libspdlog-dev libfmt-dev libgtest-dev libcpptoml-dev
           nlohmann-json3-dev libcli11-dev file binutils pkg-config dpkg-dev clang libclang-rt-14-dev
-          python3 curl patch xz-utils)
+          python3 python3-wheel python3-venv curl patch xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
