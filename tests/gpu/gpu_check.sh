@@ -290,6 +290,23 @@ PY
     grep -qE '"paused_by_tag":\{"[^}]*":[1-9]' <<<"$shimmed" ||
       fail "no other library's VMM memory (NCCL's) paused"
     ;;
+  tms_drop_in)
+    # A program written for torch_memory_saver (examples/tms_sleep_wake.py:
+    # regions with and without a CPU backup, a CUDA graph, get_cpu_backup)
+    # through vmmshim's drop-in (vmmshim run --torch-memory-saver): the same
+    # result as the same program never paused, the backup holds the weight.
+    have_torch
+    args=(--kv-gib 2 --cycles 3)
+    ref=$("$build/vmmshim" run --torch-memory-saver -- python3 "$src/examples/tms_sleep_wake.py" \
+          --no-pause "${args[@]}" 2>&1) || fail "never paused: $ref"
+    out=$("$build/vmmshim" run --torch-memory-saver --log-level info -- \
+          python3 "$src/examples/tms_sleep_wake.py" "${args[@]}" 2>&1) || fail "paused: $out"
+    echo "never paused: $(grep result <<<"$ref")"
+    grep -E '^tms_sleep_wake:' <<<"$out" | sed 's/^/paused:       /'
+    [ "$(grep result <<<"$ref")" = "$(grep result <<<"$out")" ] || fail "results differ"
+    grep -q 'cpu backup of a weight while paused: identical' <<<"$out" || fail "the CPU backup"
+    [ "$(served "$out")" -ge 1 ] || fail "nothing served by the shim"
+    ;;
   cupy_pool)
     # CuPy's MemoryAsyncPool figures (reserved, used, free) behave as the
     # driver's through small and large allocations and frees

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheel on a GPU host, as a Python user gets it, in one call:
-#   1. installed with pip into a fresh virtual environment (with the host's
-#      PyTorch visible: --system-site-packages), offline (--no-index);
+#   1. installed with pip into a fresh virtual environment (the host's PyTorch
+#      made visible after its own packages), offline (--no-index);
 #   2. `vmmshim run -- python3 examples/train_mlp.py` against a native run
 #      (the weights' checksums must be identical);
 #   3. examples/tms_sleep_wake.py, a program written for torch_memory_saver,
@@ -25,10 +25,15 @@ wheel=$(ls "$root"/.gpu/dist/vmmshim-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { echo "no wheel in .gpu/dist (tools/build/build-wheel.sh build .gpu/dist)"; exit 1; }
 work=$(mktemp -d)
 echo "== pip install --no-index $(basename "$wheel") into a fresh environment"
-python3 -m venv --system-site-packages "$work/venv" || exit 1
+python3 -m venv "$work/venv" || exit 1
 PIP_DISABLE_PIP_VERSION_CHECK=1 "$work/venv/bin/pip" install --quiet --no-index "$wheel" || exit 1
 vm=$work/venv/bin/vmmshim
 py=$work/venv/bin/python
+# The host's PyTorch (and CuPy, JAX) live in the site-packages of the host's
+# python3, itself a virtual environment on these machines: made visible to the
+# new one by a .pth file, after the environment's own packages.
+host_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+echo "$host_site" > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/host-packages.pth"
 "$vm" --version
 "$py" -c 'import vmmshim; print("library:", vmmshim.library_path())'
 
