@@ -21,7 +21,9 @@
 // counted native run's and its standard output does too, line by line (line
 // ends and a last newline aside): all of it (--same-output, the default), or
 // the lines in which --check finds a match (a POSIX extended regular
-// expression, as grep -E takes; LineFilter). Standard error is not compared
+// expression, as grep -E takes; LineFilter), less the lines that differ
+// between the native runs themselves (VaryingLines: timings). Standard
+// error is not compared
 // (timings, warnings); its last line is shown for a run that failed. A policy
 // whose counted runs do not all match is FAILED, with the denials its
 // statistics counted and the first denial lines of its log. A policy none of
@@ -119,11 +121,54 @@ class LineFilter {
   std::shared_ptr<const void> regex_;  // a compiled regex_t, or null
 };
 
-// Empty when `got` (compared lines) matches `want`; else what differs,
-// around the first difference ("line 3: 'x=1' instead of 'x=2'", "2 lines
-// instead of 3").
+// Empty when `got` (compared lines) matches `want` at every position but
+// the `ignored` ones (sorted, from 0); else what differs, around the first
+// difference ("line 3: 'x=1' instead of 'x=2'", "2 lines instead of 3").
 std::string LinesDifference(const std::vector<std::string>& want,
-                            const std::vector<std::string>& got, bool filtered);
+                            const std::vector<std::string>& got, bool filtered,
+                            const std::vector<size_t>& ignored = {});
+
+// The compared lines that differ between native runs (timings, addresses,
+// pids): what no policy can be held to. Learnt position by position, each
+// native run's compared lines against the reference's (the first counted
+// native run); a position whose text differs in any of them varies. Only
+// runs with the reference's number of lines line up with it: when a warm-up
+// has another, the warm-ups are not learnt from (first-run output such as
+// "compiling kernels"); when a counted run has, nothing is learnt and every
+// line is compared. Thread-compatible.
+class VaryingLines {
+ public:
+  static constexpr size_t kTextsKept = 3;  // distinct native texts kept per line
+
+  explicit VaryingLines(std::vector<std::string> reference);
+  // Another native run (not the reference) that ended as the reference did.
+  void Learn(const std::vector<std::string>& lines, bool warmup);
+
+  // The positions (from 0) left out of the comparison, sorted.
+  std::vector<size_t> Positions() const;
+  // Up to kTextsKept distinct native texts at `position`, the reference's
+  // first.
+  std::vector<std::string> Texts(size_t position) const;
+  // Native runs learnt from, the reference included.
+  int runs() const;
+  // Empty, or why runs were not learnt from ("the warm-up native runs
+  // printed 5 lines, the counted ones 4: ...").
+  std::string caveat() const;
+
+ private:
+  struct Tally {
+    int runs = 1;  // the reference
+    bool aligned = true;
+    std::vector<bool> varies;
+    std::vector<std::vector<std::string>> texts;  // of varying positions
+    std::vector<size_t> counts;  // line counts of runs that did not line up
+  };
+  void Add(Tally* tally, const std::vector<std::string>& lines) const;
+  const Tally& Chosen() const;
+
+  std::vector<std::string> reference_;
+  Tally all_, counted_;
+};
 
 // What the shim's statistics files of one run say (cli/stats_file.h),
 // added up over the run's processes.

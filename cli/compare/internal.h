@@ -67,6 +67,7 @@ struct Results {
   const Run* reference = nullptr;  // the first counted native run
   bool filtered = false;      // --check given
   bool checked_none = false;  // --check matched no line of the reference
+  const VaryingLines* varying = nullptr;  // the lines left out of the comparison
   const DeviceMemorySampler* sampler = nullptr;
 };
 

@@ -66,6 +66,15 @@ bool WriteResultFiles(const Results& results, std::string* error) {
   doc["out_dir"] = out_dir;
   doc["peak_device_memory_source"] =
       sampler->Available() ? "nvml " + sampler->Source() : "unavailable: " + sampler->Unavailable();
+  // The lines left out of the comparison (VaryingLines), numbered from 1
+  // among the compared lines.
+  const VaryingLines& varying = *results.varying;
+  doc["native_runs_learnt_from"] = varying.runs();
+  doc["varying_lines"] = nlohmann::json::array();
+  for (size_t p : varying.Positions()) {
+    doc["varying_lines"].push_back({{"line", p + 1}, {"native", varying.Texts(p)}});
+  }
+  doc["varying_lines_caveat"] = varying.caveat();
   doc["modes"] = nlohmann::json::array();
   for (const Summary& s : summaries) {
     nlohmann::json pairs = nlohmann::json::array();

@@ -156,15 +156,26 @@ int RunCompare(const CompareOptions& options) {
                  "(--timeout): nothing to compare with; raise --timeout\n");
     return 2;
   }
+  const ChildResult& ref = reference->child;
+  auto ends_as_reference = [&](const ChildResult& c) {
+    return !c.timed_out && c.signal == ref.signal && c.exit_code == ref.exit_code;
+  };
   const std::vector<std::string> want = filter->Lines(ReadFile(reference->stdout_file));
+  // Lines that differ between native runs (timings) say nothing about a
+  // policy. A native run that ended otherwise may have stopped mid-output.
+  VaryingLines varying(want);
+  for (const Run& r : runs) {
+    if (r.mode->policy || &r == reference || !ends_as_reference(r.child)) continue;
+    varying.Learn(filter->Lines(ReadFile(r.stdout_file)), r.warmup);
+  }
+  const std::vector<size_t> ignored = varying.Positions();
   for (Run& r : runs) {
     if (&r == reference) continue;
     const ChildResult& c = r.child;
-    const ChildResult& ref = reference->child;
-    if (c.timed_out || c.signal != ref.signal || c.exit_code != ref.exit_code) {
+    if (!ends_as_reference(c)) {
       r.failure = Describe(c) + " (native: " + Describe(ref) + ")";
-    } else if (std::string diff =
-                   LinesDifference(want, filter->Lines(ReadFile(r.stdout_file)), filter->filters());
+    } else if (std::string diff = LinesDifference(
+                   want, filter->Lines(ReadFile(r.stdout_file)), filter->filters(), ignored);
                !diff.empty()) {
       r.failure = "standard output differs from native: " + diff;
     }
@@ -182,6 +193,7 @@ int RunCompare(const CompareOptions& options) {
   results.reference = reference;
   results.filtered = filter->filters();
   results.checked_none = filter->filters() && want.empty();
+  results.varying = &varying;
   results.sampler = &sampler;
   const int status = PrintSummary(results);
   if (!WriteResultFiles(results, &error)) {

@@ -53,6 +53,42 @@ std::string DenialSummary(const std::vector<ShimFigures::PairDenials>& pairs) {
   return text;
 }
 
+// Which lines were left out of the comparison and why: the first few with
+// their native texts (compare.json has them all).
+void PrintVaryingLines(const VaryingLines& varying, bool filtered,
+                       const std::vector<Run>& runs) {
+  constexpr size_t kShown = 5;
+  const char* what = filtered ? "checked line" : "line";
+  const std::vector<size_t> positions = varying.Positions();
+  if (!positions.empty()) {
+    std::printf("- left out of the comparison (every mode): %zu %s%s that differ%s between "
+                "the %d native runs:\n",
+                positions.size(), what, positions.size() == 1 ? "" : "s",
+                positions.size() == 1 ? "s" : "", varying.runs());
+    for (size_t i = 0; i < std::min(positions.size(), kShown); ++i) {
+      std::string texts;
+      for (const std::string& t : varying.Texts(positions[i])) {
+        texts += (texts.empty() ? "'" : ", '") + Truncate(t, 40) + "'";
+      }
+      std::printf("    %s %zu: %s%s\n", what, positions[i] + 1, texts.c_str(),
+                  varying.Texts(positions[i]).size() == VaryingLines::kTextsKept ? ", ..." : "");
+    }
+    if (positions.size() > kShown) {
+      std::printf("    and %zu more (compare.json: varying_lines)\n", positions.size() - kShown);
+    }
+  }
+  if (!varying.caveat().empty()) std::printf("- %s.\n", varying.caveat().c_str());
+  if (varying.runs() < 2 && varying.caveat().empty()) {
+    for (const Run& r : runs) {
+      if (StartsWith(r.failure, "standard output differs")) {
+        std::printf("- one native run only: every line compared; with two or more (--warmup, "
+                    "--repeat) lines that differ between native runs are left out.\n");
+        break;
+      }
+    }
+  }
+}
+
 std::string Cell(std::optional<double> v, bool integer) {
   if (!v) return "-";
   char buf[32];
@@ -229,6 +265,7 @@ int PrintSummary(const Results& results) {
                     ? ""
                     : ("; last line of stderr: " + Truncate(reference->stderr_last, 200)).c_str());
   }
+  PrintVaryingLines(*results.varying, results.filtered, runs);
   if (results.checked_none) {
     std::printf("- --check matched no line of native's output: only exit statuses were "
                 "compared.\n");

@@ -151,6 +151,57 @@ TEST(CompareOutput, WholeOutputOrTheCheckedLines) {
   EXPECT_NE(diff.find("a1 tail'"), std::string::npos) << diff;
 }
 
+TEST(CompareOutput, LinesThatVaryBetweenNativeRunsAreLeftOut) {
+  const std::vector<std::string> native = {"time: 12 ms", "result 42"};
+  // Without native runs to learn from, a timing line fails a policy.
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 42"}, false),
+            "line 1: 'time: 99 ms' instead of 'time: 12 ms'");
+  VaryingLines varying(native);
+  varying.Learn({"time: 15 ms", "result 42"}, /*warmup=*/true);
+  varying.Learn({"time: 9 ms", "result 42"}, /*warmup=*/false);
+  varying.Learn({"time: 12 ms", "result 42"}, /*warmup=*/false);
+  const std::vector<size_t> ignored = varying.Positions();
+  EXPECT_EQ(ignored, std::vector<size_t>{0});
+  EXPECT_EQ(varying.Texts(0),
+            (std::vector<std::string>{"time: 12 ms", "time: 15 ms", "time: 9 ms"}));
+  EXPECT_EQ(varying.runs(), 4);
+  EXPECT_EQ(varying.caveat(), "");
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 42"}, false, ignored), "");
+  // A stable line, the number of lines: still caught.
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 41"}, false, ignored),
+            "line 2: 'result 41' instead of 'result 42'");
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms"}, false, ignored), "1 lines instead of 2");
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 42", "more"}, false, ignored),
+            "3 lines instead of 2");
+}
+
+TEST(CompareOutput, NativeRunsOfAnotherLengthAreNotLinedUp) {
+  const std::vector<std::string> native = {"a", "t=1"};
+  // A warm-up's first-run line: learnt from the counted runs only.
+  VaryingLines warm(native);
+  warm.Learn({"compiling", "a", "t=2"}, /*warmup=*/true);
+  warm.Learn({"a", "t=3"}, /*warmup=*/false);
+  EXPECT_EQ(warm.Positions(), std::vector<size_t>{1});
+  EXPECT_EQ(warm.runs(), 2);
+  EXPECT_NE(warm.caveat().find("a warm-up native run printed 3 lines, the counted ones 2"),
+            std::string::npos)
+      << warm.caveat();
+  // Counted runs that disagree: nothing left out.
+  VaryingLines counted(native);
+  counted.Learn({"b", "t=2"}, /*warmup=*/false);
+  counted.Learn({"a", "t=3", "extra"}, /*warmup=*/false);
+  EXPECT_TRUE(counted.Positions().empty());
+  EXPECT_EQ(counted.runs(), 1);
+  EXPECT_NE(counted.caveat().find("different numbers of lines (2, 3)"), std::string::npos)
+      << counted.caveat();
+  EXPECT_NE(counted.caveat().find("no line left out"), std::string::npos);
+  // One native run: nothing to learn, nothing left out.
+  VaryingLines one(native);
+  EXPECT_TRUE(one.Positions().empty());
+  EXPECT_EQ(one.runs(), 1);
+  EXPECT_EQ(one.caveat(), "");
+}
+
 TEST(CompareOutput, LongLinesAndHeavyPatternsAreSafe) {
   // std::regex recursed once per character and crashed on 50,000; POSIX
   // regexec does not.
