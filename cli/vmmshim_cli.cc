@@ -10,7 +10,7 @@
 //       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables.
 //   vmmshim compare [--policies LIST] [--repeat N] [--warmup N]
 //                   [--check REGEX | --same-output] [--timeout S] [--out DIR]
-//                   [--lib PATH] -- PROGRAM ARGS...
+//                   [--wide] [--lib PATH] -- PROGRAM ARGS...
 //       runs PROGRAM natively and under each policy, alternating, and prints
 //       one table (cli/compare/compare.h, docs/compare.md).
 //
@@ -148,6 +148,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   compare->add_option("--lib", copt.library, "the libvmmshim.so to preload")
       ->check(CLI::ExistingFile);
+  compare->add_flag("--wide", copt.wide,
+                    "print every column (served, shim peak physical, grants, cuMemSetAccess, "
+                    "cuCtxEnablePeerAccess); the files have them all anyway");
   compare->add_option("command", copt.command, "PROGRAM ARGS... (after --)")->required();
 
   try {

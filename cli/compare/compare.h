@@ -86,6 +86,7 @@ struct CompareOptions {
   std::string out_dir = "vmmshim-compare";  // not empty
   std::string library;  // libvmmshim.so to preload; no space or colon (LD_PRELOAD splits there)
   std::string chart_script;  // compare_chart.py; empty: no chart
+  bool wide = false;  // every column in the printed table (FormatTable)
   std::vector<std::string> command;
 };
 
@@ -196,6 +197,25 @@ ShimFigures ReadShimFigures(const std::vector<std::string>& files, std::string* 
 // The median of `values` (the mean of the middle two for an even count);
 // nullopt for none.
 std::optional<double> Median(std::vector<double> values);
+
+// One row of compare's table: a mode's medians (seconds, bytes, counts),
+// from a comparison or from its compare.json (FormatResultFile).
+struct TableRow {
+  std::string label;   // "native" or the policy's
+  bool native = false;
+  std::string result;  // "ok", "FAILED (k/N)", "NO SHIM", "differs (k/N)"
+  std::optional<double> wall, wall_ratio, peak_device, peak_device_ratio;
+  std::optional<double> served, peak_physical, mapped, grants, denials, set_access,
+      peer_enable_seconds, peer_enable_calls;
+};
+
+// The table of `rows`, one line each under a heading. By default the columns
+// that decide (result, wall time and peak device memory against native,
+// bytes mapped into peers, denials) in at most kNarrowWidth characters: the
+// memory pair left out where no row has it, a long policy label shortened.
+// `wide`: every column (summary.csv's figures).
+constexpr size_t kNarrowWidth = 100;
+std::string FormatTable(const std::vector<TableRow>& rows, bool wide);
 
 // Runs the comparison, prints the table to standard output (progress to
 // standard error) and writes the files. Returns the exit status above.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/compare/child_process.h"
+#include "cli/compare/internal.h"
 #include "cli/compare/device_memory.h"
 #include "cli/format.h"
 #include "core/report/stats_schema.h"
@@ -283,6 +284,75 @@ TEST(CompareFigures, MedianAndUnits) {
   EXPECT_EQ(cli::FormatBytes(512), "512 B");
   EXPECT_EQ(cli::FormatBytes(uint64_t{4} << 20), "4.00 MiB");
   EXPECT_EQ(cli::FormatBytes(uint64_t{3} << 29), "1.50 GiB");
+}
+
+std::vector<TableRow> PeerExchangeRows(const std::string& long_label) {
+  auto row = [](std::string label, std::string result, double wall, double mapped,
+                double denials) {
+    TableRow r;
+    r.label = std::move(label);
+    r.result = std::move(result);
+    r.wall = wall;
+    r.wall_ratio = wall / 0.0486;
+    r.served = 804;
+    r.peak_physical = 280.0 * (1 << 20);
+    r.mapped = mapped;
+    r.grants = 2412 - denials;
+    r.denials = denials;
+    r.set_access = 46;
+    r.peer_enable_seconds = 139.2e-6;
+    r.peer_enable_calls = 12;
+    return r;
+  };
+  TableRow native;
+  native.label = "native";
+  native.native = true;
+  native.result = "differs (3/3)";
+  native.wall = 0.0486;
+  native.wall_ratio = 1;
+  return {native, row("all", "ok", 0.064, 840.0 * (1 << 20), 0),
+          row(long_label, "FAILED (3/3)", 123.456, 1e15, 12345678)};
+}
+
+size_t Widest(const std::string& table) {
+  size_t widest = 0;
+  for (const std::string& line : Split(table, '\n')) widest = std::max(widest, line.size());
+  return widest;
+}
+
+TEST(CompareTable, TheDefaultTableFitsAHundredColumns) {
+  for (bool memory : {false, true}) {
+    std::vector<TableRow> rows = PeerExchangeRows("rules:/home/user/experiments/peer-rules.toml");
+    if (memory) {
+      for (TableRow& r : rows) {
+        r.peak_device = 81.5e9;
+        r.peak_device_ratio = 12.25;
+      }
+    }
+    const std::string table = FormatTable(rows, /*wide=*/false);
+    EXPECT_LE(Widest(table), kNarrowWidth) << table;
+    EXPECT_EQ(table.find("cuMemSetAccess"), std::string::npos) << table;
+    EXPECT_NE(table.find("peer-mapped"), std::string::npos) << table;
+    EXPECT_NE(table.find("840.00 MiB"), std::string::npos) << table;
+    EXPECT_NE(table.find("12345678"), std::string::npos) << table;
+    EXPECT_NE(table.find("rules:/home/"), std::string::npos) << table;  // the label, cut
+    // The memory pair only where it was measured.
+    EXPECT_EQ(table.find("peak mem") != std::string::npos, memory) << table;
+    EXPECT_EQ(table.find("12.25x") != std::string::npos, memory) << table;
+  }
+  // A short label is not cut.
+  const std::string table = FormatTable(PeerExchangeRows("min-size:1M"), false);
+  EXPECT_NE(table.find("\nmin-size:1M  FAILED (3/3)"), std::string::npos) << table;
+}
+
+TEST(CompareTable, WideHasEveryColumn) {
+  const std::string table = FormatTable(PeerExchangeRows("min-size:1M"), /*wide=*/true);
+  for (const char* column : {"wall (median)", "peak device memory", "served",
+                             "shim peak physical", "mapped into peers", "grants", "denials",
+                             "cuMemSetAccess", "cuCtxEnablePeerAccess", "139.2 us (12)"}) {
+    EXPECT_NE(table.find(column), std::string::npos) << column << "\n" << table;
+  }
+  EXPECT_GT(Widest(table), kNarrowWidth);
 }
 
 class ChildTest : public ::testing::Test {
