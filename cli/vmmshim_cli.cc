@@ -144,8 +144,10 @@ int main(int argc, char** argv) {
           },
           "SECONDS"))
       ->capture_default_str();
-  compare->add_option("--out", copt.out_dir, "directory for the CSV, JSON, chart and run logs")
-      ->capture_default_str();
+  CLI::Option* out_opt = compare->add_option(
+      "--out", copt.out_dir,
+      "directory for the CSV, JSON, chart and run logs (default: a new one in $TMPDIR or "
+      "/tmp, named at the end)");
   compare->add_option("--lib", copt.library, "the libvmmshim.so to preload")
       ->check(CLI::ExistingFile);
   compare->add_flag("--wide", copt.wide,
@@ -170,6 +172,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     copt.policies = *std::move(parsed);
+    // Empty means "make one" to RunCompare; given empty, it is a mistake.
+    if (out_opt->count() > 0 && copt.out_dir.empty()) {
+      std::fprintf(stderr, "vmmshim compare: --out: an empty directory name\n");
+      return 2;
+    }
     if (!check.empty()) copt.check_regex = check;
     if (access(copt.library.c_str(), R_OK) != 0) {
       std::fprintf(stderr, "vmmshim compare: no libvmmshim.so at %s (give --lib PATH)\n",

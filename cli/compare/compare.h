@@ -38,7 +38,8 @@
 // cuMemSetAccess calls, seconds in cuCtxEnablePeerAccess; ratios of wall time
 // and peak device memory against native.
 //
-// Files in `out_dir` (created; earlier files of the same names replaced):
+// Files in `out_dir` (created; earlier files of the same names replaced; by
+// default a new directory under ${TMPDIR:-/tmp}, MakeOutputDirectory):
 // summary.csv (one row per mode), runs.csv (one row per run), compare.json
 // (both, and the settings), compare.png (python3 + matplotlib:
 // `chart_script`), and runs/ with each run's stdout, stderr, statistics and
@@ -83,12 +84,19 @@ struct CompareOptions {
   int warmup = 1;  // uncounted runs of each mode first, >= 0
   std::optional<std::string> check_regex;  // nullopt: the whole standard output (LineFilter)
   double timeout_seconds = 0;  // per run; 0: 10x the slowest native run, at least 60 s
-  std::string out_dir = "vmmshim-compare";  // not empty
+  std::string out_dir;  // empty: a new one (MakeOutputDirectory)
   std::string library;  // libvmmshim.so to preload; no space or colon (LD_PRELOAD splits there)
   std::string chart_script;  // compare_chart.py; empty: no chart
   bool wide = false;  // every column in the printed table (FormatTable)
   std::vector<std::string> command;
 };
+
+// A new directory for a comparison's files, so that it neither litters the
+// current directory nor replaces an earlier comparison's:
+// `tmpdir`/vmmshim-compare-YYYYmmdd-HHMMSS-XXXXXX (mkdtemp), `tmpdir` being
+// $TMPDIR, /tmp when null or empty. nullopt and `*error` when it cannot be
+// made.
+std::optional<std::string> MakeOutputDirectory(const char* tmpdir, std::string* error);
 
 // The environment of a native run: `base` without VMMSHIM_* variables and
 // without libvmmshim*.so entries in LD_PRELOAD.

@@ -141,8 +141,8 @@ bool WriteResultFiles(const Results& results, std::string* error) {
       !WriteFile(json_path, json_text, error)) {
     return false;
   }
-  std::printf("\nwritten: %s/summary.csv, runs.csv, compare.json, runs/ (each run's output, "
-              "statistics and shim log)\n",
+  std::printf("\nfiles in %s: summary.csv, runs.csv, compare.json (vmmshim report prints "
+              "it), runs/ (each run's output, statistics and shim log)\n",
               out_dir.c_str());
   for (const Run& r : runs) {
     if (!r.stats_error.empty()) {

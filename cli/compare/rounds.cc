@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/compare/internal.h"
 
@@ -32,10 +33,6 @@ int RunCompare(const CompareOptions& options) {
                  options.repeat, options.warmup);
     return 2;
   }
-  if (options.out_dir.empty()) {
-    std::fprintf(stderr, "vmmshim compare: --out: an empty directory name\n");
-    return 2;
-  }
   std::optional<LineFilter> filter = LineFilter::Make(options.check_regex, &error);
   if (!filter) {
     std::fprintf(stderr, "vmmshim compare: --check %s\n", error.c_str());
@@ -48,14 +45,24 @@ int RunCompare(const CompareOptions& options) {
                  options.library.c_str());
     return 2;
   }
-  if (!MakeDirs(options.out_dir + "/runs", &error)) {
+  std::string out_arg = options.out_dir;
+  if (out_arg.empty()) {
+    std::optional<std::string> made = MakeOutputDirectory(std::getenv("TMPDIR"), &error);
+    if (!made) {
+      std::fprintf(stderr, "vmmshim compare: %s\n", error.c_str());
+      return 2;
+    }
+    out_arg = *made;
+    std::fprintf(stderr, "vmmshim compare: files in %s (--out DIR to choose)\n",
+                 out_arg.c_str());
+  }
+  if (!MakeDirs(out_arg + "/runs", &error)) {
     std::fprintf(stderr, "vmmshim compare: %s\n", error.c_str());
     return 2;
   }
   // Absolute: the program may change directory before the shim writes.
   char real[PATH_MAX];
-  const std::string out_dir =
-      realpath(options.out_dir.c_str(), real) != nullptr ? real : options.out_dir;
+  const std::string out_dir = realpath(out_arg.c_str(), real) != nullptr ? real : out_arg;
   const std::string runs_dir = out_dir + "/runs";
   std::vector<Mode> modes;
   modes.push_back({"native", std::nullopt, "0-native"});

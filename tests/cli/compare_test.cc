@@ -274,6 +274,25 @@ TEST(CompareStatistics, AddsUpTheProcessesOfARun) {
   EXPECT_NE(error.find("c.json is not a vmmshim statistics file"), std::string::npos) << error;
 }
 
+TEST(CompareFiles, TheDefaultDirectoryIsANewOneUnderTmpdir) {
+  const std::string parent = TempDir();
+  std::string error;
+  const std::optional<std::string> a = MakeOutputDirectory(parent.c_str(), &error);
+  const std::optional<std::string> b = MakeOutputDirectory(parent.c_str(), &error);
+  ASSERT_TRUE(a && b) << error;
+  EXPECT_EQ(a->rfind(parent + "/vmmshim-compare-", 0), 0u) << *a;
+  EXPECT_NE(*a, *b);  // never an earlier comparison's
+  EXPECT_EQ(access(a->c_str(), W_OK), 0);
+  // No $TMPDIR (or an empty one): /tmp, not the current directory.
+  const std::optional<std::string> tmp = MakeOutputDirectory("", &error);
+  ASSERT_TRUE(tmp) << error;
+  EXPECT_EQ(tmp->rfind("/tmp/vmmshim-compare-", 0), 0u) << *tmp;
+  rmdir(tmp->c_str());
+  EXPECT_FALSE(MakeOutputDirectory("/nonexistent/dir", &error));
+  EXPECT_NE(error.find("cannot create a directory in /nonexistent/dir"), std::string::npos)
+      << error;
+}
+
 TEST(CompareFigures, MedianAndUnits) {
   EXPECT_FALSE(Median({}));
   EXPECT_EQ(*Median({3, 1, 2}), 2);
