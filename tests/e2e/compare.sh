@@ -5,7 +5,8 @@
 # usage: compare.sh VMMSHIM_BINARY PEER_EXCHANGE DRIVER_API_DEMO
 #        (LD_LIBRARY_PATH: the simulated driver)
 set -uo pipefail
-cli=$1 app=$2 demo=$3
+abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }  # some runs cd elsewhere
+cli=$(abs "$1") app=$(abs "$2") demo=$(abs "$3")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -56,11 +57,50 @@ assert counted[:4] == ["native", "all", "none", "min-size:1M"], counted
 assert counted[4:] == ["native", "min-size:1M", "none", "all"], counted
 print("files OK")
 PY
+# The default table fits 100 columns; --wide has every column.
+table=$(sed -n '/^policy /,/^$/p' <<<"$out")
+[ "$(wc -L <<<"$table")" -le 100 ] || fail "default table wider than 100: $table"
+! grep -q "cuCtxEnablePeerAccess" <<<"$table" || fail "a --wide column in the default table"
 if grep -q "^chart: $dir/c/compare.png" <<<"$out"; then
   [ -s "$dir/c/compare.png" ] || fail "chart announced but missing"
 else
   grep -q "^chart: not drawn (matplotlib cannot be imported" <<<"$out" || fail "chart line"
 fi
+
+out=$("$cli" compare --policies all --repeat 1 --warmup 1 --wide --out "$dir/wide" -- "$app" \
+      2>/dev/null); rc=$?
+[ $rc = 0 ] || fail "--wide run: $rc: $out"
+grep -qE "^policy +result +wall \(median\) .* cuCtxEnablePeerAccess$" <<<"$out" \
+  || fail "--wide lacks columns: $out"
+
+# No --out: a new directory under $TMPDIR, named at the end; nothing in the
+# current directory.
+mkdir -p "$dir/cwd" "$dir/tmp"
+out=$(cd "$dir/cwd" && TMPDIR="$dir/tmp" "$cli" compare --policies all --repeat 1 --warmup 0 \
+      -- "$app" 2>/dev/null); rc=$?
+[ $rc = 0 ] || fail "default directory run: $rc: $out"
+[ -z "$(ls -A "$dir/cwd")" ] || fail "wrote into the current directory: $(ls -A "$dir/cwd")"
+made=$(sed -n "s|^files in \($dir/tmp/vmmshim-compare-[^:]*\): .*|\1|p" <<<"$out")
+[ -n "$made" ] && [ -s "$made/compare.json" ] || fail "default directory not named: $out"
+
+# A program that prints its own timings: the lines that differ between
+# native runs are left out for every mode, and said; a policy that changes
+# a line stable across native runs is still caught.
+out=$("$cli" compare --policies all,min-size:1M --out "$dir/v" -- /bin/bash -c \
+      '"$0" >/dev/null; echo "time: $RANDOM$RANDOM ms"; echo "result 42"' "$app" 2>/dev/null); rc=$?
+echo "$out"
+[ $rc = 0 ] || fail "timings compared as results: $rc: $out"
+grep -qE "^native +ok " <<<"$out" && grep -qE "^all +ok " <<<"$out" \
+  || fail "timings compared as results: $out"
+grep -q "left out of the comparison (every mode): 1 line that differs between the 4 native runs" \
+  <<<"$out" || fail "varying line not said: $out"
+grep -qE "^    line 1: 'time: [0-9]+ ms', 'time: [0-9]+ ms'" <<<"$out" || fail "varying texts: $out"
+out=$("$cli" compare --policies all --out "$dir/v2" -- /bin/bash -c \
+      '"$0" >/dev/null; echo "time: $RANDOM$RANDOM ms"; echo "result ${VMMSHIM_PEER_POLICY:-42}"' \
+      "$app" 2>/dev/null); rc=$?
+[ $rc = 1 ] || fail "a changed stable line was not caught: $rc: $out"
+grep -q "all: standard output differs from native: line 2: 'result all' instead of 'result 42'" \
+  <<<"$out" || fail "stable line difference: $out"
 
 # --check: only the lines that must agree.
 out=$("$cli" compare --policies all --repeat 1 --warmup 0 --check '^peer_exchange:' \
