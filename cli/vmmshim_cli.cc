@@ -6,8 +6,9 @@
 //       sets LD_PRELOAD (libvmmshim.so next to this program, or --lib) and
 //       the VMMSHIM_* variables, then runs PROGRAM in place of itself (exec),
 //       so its exit status is the program's.
-//   vmmshim report FILE
-//       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables.
+//   vmmshim report [--wide] FILE
+//       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables,
+//       or compare's compare.json as compare's table (cli/report_file.h).
 //   vmmshim compare [--policies LIST] [--repeat N] [--warmup N]
 //                   [--check REGEX | --same-output] [--timeout S] [--out DIR]
 //                   [--wide] [--lib PATH] -- PROGRAM ARGS...
@@ -36,8 +37,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/compare/compare.h"
-#include "cli/report.h"
-#include "cli/stats_file.h"
+#include "cli/report_file.h"
 #include "config/config.h"
 #include "config/rules_file.h"
 #include "core/base/version.h"
@@ -70,14 +70,14 @@ std::string DefaultLibrary() {
   return NextToSelf({"/libvmmshim.so", "/../lib/libvmmshim.so"}, SelfDir() + "/libvmmshim.so");
 }
 
-int Report(const std::string& path) {
+int Report(const std::string& path, bool wide) {
   std::string error;
-  const std::optional<vmmshim::cli::StatsFile> stats = vmmshim::cli::ReadStatsFile(path, &error);
-  if (!stats) {
+  const std::optional<std::string> text = vmmshim::cli::ReportFile(path, wide, &error);
+  if (!text) {
     std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
     return 1;
   }
-  std::fputs(vmmshim::cli::FormatReport(*stats, path).c_str(), stdout);
+  std::fputs(text->c_str(), stdout);
   return 0;
 }
 
@@ -253,10 +253,15 @@ int main(int argc, char** argv) {
   run->add_option("--lib", lib, "the libvmmshim.so to preload")->check(CLI::ExistingFile);
   run->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
 
-  CLI::App* report = app.add_subcommand("report", "print a statistics file as tables");
+  CLI::App* report = app.add_subcommand(
+      "report", "print a statistics file as tables (or compare's compare.json as its table)");
   report->allow_extras();
   std::string report_file;
-  report->add_option("file", report_file, "the JSON statistics file")->required();
+  bool report_wide = false;
+  report->add_option("file", report_file,
+                     "a statistics file (VMMSHIM_STATS_FILE, run --stats) or compare.json")
+      ->required();
+  report->add_flag("--wide", report_wide, "compare.json: every column of the table");
 
   CLI::App* compare = app.add_subcommand(
       "compare", "run PROGRAM natively and under each policy, alternating, and compare");
@@ -341,7 +346,7 @@ int main(int argc, char** argv) {
     return CommandLineError(nullptr, left);
   }
 
-  if (*report) return Report(report_file);
+  if (*report) return Report(report_file, report_wide);
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);

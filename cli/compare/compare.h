@@ -61,6 +61,8 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json_fwd.hpp"
+
 namespace vmmshim::compare {
 
 struct PolicySpec {
@@ -224,6 +226,16 @@ struct TableRow {
 // `wide`: every column (summary.csv's figures).
 constexpr size_t kNarrowWidth = 100;
 std::string FormatTable(const std::vector<TableRow>& rows, bool wide);
+
+// Whether `doc` is a comparison's compare.json (WriteResultFiles).
+bool IsResultFile(const nlohmann::json& doc);
+
+// compare.json as the table compare printed (`vmmshim report`): a line
+// saying what the file is, the command and settings, FormatTable, each
+// mode's failure and the lines left out. nullopt and `*error` naming `path`
+// and what it lacks when the table cannot be made from it.
+std::optional<std::string> FormatResultFile(const nlohmann::json& doc, const std::string& path,
+                                            bool wide, std::string* error);
 
 // Runs the comparison, prints the table to standard output (progress to
 // standard error) and writes the files. Returns the exit status above.

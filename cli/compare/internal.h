@@ -80,6 +80,10 @@ std::vector<Summary> Summarize(const std::vector<Mode>& modes, const std::vector
 // its own (killed runs write none): the shim was not in the program.
 bool NoShim(const Summary& summary, const std::vector<Run>& runs);
 
+// The result column of a mode: "ok", "FAILED (k/N)", "NO SHIM" or, for
+// native, "differs (k/N)".
+std::string ResultOf(const Summary& summary, const std::vector<Run>& runs);
+
 // Prints the table and its notes to standard output. Returns the exit status
 // so far: 0, 1 (a policy failed) or 2 (a policy ran without the shim).
 int PrintSummary(const Results& results);

@@ -83,6 +83,7 @@ bool WriteResultFiles(const Results& results, std::string* error) {
     }
     doc["modes"].push_back({{"policy", s.mode->label},
                             {"native", !s.mode->policy},
+                            {"result", ResultOf(s, runs)},
                             {"runs", s.runs},
                             {"failed_runs", s.failed},
                             {"runs_without_statistics", s.without_stats},

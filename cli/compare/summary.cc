@@ -251,6 +251,13 @@ bool NoShim(const Summary& s, const std::vector<Run>& runs) {
   return false;
 }
 
+std::string ResultOf(const Summary& s, const std::vector<Run>& runs) {
+  if (NoShim(s, runs)) return "NO SHIM";
+  if (s.failed == 0) return "ok";
+  return (s.mode->policy ? "FAILED (" : "differs (") + std::to_string(s.failed) + "/" +
+         std::to_string(s.runs) + ")";
+}
+
 int PrintSummary(const Results& results) {
   const CompareOptions& options = *results.options;
   const std::vector<Summary>& summaries = results.summaries;
@@ -274,15 +281,11 @@ int PrintSummary(const Results& results) {
     TableRow row;
     row.label = s.mode->label;
     row.native = !s.mode->policy;
-    row.result = "ok";
-    const std::string counts =
-        " (" + std::to_string(s.failed) + "/" + std::to_string(s.runs) + ")";
+    row.result = ResultOf(s, runs);
     if (NoShim(s, runs)) {
-      row.result = "NO SHIM";
       any_without_shim = true;
-    } else if (s.failed > 0) {
-      row.result = (s.mode->policy ? "FAILED" : "differs") + counts;
-      if (s.mode->policy) any_failed = true;
+    } else if (s.failed > 0 && s.mode->policy) {
+      any_failed = true;
     }
     row.wall = s.wall;
     row.wall_ratio = Ratio(s.wall, native.wall);
