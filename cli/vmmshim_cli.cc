@@ -6,11 +6,12 @@
 //       sets LD_PRELOAD (libvmmshim.so next to this program, or --lib) and
 //       the VMMSHIM_* variables, then runs PROGRAM in place of itself (exec),
 //       so its exit status is the program's.
-//   vmmshim report FILE
-//       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables.
+//   vmmshim report [--wide] FILE
+//       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables,
+//       or compare's compare.json as compare's table (cli/report_file.h).
 //   vmmshim compare [--policies LIST] [--repeat N] [--warmup N]
 //                   [--check REGEX | --same-output] [--timeout S] [--out DIR]
-//                   [--lib PATH] -- PROGRAM ARGS...
+//                   [--wide] [--lib PATH] -- PROGRAM ARGS...
 //       runs PROGRAM natively and under each policy, alternating, and prints
 //       one table (cli/compare/compare.h, docs/compare.md).
 //
@@ -19,10 +20,13 @@
 // (core/report/stats_schema.h).
 //
 // Values are checked here only for their form; the shim checks them again
-// and stops on a malformed peer setting (docs/configuration.md).
+// and stops on a malformed peer setting (docs/configuration.md). A
+// malformed command line exits 2 with one line naming the option or
+// subcommand and what was expected, and a usage line.
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -33,9 +37,9 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/compare/compare.h"
-#include "cli/report.h"
-#include "cli/stats_file.h"
+#include "cli/report_file.h"
 #include "config/config.h"
+#include "config/rules_file.h"
 #include "core/base/version.h"
 
 namespace {
@@ -88,15 +92,152 @@ DropIn FindDropIn() {
   return found;
 }
 
-int Report(const std::string& path) {
+int Report(const std::string& path, bool wide) {
   std::string error;
-  const std::optional<vmmshim::cli::StatsFile> stats = vmmshim::cli::ReadStatsFile(path, &error);
-  if (!stats) {
+  const std::optional<std::string> text = vmmshim::cli::ReportFile(path, wide, &error);
+  if (!text) {
     std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
     return 1;
   }
-  std::fputs(vmmshim::cli::FormatReport(*stats, path).c_str(), stdout);
+  std::fputs(text->c_str(), stdout);
   return 0;
+}
+
+// The edit distance (insertions, deletions, substitutions) of `a` and `b`.
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The one of `names` that `given` is a likely misspelling of (at most a
+// third of its letters off); empty when none is.
+std::string Closest(const std::string& given, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = given.size() / 3 + 1;
+  for (const std::string& name : names) {
+    const size_t d = EditDistance(given, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+// The long option names of `app` ("--policies"), --help included.
+std::vector<std::string> OptionNames(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+  }
+  return names;
+}
+
+// "vmmshim compare", or "vmmshim" without a subcommand.
+std::string CommandName(const CLI::App* sub) {
+  return sub == nullptr ? "vmmshim" : "vmmshim " + sub->get_name();
+}
+
+std::string Usage(const CLI::App* sub) {
+  if (sub == nullptr) return "vmmshim run|report|compare ... (vmmshim --help)";
+  const std::string name = CommandName(sub);
+  const std::string args =
+      sub->get_name() == "report" ? " [OPTIONS] FILE" : " [OPTIONS] -- PROGRAM ARGS...";
+  return name + args + " (" + name + " --help)";
+}
+
+// Prints a command-line error of `sub` (null: of vmmshim itself) with the
+// usage, and gives the exit status of one.
+int CommandLineError(const CLI::App* sub, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\nusage: %s\n", CommandName(sub).c_str(), message.c_str(),
+               Usage(sub).c_str());
+  return 2;
+}
+
+// What CLI11 left over in `sub` (allow_extras) said as an error: an unknown
+// option named with the likely one meant, or a stray argument. Empty when
+// nothing was left over.
+std::string LeftOver(const CLI::App& sub, bool takes_program) {
+  std::vector<std::string> extras = sub.remaining();
+  // CLI11 keeps the "--" it took the program's words after among them.
+  extras.erase(std::remove(extras.begin(), extras.end(), "--"), extras.end());
+  if (extras.empty()) return "";
+  const std::string& first = extras.front();
+  if (first.size() > 1 && first[0] == '-') {
+    const std::string name = first.substr(0, first.find('='));
+    std::string message = "unknown option '" + name + "'";
+    if (const std::string close = Closest(name, OptionNames(sub)); !close.empty()) {
+      message += " (did you mean " + close + "?)";
+    } else if (takes_program) {
+      message += "; the program's own options go after --";
+    } else {
+      message += "; expected one of " + [&] {
+        std::string list;
+        for (const std::string& n : OptionNames(sub)) list += (list.empty() ? "" : ", ") + n;
+        return list;
+      }();
+    }
+    return message;
+  }
+  return "unexpected argument '" + first + "'";
+}
+
+// A validator of a whole number from `low` to `high`: "'abc' is not a
+// number" rather than a range that says nothing of the value's form.
+CLI::Validator WholeNumber(int low, int high) {
+  const std::string range = std::to_string(low) + " to " + std::to_string(high);
+  return CLI::Validator(
+      [low, high, range](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long x = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || end == v.c_str() || *end != '\0' || errno == ERANGE) {
+          return "'" + v + "' is not a number; expected a whole number from " + range;
+        }
+        if (x < low || x > high) return "" + v + " is out of range; expected " + range;
+        return "";
+      },
+      "INT " + range);
+}
+
+// A validator of a byte count as the shim reads it (config/rules_file.h).
+CLI::Validator ByteCount() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        return vmmshim::ParseBytes(v) ? ""
+                                      : "'" + v + "' is not a byte count (as in 1M, 64KiB, "
+                                                  "1048576)";
+      },
+      "BYTES");
+}
+
+// A validator of one of `names`, naming them all.
+CLI::Validator OneOf(std::vector<std::string> names) {
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  return CLI::Validator(
+      [names, list](std::string& v) -> std::string {
+        return std::find(names.begin(), names.end(), v) != names.end()
+                   ? ""
+                   : "'" + v + "' is not one of " + list;
+      },
+      "{" + list + "}");
+}
+
+// Whether the shim's variable of `key` is set and not empty.
+bool InEnvironment(vmmshim::OptionKey key) {
+  const char* v = std::getenv(vmmshim::Option(key).name);
+  return v != nullptr && *v != '\0';
 }
 
 // Sets the shim's variable of `key` (named by the options table) to `value`
@@ -111,15 +252,21 @@ int main(int argc, char** argv) {
   CLI::App app{"vmmshim: run CUDA programs with VMM-backed allocations and per-allocation "
                "peer access"};
   app.set_version_flag("--version", "vmmshim " VMMSHIM_VERSION);
-  app.require_subcommand(1);
+  // Checked after parsing, to name what was given instead (CLI11 would say
+  // "A subcommand is required", or blame the program's path for a
+  // misspelt option).
+  app.require_subcommand(0, 1);
+  app.allow_extras();
 
   CLI::App* run = app.add_subcommand("run", "run PROGRAM under libvmmshim.so");
   std::string policy, min_bytes, config, stats, cache_limit, log_level, log_file;
   std::string lib = DefaultLibrary();
   std::vector<std::string> command;
+  run->allow_extras();
   run->add_option("--policy", policy, "peer-access policy")
-      ->check(CLI::IsMember({"all", "none", "min-size", "rules"}));
-  run->add_option("--min-bytes", min_bytes, "threshold of the min-size policy (e.g. 1M)");
+      ->check(OneOf({"all", "none", "min-size", "rules"}));
+  run->add_option("--min-bytes", min_bytes, "threshold of the min-size policy (e.g. 1M)")
+      ->check(ByteCount());
   run->add_option("--config", config, "peer-access rules file (TOML)")->check(CLI::ExistingFile);
   run->add_option("--stats", stats, "write the JSON statistics here at exit (%p: pid)");
   run->add_option("--cache-limit", cache_limit, "bytes or percent kept for reuse (e.g. 25%)");
@@ -132,12 +279,19 @@ int main(int argc, char** argv) {
                 "(docs/torch-memory-saver.md)");
   run->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
 
-  CLI::App* report = app.add_subcommand("report", "print a statistics file as tables");
+  CLI::App* report = app.add_subcommand(
+      "report", "print a statistics file as tables (or compare's compare.json as its table)");
+  report->allow_extras();
   std::string report_file;
-  report->add_option("file", report_file, "the JSON statistics file")->required();
+  bool report_wide = false;
+  report->add_option("file", report_file,
+                     "a statistics file (VMMSHIM_STATS_FILE, run --stats) or compare.json")
+      ->required();
+  report->add_flag("--wide", report_wide, "compare.json: every column of the table");
 
   CLI::App* compare = app.add_subcommand(
       "compare", "run PROGRAM natively and under each policy, alternating, and compare");
+  compare->allow_extras();
   vmmshim::compare::CompareOptions copt;
   std::string policies = "all,none";
   std::string check;
@@ -147,10 +301,10 @@ int main(int argc, char** argv) {
                       "comma-separated: all, none, min-size:BYTES, rules:FILE")
       ->capture_default_str();
   compare->add_option("--repeat", copt.repeat, "counted runs of each mode")
-      ->check(CLI::Range(1, 1000))
+      ->check(WholeNumber(1, 1000))
       ->capture_default_str();
   compare->add_option("--warmup", copt.warmup, "uncounted runs of each mode first")
-      ->check(CLI::Range(0, 100))
+      ->check(WholeNumber(0, 100))
       ->capture_default_str();
   CLI::Option* check_opt = compare->add_option(
       "--check", check, "compare only the output lines matching this regex (POSIX extended, as grep -E)");
@@ -170,29 +324,66 @@ int main(int argc, char** argv) {
           },
           "SECONDS"))
       ->capture_default_str();
-  compare->add_option("--out", copt.out_dir, "directory for the CSV, JSON, chart and run logs")
-      ->capture_default_str();
+  CLI::Option* out_opt = compare->add_option(
+      "--out", copt.out_dir,
+      "directory for the CSV, JSON, chart and run logs (default: a new one in $TMPDIR or "
+      "/tmp, named at the end)");
   compare->add_option("--lib", copt.library, "the libvmmshim.so to preload")
       ->check(CLI::ExistingFile);
+  compare->add_flag("--wide", copt.wide,
+                    "print every column (served, shim peak physical, grants, cuMemSetAccess, "
+                    "cuCtxEnablePeerAccess); the files have them all anyway");
   compare->add_option("command", copt.command, "PROGRAM ARGS... (after --)")->required();
 
+  const std::vector<CLI::App*> subcommands = {run, report, compare};
+  // The subcommand being parsed, for the error's name and usage.
+  auto current = [&]() -> const CLI::App* {
+    for (const CLI::App* sub : subcommands) {
+      if (sub->parsed()) return sub;
+    }
+    return nullptr;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help and --version print and exit 0; a malformed command line exits
-    // 2 with CLI11's one-line message naming the option.
-    return app.exit(e) == 0 ? 0 : 2;
+    // --help and --version print and exit 0.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    return CommandLineError(current(), e.what());
+  }
+  const CLI::App* sub = current();
+  if (sub == nullptr) {
+    const std::vector<std::string> extras = app.remaining();
+    if (extras.empty()) {
+      return CommandLineError(nullptr, "a subcommand is required: run, report or compare");
+    }
+    if (extras.front()[0] == '-') return CommandLineError(nullptr, LeftOver(app, false));
+    std::string message =
+        "unknown subcommand '" + extras.front() + "'; expected one of run, report, compare";
+    if (const std::string close = Closest(extras.front(), {"run", "report", "compare"});
+        !close.empty()) {
+      message += " (did you mean " + close + "?)";
+    }
+    return CommandLineError(nullptr, message);
+  }
+  if (std::string left = LeftOver(*sub, sub != report); !left.empty()) {
+    return CommandLineError(sub, left);
+  }
+  if (std::string left = LeftOver(app, false); !left.empty()) {  // before the subcommand
+    return CommandLineError(nullptr, left);
   }
 
-  if (*report) return Report(report_file);
+  if (*report) return Report(report_file, report_wide);
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);
     if (!parsed) {
-      std::fprintf(stderr, "vmmshim compare: --policies: %s\n", error.c_str());
-      return 2;
+      return CommandLineError(compare, "--policies: " + error);
     }
     copt.policies = *std::move(parsed);
+    // Empty means "make one" to RunCompare; given empty, it is a mistake.
+    if (out_opt->count() > 0 && copt.out_dir.empty()) {
+      return CommandLineError(compare, "--out: an empty directory name");
+    }
     if (!check.empty()) copt.check_regex = check;
     if (access(copt.library.c_str(), R_OK) != 0) {
       std::fprintf(stderr, "vmmshim compare: no libvmmshim.so at %s (give --lib PATH)\n",
@@ -207,6 +398,14 @@ int main(int argc, char** argv) {
   }
 
   using vmmshim::OptionKey;
+  // The shim would stop the program over these; say it before it starts.
+  if (policy == "min-size" && min_bytes.empty() && !InEnvironment(OptionKey::kPeerMinBytes)) {
+    return CommandLineError(run,
+                            "--policy min-size needs --min-bytes BYTES (as in --min-bytes 1M)");
+  }
+  if (policy == "rules" && config.empty() && !InEnvironment(OptionKey::kConfig)) {
+    return CommandLineError(run, "--policy rules needs --config FILE (a TOML rules file)");
+  }
   SetOption(OptionKey::kPeerPolicy, policy);
   SetOption(OptionKey::kPeerMinBytes, min_bytes);
   SetOption(OptionKey::kConfig, config);

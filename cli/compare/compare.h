@@ -21,7 +21,9 @@
 // counted native run's and its standard output does too, line by line (line
 // ends and a last newline aside): all of it (--same-output, the default), or
 // the lines in which --check finds a match (a POSIX extended regular
-// expression, as grep -E takes; LineFilter). Standard error is not compared
+// expression, as grep -E takes; LineFilter), less the lines that differ
+// between the native runs themselves (VaryingLines: timings). Standard
+// error is not compared
 // (timings, warnings); its last line is shown for a run that failed. A policy
 // whose counted runs do not all match is FAILED, with the denials its
 // statistics counted and the first denial lines of its log. A policy none of
@@ -36,7 +38,8 @@
 // cuMemSetAccess calls, seconds in cuCtxEnablePeerAccess; ratios of wall time
 // and peak device memory against native.
 //
-// Files in `out_dir` (created; earlier files of the same names replaced):
+// Files in `out_dir` (created; earlier files of the same names replaced; by
+// default a new directory under ${TMPDIR:-/tmp}, MakeOutputDirectory):
 // summary.csv (one row per mode), runs.csv (one row per run), compare.json
 // (both, and the settings), compare.png (python3 + matplotlib:
 // `chart_script`), and runs/ with each run's stdout, stderr, statistics and
@@ -57,6 +60,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "nlohmann/json_fwd.hpp"
 
 namespace vmmshim::compare {
 
@@ -81,11 +86,19 @@ struct CompareOptions {
   int warmup = 1;  // uncounted runs of each mode first, >= 0
   std::optional<std::string> check_regex;  // nullopt: the whole standard output (LineFilter)
   double timeout_seconds = 0;  // per run; 0: 10x the slowest native run, at least 60 s
-  std::string out_dir = "vmmshim-compare";  // not empty
+  std::string out_dir;  // empty: a new one (MakeOutputDirectory)
   std::string library;  // libvmmshim.so to preload; no space or colon (LD_PRELOAD splits there)
   std::string chart_script;  // compare_chart.py; empty: no chart
+  bool wide = false;  // every column in the printed table (FormatTable)
   std::vector<std::string> command;
 };
+
+// A new directory for a comparison's files, so that it neither litters the
+// current directory nor replaces an earlier comparison's:
+// `tmpdir`/vmmshim-compare-YYYYmmdd-HHMMSS-XXXXXX (mkdtemp), `tmpdir` being
+// $TMPDIR, /tmp when null or empty. nullopt and `*error` when it cannot be
+// made.
+std::optional<std::string> MakeOutputDirectory(const char* tmpdir, std::string* error);
 
 // The environment of a native run: `base` without VMMSHIM_* variables and
 // without libvmmshim*.so entries in LD_PRELOAD.
@@ -119,11 +132,54 @@ class LineFilter {
   std::shared_ptr<const void> regex_;  // a compiled regex_t, or null
 };
 
-// Empty when `got` (compared lines) matches `want`; else what differs,
-// around the first difference ("line 3: 'x=1' instead of 'x=2'", "2 lines
-// instead of 3").
+// Empty when `got` (compared lines) matches `want` at every position but
+// the `ignored` ones (sorted, from 0); else what differs, around the first
+// difference ("line 3: 'x=1' instead of 'x=2'", "2 lines instead of 3").
 std::string LinesDifference(const std::vector<std::string>& want,
-                            const std::vector<std::string>& got, bool filtered);
+                            const std::vector<std::string>& got, bool filtered,
+                            const std::vector<size_t>& ignored = {});
+
+// The compared lines that differ between native runs (timings, addresses,
+// pids): what no policy can be held to. Learnt position by position, each
+// native run's compared lines against the reference's (the first counted
+// native run); a position whose text differs in any of them varies. Only
+// runs with the reference's number of lines line up with it: when a warm-up
+// has another, the warm-ups are not learnt from (first-run output such as
+// "compiling kernels"); when a counted run has, nothing is learnt and every
+// line is compared. Thread-compatible.
+class VaryingLines {
+ public:
+  static constexpr size_t kTextsKept = 3;  // distinct native texts kept per line
+
+  explicit VaryingLines(std::vector<std::string> reference);
+  // Another native run (not the reference) that ended as the reference did.
+  void Learn(const std::vector<std::string>& lines, bool warmup);
+
+  // The positions (from 0) left out of the comparison, sorted.
+  std::vector<size_t> Positions() const;
+  // Up to kTextsKept distinct native texts at `position`, the reference's
+  // first.
+  std::vector<std::string> Texts(size_t position) const;
+  // Native runs learnt from, the reference included.
+  int runs() const;
+  // Empty, or why runs were not learnt from ("the warm-up native runs
+  // printed 5 lines, the counted ones 4: ...").
+  std::string caveat() const;
+
+ private:
+  struct Tally {
+    int runs = 1;  // the reference
+    bool aligned = true;
+    std::vector<bool> varies;
+    std::vector<std::vector<std::string>> texts;  // of varying positions
+    std::vector<size_t> counts;  // line counts of runs that did not line up
+  };
+  void Add(Tally* tally, const std::vector<std::string>& lines) const;
+  const Tally& Chosen() const;
+
+  std::vector<std::string> reference_;
+  Tally all_, counted_;
+};
 
 // What the shim's statistics files of one run say (cli/stats_file.h),
 // added up over the run's processes.
@@ -151,6 +207,35 @@ ShimFigures ReadShimFigures(const std::vector<std::string>& files, std::string* 
 // The median of `values` (the mean of the middle two for an even count);
 // nullopt for none.
 std::optional<double> Median(std::vector<double> values);
+
+// One row of compare's table: a mode's medians (seconds, bytes, counts),
+// from a comparison or from its compare.json (FormatResultFile).
+struct TableRow {
+  std::string label;   // "native" or the policy's
+  bool native = false;
+  std::string result;  // "ok", "FAILED (k/N)", "NO SHIM", "differs (k/N)"
+  std::optional<double> wall, wall_ratio, peak_device, peak_device_ratio;
+  std::optional<double> served, peak_physical, mapped, grants, denials, set_access,
+      peer_enable_seconds, peer_enable_calls;
+};
+
+// The table of `rows`, one line each under a heading. By default the columns
+// that decide (result, wall time and peak device memory against native,
+// bytes mapped into peers, denials) in at most kNarrowWidth characters: the
+// memory pair left out where no row has it, a long policy label shortened.
+// `wide`: every column (summary.csv's figures).
+constexpr size_t kNarrowWidth = 100;
+std::string FormatTable(const std::vector<TableRow>& rows, bool wide);
+
+// Whether `doc` is a comparison's compare.json (WriteResultFiles).
+bool IsResultFile(const nlohmann::json& doc);
+
+// compare.json as the table compare printed (`vmmshim report`): a line
+// saying what the file is, the command and settings, FormatTable, each
+// mode's failure and the lines left out. nullopt and `*error` naming `path`
+// and what it lacks when the table cannot be made from it.
+std::optional<std::string> FormatResultFile(const nlohmann::json& doc, const std::string& path,
+                                            bool wide, std::string* error);
 
 // Runs the comparison, prints the table to standard output (progress to
 // standard error) and writes the files. Returns the exit status above.

@@ -2,6 +2,9 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <stdlib.h>
+#include <time.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -65,6 +68,21 @@ bool MakeDirs(const std::string& path, std::string* error) {
     return false;
   }
   return true;
+}
+
+std::optional<std::string> MakeOutputDirectory(const char* tmpdir, std::string* error) {
+  const std::string parent = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+  char stamp[32];
+  const time_t now = time(nullptr);
+  struct tm local;
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime_r(&now, &local));
+  std::string path = parent + "/vmmshim-compare-" + stamp + "-XXXXXX";
+  if (mkdtemp(path.data()) == nullptr) {
+    *error = "cannot create a directory in " + parent + " ($TMPDIR): " + std::strerror(errno) +
+             " (give --out DIR)";
+    return std::nullopt;
+  }
+  return path;
 }
 
 std::string ReadFile(const std::string& path) {

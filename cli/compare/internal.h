@@ -67,6 +67,7 @@ struct Results {
   const Run* reference = nullptr;  // the first counted native run
   bool filtered = false;      // --check given
   bool checked_none = false;  // --check matched no line of the reference
+  const VaryingLines* varying = nullptr;  // the lines left out of the comparison
   const DeviceMemorySampler* sampler = nullptr;
 };
 
@@ -78,6 +79,10 @@ std::vector<Summary> Summarize(const std::vector<Mode>& modes, const std::vector
 // A policy none of whose counted runs wrote statistics though one ended on
 // its own (killed runs write none): the shim was not in the program.
 bool NoShim(const Summary& summary, const std::vector<Run>& runs);
+
+// The result column of a mode: "ok", "FAILED (k/N)", "NO SHIM" or, for
+// native, "differs (k/N)".
+std::string ResultOf(const Summary& summary, const std::vector<Run>& runs);
 
 // Prints the table and its notes to standard output. Returns the exit status
 // so far: 0, 1 (a policy failed) or 2 (a policy ran without the shim).

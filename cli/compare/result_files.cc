@@ -66,6 +66,15 @@ bool WriteResultFiles(const Results& results, std::string* error) {
   doc["out_dir"] = out_dir;
   doc["peak_device_memory_source"] =
       sampler->Available() ? "nvml " + sampler->Source() : "unavailable: " + sampler->Unavailable();
+  // The lines left out of the comparison (VaryingLines), numbered from 1
+  // among the compared lines.
+  const VaryingLines& varying = *results.varying;
+  doc["native_runs_learnt_from"] = varying.runs();
+  doc["varying_lines"] = nlohmann::json::array();
+  for (size_t p : varying.Positions()) {
+    doc["varying_lines"].push_back({{"line", p + 1}, {"native", varying.Texts(p)}});
+  }
+  doc["varying_lines_caveat"] = varying.caveat();
   doc["modes"] = nlohmann::json::array();
   for (const Summary& s : summaries) {
     nlohmann::json pairs = nlohmann::json::array();
@@ -74,6 +83,7 @@ bool WriteResultFiles(const Results& results, std::string* error) {
     }
     doc["modes"].push_back({{"policy", s.mode->label},
                             {"native", !s.mode->policy},
+                            {"result", ResultOf(s, runs)},
                             {"runs", s.runs},
                             {"failed_runs", s.failed},
                             {"runs_without_statistics", s.without_stats},
@@ -132,8 +142,8 @@ bool WriteResultFiles(const Results& results, std::string* error) {
       !WriteFile(json_path, json_text, error)) {
     return false;
   }
-  std::printf("\nwritten: %s/summary.csv, runs.csv, compare.json, runs/ (each run's output, "
-              "statistics and shim log)\n",
+  std::printf("\nfiles in %s: summary.csv, runs.csv, compare.json (vmmshim report prints "
+              "it), runs/ (each run's output, statistics and shim log)\n",
               out_dir.c_str());
   for (const Run& r : runs) {
     if (!r.stats_error.empty()) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/compare/internal.h"
 
@@ -32,10 +33,6 @@ int RunCompare(const CompareOptions& options) {
                  options.repeat, options.warmup);
     return 2;
   }
-  if (options.out_dir.empty()) {
-    std::fprintf(stderr, "vmmshim compare: --out: an empty directory name\n");
-    return 2;
-  }
   std::optional<LineFilter> filter = LineFilter::Make(options.check_regex, &error);
   if (!filter) {
     std::fprintf(stderr, "vmmshim compare: --check %s\n", error.c_str());
@@ -48,14 +45,24 @@ int RunCompare(const CompareOptions& options) {
                  options.library.c_str());
     return 2;
   }
-  if (!MakeDirs(options.out_dir + "/runs", &error)) {
+  std::string out_arg = options.out_dir;
+  if (out_arg.empty()) {
+    std::optional<std::string> made = MakeOutputDirectory(std::getenv("TMPDIR"), &error);
+    if (!made) {
+      std::fprintf(stderr, "vmmshim compare: %s\n", error.c_str());
+      return 2;
+    }
+    out_arg = *made;
+    std::fprintf(stderr, "vmmshim compare: files in %s (--out DIR to choose)\n",
+                 out_arg.c_str());
+  }
+  if (!MakeDirs(out_arg + "/runs", &error)) {
     std::fprintf(stderr, "vmmshim compare: %s\n", error.c_str());
     return 2;
   }
   // Absolute: the program may change directory before the shim writes.
   char real[PATH_MAX];
-  const std::string out_dir =
-      realpath(options.out_dir.c_str(), real) != nullptr ? real : options.out_dir;
+  const std::string out_dir = realpath(out_arg.c_str(), real) != nullptr ? real : out_arg;
   const std::string runs_dir = out_dir + "/runs";
   std::vector<Mode> modes;
   modes.push_back({"native", std::nullopt, "0-native"});
@@ -156,15 +163,26 @@ int RunCompare(const CompareOptions& options) {
                  "(--timeout): nothing to compare with; raise --timeout\n");
     return 2;
   }
+  const ChildResult& ref = reference->child;
+  auto ends_as_reference = [&](const ChildResult& c) {
+    return !c.timed_out && c.signal == ref.signal && c.exit_code == ref.exit_code;
+  };
   const std::vector<std::string> want = filter->Lines(ReadFile(reference->stdout_file));
+  // Lines that differ between native runs (timings) say nothing about a
+  // policy. A native run that ended otherwise may have stopped mid-output.
+  VaryingLines varying(want);
+  for (const Run& r : runs) {
+    if (r.mode->policy || &r == reference || !ends_as_reference(r.child)) continue;
+    varying.Learn(filter->Lines(ReadFile(r.stdout_file)), r.warmup);
+  }
+  const std::vector<size_t> ignored = varying.Positions();
   for (Run& r : runs) {
     if (&r == reference) continue;
     const ChildResult& c = r.child;
-    const ChildResult& ref = reference->child;
-    if (c.timed_out || c.signal != ref.signal || c.exit_code != ref.exit_code) {
+    if (!ends_as_reference(c)) {
       r.failure = Describe(c) + " (native: " + Describe(ref) + ")";
-    } else if (std::string diff =
-                   LinesDifference(want, filter->Lines(ReadFile(r.stdout_file)), filter->filters());
+    } else if (std::string diff = LinesDifference(
+                   want, filter->Lines(ReadFile(r.stdout_file)), filter->filters(), ignored);
                !diff.empty()) {
       r.failure = "standard output differs from native: " + diff;
     }
@@ -182,6 +200,7 @@ int RunCompare(const CompareOptions& options) {
   results.reference = reference;
   results.filtered = filter->filters();
   results.checked_none = filter->filters() && want.empty();
+  results.varying = &varying;
   results.sampler = &sampler;
   const int status = PrintSummary(results);
   if (!WriteResultFiles(results, &error)) {

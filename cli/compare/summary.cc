@@ -14,13 +14,17 @@ namespace {
 using cli::FormatBytes;
 using cli::FormatSeconds;
 
-std::string Ratio(std::optional<double> value, std::optional<double> native) {
-  if (!value || !native || *native <= 0) return "-";
+std::string RatioCell(std::optional<double> ratio) {
+  if (!ratio) return "-";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2fx", *value / *native);
+  std::snprintf(buf, sizeof buf, "%.2fx", *ratio);
   return buf;
 }
 
+std::optional<double> Ratio(std::optional<double> value, std::optional<double> native) {
+  if (!value || !native || *native <= 0) return std::nullopt;
+  return *value / *native;
+}
 
 std::vector<std::string> DenialLogLines(const std::vector<std::string>& logs, size_t most) {
   std::vector<std::string> lines;
@@ -53,6 +57,42 @@ std::string DenialSummary(const std::vector<ShimFigures::PairDenials>& pairs) {
   return text;
 }
 
+// Which lines were left out of the comparison and why: the first few with
+// their native texts (compare.json has them all).
+void PrintVaryingLines(const VaryingLines& varying, bool filtered,
+                       const std::vector<Run>& runs) {
+  constexpr size_t kShown = 5;
+  const char* what = filtered ? "checked line" : "line";
+  const std::vector<size_t> positions = varying.Positions();
+  if (!positions.empty()) {
+    std::printf("- left out of the comparison (every mode): %zu %s%s that differ%s between "
+                "the %d native runs:\n",
+                positions.size(), what, positions.size() == 1 ? "" : "s",
+                positions.size() == 1 ? "s" : "", varying.runs());
+    for (size_t i = 0; i < std::min(positions.size(), kShown); ++i) {
+      std::string texts;
+      for (const std::string& t : varying.Texts(positions[i])) {
+        texts += (texts.empty() ? "'" : ", '") + Truncate(t, 40) + "'";
+      }
+      std::printf("    %s %zu: %s%s\n", what, positions[i] + 1, texts.c_str(),
+                  varying.Texts(positions[i]).size() == VaryingLines::kTextsKept ? ", ..." : "");
+    }
+    if (positions.size() > kShown) {
+      std::printf("    and %zu more (compare.json: varying_lines)\n", positions.size() - kShown);
+    }
+  }
+  if (!varying.caveat().empty()) std::printf("- %s.\n", varying.caveat().c_str());
+  if (varying.runs() < 2 && varying.caveat().empty()) {
+    for (const Run& r : runs) {
+      if (StartsWith(r.failure, "standard output differs")) {
+        std::printf("- one native run only: every line compared; with two or more (--warmup, "
+                    "--repeat) lines that differ between native runs are left out.\n");
+        break;
+      }
+    }
+  }
+}
+
 std::string Cell(std::optional<double> v, bool integer) {
   if (!v) return "-";
   char buf[32];
@@ -70,16 +110,18 @@ std::string BytesCell(std::optional<double> v) {
 
 std::string SecondsCell(std::optional<double> v) { return v ? FormatSeconds(*v) : "-"; }
 
-void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+// Columns padded to their widest cell; the first two (policy, result)
+// left-aligned, figures right.
+std::string Columns(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width;
   for (const auto& row : rows) {
     width.resize(std::max(width.size(), row.size()), 0);
     for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
   }
+  std::string out;
   for (const auto& row : rows) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
-      // The first two columns (policy, result) left-aligned, figures right.
       const size_t pad = width[i] - row[i].size();
       if (i < 2) {
         line += row[i] + std::string(pad, ' ');
@@ -89,11 +131,66 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
       if (i + 1 < row.size()) line += "  ";
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
-    std::printf("%s\n", line.c_str());
+    out += line + "\n";
   }
+  return out;
+}
+
+std::string EnableCell(const TableRow& r) {
+  if (r.peer_enable_calls && *r.peer_enable_calls == 0) return "no calls";
+  if (r.peer_enable_seconds && r.peer_enable_calls) {
+    return FormatSeconds(*r.peer_enable_seconds) + " (" + Cell(r.peer_enable_calls, true) + ")";
+  }
+  return "-";
 }
 
 }  // namespace
+
+std::string FormatTable(const std::vector<TableRow>& rows, bool wide) {
+  std::vector<std::vector<std::string>> cells;
+  if (wide) {
+    cells.push_back({"policy", "result", "wall (median)", "vs native", "peak device memory",
+                     "vs native", "served", "shim peak physical", "mapped into peers", "grants",
+                     "denials", "cuMemSetAccess", "cuCtxEnablePeerAccess"});
+    for (const TableRow& r : rows) {
+      cells.push_back({r.label, r.result, SecondsCell(r.wall), RatioCell(r.wall_ratio),
+                       BytesCell(r.peak_device), RatioCell(r.peak_device_ratio),
+                       Cell(r.served, true), BytesCell(r.peak_physical), BytesCell(r.mapped),
+                       Cell(r.grants, true), Cell(r.denials, true), Cell(r.set_access, true),
+                       EnableCell(r)});
+    }
+    return Columns(cells);
+  }
+  // Peak device memory is '-' in every row without NVML: no column then.
+  const bool memory = std::any_of(rows.begin(), rows.end(),
+                                  [](const TableRow& r) { return r.peak_device.has_value(); });
+  auto row_of = [&](std::string label, std::string result, std::vector<std::string> figures) {
+    std::vector<std::string> row = {std::move(label), std::move(result)};
+    for (size_t i = 0; i < figures.size(); ++i) {
+      if (memory || (i != 2 && i != 3)) row.push_back(std::move(figures[i]));
+    }
+    return row;
+  };
+  cells.push_back(row_of("policy", "result",
+                         {"wall", "vs native", "peak mem", "vs native", "peer-mapped",
+                          "denials"}));
+  for (const TableRow& r : rows) {
+    cells.push_back(row_of(r.label, r.result,
+                           {SecondsCell(r.wall), RatioCell(r.wall_ratio),
+                            BytesCell(r.peak_device), RatioCell(r.peak_device_ratio),
+                            BytesCell(r.mapped), Cell(r.denials, true)}));
+  }
+  // What the other columns leave to the policy label; a longer one is cut.
+  size_t others = 0;
+  for (size_t i = 1; i < cells[0].size(); ++i) {
+    size_t w = 0;
+    for (const auto& row : cells) w = std::max(w, row[i].size());
+    others += w + 2;
+  }
+  const size_t label_width = std::max<size_t>(12, kNarrowWidth - std::min(kNarrowWidth, others));
+  for (auto& row : cells) row[0] = Truncate(row[0], label_width);
+  return Columns(cells);
+}
 
 std::vector<Summary> Summarize(const std::vector<Mode>& modes, const std::vector<Run>& runs) {
   std::vector<Summary> summaries;
@@ -154,6 +251,13 @@ bool NoShim(const Summary& s, const std::vector<Run>& runs) {
   return false;
 }
 
+std::string ResultOf(const Summary& s, const std::vector<Run>& runs) {
+  if (NoShim(s, runs)) return "NO SHIM";
+  if (s.failed == 0) return "ok";
+  return (s.mode->policy ? "FAILED (" : "differs (") + std::to_string(s.failed) + "/" +
+         std::to_string(s.runs) + ")";
+}
+
 int PrintSummary(const Results& results) {
   const CompareOptions& options = *results.options;
   const std::vector<Summary>& summaries = results.summaries;
@@ -171,43 +275,42 @@ int PrintSummary(const Results& results) {
               options.repeat, options.warmup,
               options.check_regex ? ("the lines matching '" + *options.check_regex + "'").c_str()
                                   : "the whole standard output");
-  std::vector<std::vector<std::string>> rows = {
-      {"policy", "result", "wall (median)", "vs native", "peak device memory", "vs native",
-       "served", "shim peak physical", "mapped into peers", "grants", "denials",
-       "cuMemSetAccess", "cuCtxEnablePeerAccess"}};
+  std::vector<TableRow> rows;
   bool any_failed = false, any_without_shim = false;
   for (const Summary& s : summaries) {
-    std::string result = "ok";
-    const std::string counts =
-        " (" + std::to_string(s.failed) + "/" + std::to_string(s.runs) + ")";
+    TableRow row;
+    row.label = s.mode->label;
+    row.native = !s.mode->policy;
+    row.result = ResultOf(s, runs);
     if (NoShim(s, runs)) {
-      result = "NO SHIM";
       any_without_shim = true;
-    } else if (s.failed > 0) {
-      result = (s.mode->policy ? "FAILED" : "differs") + counts;
-      if (s.mode->policy) any_failed = true;
+    } else if (s.failed > 0 && s.mode->policy) {
+      any_failed = true;
     }
-    std::string enable = "-";
-    if (s.peer_enable_calls && *s.peer_enable_calls == 0) {
-      enable = "no calls";
-    } else if (s.peer_enable_seconds && s.peer_enable_calls) {
-      enable = FormatSeconds(*s.peer_enable_seconds) + " (" + Cell(s.peer_enable_calls, true) +
-               ")";
-    }
-    rows.push_back({s.mode->label, result, SecondsCell(s.wall),
-                    s.mode->policy ? Ratio(s.wall, native.wall) : "1.00x",
-                    BytesCell(s.peak_device),
-                    s.mode->policy ? Ratio(s.peak_device, native.peak_device)
-                                   : (s.peak_device ? "1.00x" : "-"),
-                    Cell(s.served, true), BytesCell(s.peak_physical), BytesCell(s.mapped),
-                    Cell(s.grants, true), Cell(s.denials, true), Cell(s.set_access, true),
-                    enable});
+    row.wall = s.wall;
+    row.wall_ratio = Ratio(s.wall, native.wall);
+    row.peak_device = s.peak_device;
+    row.peak_device_ratio = Ratio(s.peak_device, native.peak_device);
+    row.served = s.served;
+    row.peak_physical = s.peak_physical;
+    row.mapped = s.mapped;
+    row.grants = s.grants;
+    row.denials = s.denials;
+    row.set_access = s.set_access;
+    row.peer_enable_seconds = s.peer_enable_seconds;
+    row.peer_enable_calls = s.peer_enable_calls;
+    rows.push_back(row);
   }
-  PrintTable(rows);
+  std::fputs(FormatTable(rows, options.wide).c_str(), stdout);
   std::printf("\n");
+  if (!options.wide) {
+    std::printf("- wall, peak mem: medians of the counted runs, and their ratio to native's; "
+                "peer-mapped: bytes mapped into peers; --wide: every column.\n");
+  }
   std::printf("- native: no shim in the process, so its figures are '-'. Natively "
               "cudaDeviceEnablePeerAccess maps every allocation of the device into the peer: "
-              "what policy all reproduces (its 'mapped into peers').\n");
+              "what policy all reproduces (its '%s').\n",
+              options.wide ? "mapped into peers" : "peer-mapped");
   if (sampler->Available()) {
     std::printf("- peak device memory: NVML, %s, sampled every 10 ms.\n",
                 sampler->Source() == "process"
@@ -215,12 +318,15 @@ int PrintSummary(const Results& results) {
                     : "the devices' used memory above its level before each run (NVML shows no "
                       "process of the program: another pid namespace)");
   } else {
-    std::printf("- peak device memory: not measured (%s); 'shim peak physical' is the shim's "
-                "own count of the physical memory it held.\n",
-                sampler->Unavailable().c_str());
+    std::printf("- peak device memory: not measured (%s)%s.\n", sampler->Unavailable().c_str(),
+                options.wide ? "; 'shim peak physical' is the shim's own count of the physical "
+                               "memory it held"
+                             : "");
   }
-  std::printf("- cuCtxEnablePeerAccess: seconds the program spent in it per run (and its "
-              "calls), the driver's enable and the shim's grants together.\n");
+  if (options.wide) {
+    std::printf("- cuCtxEnablePeerAccess: seconds the program spent in it per run (and its "
+                "calls), the driver's enable and the shim's grants together.\n");
+  }
   const ChildResult& ref = reference->child;
   if (ref.signal != 0 || ref.exit_code != 0) {
     std::printf("- native itself ends with %s%s: the policies are compared with that.\n",
@@ -229,6 +335,7 @@ int PrintSummary(const Results& results) {
                     ? ""
                     : ("; last line of stderr: " + Truncate(reference->stderr_last, 200)).c_str());
   }
+  PrintVaryingLines(*results.varying, results.filtered, runs);
   if (results.checked_none) {
     std::printf("- --check matched no line of native's output: only exit statuses were "
                 "compared.\n");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/compare/child_process.h"
+#include "cli/compare/internal.h"
 #include "cli/compare/device_memory.h"
 #include "cli/format.h"
 #include "core/report/stats_schema.h"
@@ -151,6 +152,57 @@ TEST(CompareOutput, WholeOutputOrTheCheckedLines) {
   EXPECT_NE(diff.find("a1 tail'"), std::string::npos) << diff;
 }
 
+TEST(CompareOutput, LinesThatVaryBetweenNativeRunsAreLeftOut) {
+  const std::vector<std::string> native = {"time: 12 ms", "result 42"};
+  // Without native runs to learn from, a timing line fails a policy.
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 42"}, false),
+            "line 1: 'time: 99 ms' instead of 'time: 12 ms'");
+  VaryingLines varying(native);
+  varying.Learn({"time: 15 ms", "result 42"}, /*warmup=*/true);
+  varying.Learn({"time: 9 ms", "result 42"}, /*warmup=*/false);
+  varying.Learn({"time: 12 ms", "result 42"}, /*warmup=*/false);
+  const std::vector<size_t> ignored = varying.Positions();
+  EXPECT_EQ(ignored, std::vector<size_t>{0});
+  EXPECT_EQ(varying.Texts(0),
+            (std::vector<std::string>{"time: 12 ms", "time: 15 ms", "time: 9 ms"}));
+  EXPECT_EQ(varying.runs(), 4);
+  EXPECT_EQ(varying.caveat(), "");
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 42"}, false, ignored), "");
+  // A stable line, the number of lines: still caught.
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 41"}, false, ignored),
+            "line 2: 'result 41' instead of 'result 42'");
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms"}, false, ignored), "1 lines instead of 2");
+  EXPECT_EQ(LinesDifference(native, {"time: 99 ms", "result 42", "more"}, false, ignored),
+            "3 lines instead of 2");
+}
+
+TEST(CompareOutput, NativeRunsOfAnotherLengthAreNotLinedUp) {
+  const std::vector<std::string> native = {"a", "t=1"};
+  // A warm-up's first-run line: learnt from the counted runs only.
+  VaryingLines warm(native);
+  warm.Learn({"compiling", "a", "t=2"}, /*warmup=*/true);
+  warm.Learn({"a", "t=3"}, /*warmup=*/false);
+  EXPECT_EQ(warm.Positions(), std::vector<size_t>{1});
+  EXPECT_EQ(warm.runs(), 2);
+  EXPECT_NE(warm.caveat().find("a warm-up native run printed 3 lines, the counted ones 2"),
+            std::string::npos)
+      << warm.caveat();
+  // Counted runs that disagree: nothing left out.
+  VaryingLines counted(native);
+  counted.Learn({"b", "t=2"}, /*warmup=*/false);
+  counted.Learn({"a", "t=3", "extra"}, /*warmup=*/false);
+  EXPECT_TRUE(counted.Positions().empty());
+  EXPECT_EQ(counted.runs(), 1);
+  EXPECT_NE(counted.caveat().find("different numbers of lines (2, 3)"), std::string::npos)
+      << counted.caveat();
+  EXPECT_NE(counted.caveat().find("no line left out"), std::string::npos);
+  // One native run: nothing to learn, nothing left out.
+  VaryingLines one(native);
+  EXPECT_TRUE(one.Positions().empty());
+  EXPECT_EQ(one.runs(), 1);
+  EXPECT_EQ(one.caveat(), "");
+}
+
 TEST(CompareOutput, LongLinesAndHeavyPatternsAreSafe) {
   // std::regex recursed once per character and crashed on 50,000; POSIX
   // regexec does not.
@@ -222,6 +274,25 @@ TEST(CompareStatistics, AddsUpTheProcessesOfARun) {
   EXPECT_NE(error.find("c.json is not a vmmshim statistics file"), std::string::npos) << error;
 }
 
+TEST(CompareFiles, TheDefaultDirectoryIsANewOneUnderTmpdir) {
+  const std::string parent = TempDir();
+  std::string error;
+  const std::optional<std::string> a = MakeOutputDirectory(parent.c_str(), &error);
+  const std::optional<std::string> b = MakeOutputDirectory(parent.c_str(), &error);
+  ASSERT_TRUE(a && b) << error;
+  EXPECT_EQ(a->rfind(parent + "/vmmshim-compare-", 0), 0u) << *a;
+  EXPECT_NE(*a, *b);  // never an earlier comparison's
+  EXPECT_EQ(access(a->c_str(), W_OK), 0);
+  // No $TMPDIR (or an empty one): /tmp, not the current directory.
+  const std::optional<std::string> tmp = MakeOutputDirectory("", &error);
+  ASSERT_TRUE(tmp) << error;
+  EXPECT_EQ(tmp->rfind("/tmp/vmmshim-compare-", 0), 0u) << *tmp;
+  rmdir(tmp->c_str());
+  EXPECT_FALSE(MakeOutputDirectory("/nonexistent/dir", &error));
+  EXPECT_NE(error.find("cannot create a directory in /nonexistent/dir"), std::string::npos)
+      << error;
+}
+
 TEST(CompareFigures, MedianAndUnits) {
   EXPECT_FALSE(Median({}));
   EXPECT_EQ(*Median({3, 1, 2}), 2);
@@ -232,6 +303,75 @@ TEST(CompareFigures, MedianAndUnits) {
   EXPECT_EQ(cli::FormatBytes(512), "512 B");
   EXPECT_EQ(cli::FormatBytes(uint64_t{4} << 20), "4.00 MiB");
   EXPECT_EQ(cli::FormatBytes(uint64_t{3} << 29), "1.50 GiB");
+}
+
+std::vector<TableRow> PeerExchangeRows(const std::string& long_label) {
+  auto row = [](std::string label, std::string result, double wall, double mapped,
+                double denials) {
+    TableRow r;
+    r.label = std::move(label);
+    r.result = std::move(result);
+    r.wall = wall;
+    r.wall_ratio = wall / 0.0486;
+    r.served = 804;
+    r.peak_physical = 280.0 * (1 << 20);
+    r.mapped = mapped;
+    r.grants = 2412 - denials;
+    r.denials = denials;
+    r.set_access = 46;
+    r.peer_enable_seconds = 139.2e-6;
+    r.peer_enable_calls = 12;
+    return r;
+  };
+  TableRow native;
+  native.label = "native";
+  native.native = true;
+  native.result = "differs (3/3)";
+  native.wall = 0.0486;
+  native.wall_ratio = 1;
+  return {native, row("all", "ok", 0.064, 840.0 * (1 << 20), 0),
+          row(long_label, "FAILED (3/3)", 123.456, 1e15, 12345678)};
+}
+
+size_t Widest(const std::string& table) {
+  size_t widest = 0;
+  for (const std::string& line : Split(table, '\n')) widest = std::max(widest, line.size());
+  return widest;
+}
+
+TEST(CompareTable, TheDefaultTableFitsAHundredColumns) {
+  for (bool memory : {false, true}) {
+    std::vector<TableRow> rows = PeerExchangeRows("rules:/home/user/experiments/peer-rules.toml");
+    if (memory) {
+      for (TableRow& r : rows) {
+        r.peak_device = 81.5e9;
+        r.peak_device_ratio = 12.25;
+      }
+    }
+    const std::string table = FormatTable(rows, /*wide=*/false);
+    EXPECT_LE(Widest(table), kNarrowWidth) << table;
+    EXPECT_EQ(table.find("cuMemSetAccess"), std::string::npos) << table;
+    EXPECT_NE(table.find("peer-mapped"), std::string::npos) << table;
+    EXPECT_NE(table.find("840.00 MiB"), std::string::npos) << table;
+    EXPECT_NE(table.find("12345678"), std::string::npos) << table;
+    EXPECT_NE(table.find("rules:/home/"), std::string::npos) << table;  // the label, cut
+    // The memory pair only where it was measured.
+    EXPECT_EQ(table.find("peak mem") != std::string::npos, memory) << table;
+    EXPECT_EQ(table.find("12.25x") != std::string::npos, memory) << table;
+  }
+  // A short label is not cut.
+  const std::string table = FormatTable(PeerExchangeRows("min-size:1M"), false);
+  EXPECT_NE(table.find("\nmin-size:1M  FAILED (3/3)"), std::string::npos) << table;
+}
+
+TEST(CompareTable, WideHasEveryColumn) {
+  const std::string table = FormatTable(PeerExchangeRows("min-size:1M"), /*wide=*/true);
+  for (const char* column : {"wall (median)", "peak device memory", "served",
+                             "shim peak physical", "mapped into peers", "grants", "denials",
+                             "cuMemSetAccess", "cuCtxEnablePeerAccess", "139.2 us (12)"}) {
+    EXPECT_NE(table.find(column), std::string::npos) << column << "\n" << table;
+  }
+  EXPECT_GT(Widest(table), kNarrowWidth);
 }
 
 class ChildTest : public ::testing::Test {

@@ -289,6 +289,22 @@ TEST(StatsFileParse, RefusesALaterSchemaAndWhatIsNotAStatisticsFile) {
   EXPECT_FALSE(ParseStatsJson(no_totals.dump(), "partial.json", &error));
   EXPECT_NE(error.find("partial.json is not a vmmshim statistics file"), std::string::npos)
       << error;
+  // What is missing or wrong, by its path, in the reader's words.
+  EXPECT_NE(error.find("it has no 'totals'"), std::string::npos) << error;
+  EXPECT_EQ(error.find("json.exception"), std::string::npos) << error;
+  error.clear();
+  const nlohmann::json bad_device = {{k::kPid, 1},
+                                     {k::kPolicy, "all"},
+                                     {k::kTotals, nlohmann::json::object()},
+                                     {k::kDevices, 3}};
+  EXPECT_FALSE(ParseStatsJson(bad_device.dump(), "t.json", &error));
+  EXPECT_NE(error.find("it has no 'totals.served_allocations'"), std::string::npos) << error;
+  error.clear();
+  EXPECT_FALSE(ParseStatsJson("{\"pid\": \"one\"}", "p.json", &error));
+  EXPECT_NE(error.find("'pid' is a string, not a number"), std::string::npos) << error;
+  error.clear();
+  EXPECT_FALSE(ParseStatsJson("not json", "bad.json", &error));
+  EXPECT_NE(error.find("it is not JSON"), std::string::npos) << error;
   error.clear();
   EXPECT_FALSE(ReadStatsFile("/nonexistent-vmmshim/stats.json", &error));
   EXPECT_NE(error.find("cannot open /nonexistent-vmmshim/stats.json"), std::string::npos);

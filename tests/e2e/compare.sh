@@ -5,7 +5,8 @@
 # usage: compare.sh VMMSHIM_BINARY PEER_EXCHANGE DRIVER_API_DEMO
 #        (LD_LIBRARY_PATH: the simulated driver)
 set -uo pipefail
-cli=$1 app=$2 demo=$3
+abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }  # some runs cd elsewhere
+cli=$(abs "$1") app=$(abs "$2") demo=$(abs "$3")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -25,7 +26,7 @@ grep -q "none: exit 1 (native: exit 0); last line of stderr: peer_exchange: devi
   || fail "none's failure is not explained"
 grep -qE "201 allocation\(s\) of device 0 denied to peer 1, .* and 8 more pairs \(2412 denials in all\)" <<<"$out" \
   || fail "denials of none"
-grep -qE "^    \[vmmshim [0-9]+\] warning: peer [0-9] denied access to" <<<"$out" || fail "denial log lines"
+grep -qE "^    \[vmmshim [0-9]+\] info: peer [0-9] denied access to" <<<"$out" || fail "denial log lines"
 python3 - "$dir/c" <<'PY' || fail "files"
 import csv, json, os, sys
 d = sys.argv[1]
@@ -56,11 +57,50 @@ assert counted[:4] == ["native", "all", "none", "min-size:1M"], counted
 assert counted[4:] == ["native", "min-size:1M", "none", "all"], counted
 print("files OK")
 PY
+# The default table fits 100 columns; --wide has every column.
+table=$(sed -n '/^policy /,/^$/p' <<<"$out")
+[ "$(wc -L <<<"$table")" -le 100 ] || fail "default table wider than 100: $table"
+! grep -q "cuCtxEnablePeerAccess" <<<"$table" || fail "a --wide column in the default table"
 if grep -q "^chart: $dir/c/compare.png" <<<"$out"; then
   [ -s "$dir/c/compare.png" ] || fail "chart announced but missing"
 else
   grep -q "^chart: not drawn (matplotlib cannot be imported" <<<"$out" || fail "chart line"
 fi
+
+out=$("$cli" compare --policies all --repeat 1 --warmup 1 --wide --out "$dir/wide" -- "$app" \
+      2>/dev/null); rc=$?
+[ $rc = 0 ] || fail "--wide run: $rc: $out"
+grep -qE "^policy +result +wall \(median\) .* cuCtxEnablePeerAccess$" <<<"$out" \
+  || fail "--wide lacks columns: $out"
+
+# No --out: a new directory under $TMPDIR, named at the end; nothing in the
+# current directory.
+mkdir -p "$dir/cwd" "$dir/tmp"
+out=$(cd "$dir/cwd" && TMPDIR="$dir/tmp" "$cli" compare --policies all --repeat 1 --warmup 0 \
+      -- "$app" 2>/dev/null); rc=$?
+[ $rc = 0 ] || fail "default directory run: $rc: $out"
+[ -z "$(ls -A "$dir/cwd")" ] || fail "wrote into the current directory: $(ls -A "$dir/cwd")"
+made=$(sed -n "s|^files in \($dir/tmp/vmmshim-compare-[^:]*\): .*|\1|p" <<<"$out")
+[ -n "$made" ] && [ -s "$made/compare.json" ] || fail "default directory not named: $out"
+
+# A program that prints its own timings: the lines that differ between
+# native runs are left out for every mode, and said; a policy that changes
+# a line stable across native runs is still caught.
+out=$("$cli" compare --policies all,min-size:1M --out "$dir/v" -- /bin/bash -c \
+      '"$0" >/dev/null; echo "time: $RANDOM$RANDOM ms"; echo "result 42"' "$app" 2>/dev/null); rc=$?
+echo "$out"
+[ $rc = 0 ] || fail "timings compared as results: $rc: $out"
+grep -qE "^native +ok " <<<"$out" && grep -qE "^all +ok " <<<"$out" \
+  || fail "timings compared as results: $out"
+grep -q "left out of the comparison (every mode): 1 line that differs between the 4 native runs" \
+  <<<"$out" || fail "varying line not said: $out"
+grep -qE "^    line 1: 'time: [0-9]+ ms', 'time: [0-9]+ ms'" <<<"$out" || fail "varying texts: $out"
+out=$("$cli" compare --policies all --out "$dir/v2" -- /bin/bash -c \
+      '"$0" >/dev/null; echo "time: $RANDOM$RANDOM ms"; echo "result ${VMMSHIM_PEER_POLICY:-42}"' \
+      "$app" 2>/dev/null); rc=$?
+[ $rc = 1 ] || fail "a changed stable line was not caught: $rc: $out"
+grep -q "all: standard output differs from native: line 2: 'result all' instead of 'result 42'" \
+  <<<"$out" || fail "stable line difference: $out"
 
 # --check: only the lines that must agree.
 out=$("$cli" compare --policies all --repeat 1 --warmup 0 --check '^peer_exchange:' \
@@ -74,11 +114,17 @@ out=$("$cli" compare --policies all --repeat 1 --warmup 0 --timeout 1 --out "$di
 [ $rc = 1 ] || fail "timeout run: $rc"
 grep -q "all: timed out (killed) (native: exit 0)" <<<"$out" || fail "timeout not reported: $out"
 
-# Output that differs (the demo prints the size of an allocation's range: a
-# granule under the shim), shown around the difference.
-out=$("$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/d" -- "$demo" 2>/dev/null); rc=$?
-[ $rc = 1 ] || fail "differing output: $rc"
-grep -q "all: standard output differs from native: line 1: '.*lives in a 2097152-byte range' instead of '.*lives in a 512-byte range'" <<<"$out" \
+# The driver-API demo prints nothing that depends on the allocator: ok.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/o" -- "$demo" 2>/dev/null); rc=$?
+[ $rc = 0 ] && grep -qE "^all +ok " <<<"$out" || fail "driver_api_demo under the shim: $rc: $out"
+
+# Output that differs under the shim (a line stable across native runs),
+# shown around the difference.
+out=$("$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/d" -- /bin/sh -c \
+      "$app >/dev/null; if [ -n \"\$VMMSHIM_PEER_POLICY\" ]; then echo 'range 2097152 bytes'; else echo 'range 512 bytes'; fi" \
+      2>/dev/null); rc=$?
+[ $rc = 1 ] || fail "differing output: $rc: $out"
+grep -q "all: standard output differs from native: line 1: 'range 2097152 bytes' instead of 'range 512 bytes'" <<<"$out" \
   || fail "output difference: $out"
 
 # Warm-up runs absorb first-run effects: the reference is the first counted native run.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The vmmshim launcher: `run` preloads the shim with the chosen settings and
 # keeps the program's exit status; `report` prints the statistics file;
-# malformed options and files get one clear message.
+# malformed options and files get one clear message; report prints
+# compare's compare.json as its table.
 # usage: launcher.sh VMMSHIM_BINARY PEER_APP   (LD_LIBRARY_PATH: the simulated driver)
 set -uo pipefail
 cli=$1 app=$2
@@ -25,4 +26,21 @@ grep -q "bogus" <<<"$msg" || fail "bad policy message: $msg"
 echo "not json" > "$dir/bad.json"
 msg=$("$cli" report "$dir/bad.json" 2>&1); [ $? = 1 ] || fail "bad file accepted"
 grep -q "is not a vmmshim statistics file" <<<"$msg" || fail "bad file message: $msg"
+# report tells the kinds of file apart, in its own words.
+echo '{"name": "something else"}' > "$dir/other.json"
+msg=$("$cli" report "$dir/other.json" 2>&1); [ $? = 1 ] || fail "other JSON accepted"
+grep -qF "other.json is not a vmmshim statistics file (one written by VMMSHIM_STATS_FILE or \`vmmshim run --stats\`): it has no 'pid'" \
+  <<<"$msg" || fail "other JSON message: $msg"
+! grep -q "json.exception\|not found" <<<"$msg" || fail "the JSON library's words: $msg"
+# (The program needs the shim: native exits 2, so all "fails".)
+SIMCUDA_DEVICES=4 "$cli" compare --policies all --repeat 1 --warmup 0 --out "$dir/c" -- "$app" \
+  >/dev/null 2>&1
+[ -s "$dir/c/compare.json" ] || fail "compare wrote no compare.json"
+rep=$("$cli" report "$dir/c/compare.json") || fail "report of compare.json: $rep"
+echo "$rep"
+grep -q "compare.json is vmmshim compare's result file, not a statistics file" <<<"$rep" \
+  || fail "compare.json not named: $rep"
+grep -qE "^native +ok " <<<"$rep" && grep -qE "^all +FAILED \(1/1\) " <<<"$rep" \
+  && grep -q "^- all: exit 0 (native: exit 2)" <<<"$rep" \
+  || fail "compare.json's table: $rep"
 echo "PASS: launcher"

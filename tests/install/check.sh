@@ -35,7 +35,7 @@ preload=$("$stage/bin/vmmshim" run -- /bin/sh -c 'echo "$LD_PRELOAD"')
 if [ ! -x "$build/examples/peer_exchange" ]; then
   echo "note: examples not built (VMMSHIM_BUILD_EXAMPLES=OFF): the installed compare is not run"
 else
-  LD_LIBRARY_PATH=$build/simcuda SIMCUDA_DEVICES=2 "$stage/bin/vmmshim" compare --policies all \
+  LD_LIBRARY_PATH=$build/simcuda SIMCUDA_DEVICES=2 "$stage/bin/vmmshim" compare --policies all --wide \
     --repeat 1 --warmup 0 --out "$work/compare" -- "$build/examples/peer_exchange" \
     > "$work/compare.txt" 2>&1 ||
     { cat "$work/compare.txt"; echo "installed vmmshim compare failed"; exit 1; }
