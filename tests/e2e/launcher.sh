@@ -43,4 +43,11 @@ grep -q "compare.json is vmmshim compare's result file, not a statistics file" <
 grep -qE "^native +ok " <<<"$rep" && grep -qE "^all +FAILED \(1/1\) " <<<"$rep" \
   && grep -q "^- all: exit 0 (native: exit 2)" <<<"$rep" \
   || fail "compare.json's table: $rep"
+# run --torch-memory-saver: torch_memory_saver resolves to the drop-in (the
+# source tree's python/vmmshim/_tms from a build tree), the shim preloaded.
+out=$(PYTHONPATH=/x "$cli" run --torch-memory-saver -- python3 -c \
+      'import os, torch_memory_saver; print(torch_memory_saver.__file__); print(os.environ["PYTHONPATH"])') ||
+  fail "run --torch-memory-saver: $out"
+grep -q "/python/vmmshim/_tms/torch_memory_saver/__init__.py$" <<<"$out" || fail "drop-in not found: $out"
+grep -q ":/x$" <<<"$out" || fail "PYTHONPATH of the program lost: $out"
 echo "PASS: launcher"
