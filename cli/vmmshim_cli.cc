@@ -23,6 +23,7 @@
 // and stops on a malformed peer setting (docs/configuration.md). A
 // malformed command line exits 2 with one line naming the option or
 // subcommand and what was expected, and a usage line.
+#include <glob.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -97,6 +98,20 @@ int Report(const std::string& path, bool wide) {
   const std::optional<std::string> text = vmmshim::cli::ReportFile(path, wide, &error);
   if (!text) {
     std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
+    // `vmmshim run --stats FILE`: a program that never used CUDA itself
+    // (a shell, torchrun) wrote no FILE; its children wrote FILE.PID.
+    if (access(path.c_str(), F_OK) != 0) {
+      const size_t slash = path.rfind('/'), dot = path.rfind('.');
+      const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+      const std::string pattern =
+          ext ? path.substr(0, dot) + ".*" + path.substr(dot) : path + ".*";
+      glob_t found{};
+      if (glob(pattern.c_str(), 0, nullptr, &found) == 0 && found.gl_pathc > 0) {
+        std::fprintf(stderr, "vmmshim report: processes the program started wrote %zu file(s) "
+                     "named like it, such as %s\n", found.gl_pathc, found.gl_pathv[0]);
+      }
+      globfree(&found);
+    }
     return 1;
   }
   std::fputs(text->c_str(), stdout);
@@ -141,6 +156,22 @@ std::vector<std::string> OptionNames(const CLI::App& app) {
     for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
   }
   return names;
+}
+
+// Whether `program` names an executable file: as given when it has a '/',
+// else found on PATH (as execvp looks it up).
+bool Runnable(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    if (access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
 }
 
 // "vmmshim compare", or "vmmshim" without a subcommand.
@@ -249,8 +280,11 @@ void SetOption(vmmshim::OptionKey key, const std::string& value) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Named, so that help says "vmmshim" and not the path it was run by (the
+  // wheel runs vmmshim/bin/vmmshim).
   CLI::App app{"vmmshim: run CUDA programs with VMM-backed allocations and per-allocation "
-               "peer access"};
+               "peer access",
+               "vmmshim"};
   app.set_version_flag("--version", "vmmshim " VMMSHIM_VERSION);
   // Checked after parsing, to name what was given instead (CLI11 would say
   // "A subcommand is required", or blame the program's path for a
@@ -277,7 +311,7 @@ int main(int argc, char** argv) {
   run->add_flag("--torch-memory-saver", torch_memory_saver,
                 "`import torch_memory_saver` resolves to vmmshim's drop-in "
                 "(docs/torch-memory-saver.md)");
-  run->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
+  run->add_option("PROGRAM", command, "the program and its arguments, after --")->required();
 
   CLI::App* report = app.add_subcommand(
       "report", "print a statistics file as tables (or compare's compare.json as its table)");
@@ -309,7 +343,8 @@ int main(int argc, char** argv) {
   CLI::Option* check_opt = compare->add_option(
       "--check", check, "compare only the output lines matching this regex (POSIX extended, as grep -E)");
   CLI::Option* same_opt = compare->add_flag(
-      "--same-output", same_output, "compare the whole standard output (the default)");
+      "--same-output", same_output, "compare the standard output, but for lines that vary between native runs (the "
+      "default)");
   check_opt->excludes(same_opt);
   compare->add_option("--timeout", copt.timeout_seconds,
                       "seconds per run before it is killed (0: 10x the slowest native run, at "
@@ -333,7 +368,8 @@ int main(int argc, char** argv) {
   compare->add_flag("--wide", copt.wide,
                     "print every column (served, shim peak physical, grants, cuMemSetAccess, "
                     "cuCtxEnablePeerAccess); the files have them all anyway");
-  compare->add_option("command", copt.command, "PROGRAM ARGS... (after --)")->required();
+  compare->add_option("PROGRAM", copt.command, "the program and its arguments, after --")
+      ->required();
 
   const std::vector<CLI::App*> subcommands = {run, report, compare};
   // The subcommand being parsed, for the error's name and usage.
@@ -385,6 +421,11 @@ int main(int argc, char** argv) {
       return CommandLineError(compare, "--out: an empty directory name");
     }
     if (!check.empty()) copt.check_regex = check;
+    // Before a directory is made for nothing.
+    if (!Runnable(copt.command.front())) {
+      return CommandLineError(compare, "cannot run '" + copt.command.front() +
+                                           "': no such program (or not executable)");
+    }
     if (access(copt.library.c_str(), R_OK) != 0) {
       std::fprintf(stderr, "vmmshim compare: no libvmmshim.so at %s (give --lib PATH)\n",
                    copt.library.c_str());
@@ -405,6 +446,15 @@ int main(int argc, char** argv) {
   }
   if (policy == "rules" && config.empty() && !InEnvironment(OptionKey::kConfig)) {
     return CommandLineError(run, "--policy rules needs --config FILE (a TOML rules file)");
+  }
+  if (!stats.empty()) {
+    // The shim would only warn at the program's exit.
+    const size_t slash = stats.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : stats.substr(0, slash + 1);
+    if (access(dir.c_str(), W_OK) != 0) {
+      return CommandLineError(run, "--stats: cannot write into '" + dir + "': " +
+                                       std::strerror(errno));
+    }
   }
   SetOption(OptionKey::kPeerPolicy, policy);
   SetOption(OptionKey::kPeerMinBytes, min_bytes);

@@ -8,7 +8,14 @@
 # examples/peer_access on the real GPUs follows the nvcc program.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/build/build.sh
+# Only what the demo runs (the tests and benchmarks are tools/test.sh's): the
+# shim, the CLI, the simulated driver and the examples below.
+targets=(vmmshim vmmshim_cli cuda_sim driver_api_demo peer_exchange)
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  targets+=(alloc_mix peer_access)
+fi
+echo "== building ${targets[*]} into build/ (a fresh clone: Abseil once, then the shim)"
+tools/build/build.sh "${targets[@]}"
 shim=$PWD/build/libvmmshim.so
 # compare's exit status is 1 when a policy broke the program (none does here,
 # on purpose); only 2 (the comparison could not be made) stops the demo.

@@ -57,7 +57,8 @@ std::string Format(const nlohmann::json& doc, const std::string& path, bool wide
   out += std::to_string(Count(doc, "repeat")) + " counted run(s) of each mode (" +
          std::to_string(Count(doc, "warmup")) + " warm-up run(s) not counted); checked: " +
          "exit status and " +
-         (check.empty() ? std::string("the whole standard output")
+         (check.empty() ? std::string("the standard output, but for lines that vary between "
+                                      "native runs")
                         : "the lines matching '" + check + "'") +
          "\n\n";
   std::optional<double> native_wall, native_peak;

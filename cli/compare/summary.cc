@@ -274,7 +274,8 @@ int PrintSummary(const Results& results) {
               "and %s\n\n",
               options.repeat, options.warmup,
               options.check_regex ? ("the lines matching '" + *options.check_regex + "'").c_str()
-                                  : "the whole standard output");
+                                  : "the standard output, but for lines that vary between "
+                                    "native runs");
   std::vector<TableRow> rows;
   bool any_failed = false, any_without_shim = false;
   for (const Summary& s : summaries) {
@@ -303,14 +304,14 @@ int PrintSummary(const Results& results) {
   }
   std::fputs(FormatTable(rows, options.wide).c_str(), stdout);
   std::printf("\n");
+  // Notes kept under 100 columns, as the table.
   if (!options.wide) {
-    std::printf("- wall, peak mem: medians of the counted runs, and their ratio to native's; "
-                "peer-mapped: bytes mapped into peers; --wide: every column.\n");
+    std::printf("- %s: medians of the counted runs, and the ratio to native's.\n",
+                sampler->Available() ? "wall, peak mem" : "wall");
+    std::printf("- peer-mapped: bytes mapped into peers; --wide: every column.\n");
   }
-  std::printf("- native: no shim in the process, so its figures are '-'. Natively "
-              "cudaDeviceEnablePeerAccess maps every allocation of the device into the peer: "
-              "what policy all reproduces (its '%s').\n",
-              options.wide ? "mapped into peers" : "peer-mapped");
+  std::printf("- native: no shim, so '-'. Natively a peer that enables access maps every\n"
+              "  allocation: what policy all reproduces.\n");
   if (sampler->Available()) {
     std::printf("- peak device memory: NVML, %s, sampled every 10 ms.\n",
                 sampler->Source() == "process"

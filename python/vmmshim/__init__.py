@@ -133,8 +133,8 @@ def _api():
         if _lib is None and _absent is None:
             lib = ctypes.CDLL(None)
             if not hasattr(lib, "vmmshim_pause_memory"):
-                _absent = ("libvmmshim.so is not loaded in this process "
-                           "(start it with LD_PRELOAD=libvmmshim.so)")
+                _absent = ("libvmmshim.so is not loaded in this process (start it with "
+                           "`vmmshim run -- python3 ...`, or LD_PRELOAD=libvmmshim.so)")
             else:
                 sigs = {
                     "vmmshim_set_allocation_tag": [ctypes.c_char_p],

@@ -50,7 +50,11 @@ def shim_tag(tag: str, enable_cpu_backup: bool) -> str:
 
 
 def _torch():
-    import torch  # imported late: `import torch_memory_saver` must not need CUDA yet
+    # Imported late: `import torch_memory_saver` must not need CUDA yet.
+    try:
+        import torch
+    except ImportError as e:
+        raise RuntimeError(f"torch_memory_saver (served by vmmshim) needs PyTorch: {e}") from e
     return torch
 
 

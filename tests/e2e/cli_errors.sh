@@ -38,6 +38,11 @@ expect_error "vmmshim compare: --repeat: 0 is out of range; expected 1 to 1000" 
   compare --repeat 0 -- /bin/true
 expect_error "vmmshim run: --policy min-size needs --min-bytes BYTES" \
   run --policy min-size -- /bin/true
+expect_error "vmmshim run: --stats: cannot write into '/nonexistent/dir/': No such file or directory" \
+  run --stats /nonexistent/dir/s.json -- /bin/true
+expect_error "vmmshim run: PROGRAM is required" run
+expect_error "vmmshim compare: cannot run 'no-such-program-here': no such program" \
+  compare -- no-such-program-here
 expect_error "vmmshim run: --min-bytes: '12 parsecs' is not a byte count" \
   run --policy min-size --min-bytes '12 parsecs' -- /bin/true
 expect_error "vmmshim run: --policy: 'bogus' is not one of all, none, min-size, rules" \

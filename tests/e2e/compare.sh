@@ -159,13 +159,13 @@ mkdir -p "$dir/sp ace" && cp "$(dirname "$cli")/libvmmshim.so" "$dir/sp ace/"
 expect_error "holds a space or colon" --lib "$dir/sp ace/libvmmshim.so" -- "$app"
 msg=$("$cli" compare --out "" -- "$app" 2>&1); [ $? = 2 ] || fail "--out '' accepted"
 grep -q -- "--out: an empty directory name" <<<"$msg" || fail "--out '': $msg"
-expect_error "cannot run /nonexistent/program: No such file or directory" -- /nonexistent/program
+expect_error "cannot run '/nonexistent/program': no such program (or not executable)" -- /nonexistent/program
 expect_error "is not a regular expression" --check '(' -- "$app"
 expect_error "--repeat" --repeat 0 -- "$app"
 expect_error "excludes" --check x --same-output -- "$app"
 expect_error "File does not exist: /nonexistent.so" --lib /nonexistent.so -- "$app"
 expect_error "'abc' is not a number of seconds" --timeout abc -- "$app"
-expect_error "command is required" --policies all
+expect_error "PROGRAM is required" --policies all
 expect_error "the first counted native run was killed at the time limit" \
   --timeout 0.5 --warmup 0 -- /bin/sleep 10
 echo "PASS: compare"

@@ -9,4 +9,5 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=$PATH:/usr/local/cuda/bin
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$(nproc)"
+# TARGET...: only those (and what they need); none: everything.
+cmake --build build -j"$(nproc)" ${1:+--target "$@"}
