@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 # Only what the demo runs (the tests and benchmarks are tools/test.sh's): the
 # shim, the CLI, the simulated driver and the examples below.
 targets=(vmmshim vmmshim_cli cuda_sim driver_api_demo peer_exchange)
-if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
-  targets+=(alloc_mix peer_access)
-fi
+gpu=0
+nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && gpu=1
+[ $gpu = 1 ] && targets+=(alloc_mix peer_access)  # nvcc programs, run only on a GPU
 echo "== building ${targets[*]} into build/ (a fresh clone: Abseil once, then the shim)"
 tools/build/build.sh "${targets[@]}"
 shim=$PWD/build/libvmmshim.so
@@ -24,7 +24,7 @@ compare() {
   build/vmmshim compare "$@" || rc=$?
   [ $rc -le 1 ] || exit $rc
 }
-if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if [ $gpu = 1 ]; then
   if [ -x build/examples/alloc_mix ]; then
     echo "== native run"
     build/examples/alloc_mix 1
