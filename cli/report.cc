@@ -41,15 +41,21 @@ std::string FormatReport(const StatsFile& s, const std::string& path) {
          U(t.passthrough_allocations), FormatBytes(t.passthrough_bytes).c_str(),
          U(t.live_allocations), FormatBytes(t.peak_physical_bytes).c_str());
   Append(&out, "%-7s %12s %12s %14s %14s %10s %10s %10s\n", "device", "allocations", "bytes",
-         "peak live", "peak physical", "setaccess", "cache hit", "cache miss");
+         "peak live", "peak physical", "setaccess", "cache-hits", "misses");
   for (const StatsDevice& d : s.devices) {
     Append(&out, "%-7d %12llu %12s %14s %14s %10llu %10llu %10llu\n", d.device, U(d.allocations),
            FormatBytes(d.bytes).c_str(), FormatBytes(d.peak_live_bytes).c_str(),
            FormatBytes(d.peak_physical_bytes).c_str(), U(d.set_access_calls), U(d.cache_hits),
            U(d.cache_misses));
   }
-  Append(&out, "\n%-7s %-5s %10s %10s %16s %16s\n", "device", "peer", "grants", "denials",
-         "mapped at exit", "peak mapped");
+  bool any_peer = false;
+  for (const StatsDevice& d : s.devices) any_peer |= !d.peers.empty();
+  if (any_peer) {
+    Append(&out, "\n%-7s %-5s %10s %10s %16s %16s\n", "device", "peer", "grants", "denials",
+           "mapped at exit", "peak mapped");
+  } else {
+    Append(&out, "\npeers: none recorded (no grants, denials or mappings)\n");
+  }
   for (const StatsDevice& d : s.devices) {
     for (const StatsPeer& p : d.peers) {
       Append(&out, "%-7d %-5d %10llu %10llu %16s %16s\n", d.device, p.peer, U(p.grants),
