@@ -6,9 +6,11 @@
 //       sets LD_PRELOAD (libvmmshim.so next to this program, or --lib) and
 //       the VMMSHIM_* variables, then runs PROGRAM in place of itself (exec),
 //       so its exit status is the program's.
-//   vmmshim report [--wide] FILE
+//   vmmshim report [--wide] [--json] FILE...
 //       prints a statistics file (VMMSHIM_STATS_FILE / --stats) as tables,
-//       or compare's compare.json as compare's table (cli/report_file.h).
+//       or compare's compare.json as compare's table (cli/report_file.h);
+//       several files or directories of them (a job's processes): one row
+//       per process and the totals, or JSON (cli/report.h).
 //   vmmshim compare [--policies LIST] [--repeat N] [--warmup N]
 //                   [--check REGEX | --same-output] [--timeout S] [--out DIR]
 //                   [--wide] [--lib PATH] -- PROGRAM ARGS...
@@ -24,6 +26,7 @@
 // malformed command line exits 2 with one line naming the option or
 // subcommand and what was expected, and a usage line.
 #include <glob.h>
+#include <sys/stat.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -38,6 +41,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/compare/compare.h"
+#include "cli/report.h"
 #include "cli/report_file.h"
 #include "config/config.h"
 #include "config/rules_file.h"
@@ -118,6 +122,59 @@ int Report(const std::string& path, bool wide) {
   return 0;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// `vmmshim report FILE...` of statistics files: a directory stands for its
+// *.json files that are statistics files (others, such as compare.json,
+// are skipped with a line saying so); a named file that is not one is an
+// error, said, and the rest are still reported. Exit status 1 when any was.
+int ReportProcesses(const std::vector<std::string>& args, bool json) {
+  std::vector<vmmshim::cli::ProcessStats> processes;
+  int status = 0;
+  for (const std::string& arg : args) {
+    std::vector<std::string> paths;
+    const bool directory = IsDirectory(arg);
+    if (directory) {
+      glob_t found{};
+      if (glob((arg + "/*.json").c_str(), 0, nullptr, &found) == 0) {
+        paths.assign(found.gl_pathv, found.gl_pathv + found.gl_pathc);  // sorted by glob
+      }
+      globfree(&found);
+      if (paths.empty()) {
+        std::fprintf(stderr, "vmmshim report: %s: no .json files in this directory\n",
+                     arg.c_str());
+        status = 1;
+      }
+    } else {
+      paths.push_back(arg);
+    }
+    for (const std::string& path : paths) {
+      std::string error;
+      std::optional<vmmshim::cli::StatsFile> stats = vmmshim::cli::ReadStatsFile(path, &error);
+      if (stats) {
+        processes.push_back({path, *std::move(stats)});
+      } else if (directory) {
+        std::fprintf(stderr, "vmmshim report: skipped %s\n", error.c_str());
+      } else {
+        std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
+        status = 1;
+      }
+    }
+  }
+  if (processes.empty()) {
+    std::fprintf(stderr, "vmmshim report: no statistics file to report\n");
+    return 1;
+  }
+  std::fputs((json ? vmmshim::cli::ProcessesJson(processes)
+                   : vmmshim::cli::FormatProcesses(processes))
+                 .c_str(),
+             stdout);
+  return status;
+}
+
 // The edit distance (insertions, deletions, substitutions) of `a` and `b`.
 size_t EditDistance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
@@ -183,7 +240,7 @@ std::string Usage(const CLI::App* sub) {
   if (sub == nullptr) return "vmmshim run|report|compare ... (vmmshim --help)";
   const std::string name = CommandName(sub);
   const std::string args =
-      sub->get_name() == "report" ? " [OPTIONS] FILE" : " [OPTIONS] -- PROGRAM ARGS...";
+      sub->get_name() == "report" ? " [OPTIONS] FILE..." : " [OPTIONS] -- PROGRAM ARGS...";
   return name + args + " (" + name + " --help)";
 }
 
@@ -316,12 +373,14 @@ int main(int argc, char** argv) {
   CLI::App* report = app.add_subcommand(
       "report", "print a statistics file as tables (or compare's compare.json as its table)");
   report->allow_extras();
-  std::string report_file;
-  bool report_wide = false;
-  report->add_option("file", report_file,
-                     "a statistics file (VMMSHIM_STATS_FILE, run --stats) or compare.json")
+  std::vector<std::string> report_files;
+  bool report_wide = false, report_json = false;
+  report->add_option("FILE", report_files,
+                     "statistics files (VMMSHIM_STATS_FILE, run --stats) or directories of "
+                     "them, or one compare.json")
       ->required();
   report->add_flag("--wide", report_wide, "compare.json: every column of the table");
+  report->add_flag("--json", report_json, "statistics files: the processes and totals as JSON");
 
   CLI::App* compare = app.add_subcommand(
       "compare", "run PROGRAM natively and under each policy, alternating, and compare");
@@ -408,7 +467,12 @@ int main(int argc, char** argv) {
     return CommandLineError(nullptr, left);
   }
 
-  if (*report) return Report(report_file, report_wide);
+  if (*report) {
+    if (report_files.size() == 1 && !report_json && !IsDirectory(report_files[0])) {
+      return Report(report_files[0], report_wide);
+    }
+    return ReportProcesses(report_files, report_json);
+  }
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);

@@ -312,3 +312,68 @@ TEST(StatsFileParse, RefusesALaterSchemaAndWhatIsNotAStatisticsFile) {
 
 }  // namespace
 }  // namespace vmmshim::cli
+
+namespace vmmshim::cli {
+namespace {
+
+// `vmmshim report FILE...`: one row per process, the totals added up, under
+// 100 columns; the JSON holds the same figures.
+TEST(ProcessesReport, OneRowPerProcessAndTheTotals) {
+  std::vector<ProcessStats> processes(2);
+  processes[0].path = "/tmp/run.101.json";
+  processes[0].stats.pid = 101;
+  processes[0].stats.version = "0.1.0";
+  processes[0].stats.policy = "min-size (allocations of at least 1048576 bytes ...)";
+  processes[0].stats.totals.served_allocations = 10;
+  processes[0].stats.totals.served_bytes = 3 << 20;
+  processes[0].stats.totals.peak_physical_bytes = 4 << 20;
+  StatsDevice device;
+  device.device = 0;
+  device.peers.push_back(StatsPeer{1, 3, 7, 0, 2 << 20});
+  processes[0].stats.devices.push_back(device);
+  processes[1].path = "/tmp/run.102.json";
+  processes[1].stats.pid = 102;
+  processes[1].stats.version = "0.1.0";
+  processes[1].stats.policy = "all";
+  processes[1].stats.totals.served_allocations = 5;
+  processes[1].stats.totals.served_bytes = 1 << 20;
+  processes[1].stats.totals.peak_physical_bytes = 2 << 20;
+  processes[1].stats.totals.live_allocations = 2;
+
+  const std::string text = FormatProcesses(processes);
+  EXPECT_NE(text.find("vmmshim statistics of 2 processes"), std::string::npos) << text;
+  size_t rows = 0;
+  for (size_t at = 0, end; at < text.size(); at = end + 1) {
+    end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    EXPECT_LE(line.size(), 100u) << line;
+    if (line.rfind("101 ", 0) == 0) {
+      ++rows;
+      EXPECT_NE(line.find("3.00 MiB"), std::string::npos) << line;
+    }
+    if (line.rfind("total ", 0) == 0) {
+      ++rows;
+      EXPECT_NE(line.find(" 15 "), std::string::npos) << line;       // served
+      EXPECT_NE(line.find("4.00 MiB"), std::string::npos) << line;   // bytes
+      EXPECT_NE(line.find("6.00 MiB"), std::string::npos) << line;   // peak physical
+      EXPECT_NE(line.find("2.00 MiB"), std::string::npos) << line;   // peer-mapped
+    }
+  }
+  EXPECT_EQ(rows, 2u) << text;
+  EXPECT_NE(text.find("- 101: /tmp/run.101.json (vmmshim 0.1.0, policy min-size)"),
+            std::string::npos)
+      << text;
+
+  const nlohmann::json doc = nlohmann::json::parse(ProcessesJson(processes));
+  ASSERT_EQ(doc["processes"].size(), 2u);
+  EXPECT_EQ(doc["processes"][1]["pid"], 102);
+  EXPECT_EQ(doc["processes"][0]["figures"]["grants"], 3);
+  EXPECT_EQ(doc["processes"][0]["figures"]["denials"], 7);
+  EXPECT_EQ(doc["totals"]["served_allocations"], 15);
+  EXPECT_EQ(doc["totals"]["live_allocations"], 2);
+  EXPECT_EQ(doc["totals"]["peak_physical_bytes"], 6 << 20);
+}
+
+}  // namespace
+}  // namespace vmmshim::cli

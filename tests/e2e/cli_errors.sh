@@ -48,7 +48,7 @@ expect_error "vmmshim run: --min-bytes: '12 parsecs' is not a byte count" \
 expect_error "vmmshim run: --policy: 'bogus' is not one of all, none, min-size, rules" \
   run --policy bogus -- /bin/true
 expect_error "vmmshim run: --policy rules needs --config FILE" run --policy rules -- /bin/true
-expect_error "vmmshim report: unexpected argument 'b.json'" report a.json b.json
+expect_error "vmmshim report: unknown option '--jsn' (did you mean --json?)" report --jsn a.json
 expect_error "vmmshim compare: --policies: policy 'bogus' is not one of" \
   compare --policies all,bogus -- /bin/true
 # The variable stands in for the option, as the shim reads it.

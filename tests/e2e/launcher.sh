@@ -43,6 +43,19 @@ grep -q "compare.json is vmmshim compare's result file, not a statistics file" <
 grep -qE "^native +ok " <<<"$rep" && grep -qE "^all +FAILED \(1/1\) " <<<"$rep" \
   && grep -q "^- all: exit 0 (native: exit 2)" <<<"$rep" \
   || fail "compare.json's table: $rep"
+# Several processes' files (a directory of them) in one report, and as JSON.
+mkdir -p "$dir/job"
+SIMCUDA_DEVICES=4 "$cli" run --stats "$dir/job/run.json" -- /bin/sh -c "$app >/dev/null; $app >/dev/null" ||
+  fail "two children under run --stats"
+echo '{"name": "not statistics"}' > "$dir/job/other.json"
+rep=$("$cli" report "$dir/job" 2>"$dir/job.err") || fail "report of a directory: $rep"
+echo "$rep"
+grep -q "^vmmshim statistics of 2 processes" <<<"$rep" || fail "not 2 processes: $rep"
+grep -qE "^total +[0-9]+ " <<<"$rep" || fail "no totals row: $rep"
+grep -q "skipped .*other.json is not a vmmshim statistics file" "$dir/job.err" || fail "other.json not skipped"
+"$cli" report --json "$dir"/job/run.*.json | python3 -c \
+  'import json, sys; d = json.load(sys.stdin); assert len(d["processes"]) == 2 and d["totals"]["served_allocations"] > 0, d' ||
+  fail "report --json"
 # run --torch-memory-saver: torch_memory_saver resolves to the drop-in (the
 # source tree's python/vmmshim/_tms from a build tree), the shim preloaded.
 out=$(PYTHONPATH=/x "$cli" run --torch-memory-saver -- python3 -c \
