@@ -105,10 +105,7 @@ int Report(const std::string& path, bool wide) {
     // `vmmshim run --stats FILE`: a program that never used CUDA itself
     // (a shell, torchrun) wrote no FILE; its children wrote FILE.PID.
     if (access(path.c_str(), F_OK) != 0) {
-      const size_t slash = path.rfind('/'), dot = path.rfind('.');
-      const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
-      const std::string pattern =
-          ext ? path.substr(0, dot) + ".*" + path.substr(dot) : path + ".*";
+      const std::string pattern = vmmshim::ChildStatsPath(path, "*");
       glob_t found{};
       if (glob(pattern.c_str(), 0, nullptr, &found) == 0 && found.gl_pathc > 0) {
         std::fprintf(stderr, "vmmshim report: processes the program started wrote %zu file(s) "
@@ -402,8 +399,8 @@ int main(int argc, char** argv) {
   CLI::Option* check_opt = compare->add_option(
       "--check", check, "compare only the output lines matching this regex (POSIX extended, as grep -E)");
   CLI::Option* same_opt = compare->add_flag(
-      "--same-output", same_output, "compare the standard output, but for lines that vary between native runs (the "
-      "default)");
+      "--same-output", same_output,
+      "compare the standard output, but for lines that vary between native runs (the default)");
   check_opt->excludes(same_opt);
   compare->add_option("--timeout", copt.timeout_seconds,
                       "seconds per run before it is killed (0: 10x the slowest native run, at "

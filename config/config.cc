@@ -105,19 +105,6 @@ bool ApplyStatsPid(absl::string_view value, int, Config* config) {
   return true;
 }
 
-// A statistics path for process `pid` that is not the one VMMSHIM_STATS_PID
-// names: ".PID" before the extension (or at the end), so that the children
-// of `vmmshim run --stats FILE` do not overwrite each other's file or the
-// program's.
-std::string WithPid(const std::string& path, int pid) {
-  const size_t slash = path.rfind('/');
-  const size_t dot = path.rfind('.');
-  const bool has_extension =
-      dot != std::string::npos && dot > (slash == std::string::npos ? 0 : slash + 1);
-  const size_t at = has_extension ? dot : path.size();
-  return absl::StrCat(path.substr(0, at), ".", pid, path.substr(at));
-}
-
 bool ApplyIpc(absl::string_view value, int, Config* config) {
   return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->ipc);
 }
@@ -277,6 +264,15 @@ absl::Span<const OptionInfo> Options() { return kOptions; }
 
 const OptionInfo& Option(OptionKey key) { return kOptions[static_cast<size_t>(key)]; }
 
+std::string ChildStatsPath(absl::string_view path, absl::string_view part) {
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  const bool has_extension =
+      dot != absl::string_view::npos && dot > (slash == absl::string_view::npos ? 0 : slash + 1);
+  const size_t at = has_extension ? dot : path.size();
+  return absl::StrCat(path.substr(0, at), ".", part, path.substr(at));
+}
+
 absl::string_view LogLevelName(LogLevel level) {
   for (const LevelName& l : kLevels) {
     if (l.level == level) return l.name;
@@ -315,10 +311,11 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
           .push_back(absl::StrCat(name, " is not a vmmshim option; options are:", names));
     }
   }
+  // A child of the process VMMSHIM_STATS_PID names writes its own file.
   if (const char* stats = getenv(Option(OptionKey::kStatsFile).name);
       stats != nullptr && !result.config.stats_file.empty() && result.config.stats_pid != 0 &&
-      result.config.stats_pid != pid && absl::string_view(stats).find("%p") == absl::string_view::npos) {
-    result.config.stats_file = WithPid(result.config.stats_file, pid);
+      result.config.stats_pid != pid && !absl::StrContains(stats, "%p")) {
+    result.config.stats_file = ChildStatsPath(result.config.stats_file, absl::StrCat(pid));
   }
   if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
   if (!result.config.enable) {

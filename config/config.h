@@ -128,6 +128,11 @@ ParseResult ParseConfigFromEnvironment();
 
 absl::string_view LogLevelName(LogLevel level);
 
+// The statistics path of a child of the process VMMSHIM_STATS_PID names:
+// `part` (its pid; "*" for a glob of them all) before the extension, or at
+// the end ("run.json" -> "run.1234.json", "stats" -> "stats.1234").
+std::string ChildStatsPath(absl::string_view path, absl::string_view part);
+
 }  // namespace vmmshim
 
 #endif  // VMMSHIM_CONFIG_CONFIG_H_

@@ -39,6 +39,10 @@ TEST(ConfigTest, StatsFileOfAChildCarriesItsPid) {
                 .config.stats_file,
             "/tmp/s.4242.json");  // %p: as given
   EXPECT_EQ(Parse({{"VMMSHIM_STATS_FILE", "/tmp/s.json"}}).config.stats_file, "/tmp/s.json");
+  // What `vmmshim report` globs for a missing FILE.
+  EXPECT_EQ(ChildStatsPath("/tmp/run.d/run.json", "*"), "/tmp/run.d/run.*.json");
+  EXPECT_EQ(ChildStatsPath("/tmp/run.d/stats", "*"), "/tmp/run.d/stats.*");
+  EXPECT_EQ(ChildStatsPath("/tmp/.hidden", "7"), "/tmp/.hidden.7");
   ParseResult bad = Parse({{"VMMSHIM_STATS_FILE", "/tmp/s.json"}, {"VMMSHIM_STATS_PID", "x"}});
   ASSERT_EQ(bad.problems.size(), 1u);
   EXPECT_NE(bad.problems[0].find("VMMSHIM_STATS_PID='x'"), std::string::npos);
