@@ -26,6 +26,7 @@ HeapTable::Options HeapOptions(const AllocatorOptions& o) {
   h.exportable = o.exportable;
   h.compression = o.compression;
   h.arenas = o.arenas;
+  h.history = o.history;
   return h;
 }
 
@@ -114,7 +115,8 @@ Allocator::~Allocator() {
   if (!status.ok()) Log().warn("releasing at teardown: {}", status.ToString());
 }
 
-absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::string_view tag) {
+absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::string_view tag,
+                                                          uint16_t origin) {
   CUcontext context = nullptr;
   int device = 0;
   if (!CurrentContext(driver_, &context, &device)) {
@@ -137,8 +139,8 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   if (!device_count.ok()) return device_count.status();
   const Placement placement{
       context, options_.peer_policy.Allowed(device, *device_count, bytes, tag), std::string(tag)};
-  if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
-    return Allocation{*hit, true};
+  if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes, origin)) {
+    return Allocation{*hit, true, device};
   }
   if (const uint64_t margin = memory_margin_bytes_.load(std::memory_order_relaxed);
       margin > 0 && !tag.empty()) {
@@ -151,7 +153,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
       return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc (memory margin)");
     }
   }
-  absl::StatusOr<CUdeviceptr> ptr = (*heap)->AllocateSlow(placement, bytes);
+  absl::StatusOr<CUdeviceptr> ptr = (*heap)->AllocateSlow(placement, bytes, origin);
   // Memory held back by frees during a capture that has ended is free
   // memory to the application: reclaim it and try once more (AllocateSlow
   // releases the cache, where those frees went, on OOM itself). So is memory
@@ -159,15 +161,16 @@ absl::StatusOr<Allocator::Allocation> Allocator::Allocate(size_t bytes, absl::st
   if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
     const bool deferred = ReclaimDeferred();          // both run:
     const bool async = stream_ordered_.Reclaim(-1);   // each may free memory
-    if (deferred || async) ptr = (*heap)->AllocateSlow(placement, bytes);
+    if (deferred || async) ptr = (*heap)->AllocateSlow(placement, bytes, origin);
   }
   if (!ptr.ok()) return ptr.status();
-  return Allocation{*ptr, true};
+  return Allocation{*ptr, true, device};
 }
 
 absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, size_t height,
                                                                size_t* pitch,
-                                                               absl::string_view tag) {
+                                                               absl::string_view tag,
+                                                               uint16_t origin) {
   const size_t a = options_.pitch_alignment;
   if (width > std::numeric_limits<size_t>::max() - a) {
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocPitch");
@@ -179,7 +182,7 @@ absl::StatusOr<Allocator::Allocation> Allocator::AllocatePitch(size_t width, siz
   // The driver reports the pitch even when the allocation then fails
   // (seen on H200: cuMemAllocPitch(1 GiB x 4 Mi) gives OOM and pitch 1 GiB).
   *pitch = p;
-  return Allocate(p * height, tag);
+  return Allocate(p * height, tag, origin);
 }
 
 absl::Status Allocator::Free(CUdeviceptr ptr) {
@@ -343,10 +346,20 @@ void Allocator::AfterFork(bool in_child) {
   captures_.AfterForkParentGate();
 }
 
+void Allocator::RecordPeer(HistoryAction action, int peer_device, int owner_device) {
+  if (options_.history == nullptr || !options_.history->enabled()) return;
+  HistoryRecord r;
+  r.action = action;
+  r.device = owner_device;
+  r.peer = peer_device;
+  options_.history->Record(r);
+}
+
 absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
   if (!DeviceSet::IsOrdinal(peer_device) || !DeviceSet::IsOrdinal(owner_device)) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "EnablePeer");
   }
+  RecordPeer(HistoryAction::kPeerEnable, peer_device, owner_device);
   MutexLock lock(&heaps_.peer_mu());
   if (!heaps_.peers().Enable(peer_device, owner_device)) return absl::OkStatus();  // nested
   DeviceHeap* heap = heaps_.heap(owner_device);
@@ -367,6 +380,7 @@ absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
   MutexLock lock(&heaps_.peer_mu());
   absl::StatusOr<bool> last = heaps_.peers().Disable(peer_device, owner_device);
   if (!last.ok()) return last.status();
+  RecordPeer(HistoryAction::kPeerDisable, peer_device, owner_device);
   DeviceHeap* heap = heaps_.heap(owner_device);
   if (!*last || heap == nullptr) return absl::OkStatus();
   return heap->ApplyPeerChange(-1);
@@ -429,6 +443,14 @@ size_t Allocator::Trim(int device) {
     if (device < 0 || heap->device() == device) released += heap->Trim();
   });
   return released;
+}
+
+std::vector<SegmentInfo> Allocator::Segments() const {
+  std::vector<SegmentInfo> out;
+  heaps_.ForEach([&](DeviceHeap* heap) {
+    heap->ForEachArena([&](HeapArena* arena) { arena->AddSegments(&out); });
+  });
+  return out;
 }
 
 size_t Allocator::IdleBytes(int device) const {

@@ -70,6 +70,7 @@
 #include "core/heap/heap_table.h"
 #include "core/heap/pause.h"
 #include "core/heap/types.h"
+#include "core/history/memory_history.h"
 #include "core/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_front_end.h"
 #include "core/sync/capture.h"
@@ -117,6 +118,10 @@ struct AllocatorOptions {
   // most 16 (bench/backup_bandwidth on an H200 host with 16 CPUs: 8 threads
   // 14 GiB/s out and 23 back, 16 threads 19-20 out and 28-30 back).
   int copy_threads = 0;
+  // Where segment events (mapped, released, paused, resumed) and peer
+  // decisions are recorded (core/history/memory_history.h), while it is
+  // enabled; null: nowhere. Must outlive the allocator.
+  MemoryHistory* history = nullptr;
 };
 
 // Process-wide figures: sums over the devices' DeviceStats (the one source
@@ -223,14 +228,17 @@ class Allocator {
   // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated).
   // Fast path: a cached block or a free run of an open granule of the
   // placement, with no driver call beyond cuCtxGetCurrent.
-  absl::StatusOr<Allocation> Allocate(size_t bytes, absl::string_view tag = "");
+  // `origin`: who asked (a CallerLibraries id, core/history/caller_library.h),
+  // kept with the allocation for Segments().
+  absl::StatusOr<Allocation> Allocate(size_t bytes, absl::string_view tag = "",
+                                      uint16_t origin = 0);
 
   // A pitched 2D allocation: pitch = width rounded up to pitch_alignment,
   // bytes = pitch * height. `width` and `height` > 0. *pitch is set whenever
   // the pitch could be computed, also when the allocation then fails, as the
   // driver does.
   absl::StatusOr<Allocation> AllocatePitch(size_t width, size_t height, size_t* pitch,
-                                           absl::string_view tag = "");
+                                           absl::string_view tag = "", uint16_t origin = 0);
 
   // Frees an allocation made by Allocate (header comment: errors, capture).
   absl::Status Free(CUdeviceptr ptr);
@@ -259,6 +267,14 @@ class Allocator {
   // (core/heap/types.h: DeviceResidency), with the stream-ordered cache's
   // part and the live passed-through allocations; device order.
   std::vector<DeviceResidency> Residency() const;
+
+  // Every block the heaps hold (mapped, cached or paused), each with its
+  // live allocations and free space in address order; device order, then
+  // address order within each arena. The stream-ordered cache's blocks are
+  // live allocations here (the program freed them; they wait for their
+  // stream). Takes each arena's lock in turn: a consistent view per arena,
+  // not across them.
+  std::vector<SegmentInfo> Segments() const;
 
   // Bytes the shim holds mapped on `device` that serve no allocation (its
   // cache); these count as free memory.
@@ -379,6 +395,8 @@ class Allocator {
       ABSL_SHARED_LOCKS_REQUIRED(captures_.gate());
   // HeapTable::ReclaimDeferred with this allocator's synchronize.
   bool ReclaimDeferred();
+  // A peer enable or disable into the history, when it records.
+  void RecordPeer(HistoryAction action, int peer_device, int owner_device);
 
   const DriverApi& driver_;
   const AllocatorOptions options_;

@@ -36,9 +36,12 @@ HeapArena* DeviceHeap::Own() const {
   return arenas_.size() == 1 ? arenas_[0].get() : arenas_[ThreadSlot() % arenas_.size()].get();
 }
 
-std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, size_t bytes) {
+std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, size_t bytes,
+                                                    uint16_t origin) {
   HeapArena* own = Own();
-  if (std::optional<CUdeviceptr> hit = own->AllocateFast(placement, bytes)) return hit;
+  if (std::optional<CUdeviceptr> hit = own->AllocateFast(placement, bytes, false, origin)) {
+    return hit;
+  }
   // Cached memory of arenas no live thread works in (their threads
   // exited): taking it disturbs nobody. Arenas in use are left alone: a
   // thread reaching into them on every miss made their owners wait (seen on
@@ -49,14 +52,17 @@ std::optional<CUdeviceptr> DeviceHeap::AllocateFast(const Placement& placement, 
     if (arena == own || arena->cached_bytes_hint() == 0 || !ArenaIdle(static_cast<int>(i))) {
       continue;
     }
-    if (std::optional<CUdeviceptr> hit = arena->AllocateFast(placement, bytes, true)) return hit;
+    if (std::optional<CUdeviceptr> hit = arena->AllocateFast(placement, bytes, true, origin)) {
+      return hit;
+    }
   }
   return std::nullopt;
 }
 
-absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement, size_t bytes) {
+absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement, size_t bytes,
+                                                     uint16_t origin) {
   HeapArena* own = Own();
-  absl::StatusOr<CUdeviceptr> ptr = own->AllocateSlow(placement, bytes);
+  absl::StatusOr<CUdeviceptr> ptr = own->AllocateSlow(placement, bytes, origin);
   if (ptr.ok() || ToCuResult(ptr.status()) != CUDA_ERROR_OUT_OF_MEMORY) return ptr;
   // The arena released its own cache already; the others' is free memory
   // to the application too.
@@ -64,7 +70,7 @@ absl::StatusOr<CUdeviceptr> DeviceHeap::AllocateSlow(const Placement& placement,
   for (const auto& arena : arenas_) {
     if (arena.get() != own) released += arena->Trim();
   }
-  return released > 0 ? own->AllocateSlow(placement, bytes) : ptr;
+  return released > 0 ? own->AllocateSlow(placement, bytes, origin) : ptr;
 }
 
 std::vector<CUcontext> DeviceHeap::DeferredContexts() const {

@@ -60,10 +60,13 @@ class DeviceHeap {
   size_t packing_threshold() const { return packing_threshold_; }
 
   // The calling thread's arena, then cached memory of the others.
-  std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes);
+  // `origin`: the caller library (HeapArena::AllocateFast).
+  std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes,
+                                          uint16_t origin = 0);
   // New memory in the calling thread's arena; on out of memory, the other
   // arenas' caches are released and it is tried once more.
-  absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes);
+  absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes,
+                                           uint16_t origin = 0);
 
   // The arena at `index` (ReservationMap::Owner::arena), or nullptr. Calls
   // about one pointer go to its arena directly (HeapTable::Locate).

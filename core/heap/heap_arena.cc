@@ -100,7 +100,7 @@ HeapArena::Bins* HeapArena::FindBinsLocked(const Placement& placement) {
 }
 
 std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, size_t bytes,
-                                                   bool cached_only) {
+                                                   bool cached_only, uint16_t origin) {
   MutexLock lock(&mu_);
   Bins* found = FindBinsLocked(placement);
   if (found == nullptr) return std::nullopt;
@@ -120,6 +120,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     bins.cached_large.erase(it);
     b.cached = false;
     b.requested = bytes;
+    b.origin = origin;
     ++stats_.cache_hits;
     ptr = base;
   } else {
@@ -129,7 +130,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
         cached_only ? bins.empty_granules : bins.open_granules;
     auto try_granule = [&](CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const bool was_empty = block.slab->empty();
-      std::optional<size_t> offset = block.slab->Allocate(bytes);
+      std::optional<size_t> offset = block.slab->Allocate(bytes, origin);
       if (!offset) return false;
       if (was_empty && bins.empty_granules.erase(base) > 0) {
         AddCachedLocked(block, -static_cast<int64_t>(block.size));
@@ -155,7 +156,8 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
   return ptr;
 }
 
-absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, size_t bytes) {
+absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, size_t bytes,
+                                                     uint16_t origin) {
   MutexLock lock(&mu_);
   const bool packed = bytes <= options_.packing_threshold;
   size_t size = RoundUp(bytes, options_.granularity);
@@ -177,10 +179,11 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
   Block& block = *blocks_[*base];
   CUdeviceptr ptr = *base;
   if (packed) {
-    ptr += *block.slab->Allocate(bytes);  // a fresh granule always fits
+    ptr += *block.slab->Allocate(bytes, origin);  // a fresh granule always fits
     if (block.slab->used_bytes() < block.size) bins_[placement].open_granules.insert(*base);
   } else {
     block.requested = bytes;
+    block.origin = origin;
   }
   NoteAllocationLocked(placement, bytes);
   return ptr;
@@ -275,6 +278,7 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   AccountMapped(target - self, static_cast<int64_t>(size));
   AccountHandle(static_cast<int64_t>(size));
   AccountPoolReserved(block, static_cast<int64_t>(size));
+  RecordSegmentLocked(HistoryAction::kSegmentAlloc, *va, block);
   // A peer enabled or disabled while the lock was released did not see this
   // block: bring it to the current target now.
   if (Target(block) != target) {
@@ -290,9 +294,22 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   return *va;
 }
 
+void HeapArena::RecordSegmentLocked(HistoryAction action, CUdeviceptr base, const Block& b) {
+  if (options_.history == nullptr || !options_.history->enabled()) return;
+  HistoryRecord r;
+  r.action = action;
+  r.device = options_.device;
+  r.addr = base;
+  r.size = b.size;
+  r.tag = b.placement.tag;
+  options_.history->Record(r);
+}
+
 void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   auto it = blocks_.find(base);
   Block& b = *it->second;
+  // A paused block's memory left the device at its pause (segment_unmap).
+  if (!b.unmapped()) RecordSegmentLocked(HistoryAction::kSegmentFree, base, b);
   const DeviceSet peers = b.access - DeviceSet::Of(options_.device);
   if (how == Forget::kStillMapped) {
     // Kept aside, counted, its VA not reused, until an unmap succeeds.

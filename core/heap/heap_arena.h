@@ -66,6 +66,7 @@
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
 #include "core/heap/export_registry.h"
+#include "core/history/memory_history.h"
 #include "core/heap/host_backup.h"
 #include "core/sync/mutex.h"
 #include "core/peer/peer_access.h"
@@ -148,6 +149,9 @@ class HeapArena {
     size_t cache_limit = 0;        // bytes kept mapped for reuse at most, all arenas together
     CUmemAllocationProp prop = {}; // what cuMemCreate is asked for
     CompressionState compression = CompressionState::kOff;
+    // Where segment and peer events go (core/history/memory_history.h);
+    // null: nowhere. Must outlive the arena.
+    MemoryHistory* history = nullptr;
   };
   // Everything referenced must outlive the heap.
   // `peers`: who enabled access with cuCtxEnablePeerAccess (for ordinary
@@ -166,13 +170,15 @@ class HeapArena {
   // needed. No driver call. `cached_only`: only freed memory (a cached
   // large block or an empty cached granule) may serve it, not room in a
   // granule in use (another arena's thread looking for cached memory).
+  // `origin`: the caller library, kept with the allocation.
   std::optional<CUdeviceptr> AllocateFast(const Placement& placement, size_t bytes,
-                                          bool cached_only = false) ABSL_LOCKS_EXCLUDED(mu_);
+                                          bool cached_only = false, uint16_t origin = 0)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Slow path: a new block for the request (after AllocateFast failed);
   // on CUDA_ERROR_OUT_OF_MEMORY the cache is released and cuMemCreate tried
   // once more. Undoes itself on failure.
-  absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CUdeviceptr> AllocateSlow(const Placement& placement, size_t bytes,
+                                           uint16_t origin = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The live allocation containing `ptr`, or nullopt.
   std::optional<PointerInfo> Find(CUdeviceptr ptr) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -243,6 +249,8 @@ class HeapArena {
   DeviceStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // Adds this arena's physical memory, by tag and kind, to `out`.
   void AddResidency(DeviceResidency* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends every block (mapped, cached or paused) with its allocations.
+  void AddSegments(std::vector<SegmentInfo>* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Pause and resume (core/heap/pause.h states the contract) ----
   // `tag`: the blocks whose placement's tag it selects, stream-ordered
@@ -301,6 +309,7 @@ class HeapArena {
     CUmemGenericAllocationHandle handle = 0;
     Placement placement;
     size_t requested = 0;         // large blocks: the bytes asked for
+    uint16_t origin = 0;          // large blocks: the caller library
     std::unique_ptr<Slab> slab;   // packed granules only
     DeviceSet explicit_grant;     // SetPeerAccess(grant): granted whatever the policy says
     DeviceSet explicit_revoke;    // SetPeerAccess(revoke): denied whatever the policy says
@@ -415,6 +424,9 @@ class HeapArena {
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a new allocation of `bytes` and the peers' grants or denials.
   void NoteAllocationLocked(const Placement& placement, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A segment event of block `b` at `base` into the history, when on.
+  void RecordSegmentLocked(HistoryAction action, CUdeviceptr base, const Block& b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DriverApi& driver_;

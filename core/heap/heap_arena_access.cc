@@ -13,8 +13,18 @@ namespace vmmshim {
 
 void HeapArena::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
                                    size_t bytes, absl::string_view tag) {
+  MemoryHistory* history = options_.history;
   for (int p : enabled - DeviceSet::Of(options_.device)) {
     PeerCounters& c = stats_.peers[p];
+    if (history != nullptr && history->enabled()) {
+      HistoryRecord r;
+      r.action = allowed.Contains(p) ? HistoryAction::kPeerGrant : HistoryAction::kPeerDeny;
+      r.device = options_.device;
+      r.peer = p;
+      r.size = bytes;
+      r.tag = tag;
+      history->Record(r);
+    }
     if (allowed.Contains(p)) {
       c.grants += allocations;
       continue;

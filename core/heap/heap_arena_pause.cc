@@ -172,6 +172,7 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
     }
     AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
     AccountPoolReserved(b, -static_cast<int64_t>(b.size));
+    RecordSegmentLocked(HistoryAction::kSegmentUnmap, base, b);
     b.handle = 0;
     b.access = DeviceSet();
     b.paused = true;
@@ -301,6 +302,7 @@ void HeapArena::ResumeCommit(const TagSelection& tag) {
     b.backup.reset();
     AddPausedLocked(-static_cast<int64_t>(b.size));
     ReopenLocked(base, b);
+    RecordSegmentLocked(HistoryAction::kSegmentMap, base, b);
   }
 }
 

@@ -100,4 +100,40 @@ void HeapArena::AddResidency(DeviceResidency* out) const {
   for (const OrphanMapping& m : orphan_mappings_) out->orphan_bytes += m.size;
 }
 
+void HeapArena::AddSegments(std::vector<SegmentInfo>* out) const {
+  MutexLock lock(&mu_);
+  for (const auto& [base, b] : blocks_) {
+    SegmentInfo s;
+    s.device = options_.device;
+    s.address = base;
+    s.size = b->size;
+    s.tag = b->placement.tag;
+    s.packed = b->slab != nullptr;
+    s.stream_ordered = b->placement.stream_ordered;
+    s.paused = b->paused;
+    s.cached = b->cached;
+    if (b->slab == nullptr) {
+      SegmentPart part;
+      part.size = b->size;
+      if (!b->cached) {
+        part.requested = b->requested;
+        part.origin = b->origin;
+        part.live = true;
+      }
+      s.parts.push_back(part);
+    } else {
+      // Live allocations take whole units; the gaps between them are free.
+      uint64_t at = 0;
+      b->slab->ForEach([&](size_t offset, size_t bytes, uint16_t origin) {
+        if (offset > at) s.parts.push_back(SegmentPart{at, offset - at});
+        const uint64_t taken = (bytes + Slab::kUnit - 1) / Slab::kUnit * Slab::kUnit;
+        s.parts.push_back(SegmentPart{offset, taken, bytes, origin, true});
+        at = offset + taken;
+      });
+      if (at < b->size) s.parts.push_back(SegmentPart{at, b->size - at});
+    }
+    out->push_back(std::move(s));
+  }
+}
+
 }  // namespace vmmshim

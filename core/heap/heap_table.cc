@@ -49,6 +49,7 @@ absl::StatusOr<DeviceHeap*> HeapTable::HeapFor(int device) {
   }
   DeviceHeap::Options o;
   o.device = device;
+  o.history = options_.history;
   o.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   o.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   o.prop.location.id = device;

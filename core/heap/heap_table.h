@@ -51,6 +51,7 @@ class HeapTable {
     bool exportable = true;
     bool compression = false;
     int arenas = 0;                 // 0: UsableCpusUpTo(8)
+    MemoryHistory* history = nullptr;  // segment and peer events; null: none
   };
   // `driver`, `mapper` and `policy` must outlive the table. `on_create`
   // (may be empty) runs for a new heap's device before the heap is

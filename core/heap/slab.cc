@@ -8,14 +8,15 @@ Slab::Slab(size_t size)
     : units_(size / kUnit),
       used_((units_ + 63) / 64, 0),
       starts_((units_ + 63) / 64, 0),
-      bytes_(units_, 0) {}
+      bytes_(units_, 0),
+      origins_(units_, 0) {}
 
 size_t Slab::Alignment(size_t bytes) {
   const size_t count = Units(bytes);
   return count == 0 ? kUnit : (count & (~count + 1)) * kUnit;
 }
 
-std::optional<size_t> Slab::Allocate(size_t bytes) {
+std::optional<size_t> Slab::Allocate(size_t bytes, uint16_t origin) {
   if (bytes == 0 || bytes > size()) return std::nullopt;
   const size_t count = Units(bytes);
   if (count > units_ - used_units_) return std::nullopt;
@@ -26,6 +27,7 @@ std::optional<size_t> Slab::Allocate(size_t bytes) {
   Mark(*first, count, true);
   starts_[*first / 64] |= uint64_t{1} << (*first % 64);
   bytes_[*first] = static_cast<uint32_t>(bytes);
+  origins_[*first] = origin;
   used_units_ += count;
   ++allocations_;
   requested_bytes_ += bytes;
@@ -70,6 +72,15 @@ std::optional<std::pair<size_t, size_t>> Slab::Find(size_t offset) const {
   while (word == 0) word = starts_[--w];
   const size_t start = w * 64 + 63 - static_cast<size_t>(__builtin_clzll(word));
   return std::make_pair(start * kUnit, size_t{bytes_[start]});
+}
+
+void Slab::ForEach(absl::FunctionRef<void(size_t, size_t, uint16_t)> fn) const {
+  for (size_t w = 0; w < starts_.size(); ++w) {
+    for (uint64_t word = starts_[w]; word != 0; word &= word - 1) {
+      const size_t u = w * 64 + static_cast<size_t>(__builtin_ctzll(word));
+      fn(u * kUnit, bytes_[u], origins_[u]);
+    }
+  }
 }
 
 void Slab::Mark(size_t first, size_t count, bool used) {

@@ -23,8 +23,10 @@
 //            backwards a word at a time from the offset's unit (a used unit's
 //            nearest start at or below it is its allocation's);
 //   bytes_   uint32_t per unit, the requested bytes of the allocation that
-//            starts there (unused elsewhere).
-// Host memory: 4 bytes and 2 bits per unit, 17 KiB per 2 MiB granule (4,096
+//            starts there (unused elsewhere);
+//   origins_ uint16_t per unit, the caller library of that allocation
+//            (core/history/caller_library.h; 0: unknown).
+// Host memory: 6 bytes and 2 bits per unit, 25 KiB per 2 MiB granule (4,096
 // units), whatever the number of allocations. Sizes are below 4 GiB.
 //
 // The slab stores no device data and makes no driver calls; offsets are
@@ -39,6 +41,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+
 namespace vmmshim {
 
 class Slab {
@@ -51,7 +55,8 @@ class Slab {
   // The offset of a new allocation of `bytes` (1..size()), a multiple of
   // Alignment(bytes), or nullopt when no aligned run of free units is long
   // enough.
-  std::optional<size_t> Allocate(size_t bytes);
+  // `origin`: who asked (a CallerLibraries id), kept with the allocation.
+  std::optional<size_t> Allocate(size_t bytes, uint16_t origin = 0);
 
   // Frees the allocation that starts at `offset`; returns its requested size
   // in bytes, or nullopt when no allocation starts there (interior pointer or
@@ -67,6 +72,9 @@ class Slab {
   // `offset`, or nullopt when that byte is free.
   std::optional<std::pair<size_t, size_t>> Find(size_t offset) const;
 
+  // Calls fn(offset, requested bytes, origin) for each live allocation, in
+  // address order.
+  void ForEach(absl::FunctionRef<void(size_t, size_t, uint16_t)> fn) const;
   // The alignment the driver gives an allocation of `bytes` (header
   // comment): the lowest set bit of `bytes` rounded up to kUnit.
   static size_t Alignment(size_t bytes);
@@ -98,6 +106,7 @@ class Slab {
   std::vector<uint64_t> used_;    // header comment
   std::vector<uint64_t> starts_;
   std::vector<uint32_t> bytes_;
+  std::vector<uint16_t> origins_;
 };
 
 }  // namespace vmmshim

@@ -167,6 +167,29 @@ inline size_t LargestReusableBlock(size_t rounded) { return rounded + rounded / 
 struct Allocation {
   CUdeviceptr ptr = 0;
   bool served = false;
+  int device = -1;  // of the current context, when served
+};
+
+// One physical mapping of a heap (a large allocation's block or a packed
+// one), as a snapshot or a report shows it: its parts tile it in address
+// order, each a live allocation or free space.
+struct SegmentPart {
+  uint64_t offset = 0;     // from the segment's address
+  uint64_t size = 0;       // bytes of the segment it takes (rounded as served)
+  uint64_t requested = 0;  // the bytes asked for; 0: free space
+  uint16_t origin = 0;     // the caller library (core/history/caller_library.h)
+  bool live = false;
+};
+struct SegmentInfo {
+  int device = -1;
+  CUdeviceptr address = 0;
+  uint64_t size = 0;        // a multiple of the granularity
+  std::string tag;
+  bool packed = false;
+  bool stream_ordered = false;
+  bool paused = false;      // its physical memory released by a pause
+  bool cached = false;      // a freed large block kept for reuse
+  std::vector<SegmentPart> parts;
 };
 
 // Sums of figures over arenas or devices: counts and bytes add; peaks and

@@ -55,7 +55,9 @@ inline constexpr std::array<LockRank, 10> kLockOrder = {{
 // never while calling into the allocator: PeerContexts::mu_
 // (core/peer_contexts.h), CallCounters::live_mu_ (core/allocator.h: the
 // passed-through allocations still live), Ipc::mu_ (core/ipc/ipc.h; held around driver calls of imports, never around the allocator's), Trace::mu_
-// (core/report/trace.h), the log's mutex (core/base/log.cc).
+// (core/report/trace.h), the log's mutex (core/base/log.cc), CallerLibraries::mu_
+// (core/history/caller_library.h), MemoryHistory::mu_ (core/history/memory_history.h;
+// taken under an arena mutex when a heap records a segment event, never the other way).
 
 }  // namespace vmmshim
 

@@ -1,0 +1,349 @@
+#include "core/report/memory_snapshot.h"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/version.h"
+#include "core/report/pickle_writer.h"
+
+namespace vmmshim {
+namespace {
+
+struct Frame {
+  std::string filename, name;
+  int64_t line = 0;
+};
+
+// One return address as a frame: the object's path, the symbol (demangled)
+// or the address, and the offset from the symbol as the line.
+Frame Symbolize(uintptr_t pc) {
+  Frame f;
+  Dl_info info{};
+  // The return address points after the call; pc - 1 is inside it.
+  if (dladdr(reinterpret_cast<void*>(pc - 1), &info) == 0) {
+    f.filename = "??";
+    f.name = absl::StrFormat("%#x", pc);
+    return f;
+  }
+  f.filename = info.dli_fname != nullptr ? info.dli_fname : "??";
+  if (info.dli_sname != nullptr) {
+    int status = 0;
+    char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+    f.name = status == 0 && demangled != nullptr ? demangled : info.dli_sname;
+    std::free(demangled);
+    f.line = static_cast<int64_t>(pc - reinterpret_cast<uintptr_t>(info.dli_saddr));
+  } else {
+    f.name = absl::StrFormat("%#x", pc - reinterpret_cast<uintptr_t>(info.dli_fbase));
+  }
+  return f;
+}
+
+class SnapshotBuilder {
+ public:
+  explicit SnapshotBuilder(const SnapshotSources& s) : s_(s) {
+    if (s.libraries != nullptr) libraries_ = s.libraries->Names();
+    if (libraries_.empty()) libraries_.push_back("unknown");
+    if (s.history != nullptr) history_ = s.history->Copy();
+    now_us_ = history_.start_epoch_us;
+    if (s.history != nullptr && history_.start_epoch_us != 0) {
+      now_us_ += s.history->NowNs() / 1000;
+    } else {
+      now_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+    }
+  }
+
+  std::string Build() {
+    const std::vector<SegmentInfo> segments = s_.allocator->Segments();
+    int devices = 1;
+    for (const SegmentInfo& seg : segments) devices = std::max(devices, seg.device + 1);
+    for (const HistoryEvent& e : history_.events) devices = std::max(devices, e.device + 1);
+
+    w_.BeginDict();
+    w_.Key("segments");
+    w_.BeginList();
+    for (const SegmentInfo& seg : segments) {
+      if (!seg.paused) Segment(seg);
+    }
+    w_.EndList();
+
+    w_.Key("device_traces");
+    w_.BeginList();
+    for (int d = 0; d < devices; ++d) DeviceTrace(d);
+    w_.EndList();
+
+    w_.Key("vmmshim");
+    w_.BeginDict();
+    w_.Key("format");
+    w_.Int(kSnapshotFormat);
+    w_.Key("version");
+    w_.String(VMMSHIM_VERSION);
+    w_.Key("pid");
+    w_.Int(s_.pid);
+    w_.Key("history");
+    w_.Bool(s_.history != nullptr && s_.history->enabled());
+    w_.Key("dropped_events");
+    w_.UInt(history_.dropped);
+    w_.Key("libraries");
+    w_.BeginList();
+    for (const std::string& name : libraries_) w_.String(name);
+    w_.EndList();
+    w_.Key("events");
+    w_.BeginList();
+    for (const HistoryEvent& e : history_.events) {
+      if (!IsMemoryVizAction(e.action)) OwnEvent(e);
+    }
+    w_.EndList();
+    w_.Key("paused_segments");
+    w_.BeginList();
+    for (const SegmentInfo& seg : segments) {
+      if (seg.paused) Segment(seg);
+    }
+    w_.EndList();
+    w_.EndDict();
+
+    w_.EndDict();
+    return w_.Finish();
+  }
+
+ private:
+  const std::string& Library(uint16_t id) const {
+    return id < libraries_.size() ? libraries_[id] : libraries_[0];
+  }
+  const std::string& Tag(uint32_t id) const {
+    static const std::string kNone;
+    return id < history_.tags.size() ? history_.tags[id] : kNone;
+  }
+
+  void LibraryFrames(uint16_t origin) {
+    w_.BeginList();
+    w_.BeginDict();
+    w_.Key("filename");
+    w_.String(Library(origin));
+    w_.Key("line");
+    w_.Int(0);
+    w_.Key("name");
+    w_.String("(caller library)");
+    w_.EndDict();
+    w_.EndList();
+  }
+
+  void StackFrames(uint32_t stack, uint16_t origin) {
+    if (stack == 0 || stack >= history_.stacks.size()) {
+      LibraryFrames(origin);
+      return;
+    }
+    w_.BeginList();
+    for (uintptr_t pc : history_.stacks[stack]) {
+      auto it = symbols_.find(pc);
+      if (it == symbols_.end()) it = symbols_.emplace(pc, Symbolize(pc)).first;
+      w_.BeginDict();
+      w_.Key("filename");
+      w_.String(it->second.filename);
+      w_.Key("line");
+      w_.Int(it->second.line);
+      w_.Key("name");
+      w_.String(it->second.name);
+      w_.EndDict();
+    }
+    w_.EndList();
+  }
+
+  void Segment(const SegmentInfo& seg) {
+    uint64_t allocated = 0, requested = 0;
+    for (const SegmentPart& p : seg.parts) {
+      if (!p.live) continue;
+      allocated += p.size;
+      requested += p.requested;
+    }
+    w_.BeginDict();
+    w_.Key("device");
+    w_.Int(seg.device);
+    w_.Key("address");
+    w_.UInt(seg.address);
+    w_.Key("total_size");
+    w_.UInt(seg.size);
+    w_.Key("allocated_size");
+    w_.UInt(allocated);
+    w_.Key("active_size");
+    w_.UInt(allocated);
+    w_.Key("requested_size");
+    w_.UInt(requested);
+    w_.Key("stream");
+    w_.Int(0);
+    w_.Key("segment_type");
+    w_.String(seg.packed ? "small" : "large");
+    w_.Key("segment_pool_id");
+    w_.Pair(0, 0);
+    w_.Key("is_expandable");
+    w_.Bool(false);
+    w_.Key("frames");
+    w_.BeginList();
+    w_.EndList();
+    w_.Key("tag");
+    w_.String(seg.tag);
+    w_.Key("stream_ordered");
+    w_.Bool(seg.stream_ordered);
+    w_.Key("blocks");
+    w_.BeginList();
+    for (const SegmentPart& p : seg.parts) {
+      w_.BeginDict();
+      w_.Key("address");
+      w_.UInt(seg.address + p.offset);
+      w_.Key("size");
+      w_.UInt(p.size);
+      w_.Key("requested_size");
+      w_.UInt(p.live ? p.requested : 0);
+      w_.Key("state");
+      w_.String(p.live ? "active_allocated" : "inactive");
+      w_.Key("frames");
+      if (p.live) {
+        LibraryFrames(p.origin);
+      } else {
+        w_.BeginList();
+        w_.EndList();
+      }
+      if (p.live) {
+        w_.Key("library");
+        w_.String(Library(p.origin));
+      }
+      w_.EndDict();
+    }
+    w_.EndList();
+    w_.EndDict();
+  }
+
+  void CommonFields(const HistoryEvent& e) {
+    w_.Key("action");
+    w_.String(HistoryActionName(e.action));
+    w_.Key("time_us");
+    w_.Int(history_.start_epoch_us + e.time_ns / 1000);
+    w_.Key("tag");
+    w_.String(Tag(e.tag));
+    w_.Key("thread");
+    w_.Int(e.thread);
+  }
+
+  void DeviceTrace(int device) {
+    w_.BeginList();
+    for (const HistoryEvent& e : history_.events) {
+      if (e.device != device || !IsMemoryVizAction(e.action)) continue;
+      w_.BeginDict();
+      CommonFields(e);
+      w_.Key("addr");
+      w_.UInt(e.addr);
+      w_.Key("size");
+      w_.UInt(e.size);
+      w_.Key("stream");
+      w_.UInt(e.stream);
+      w_.Key("category");
+      w_.String(e.tag == 0 ? "unknown" : Tag(e.tag));
+      w_.Key("library");
+      w_.String(Library(e.library));
+      w_.Key("frames");
+      StackFrames(e.stack, e.library);
+      if (e.action == HistoryAction::kOom) {
+        w_.Key("device_free");
+        w_.UInt(e.device_free);
+      }
+      w_.EndDict();
+    }
+    // The snapshot itself, which also puts "unknown" among the categories.
+    w_.BeginDict();
+    w_.Key("action");
+    w_.String("snapshot");
+    w_.Key("time_us");
+    w_.Int(now_us_);
+    w_.Key("addr");
+    w_.Int(0);
+    w_.Key("size");
+    w_.Int(0);
+    w_.Key("stream");
+    w_.Int(0);
+    w_.Key("category");
+    w_.String("unknown");
+    w_.Key("frames");
+    w_.BeginList();
+    w_.EndList();
+    w_.EndDict();
+    w_.EndList();
+  }
+
+  void OwnEvent(const HistoryEvent& e) {
+    w_.BeginDict();
+    CommonFields(e);
+    w_.Key("device");
+    w_.Int(e.device);
+    w_.Key("peer");
+    w_.Int(e.peer);
+    w_.Key("addr");
+    w_.UInt(e.addr);
+    w_.Key("size");
+    w_.UInt(e.size);
+    w_.EndDict();
+  }
+
+  const SnapshotSources& s_;
+  std::vector<std::string> libraries_;
+  MemoryHistory::Contents history_;
+  int64_t now_us_ = 0;
+  std::map<uintptr_t, Frame> symbols_;
+  PickleWriter w_;
+};
+
+}  // namespace
+
+std::string MemorySnapshotPickle(const SnapshotSources& sources) {
+  return SnapshotBuilder(sources).Build();
+}
+
+absl::Status WriteMemorySnapshot(const SnapshotSources& sources, const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("memory snapshot: no path given");
+  const std::string bytes = MemorySnapshotPickle(sources);
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  auto failed = [&](const char* what) {
+    const int err = errno;
+    unlink(temporary.c_str());
+    return absl::UnavailableError(absl::StrCat("memory snapshot not written to '", path, "': ",
+                                               what, ": ", std::strerror(err)));
+  };
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::UnavailableError(absl::StrCat("memory snapshot not written to '", path,
+                                               "': cannot create '", temporary,
+                                               "': ", std::strerror(err)));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      return failed("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 && errno != EINVAL) {
+    close(fd);
+    return failed("fsync");
+  }
+  if (close(fd) != 0) return failed("close");
+  if (rename(temporary.c_str(), path.c_str()) != 0) return failed("rename");
+  return absl::OkStatus();
+}
+
+}  // namespace vmmshim
