@@ -129,6 +129,30 @@ bool ApplyArenas(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplySnapshotFile(absl::string_view value, int pid, Config* config) {
+  return ApplyPidPath(value, pid, &config->snapshot_file);
+}
+
+bool ApplySnapshotEntries(absl::string_view value, int, Config* config) {
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &n) || n < 1 || n > 100000000) {
+    return false;
+  }
+  config->snapshot_entries = static_cast<size_t>(n);
+  return true;
+}
+
+bool ApplySnapshotStacks(absl::string_view value, int, Config* config) {
+  int n = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &n) || n < 0 || n > 64) return false;
+  config->snapshot_stacks = n;
+  return true;
+}
+
+bool ApplyAttribution(absl::string_view value, int, Config* config) {
+  return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->attribution);
+}
+
 // Resolves the peer policy from the options; problems are fatal.
 void ResolvePeerPolicy(ParseResult* result) {
   Config& c = result->config;
@@ -238,6 +262,27 @@ constexpr OptionInfo kOptions[] = {
      "number never share a lock on the fast path (core/heap/device_heap.h). 0: the number of CPUs "
      "the process may run on, at most 8. 1: one arena (one lock per device).",
      &ApplyArenas, false, OptionKey::kArenas},
+    {"VMMSHIM_SNAPSHOT_FILE", "path", "(none)", "a file path; %p becomes the pid",
+     "Records the memory history from the start and writes a memory snapshot in PyTorch's "
+     "memory_viz format (a pickle: python -m torch.cuda._memory_viz trace_plot FILE, or "
+     "pytorch.org/memory_viz) at exit, and FILE with .oom before the extension at the first "
+     "out-of-memory failure (docs/memory-snapshots.md). A path that cannot be written gets "
+     "one warning at start; the program runs on.",
+     &ApplySnapshotFile, false, OptionKey::kSnapshotFile},
+    {"VMMSHIM_SNAPSHOT_ENTRIES", "int", "1000000", "1 to 100000000",
+     "Events the history keeps at most (about 64 bytes each); beyond, the oldest are "
+     "dropped and the snapshot says how many.",
+     &ApplySnapshotEntries, false, OptionKey::kSnapshotEntries},
+    {"VMMSHIM_SNAPSHOT_STACKS", "int", "0", "0 to 64",
+     "Call-stack frames recorded with each allocation and free in the history (the "
+     "snapshot's frames); 0: none, the caller library only. Costs an unwind per call "
+     "(docs/memory-snapshots.md gives the measured cost).",
+     &ApplySnapshotStacks, false, OptionKey::kSnapshotStacks},
+    {"VMMSHIM_ATTRIBUTION", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
+     "1: each allocation remembers the library it came from (libcublas, libnccl, "
+     "libc10_cuda...), named in snapshots and the out-of-memory report; 0: all are "
+     "\"unknown\".",
+     &ApplyAttribution, false, OptionKey::kAttribution},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
      "Set by `vmmshim run --stats FILE`: the process that writes VMMSHIM_STATS_FILE as named. "
      "Any other process under the same setting (a child: torchrun's workers, multiprocessing, "

@@ -62,6 +62,15 @@ struct Config {
   bool compression = false;
   // VMMSHIM_ARENAS: heap arenas per device; 0 = automatic.
   int arenas = 0;
+  // Memory snapshot (core/report/memory_snapshot.h) written at exit and at an
+  // out-of-memory failure; empty = none. "%p" already replaced. Setting it
+  // records the history from the start.
+  std::string snapshot_file;
+  size_t snapshot_entries = 1000000;  // events kept at most
+  int snapshot_stacks = 0;            // call-stack frames per event; 0: none
+  // VMMSHIM_ATTRIBUTION: each allocation remembers the library it came
+  // from (core/history/caller_library.h).
+  bool attribution = true;
 };
 
 // The prefix of every option's variable name; Options() knows all of them.
@@ -86,6 +95,10 @@ enum class OptionKey {
   kIpcDir,
   kCompression,
   kArenas,
+  kSnapshotFile,
+  kSnapshotEntries,
+  kSnapshotStacks,
+  kAttribution,
   kStatsPid,  // the last: config.cc checks that the table has a row for each
 };
 

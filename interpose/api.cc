@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/driver/cu_status.h"
+#include "core/base/log.h"
 #include "core/report/residency.h"
 #include "core/report/stats_report.h"
 #include "interpose/hooks_internal.h"
@@ -87,12 +88,26 @@ namespace {
 
 // The pause behind vmmshim_pause_memory and vmmshim_pause_memory_except,
 // after their own argument checks.
+// A pause or resume of `selection` into the history, when it records.
+void RecordPause(const Runtime& rt, vmmshim::HistoryAction action,
+                 const vmmshim::TagSelection& selection, size_t bytes) {
+  if (!vmmshim::Recording(rt)) return;
+  vmmshim::HistoryRecord r;
+  r.action = action;
+  const std::string described = selection.Describe();
+  r.tag = described;
+  r.size = bytes;
+  rt.history->Record(r);
+}
+
 int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* released_bytes) {
   if ((flags & ~VMMSHIM_PAUSE_KEEP_CONTENTS) != 0) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  RecordPause(*rt, vmmshim::HistoryAction::kPauseBegin, selection, 0);
   absl::StatusOr<size_t> released =
       rt->allocator->pause().Pause(selection, (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0);
+  RecordPause(*rt, vmmshim::HistoryAction::kPauseEnd, selection, released.ok() ? *released : 0);
   if (!released.ok()) return ToCuResult(released.status());
   if (released_bytes != nullptr) *released_bytes = *released;
   return CUDA_SUCCESS;
@@ -136,8 +151,10 @@ VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes
   if (TagTooLong(tag)) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  absl::StatusOr<size_t> restored =
-      rt->allocator->pause().Resume(vmmshim::TagSelection::FromNullable(tag));
+  const vmmshim::TagSelection selection = vmmshim::TagSelection::FromNullable(tag);
+  RecordPause(*rt, vmmshim::HistoryAction::kResumeBegin, selection, 0);
+  absl::StatusOr<size_t> restored = rt->allocator->pause().Resume(selection);
+  RecordPause(*rt, vmmshim::HistoryAction::kResumeEnd, selection, restored.ok() ? *restored : 0);
   if (!restored.ok()) return ToCuResult(restored.status());
   if (restored_bytes != nullptr) *restored_bytes = *restored;
   return CUDA_SUCCESS;
@@ -153,4 +170,33 @@ VMMSHIM_EXPORT int vmmshim_get_residency(char* buffer, size_t size, size_t* need
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   return CopyOut(vmmshim::ResidencyJson(*rt->allocator, &rt->driver), buffer, size, needed);
+}
+
+VMMSHIM_EXPORT int vmmshim_record_memory_history(int enabled, size_t max_entries,
+                                                 int stack_frames) {
+  if (stack_frames < 0 || stack_frames > vmmshim::MemoryHistory::kMaxStackFrames) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (enabled == 0) {
+    rt->history->Disable();
+  } else {
+    rt->history->Enable(max_entries > 0 ? max_entries
+                                        : vmmshim::MemoryHistory::kDefaultMaxEntries,
+                        stack_frames);
+  }
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_write_snapshot(const char* path) {
+  if (path == nullptr || *path == '\0') return CUDA_ERROR_INVALID_VALUE;
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+  absl::Status written = vmmshim::WriteSnapshot(*rt, path);
+  if (!written.ok()) {
+    vmmshim::Log().warn("{}", std::string(written.message()));
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  return CUDA_SUCCESS;
 }

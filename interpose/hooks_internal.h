@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/base/tls.h"
 #include "interpose/hook_list.h"
@@ -59,6 +61,42 @@ inline void Trace(const Runtime& rt, const char* op, size_t bytes, CUdeviceptr p
   rt.driver.cuCtxGetDevice(&device);
   rt.trace->Record(device, op, bytes, ptr);
 }
+
+// The caller library of the hook this is expanded in (the id
+// CallerLibraries gives its return address; 0 with attribution off). A
+// macro: the return address must be the hook's own.
+#define VMMSHIM_CALLER_LIBRARY(rt)                                                  \
+  ((rt).callers != nullptr                                                          \
+       ? (rt).callers->Resolve(__builtin_return_address(0), __builtin_frame_address(0)) \
+       : uint16_t{0})
+
+// The memory history (interpose/observe.cc): each Note* is one relaxed load
+// while the history does not record.
+inline bool Recording(const Runtime& rt) {
+  return rt.history != nullptr && rt.history->enabled();
+}
+// A served allocation: "alloc". `device` -1: the current context's.
+void RecordAllocation(const Runtime& rt, int device, CUdeviceptr ptr, size_t bytes,
+                      uint16_t library, CUstream stream);
+inline void NoteAllocation(const Runtime& rt, int device, CUdeviceptr ptr, size_t bytes,
+                           uint16_t library, CUstream stream = nullptr) {
+  if (Recording(rt)) RecordAllocation(rt, device, ptr, bytes, library, stream);
+}
+// What a free needs recorded, looked up before the free (nullopt: not
+// recording, or not shim memory).
+std::optional<PointerInfo> LookUpForHistory(const Runtime& rt, CUdeviceptr ptr);
+inline std::optional<PointerInfo> BeforeFree(const Runtime& rt, CUdeviceptr ptr) {
+  return Recording(rt) ? LookUpForHistory(rt, ptr) : std::nullopt;
+}
+// The free of `info` succeeded: "free_requested" and "free_completed".
+void NoteFree(const Runtime& rt, const std::optional<PointerInfo>& info, uint16_t library,
+              CUstream stream = nullptr);
+// An allocation of `bytes` failed with `status`: when for lack of memory,
+// the out-of-memory report (core/report/oom_report.h) in the log, an "oom"
+// event, and at the first one the snapshot (VMMSHIM_SNAPSHOT_FILE with
+// .oom before the extension).
+void NoteAllocationFailed(const Runtime& rt, const absl::Status& status,
+                          const char* entry_point, size_t bytes, uint16_t library);
 
 }  // namespace vmmshim
 

@@ -39,11 +39,13 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (!rt->enabled() || dptr == nullptr || bytesize == 0) {
     return rt->driver.cuMemAlloc_v2(dptr, bytesize);
   }
+  const uint16_t library = VMMSHIM_CALLER_LIBRARY(*rt);
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
-      rt->allocator->Allocate(bytesize, vmmshim::AllocationTag());
+      rt->allocator->Allocate(bytesize, vmmshim::AllocationTag(), library);
   if (!a.ok()) {
     Log().debug("cuMemAlloc({}) -> {}", bytesize, a.status().ToString());
     *dptr = 0;  // as the driver does on failure (seen on H200: OOM leaves 0)
+    vmmshim::NoteAllocationFailed(*rt, a.status(), "cuMemAlloc", bytesize, library);
     return ToCuResult(a.status());
   }
   if (!a->served) {
@@ -60,6 +62,7 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   *dptr = a->ptr;
   vmmshim::ArmExitRelease();
   Trace(*rt, "alloc", bytesize, a->ptr);
+  vmmshim::NoteAllocation(*rt, a->device, a->ptr, bytesize, library);
   return CUDA_SUCCESS;
 }
 
@@ -72,10 +75,12 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   if (!rt->enabled() || !valid) {
     return rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
   }
+  const uint16_t library = VMMSHIM_CALLER_LIBRARY(*rt);
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
-      rt->allocator->AllocatePitch(width, height, pitch, vmmshim::AllocationTag());
+      rt->allocator->AllocatePitch(width, height, pitch, vmmshim::AllocationTag(), library);
   if (!a.ok()) {
     *dptr = 0;
+    vmmshim::NoteAllocationFailed(*rt, a.status(), "cuMemAllocPitch", width * height, library);
     return ToCuResult(a.status());
   }
   if (!a->served) {
@@ -87,6 +92,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   }
   *dptr = a->ptr;
   vmmshim::ArmExitRelease();
+  vmmshim::NoteAllocation(*rt, a->device, a->ptr, *pitch * height, library);
   return CUDA_SUCCESS;
 }
 
@@ -94,6 +100,7 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (!rt->enabled() || dptr == 0) return rt->driver.cuMemFree_v2(dptr);
+  const std::optional<vmmshim::PointerInfo> before = vmmshim::BeforeFree(*rt, dptr);
   absl::Status freed = rt->allocator->Free(dptr);
   if (vmmshim::IsNotShimMemory(freed)) {
     NoticeOnce(g_free_notice,
@@ -108,6 +115,7 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   }
   if (!freed.ok()) return ToCuResult(freed);
   Trace(*rt, "free", 0, dptr);
+  if (before.has_value()) vmmshim::NoteFree(*rt, before, VMMSHIM_CALLER_LIBRARY(*rt));
   return CUDA_SUCCESS;
 }
 
@@ -213,15 +221,18 @@ namespace {
 // cuMemFreeAsync: shim memory goes to core (Allocator::FreeAsync states
 // what it does, also during stream captures); other pointers (stream-ordered
 // pools) go to the driver.
-CUresult FreeAsync(const Runtime& rt, CUdeviceptr dptr, CUstream stream, bool per_thread) {
+CUresult FreeAsync(const Runtime& rt, CUdeviceptr dptr, CUstream stream, bool per_thread,
+                   uint16_t library) {
   const vmmshim::DriverApi& d = rt.driver;
   auto real = per_thread ? d.cuMemFreeAsync_ptsz : d.cuMemFreeAsync;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (!rt.enabled() || dptr == 0) return real(dptr, stream);
+  const std::optional<vmmshim::PointerInfo> before = vmmshim::BeforeFree(rt, dptr);
   absl::Status freed = rt.allocator->FreeAsync(dptr, stream, per_thread);
   if (vmmshim::IsNotShimMemory(freed)) return real(dptr, stream);
   if (!freed.ok()) return ToCuResult(freed);
   Trace(rt, "free", 0, dptr);
+  vmmshim::NoteFree(rt, before, library, stream);
   return CUDA_SUCCESS;
 }
 
@@ -230,11 +241,13 @@ CUresult FreeAsync(const Runtime& rt, CUdeviceptr dptr, CUstream stream, bool pe
 VMMSHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return FreeAsync(*rt, dptr, stream, false);
+  return FreeAsync(*rt, dptr, stream, false,
+                   vmmshim::Recording(*rt) ? VMMSHIM_CALLER_LIBRARY(*rt) : uint16_t{0});
 }
 
 VMMSHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return FreeAsync(*rt, dptr, stream, true);
+  return FreeAsync(*rt, dptr, stream, true,
+                   vmmshim::Recording(*rt) ? VMMSHIM_CALLER_LIBRARY(*rt) : uint16_t{0});
 }

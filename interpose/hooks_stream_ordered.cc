@@ -21,12 +21,13 @@ namespace {
 // call the shim does not serve.
 template <typename Real>
 CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
-                    CUstream stream, bool per_thread, Real real) {
+                    CUstream stream, bool per_thread, uint16_t library, Real real) {
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
       rt.allocator->stream_ordered().AllocateAsync(bytes, stream, per_thread, pool, vmmshim::AllocationTag());
   if (!a.ok()) {
     Log().debug("cuMemAllocAsync({}) -> {}", bytes, a.status().ToString());
     *dptr = 0;  // as the driver does on failure (measured: 1 PiB gives 2 and 0)
+    vmmshim::NoteAllocationFailed(rt, a.status(), "cuMemAllocAsync", bytes, library);
     return ToCuResult(a.status());
   }
   if (!a->served) {
@@ -37,6 +38,7 @@ CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemory
   *dptr = a->ptr;
   vmmshim::ArmExitRelease();
   Trace(rt, "alloc_async", bytes, a->ptr);
+  vmmshim::NoteAllocation(rt, a->device, a->ptr, bytes, library, stream);
   return CUDA_SUCCESS;
 }
 
@@ -48,7 +50,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstrea
   auto real = rt->driver.cuMemAllocAsync;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (!rt->enabled() || dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
-  return AllocAsync(*rt, dptr, bytes, nullptr, stream, false,
+  return AllocAsync(*rt, dptr, bytes, nullptr, stream, false, VMMSHIM_CALLER_LIBRARY(*rt),
                     [&] { return real(dptr, bytes, stream); });
 }
 
@@ -58,7 +60,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CU
   auto real = rt->driver.cuMemAllocAsync_ptsz;
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (!rt->enabled() || dptr == nullptr || bytes == 0) return real(dptr, bytes, stream);
-  return AllocAsync(*rt, dptr, bytes, nullptr, stream, true,
+  return AllocAsync(*rt, dptr, bytes, nullptr, stream, true, VMMSHIM_CALLER_LIBRARY(*rt),
                     [&] { return real(dptr, bytes, stream); });
 }
 
@@ -71,7 +73,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes,
   if (!rt->enabled() || dptr == nullptr || bytes == 0 || pool == nullptr) {
     return real(dptr, bytes, pool, stream);
   }
-  return AllocAsync(*rt, dptr, bytes, pool, stream, false,
+  return AllocAsync(*rt, dptr, bytes, pool, stream, false, VMMSHIM_CALLER_LIBRARY(*rt),
                     [&] { return real(dptr, bytes, pool, stream); });
 }
 
@@ -84,7 +86,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t b
   if (!rt->enabled() || dptr == nullptr || bytes == 0 || pool == nullptr) {
     return real(dptr, bytes, pool, stream);
   }
-  return AllocAsync(*rt, dptr, bytes, pool, stream, true,
+  return AllocAsync(*rt, dptr, bytes, pool, stream, true, VMMSHIM_CALLER_LIBRARY(*rt),
                     [&] { return real(dptr, bytes, pool, stream); });
 }
 

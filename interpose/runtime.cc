@@ -6,14 +6,20 @@
 #include <atomic>
 #include <cstdlib>
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/driver/cu_status.h"
 #include "core/driver/driver_stats.h"
 #include "core/base/log.h"
+#include "core/report/memory_snapshot.h"
 #include "core/report/stats_report.h"
 #include "core/base/version.h"
 
@@ -41,17 +47,20 @@ void PrepareFork() {
   const Runtime* rt = g_runtime_for_exit;
   if (rt->ipc != nullptr) rt->ipc->PrepareFork();
   rt->allocator->PrepareFork();
+  rt->history->PrepareFork();  // a leaf, taken under arena mutexes: after them
   PrepareLogForFork();
 }
 void AfterForkParent() {
   const Runtime* rt = g_runtime_for_exit;
   AfterLogFork();
+  rt->history->AfterForkParent();
   rt->allocator->AfterFork(false);
   if (rt->ipc != nullptr) rt->ipc->AfterForkParent();
 }
 void AfterForkChild() {
   const Runtime* rt = g_runtime_for_exit;
   AfterLogFork();
+  rt->history->AfterForkChild();
   rt->allocator->AfterFork(true);
   if (rt->ipc != nullptr) rt->ipc->AfterForkChild();
   g_forked_child.store(true, std::memory_order_release);
@@ -71,6 +80,30 @@ void ExitReport() {
       Log().warn("{}", std::string(written.message()));
     }
   }
+  if (!rt->config.snapshot_file.empty()) {
+    absl::Status written = WriteSnapshot(*rt, rt->config.snapshot_file);
+    if (written.ok()) {
+      Log().info("memory snapshot written to {}", rt->config.snapshot_file);
+    } else {
+      Log().warn("{}", std::string(written.message()));
+    }
+  }
+}
+
+// Whether a snapshot can be written at `path`: a file beside it is created
+// and removed; the reason when not.
+absl::Status CheckWritable(const std::string& path) {
+  const std::string probe = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::UnavailableError(absl::StrCat("VMMSHIM_SNAPSHOT_FILE: cannot write '", path,
+                                               "' (", std::strerror(err),
+                                               "); no memory snapshot will be written"));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return absl::OkStatus();
 }
 
 // Memory the shim keeps for reuse goes back to the driver before the driver
@@ -137,6 +170,17 @@ const Runtime* Initialize() {
     options.exportable = rt->config.ipc;
     options.compression = rt->config.compression;
     options.arenas = rt->config.arenas;
+    rt->history = new MemoryHistory;
+    options.history = rt->history;
+    if (rt->config.attribution) rt->callers = new CallerLibraries;
+    if (!rt->config.snapshot_file.empty()) {
+      if (absl::Status writable = CheckWritable(rt->config.snapshot_file); writable.ok()) {
+        rt->history->Enable(rt->config.snapshot_entries, rt->config.snapshot_stacks);
+      } else {
+        Log().warn("{}", std::string(writable.message()));
+        rt->config.snapshot_file.clear();
+      }
+    }
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
     if (!rt->config.trace_file.empty()) {
@@ -166,6 +210,15 @@ const Runtime* Initialize() {
 }  // namespace
 
 bool InForkedChild() { return g_forked_child.load(std::memory_order_relaxed); }
+
+absl::Status WriteSnapshot(const Runtime& rt, const std::string& path) {
+  SnapshotSources sources;
+  sources.allocator = rt.allocator;
+  sources.history = rt.history;
+  sources.libraries = rt.callers;
+  sources.pid = rt.pid;
+  return WriteMemorySnapshot(sources, path);
+}
 
 void ArmExitRelease() {
   static std::atomic<bool> armed{false};

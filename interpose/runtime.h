@@ -17,6 +17,8 @@
 #include "core/driver/driver_api.h"
 #include "core/ipc/ipc.h"
 #include "core/peer_contexts.h"
+#include "core/history/caller_library.h"
+#include "core/history/memory_history.h"
 #include "core/report/trace.h"
 
 namespace vmmshim {
@@ -37,6 +39,12 @@ struct Runtime {
   mutable PeerContexts peer_contexts;  // used when VMMSHIM_PEER_ENABLE_DRIVER=0
   TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
   Ipc* ipc = nullptr;                  // VMMSHIM_IPC=1, else nullptr
+  // VMMSHIM_ATTRIBUTION=1: who allocated (core/history/caller_library.h), else nullptr.
+  CallerLibraries* callers = nullptr;
+  // The memory history (core/history/memory_history.h), whenever the shim
+  // serves; it records from the start with VMMSHIM_SNAPSHOT_FILE, or from
+  // vmmshim_record_memory_history.
+  MemoryHistory* history = nullptr;
   int pid = 0;
   // In a child after fork() the inherited state names the parent's driver
   // objects, which the child cannot use: every call passes through, and the
@@ -44,6 +52,10 @@ struct Runtime {
   bool enabled() const { return allocator != nullptr && !InForkedChild(); }
 };
 
+
+// Writes the memory snapshot of `rt` to `path` (core/report/memory_snapshot.h);
+// the error names the path and the reason.
+absl::Status WriteSnapshot(const Runtime& rt, const std::string& path);
 
 // The runtime, initialized on first call; nullptr when libcuda.so.1 cannot
 // be opened (then no driver call can have reached us legitimately).

@@ -139,11 +139,32 @@ int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed);
  * libraries' own VMM memory). Bytes throughout. 801 when the shim is
  * disabled. */
 int vmmshim_get_residency(char* buffer, size_t size, size_t* needed);
+/* Starts (`enabled` 1) or stops (0) recording the memory history: every
+ * allocation, free, mapping, release, pause, resume and peer decision of
+ * the shim's memory, with its caller library, for vmmshim_write_snapshot
+ * (docs/memory-snapshots.md). `max_entries`: events kept at most (0: one
+ * million; the oldest are dropped beyond); `stack_frames`: call-stack
+ * frames per allocation and free, 0 to 64 (0: none; an unwind per call).
+ * Stopping keeps what was recorded. VMMSHIM_SNAPSHOT_FILE starts it at
+ * start-up. Returns 1 (CUDA_ERROR_INVALID_VALUE) for `stack_frames` out of
+ * range; 801 when the shim is disabled. */
+int vmmshim_record_memory_history(int enabled, size_t max_entries, int stack_frames);
+/* Writes a memory snapshot to `path`: PyTorch's memory_viz format (a
+ * pickle; python -m torch.cuda._memory_viz trace_plot PATH -o out.html),
+ * with every block the shim holds and its allocations, their tags and
+ * caller libraries, and the recorded history. Written to a file beside
+ * `path` and renamed, so a failure leaves no partial file. Returns 1 for a
+ * NULL or empty path; 304 (CUDA_ERROR_OPERATING_SYSTEM) when the file
+ * cannot be written (a warning in the log names the path and the reason);
+ * 801 when the shim is disabled. */
+int vmmshim_write_snapshot(const char* path);
 typedef int (*vmmshim_get_statistics_fn)(char*, size_t, size_t*);
 typedef int (*vmmshim_get_paused_contents_fn)(const void*, size_t, const void**);
 typedef int (*vmmshim_pause_memory_fn)(const char*, unsigned, size_t*);
 typedef int (*vmmshim_pause_memory_except_fn)(const char* const*, size_t, unsigned, size_t*);
 typedef int (*vmmshim_get_residency_fn)(char*, size_t, size_t*);
+typedef int (*vmmshim_record_memory_history_fn)(int, size_t, int);
+typedef int (*vmmshim_write_snapshot_fn)(const char*);
 typedef int (*vmmshim_resume_memory_fn)(const char*, size_t*);
 typedef int (*vmmshim_grant_peer_access_fn)(const void*, int);
 typedef int (*vmmshim_revoke_peer_access_fn)(const void*, int);

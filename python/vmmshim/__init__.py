@@ -31,7 +31,7 @@ import warnings
 __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
            "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
            "paused_contents", "library_path", "environment", "configure_subprocess",
-           "KEEP_CONTENTS"]
+           "KEEP_CONTENTS", "record_memory_history", "snapshot"]
 __version__ = "0.1.0"
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +39,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OPTIONS = {"policy": "VMMSHIM_PEER_POLICY", "min_bytes": "VMMSHIM_PEER_MIN_BYTES",
             "config": "VMMSHIM_CONFIG", "stats": "VMMSHIM_STATS_FILE",
             "cache_limit": "VMMSHIM_CACHE_LIMIT", "log_level": "VMMSHIM_LOG_LEVEL",
-            "log_file": "VMMSHIM_LOG_FILE"}
+            "log_file": "VMMSHIM_LOG_FILE", "snapshot": "VMMSHIM_SNAPSHOT_FILE"}
 
 
 def _loaded_library():
@@ -74,7 +74,7 @@ def environment(env=None, **options):
     """A copy of `env` (default os.environ) for a child process under the shim:
     libvmmshim.so first in LD_PRELOAD (once), and the options of `vmmshim run`
     as keywords: policy, min_bytes, config, stats, cache_limit, log_level,
-    log_file (values as strings or ints; None leaves the variable as it is).
+    log_file, snapshot (values as strings or ints; None leaves the variable as it is).
     For subprocess.run(cmd, env=vmmshim.environment(stats="/tmp/s.%p.json"))."""
     out = dict(os.environ if env is None else env)
     lib = library_path()
@@ -157,6 +157,9 @@ def _api():
                                               ctypes.POINTER(ctypes.c_size_t)],
                     "vmmshim_get_paused_contents": [ctypes.c_void_p, ctypes.c_size_t,
                                                     ctypes.POINTER(ctypes.c_void_p)],
+                    "vmmshim_record_memory_history": [ctypes.c_int, ctypes.c_size_t,
+                                                      ctypes.c_int],
+                    "vmmshim_write_snapshot": [ctypes.c_char_p],
                 }
                 for name, args in sigs.items():
                     if not hasattr(lib, name):
@@ -355,3 +358,33 @@ def residency():
     driver's default-pool part, and what is unattributed: the context and
     runtime); bytes. None without the shim."""
     return _document("vmmshim_get_residency")
+
+
+def record_memory_history(enabled=True, max_entries=0, stacks=0):
+    """Starts (or with enabled=False stops) recording every allocation, free,
+    mapping, pause, resume and peer decision of the shim's memory for
+    snapshot(); `max_entries` events are kept (0: one million), `stacks`
+    call-stack frames each (0 to 64; 0: only the caller library). As
+    torch.cuda.memory._record_memory_history, for all of the process's
+    device memory the shim serves. VMMSHIM_SNAPSHOT_FILE starts it at
+    start-up. Nothing without the shim."""
+    if _api() is None or not hasattr(_api(), "vmmshim_record_memory_history"):
+        return None
+    _call("vmmshim_record_memory_history", 1 if enabled else 0, max_entries, stacks)
+    return None
+
+
+def snapshot(path):
+    """Writes a memory snapshot to `path` (a pickle in PyTorch's memory_viz
+    format: python -m torch.cuda._memory_viz trace_plot PATH -o out.html, or
+    pytorch.org/memory_viz; `vmmshim trace PATH` for Perfetto): every block
+    the shim holds with its allocations, tags and caller libraries, and the
+    recorded history. Returns the path, or None without the shim.
+    VmmshimError (304) when the file cannot be written (the log says why)."""
+    lib = _api()
+    if lib is None or not hasattr(lib, "vmmshim_write_snapshot"):
+        return None
+    if _call("vmmshim_write_snapshot", os.fsencode(os.fspath(path))) is None:
+        return None
+    return os.fspath(path)
+
