@@ -113,7 +113,15 @@ uint16_t CallerLibraries::Resolve(const void* return_address, const void* stack)
     slot.store(entry, std::memory_order_relaxed);
   }
   const auto id = static_cast<uint16_t>(entry & 0xffff);
-  return id == kScan ? ScanStack(stack) : id;
+  if ((id & kRuntimePath) == 0) return id;
+  const auto hint = static_cast<uint16_t>(id & ~kRuntimePath);
+  uint16_t found = kNoHint;
+  const uint16_t caller = ScanStack(stack, hint, &found);
+  if (found != hint) {
+    slot.store((static_cast<uint64_t>(ra) << 16) | kRuntimePath | found,
+               std::memory_order_relaxed);
+  }
+  return caller;
 }
 
 uint16_t CallerLibraries::ResolveSlow(uintptr_t return_address) {
@@ -125,23 +133,41 @@ uint16_t CallerLibraries::ResolveSlow(uintptr_t return_address) {
     text = table_.load(std::memory_order_acquire)->Find(return_address);
   }
   if (text == nullptr) return kUnknown;
-  return text->runtime ? kScan : text->id;
+  return text->runtime ? (kRuntimePath | kNoHint) : text->id;
 }
 
 // Reads other frames' words, which AddressSanitizer would call overflows.
 ABSL_ATTRIBUTE_NO_SANITIZE_ADDRESS
-uint16_t CallerLibraries::ScanStack(const void* stack) {
+uint16_t CallerLibraries::ScanStack(const void* stack, uint16_t hint, uint16_t* found) {
+  *found = kNoHint;
   const TextTable* table = table_.load(std::memory_order_acquire);
   const uintptr_t end = StackEnd();
-  auto word = reinterpret_cast<uintptr_t>(stack) & ~uintptr_t{7};
-  if (table == nullptr || end == 0 || word >= end) return kUnknown;
-  const uintptr_t limit = std::min(end, word + kScanBytes);
-  for (; word + sizeof(uintptr_t) <= limit; word += sizeof(uintptr_t)) {
-    const uintptr_t value = *reinterpret_cast<const uintptr_t*>(word);
-    if (value < table->lowest || value >= table->highest) continue;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(stack) & ~uintptr_t{7};
+  if (table == nullptr || end == 0 || first >= end) return kUnknown;
+  const uintptr_t limit = std::min(end, first + kScanBytes);
+  // The object `value` returns into after a call, when not a runtime; else
+  // null. (The stack is read here, not in the lambda, which the sanitizer
+  // attribute of this function does not cover.)
+  auto caller_of = [&](uintptr_t value) -> const Text* {
+    if (value < table->lowest || value >= table->highest) return nullptr;
     const Text* text = table->Find(value);
-    if (text == nullptr || text->runtime || !FollowsCall(value, text->begin)) continue;
-    return text->id;
+    if (text == nullptr || text->runtime || !FollowsCall(value, text->begin)) return nullptr;
+    return text;
+  };
+  if (hint != kNoHint) {
+    const uintptr_t word = first + hint * sizeof(uintptr_t);
+    if (word + sizeof(uintptr_t) <= limit) {
+      if (const Text* text = caller_of(*reinterpret_cast<const uintptr_t*>(word))) {
+        *found = hint;
+        return text->id;
+      }
+    }
+  }
+  for (uintptr_t word = first; word + sizeof(uintptr_t) <= limit; word += sizeof(uintptr_t)) {
+    if (const Text* text = caller_of(*reinterpret_cast<const uintptr_t*>(word))) {
+      *found = static_cast<uint16_t>((word - first) / sizeof(uintptr_t));
+      return text->id;
+    }
   }
   return kUnknown;
 }
@@ -150,7 +176,7 @@ uint16_t CallerLibraries::InternLocked(const std::string& name) {
   for (size_t i = 0; i < names_.size(); ++i) {
     if (names_[i] == name) return static_cast<uint16_t>(i);
   }
-  if (names_.size() >= kScan) return kUnknown;  // 65,534 distinct objects: no more names
+  if (names_.size() >= kRuntimePath) return kUnknown;  // 32,767 distinct objects: no more names
   names_.push_back(name);
   return static_cast<uint16_t>(names_.size() - 1);
 }

@@ -17,7 +17,12 @@
 //     and on x86-64 the bytes before it encode a call instruction). This is
 //     the fallback unwinders use without frame pointers; it can name a
 //     stale return address left on the stack, so the answer is a best
-//     effort for shared cudart and exact for static cudart.
+//     effort for shared cudart and exact for static cudart. The distance
+//     from the hook's frame to that word depends only on the code path
+//     through the runtime, which the hook's return address names: it is
+//     remembered with the return address, and the next call from there
+//     checks that one word first (the whole scan runs again only when it
+//     does not hold a return address into another object).
 //
 // Names: the file name without directory and version ("libcublas.so.13"
 // -> "libcublas", "/usr/bin/alloc_bench" -> "alloc_bench"); a Python
@@ -83,12 +88,18 @@ class CallerLibraries {
     const Text* Find(uintptr_t address) const;
   };
 
-  // Ids at or above this in the cache mean "a runtime library: scan".
-  static constexpr uint16_t kScan = 0xffff;
+  // A cache entry's low 16 bits: a library id (< kRuntimePath), or
+  // kRuntimePath | the word offset where the last scan from this return
+  // address found its caller (kNoHint: none yet).
+  static constexpr uint16_t kRuntimePath = 0x8000;
+  static constexpr uint16_t kNoHint = 0x7fff;
   static constexpr size_t kCacheSlots = 4096;
 
   uint16_t ResolveSlow(uintptr_t return_address) ABSL_LOCKS_EXCLUDED(mu_);
-  uint16_t ScanStack(const void* stack);
+  // The caller above a runtime library's frames: the word `hint` words
+  // above `stack` first (kNoHint: none), then every word; *found is the
+  // offset of the word that named it (kNoHint: none did).
+  uint16_t ScanStack(const void* stack, uint16_t hint, uint16_t* found);
   uint16_t InternLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the loaded objects again (dl_iterate_phdr) and publishes a new
   // table; the old one is kept (readers may still use it).

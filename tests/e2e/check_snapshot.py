@@ -103,6 +103,9 @@ def main():
               f"paused: {name} from {block_library(paused, addresses[name])}, expected {library}")
         alloc = first("alloc", addr=addresses[name])
         check(alloc is not None and alloc["library"] == library, f"exit: alloc of {name}: {alloc}")
+    again = first("alloc", addr=addresses["scanned_again"])
+    check(again is not None and again["library"] == "libhistory_caller",
+          f"exit: the second allocation through the stand-in libcudart: {again}")
     scanned = first("alloc", addr=addresses["scanned"])
     names = [f["name"] for f in (scanned or {}).get("frames", [])]
     check("caller_allocate" in names, f"exit: call stack of the scanned allocation: {names}")

@@ -60,6 +60,11 @@ int main(int argc, char** argv) {
   EXPECT_EQ(cuMemAlloc(&large, 8 << 20), CUDA_SUCCESS);
   EXPECT_EQ(caller_allocate_direct(&direct, 3 << 20), CUDA_SUCCESS);
   EXPECT_EQ(caller_allocate(&scanned, 5 << 20), CUDA_SUCCESS);
+  /* Again from the same path: the caller is found where the first scan found it. */
+  CUdeviceptr scanned_again;
+  EXPECT_EQ(caller_allocate(&scanned_again, 1 << 20), CUDA_SUCCESS);
+  Print("scanned_again", scanned_again);
+  EXPECT_EQ(cuMemFree(scanned_again), CUDA_SUCCESS);
   EXPECT_EQ(set_tag("kv"), CUDA_SUCCESS);
   EXPECT_EQ(cuMemAlloc(&kv_small, 1000), CUDA_SUCCESS);
   EXPECT_EQ(cuMemAlloc(&kv_large, 6 << 20), CUDA_SUCCESS);
