@@ -1,6 +1,6 @@
 // The `vmmshim` launcher.
 //
-//   vmmshim run [--policy P] [--min-bytes N] [--config FILE] [--stats FILE]
+//   vmmshim run [--policy P] [--min-bytes N] [--config FILE] [--stats FILE] [--snapshot FILE]
 //               [--cache-limit X] [--log-level L] [--log-file F] [--lib PATH]
 //               [--torch-memory-saver] -- PROGRAM ARGS...
 //       sets LD_PRELOAD (libvmmshim.so next to this program, or --lib) and
@@ -16,6 +16,11 @@
 //                   [--wide] [--lib PATH] -- PROGRAM ARGS...
 //       runs PROGRAM natively and under each policy, alternating, and prints
 //       one table (cli/compare/compare.h, docs/compare.md).
+//   vmmshim trace [-o OUT] SNAPSHOT...
+//       turns memory snapshots (VMMSHIM_SNAPSHOT_FILE; one per process) into
+//       one Perfetto timeline: runs python3 memory_trace.py (next to this
+//       program or in ../share/vmmshim) with the arguments, in place of
+//       itself (docs/memory-snapshots.md).
 //
 // The VMMSHIM_* variables are named by the shim's options table
 // (config/config.h), the statistics file's keys by its schema
@@ -228,16 +233,48 @@ bool Runnable(const std::string& program) {
   return false;
 }
 
+// `vmmshim trace`: the script does the work; this finds it and python3 and
+// becomes them (exec), so that the exit status and messages are the script's.
+int Trace(const std::vector<std::string>& snapshots, const std::optional<std::string>& output) {
+  const std::string script =
+      NextToSelf({"/memory_trace.py", "/../share/vmmshim/memory_trace.py"}, "");
+  if (script.empty()) {
+    std::fprintf(stderr, "vmmshim trace: memory_trace.py is not next to vmmshim nor in "
+                         "../share/vmmshim (reinstall vmmshim)\n");
+    return 1;
+  }
+  if (!Runnable("python3")) {
+    std::fprintf(stderr, "vmmshim trace: python3 is not on PATH (memory_trace.py needs it)\n");
+    return 1;
+  }
+  std::vector<std::string> words = {"python3", script};
+  if (output) {
+    words.push_back("-o");
+    words.push_back(*output);
+  }
+  words.push_back("--");  // a snapshot named like an option stays a snapshot
+  words.insert(words.end(), snapshots.begin(), snapshots.end());
+  // The script's messages then begin "vmmshim trace:", as this command's.
+  setenv("VMMSHIM_TRACE_COMMAND", "vmmshim trace", 1);
+  std::vector<char*> args;
+  for (std::string& w : words) args.push_back(w.data());
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  std::fprintf(stderr, "vmmshim trace: cannot run python3: %s\n", std::strerror(errno));
+  return 1;
+}
+
 // "vmmshim compare", or "vmmshim" without a subcommand.
 std::string CommandName(const CLI::App* sub) {
   return sub == nullptr ? "vmmshim" : "vmmshim " + sub->get_name();
 }
 
 std::string Usage(const CLI::App* sub) {
-  if (sub == nullptr) return "vmmshim run|report|compare ... (vmmshim --help)";
+  if (sub == nullptr) return "vmmshim run|report|compare|trace ... (vmmshim --help)";
   const std::string name = CommandName(sub);
-  const std::string args =
-      sub->get_name() == "report" ? " [OPTIONS] FILE..." : " [OPTIONS] -- PROGRAM ARGS...";
+  const std::string args = sub->get_name() == "report"  ? " [OPTIONS] FILE..."
+                           : sub->get_name() == "trace" ? " [-o OUT] SNAPSHOT..."
+                                                        : " [OPTIONS] -- PROGRAM ARGS...";
   return name + args + " (" + name + " --help)";
 }
 
@@ -347,7 +384,7 @@ int main(int argc, char** argv) {
   app.allow_extras();
 
   CLI::App* run = app.add_subcommand("run", "run PROGRAM under libvmmshim.so");
-  std::string policy, min_bytes, config, stats, cache_limit, log_level, log_file;
+  std::string policy, min_bytes, config, stats, cache_limit, log_level, log_file, snapshot;
   std::string lib = DefaultLibrary();
   std::vector<std::string> command;
   run->allow_extras();
@@ -357,6 +394,9 @@ int main(int argc, char** argv) {
       ->check(ByteCount());
   run->add_option("--config", config, "peer-access rules file (TOML)")->check(CLI::ExistingFile);
   run->add_option("--stats", stats, "write the JSON statistics here at exit (%p: pid)");
+  run->add_option("--snapshot", snapshot,
+                  "record the memory history and write a memory_viz snapshot here at exit "
+                  "(%p: pid; docs/memory-snapshots.md)");
   run->add_option("--cache-limit", cache_limit, "bytes or percent kept for reuse (e.g. 25%)");
   run->add_option("--log-level", log_level, "trace, debug, info, warn, error, off");
   run->add_option("--log-file", log_file, "log to this file (%p: pid)");
@@ -427,7 +467,21 @@ int main(int argc, char** argv) {
   compare->add_option("PROGRAM", copt.command, "the program and its arguments, after --")
       ->required();
 
-  const std::vector<CLI::App*> subcommands = {run, report, compare};
+  CLI::App* trace = app.add_subcommand(
+      "trace", "turn memory snapshots into a Perfetto timeline (docs/memory-snapshots.md)");
+  trace->allow_extras();
+  std::vector<std::string> trace_snapshots;
+  std::string trace_output;
+  trace->add_option("SNAPSHOT", trace_snapshots,
+                    "memory snapshots (VMMSHIM_SNAPSHOT_FILE), one per process; a PyTorch "
+                    "snapshot is read from its device_traces")
+      ->required();
+  CLI::Option* trace_output_opt = trace->add_option(
+      "-o,--output", trace_output,
+      "the Chrome trace-event JSON to write (default: the first SNAPSHOT with .trace.json "
+      "for its extension)");
+
+  const std::vector<CLI::App*> subcommands = {run, report, compare, trace};
   // The subcommand being parsed, for the error's name and usage.
   auto current = [&]() -> const CLI::App* {
     for (const CLI::App* sub : subcommands) {
@@ -446,24 +500,33 @@ int main(int argc, char** argv) {
   if (sub == nullptr) {
     const std::vector<std::string> extras = app.remaining();
     if (extras.empty()) {
-      return CommandLineError(nullptr, "a subcommand is required: run, report or compare");
+      return CommandLineError(nullptr,
+                              "a subcommand is required: run, report, compare or trace");
     }
     if (extras.front()[0] == '-') return CommandLineError(nullptr, LeftOver(app, false));
-    std::string message =
-        "unknown subcommand '" + extras.front() + "'; expected one of run, report, compare";
-    if (const std::string close = Closest(extras.front(), {"run", "report", "compare"});
+    std::string message = "unknown subcommand '" + extras.front() +
+                          "'; expected one of run, report, compare, trace";
+    if (const std::string close = Closest(extras.front(), {"run", "report", "compare", "trace"});
         !close.empty()) {
       message += " (did you mean " + close + "?)";
     }
     return CommandLineError(nullptr, message);
   }
-  if (std::string left = LeftOver(*sub, sub != report); !left.empty()) {
+  if (std::string left = LeftOver(*sub, sub == run || sub == compare); !left.empty()) {
     return CommandLineError(sub, left);
   }
   if (std::string left = LeftOver(app, false); !left.empty()) {  // before the subcommand
     return CommandLineError(nullptr, left);
   }
 
+  if (*trace) {
+    if (trace_output_opt->count() > 0 && trace_output.empty()) {
+      return CommandLineError(trace, "--output: an empty file name");
+    }
+    return Trace(trace_snapshots, trace_output_opt->count() > 0
+                                      ? std::optional<std::string>(trace_output)
+                                      : std::nullopt);
+  }
   if (*report) {
     if (report_files.size() == 1 && !report_json && !IsDirectory(report_files[0])) {
       return Report(report_files[0], report_wide);
@@ -508,12 +571,14 @@ int main(int argc, char** argv) {
   if (policy == "rules" && config.empty() && !InEnvironment(OptionKey::kConfig)) {
     return CommandLineError(run, "--policy rules needs --config FILE (a TOML rules file)");
   }
-  if (!stats.empty()) {
-    // The shim would only warn at the program's exit.
-    const size_t slash = stats.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : stats.substr(0, slash + 1);
+  // The shim would only warn (at the program's exit, or its start).
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--stats", stats},
+                                   {"--snapshot", snapshot}}) {
+    if (path.empty()) continue;
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
     if (access(dir.c_str(), W_OK) != 0) {
-      return CommandLineError(run, "--stats: cannot write into '" + dir + "': " +
+      return CommandLineError(run, std::string(flag) + ": cannot write into '" + dir + "': " +
                                        std::strerror(errno));
     }
   }
@@ -521,6 +586,7 @@ int main(int argc, char** argv) {
   SetOption(OptionKey::kPeerMinBytes, min_bytes);
   SetOption(OptionKey::kConfig, config);
   SetOption(OptionKey::kStatsFile, stats);
+  SetOption(OptionKey::kSnapshotFile, snapshot);
   SetOption(OptionKey::kCacheLimit, cache_limit);
   SetOption(OptionKey::kLogLevel, log_level);
   SetOption(OptionKey::kLogFile, log_file);

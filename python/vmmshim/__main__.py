@@ -1,5 +1,5 @@
 """`vmmshim ...` (the wheel's console command) and `python -m vmmshim ...`:
-the wheel's bin/vmmshim (run, report, compare; cli/vmmshim_cli.cc) in place
+the wheel's bin/vmmshim (run, report, compare, trace; cli/vmmshim_cli.cc) in place
 of this process, so that its exit status is the command's."""
 import os
 import sys

@@ -24,11 +24,11 @@ expect_error "vmmshim run: unknown option '--polcy' (did you mean --policy?)" \
   run --polcy none -- /bin/true
 expect_error "vmmshim run: unknown option '--verbose'; the program's own options go after --" \
   run /bin/true --verbose
-expect_error "vmmshim: unknown subcommand 'runn'; expected one of run, report, compare (did you mean run?)" \
+expect_error "vmmshim: unknown subcommand 'runn'; expected one of run, report, compare, trace (did you mean run?)" \
   runn -- /bin/true
-expect_error "vmmshim: unknown subcommand 'frobnicate'; expected one of run, report, compare" \
+expect_error "vmmshim: unknown subcommand 'frobnicate'; expected one of run, report, compare, trace" \
   frobnicate
-expect_error "vmmshim: a subcommand is required: run, report or compare"
+expect_error "vmmshim: a subcommand is required: run, report, compare or trace"
 expect_error "vmmshim: unknown option '--verbose'; expected one of --help, --version" \
   --verbose run -- /bin/true
 expect_error "vmmshim compare: --repeat: 'abc' is not a number; expected a whole number from 1 to 1000" \
@@ -51,6 +51,27 @@ expect_error "vmmshim run: --policy rules needs --config FILE" run --policy rule
 expect_error "vmmshim report: unknown option '--jsn' (did you mean --json?)" report --jsn a.json
 expect_error "vmmshim compare: --policies: policy 'bogus' is not one of" \
   compare --policies all,bogus -- /bin/true
+expect_error "vmmshim trace: SNAPSHOT is required" trace
+expect_error "vmmshim trace: unknown option '--outptu' (did you mean --output?)" \
+  trace --outptu t.json a.pickle
+# trace's own errors (cli/memory_trace.py): one line naming the file, exit status 1.
+expect_trace_error() {  # expect_trace_error MESSAGE SNAPSHOT...
+  local msg=$1; shift
+  local err; err=$("$cli" trace "$@" 2>&1 >/dev/null); local rc=$?
+  [ $rc = 1 ] || fail "exit status $rc, wanted 1: vmmshim trace $*: $err"
+  [ "$(wc -l <<<"$err")" = 1 ] || fail "vmmshim trace $*: more than one line: $err"
+  grep -qF -- "$msg" <<<"$err" || fail "vmmshim trace $*: wanted '$msg', got: $err"
+  checked=$((checked + 1))
+}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+expect_trace_error "vmmshim trace: $tmp/none.pickle: cannot read it: No such file or directory" \
+  "$tmp/none.pickle"
+echo "not a snapshot" > "$tmp/text.pickle"
+expect_trace_error "vmmshim trace: $tmp/text.pickle: not a pickle" "$tmp/text.pickle"
+python3 -c 'import pickle, sys; pickle.dump({"a": 1}, open(sys.argv[1], "wb"))' "$tmp/other.pickle"
+expect_trace_error "vmmshim trace: $tmp/other.pickle: not a vmmshim memory snapshot" \
+  "$tmp/other.pickle"
 # The variable stands in for the option, as the shim reads it.
 VMMSHIM_PEER_MIN_BYTES=1M "$cli" run --policy min-size -- /bin/true 2>/dev/null \
   || fail "run --policy min-size with VMMSHIM_PEER_MIN_BYTES set refused"

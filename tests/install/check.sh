@@ -4,7 +4,7 @@
 # installed library without --lib, pkg-config, and a consumer project built
 # with find_package(vmmshim); then the .deb (cpack -G DEB), unpacked, with
 # its `vmmshim --version`; `vmmshim compare` from the install on the
-# simulated driver.
+# simulated driver; `vmmshim trace` finding its script.
 # usage: check.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(realpath "$1") src=$(realpath "$2")
@@ -16,7 +16,7 @@ for f in lib/libvmmshim.so bin/vmmshim include/vmmshim/vmmshim.h \
          lib/cmake/vmmshim/vmmshimConfig.cmake lib/cmake/vmmshim/vmmshimConfigVersion.cmake \
          lib/cmake/vmmshim/vmmshimTargets.cmake lib/pkgconfig/vmmshim.pc \
          share/doc/vmmshim/README.md share/doc/vmmshim/performance.md \
-         share/doc/vmmshim/compare.md share/vmmshim/compare_chart.py \
+         share/doc/vmmshim/compare.md share/vmmshim/compare_chart.py share/vmmshim/memory_trace.py \
          share/doc/vmmshim/LICENSE share/doc/vmmshim/copyright; do
   [ -e "$stage/$f" ] || { echo "missing after install: $f"; exit 1; }
 done
@@ -44,6 +44,10 @@ else
   ! grep -q 'compare_chart.py not found' "$work/compare.txt" ||
     { echo "installed compare did not find share/vmmshim/compare_chart.py"; exit 1; }
 fi
+# vmmshim trace from the install runs share/vmmshim/memory_trace.py (which names the file).
+trace_err=$("$stage/bin/vmmshim" trace "$work/none.pickle" 2>&1 >/dev/null || true)
+grep -q "^vmmshim trace: $work/none.pickle: cannot read it" <<<"$trace_err" ||
+  { echo "installed vmmshim trace: $trace_err"; exit 1; }
 if command -v pkg-config >/dev/null; then
   cflags=$(PKG_CONFIG_PATH=$stage/lib/pkgconfig pkg-config --cflags vmmshim | xargs)
   [ "$(realpath -m "${cflags#-I}")" = "$(realpath "$stage/include")" ] ||
@@ -57,6 +61,7 @@ cmake --build "$work/consumer" >/dev/null
 deb=$(ls "$work"/deb/*.deb)
 dpkg-deb -c "$deb" > "$work/contents"
 for f in ./usr/lib/libvmmshim.so ./usr/bin/vmmshim ./usr/share/vmmshim/compare_chart.py \
+         ./usr/share/vmmshim/memory_trace.py \
          ./usr/share/doc/vmmshim/copyright; do
   grep -q "$f" "$work/contents" || { echo "no $f in $deb"; exit 1; }
 done

@@ -5,7 +5,8 @@
 #   - `vmmshim --version` and `python -m vmmshim --version` (the console command
 #     and the module run the wheel's own bin/vmmshim);
 #   - its platform tag is the glibc floor the binaries need, the binaries are
-#     stripped, the licence is in its metadata;
+#     stripped, the licence is in its metadata; `vmmshim trace` finds its
+#     script;
 #   - `vmmshim run` preloads the wheel's libvmmshim.so into the driver-API demo
 #     on the simulated driver (allocations served from VMM);
 #   - child processes of `vmmshim run --stats FILE` (a shell's commands)
@@ -45,6 +46,9 @@ meta=$(ls -d "$work"/venv/lib/python3*/site-packages/vmmshim-"$version".dist-inf
 grep -q '^License: Apache-2.0' "$meta/METADATA" || fail "no licence in METADATA"
 [ -f "$meta/LICENSE" ] || fail "no LICENSE in the wheel"
 [ -f "$site/share/vmmshim/compare_chart.py" ] || fail "no compare_chart.py"
+trace_err=$("$venv/vmmshim" trace "$work/none.pickle" 2>&1 >/dev/null || true)
+grep -q "^vmmshim trace: $work/none.pickle: cannot read it" <<<"$trace_err" ||
+  fail "vmmshim trace from the wheel: $trace_err"
 
 # vmmshim run from the wheel: its library, on the simulated driver.
 out=$(cd "$work" && LD_LIBRARY_PATH=$build/simcuda "$venv/vmmshim" run --log-level info -- \

@@ -4,10 +4,11 @@
 # (cpack -G DEB in that build):
 #   vmmshim/                  the Python API (python/vmmshim)
 #   vmmshim/lib/libvmmshim.so the preload library, stripped
-#   vmmshim/bin/vmmshim       the CLI (run, report, compare), stripped; the
+#   vmmshim/bin/vmmshim       the CLI (run, report, compare, trace), stripped; the
 #                             console command `vmmshim` and `python -m vmmshim`
 #                             run it (vmmshim/__main__.py)
 #   vmmshim/share/vmmshim/compare_chart.py   compare's chart
+#   vmmshim/share/vmmshim/memory_trace.py    trace's snapshot converter
 #   vmmshim/include/vmmshim/vmmshim.h        the C API header
 #   vmmshim/_tms/torch_memory_saver          the torch_memory_saver drop-in
 # One wheel for every Python 3 (py3-none: the library is not a Python
@@ -54,6 +55,7 @@ strip --strip-unneeded -o "$pkg/lib/libvmmshim.so" "$build/libvmmshim.so"
 strip --strip-unneeded -o "$pkg/bin/vmmshim" "$build/vmmshim"
 chmod 755 "$pkg/lib/libvmmshim.so" "$pkg/bin/vmmshim"
 install -m 755 cli/compare/compare_chart.py "$pkg/share/vmmshim/"
+install -m 755 cli/memory_trace.py "$pkg/share/vmmshim/"
 install -m 644 include/vmmshim/vmmshim.h "$pkg/include/vmmshim/"
 
 info=$root/vmmshim-$version.dist-info
