@@ -11,7 +11,7 @@
 // the simulated driver for CI's smoke run.
 //
 //   alloc_bench [--quick] [--label NAME] [--only GROUP,...]   -> CSV rows on stdout
-//   (groups: empty, batch, resident, churn, async, footprint; default all):
+//   (groups: empty, batch, resident, churn, async, footprint, hit; default all):
 //   label,metric,bytes,threads,median_us,p99_us,value
 #include <algorithm>
 #include <atomic>
@@ -302,6 +302,28 @@ void Footprint(int count) {
   Row("footprint_10000x256B_MiB", 256, 1, {0, 0}, (free_before - free_after) / 1048576.0);
 }
 
+// Cached allocations in a tight loop: `pairs` cudaMalloc + cudaFree of
+// `bytes` with a resident set live, timed as a whole (no clock read per
+// call), so that a cost of some nanoseconds per allocation shows: value =
+// nanoseconds per pair (the mean). Five repetitions, the median kept.
+// bench/observability_bench.sh compares the shim's options with it.
+void HitLoop(size_t bytes, int pairs) {
+  void* p = nullptr;
+  for (int i = 0; i < 1000; ++i) {  // the cache and the caller's path warm
+    if (!Malloc(&p, bytes) || !Free(p)) Fail("hit warm-up", bytes);
+  }
+  std::vector<double> ns;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = Clock::now();
+    for (int i = 0; i < pairs; ++i) {
+      if (!Malloc(&p, bytes) || !Free(p)) Fail("hit", bytes);
+    }
+    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() / pairs);
+  }
+  Summary s = Summarize(ns);
+  Row("hit_pair_ns_resident", bytes, 1, {s.median / 1000, s.p99 / 1000}, s.median);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -343,6 +365,14 @@ int main(int argc, char** argv) {
       Latency(bytes, quick ? 3 : std::max(20, n / 4), /*cold=*/true);
     }
     g_suffix.clear();
+    for (void* p : resident) Free(p);
+  }
+  if (want("hit")) {
+    std::vector<void*> resident = MakeResidentSet(quick ? 50 : 1000);
+    for (size_t bytes : {size_t{256}, size_t{64} << 10, size_t{4} << 20}) {
+      // Natively a 4 MiB pair takes about 60 us (no cache): fewer of them.
+      HitLoop(bytes, quick ? 2000 : bytes > (size_t{1} << 20) ? 2000 : 20000);
+    }
     for (void* p : resident) Free(p);
   }
   if (want("churn")) {

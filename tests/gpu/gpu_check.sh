@@ -290,6 +290,39 @@ PY
     grep -qE '"paused_by_tag":\{"[^}]*":[1-9]' <<<"$shimmed" ||
       fail "no other library's VMM memory (NCCL's) paused"
     ;;
+  memory_snapshot)
+    # Snapshots (docs/memory-snapshots.md) of a PyTorch program and of a
+    # static-cudart one, read by PyTorch's own torch.cuda._memory_viz (its
+    # segment summary asserts that blocks tile their segments); the callers
+    # named: libc10_cuda (through the shared libcudart) and the program.
+    have_torch
+    dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+    native=$(python3 "$src/examples/train_mlp.py" --steps 50 2>&1) || fail "native: $native"
+    shimmed=$(VMMSHIM_SNAPSHOT_FILE=$dir/torch.pickle under_shim python3 \
+              "$src/examples/train_mlp.py" --steps 50 2>&1) || fail "shim: $shimmed"
+    [ "$(grep train_mlp: <<<"$native")" = "$(grep train_mlp: <<<"$shimmed")" ] ||
+      fail "checksums differ: $native / $shimmed"
+    bin=$build/examples/alloc_mix; need "$bin"
+    out=$(VMMSHIM_SNAPSHOT_FILE=$dir/static.pickle LD_PRELOAD=$shim "$bin" 1 2>&1) || fail "$out"
+    for snap in torch static; do
+      stats=$(python3 -m torch.cuda._memory_viz stats "$dir/$snap.pickle" 2>&1) ||
+        fail "_memory_viz stats of $snap: $stats"
+      python3 -m torch.cuda._memory_viz trace "$dir/$snap.pickle" > "$dir/$snap.trace" 2>&1 ||
+        fail "_memory_viz trace of $snap: $(tail -3 "$dir/$snap.trace")"
+      python3 -m torch.cuda._memory_viz trace_plot "$dir/$snap.pickle" -o "$dir/$snap.html" 2>&1 ||
+        fail "_memory_viz trace_plot of $snap"
+      echo "$snap: $(grep -E '^(segments|total_allocated)' <<<"$stats" | tr '\n' ' ')"
+    done
+    libraries() {
+      python3 -c 'import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+print(" ".join(sorted({e["library"] for t in d["device_traces"] for e in t if e["action"] == "alloc"})))' "$1"
+    }
+    torch_libs=$(libraries "$dir/torch.pickle"); static_libs=$(libraries "$dir/static.pickle")
+    echo "callers: PyTorch program: $torch_libs; static-cudart program: $static_libs"
+    grep -qw libc10_cuda <<<"$torch_libs" || fail "libc10_cuda not named"
+    [ "$static_libs" = alloc_mix ] || fail "the static-cudart program's allocations: $static_libs"
+    ;;
   tms_drop_in)
     # A program written for torch_memory_saver (examples/tms_sleep_wake.py:
     # regions with and without a CPU backup, a CUDA graph, get_cpu_backup)
