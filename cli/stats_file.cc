@@ -150,9 +150,13 @@ std::optional<StatsFile> ParseStatsJson(const std::string& text, const std::stri
   try {
     Optional(doc, "", k::kSchemaVersion, &f.schema_version);
     if (f.schema_version > k::kSchemaVersionNumber) {
+      std::string writer;
+      if (doc.contains(k::kVersion) && doc[k::kVersion].is_string()) {
+        writer = ", written by vmmshim " + doc[k::kVersion].get<std::string>();
+      }
       *error = what + " has statistics schema version " + std::to_string(f.schema_version) +
-               "; this vmmshim reads up to " + std::to_string(k::kSchemaVersionNumber) +
-               " (use the vmmshim that wrote it)";
+               writer + "; this vmmshim reads up to " +
+               std::to_string(k::kSchemaVersionNumber) + " (use the vmmshim that wrote it)";
       return std::nullopt;
     }
     Required(doc, "", k::kPid, &f.pid);
