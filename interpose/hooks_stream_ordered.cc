@@ -23,7 +23,8 @@ template <typename Real>
 CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
                     CUstream stream, bool per_thread, uint16_t library, Real real) {
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
-      rt.allocator->stream_ordered().AllocateAsync(bytes, stream, per_thread, pool, vmmshim::AllocationTag());
+      rt.allocator->stream_ordered().AllocateAsync(bytes, stream, per_thread, pool,
+                                                   vmmshim::AllocationTag(), library);
   if (!a.ok()) {
     Log().debug("cuMemAllocAsync({}) -> {}", bytes, a.status().ToString());
     *dptr = 0;  // as the driver does on failure (measured: 1 PiB gives 2 and 0)

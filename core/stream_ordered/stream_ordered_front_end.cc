@@ -148,7 +148,8 @@ std::optional<PointerInfo> StreamOrderedFrontEnd::Find(CUdeviceptr ptr) const {
 
 absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CUstream stream,
                                                                bool per_thread, CUmemoryPool pool,
-                                                               absl::string_view tag) {
+                                                               absl::string_view tag,
+                                                               uint16_t origin) {
   // A capturing stream records a graph memory node: the driver's (also when
   // the driver cannot say).
   if (captures_.any() && captures_.IsCapturing(stream, per_thread).value_or(true)) {
@@ -221,14 +222,14 @@ absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CU
     ReleaseToHeap({{reuse->ptr, key.context}});
   }
   absl::StatusOr<CUdeviceptr> ptr;
-  if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes)) {
+  if (std::optional<CUdeviceptr> hit = (*heap)->AllocateFast(placement, bytes, origin)) {
     ptr = *hit;
   } else {
-    ptr = (*heap)->AllocateSlow(placement, bytes);
+    ptr = (*heap)->AllocateSlow(placement, bytes, origin);
     if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
       const bool async = Reclaim(-1);  // both run:
       const bool deferred = reclaim_deferred_();      // each may free memory
-      if (async || deferred) ptr = (*heap)->AllocateSlow(placement, bytes);
+      if (async || deferred) ptr = (*heap)->AllocateSlow(placement, bytes, origin);
     }
   }
   if (!ptr.ok()) return ptr.status();

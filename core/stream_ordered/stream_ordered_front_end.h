@@ -64,9 +64,13 @@ class StreamOrderedFrontEnd {
 
   // cuMemAllocAsync (`pool` nullptr: the current pool of the stream's device)
   // or cuMemAllocFromPoolAsync of `bytes` > 0 on `stream` (`per_thread`:
-  // through a _ptsz entry point), under allocation tag `tag`.
+  // through a _ptsz entry point), under allocation tag `tag`. `origin`: the
+  // caller library (core/history/caller_library.h), kept with a new heap
+  // allocation; a block reused from the stream-ordered cache keeps the one
+  // of its first allocation.
   absl::StatusOr<Allocation> AllocateAsync(size_t bytes, CUstream stream, bool per_thread,
-                                           CUmemoryPool pool, absl::string_view tag = "");
+                                           CUmemoryPool pool, absl::string_view tag = "",
+                                           uint16_t origin = 0);
   // cuMemFreeAsync of the stream-ordered allocation `info` (its base) on
   // `stream`: to the cache, with no driver call.
   absl::Status Free(const PointerInfo& info, CUstream stream, bool per_thread);

@@ -120,6 +120,10 @@ def main():
     check(first("segment_map", addr=addresses["kv_large"]) is not None, "exit: no segment_map of kv")
     # Stream-ordered allocation on a stream.
     check(any(e["action"] == "alloc" and e["stream"] != 0 for e in events), "exit: no alloc on a stream")
+    # The stream-ordered allocation, live at the paused snapshot: its block names its library.
+    so = [b.get("library") for seg in paused["segments"] if seg["stream_ordered"]
+          for b in seg["blocks"] if b["state"] == "active_allocated"]
+    check(so == ["history_app"], f"paused: stream-ordered blocks' libraries {so}")
     # Peer decisions under min-size 1M: the 4 KiB allocation denied, the 2 MiB one granted.
     check(first("peer_deny", device=1, peer=0, size=4096) is not None, "exit: no peer_deny")
     check(first("peer_grant", device=1, peer=0, size=2 << 20) is not None, "exit: no peer_grant")

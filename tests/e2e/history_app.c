@@ -89,9 +89,7 @@ int main(int argc, char** argv) {
   CUstream stream;
   CUdeviceptr async;
   EXPECT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  EXPECT_EQ(cuMemAllocAsync(&async, 1 << 20, stream), CUDA_SUCCESS);
-  EXPECT_EQ(cuMemFreeAsync(async, stream), CUDA_SUCCESS);
-  EXPECT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAllocAsync(&async, 1 << 20, stream), CUDA_SUCCESS);  /* freed after the snapshot */
 
   /* Peer access: device 0 enables access to device 1's memory; with
    * VMMSHIM_PEER_POLICY=min-size and 1M, a small allocation there is
@@ -109,6 +107,8 @@ int main(int argc, char** argv) {
   EXPECT_EQ(pause("kv", VMMSHIM_PAUSE_KEEP_CONTENTS, &paused), CUDA_SUCCESS);
   EXPECT_EQ(snapshot(argv[1]), CUDA_SUCCESS);
   EXPECT_EQ(resume("kv", &restored), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeAsync(async, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
   EXPECT_EQ(paused, restored);
 
   /* More than the device holds: out of memory, reported. */
