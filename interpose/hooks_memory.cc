@@ -242,12 +242,16 @@ VMMSHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   return FreeAsync(*rt, dptr, stream, false,
-                   vmmshim::Recording(*rt) ? VMMSHIM_CALLER_LIBRARY(*rt) : uint16_t{0});
+                   // Only when recording, and never in a forked child (locks
+                   // it inherited may be held).
+                   rt->enabled() && vmmshim::Recording(*rt) ? VMMSHIM_CALLER_LIBRARY(*rt)
+                                                            : uint16_t{0});
 }
 
 VMMSHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   return FreeAsync(*rt, dptr, stream, true,
-                   vmmshim::Recording(*rt) ? VMMSHIM_CALLER_LIBRARY(*rt) : uint16_t{0});
+                   rt->enabled() && vmmshim::Recording(*rt) ? VMMSHIM_CALLER_LIBRARY(*rt)
+                                                            : uint16_t{0});
 }

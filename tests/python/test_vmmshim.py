@@ -31,6 +31,9 @@ class WithoutTheShim(unittest.TestCase):
             self.assertEqual(vmmshim.release_cached_memory(), 0)
             self.assertIsNone(vmmshim.statistics())
             self.assertIsNone(vmmshim.query_peer_access(0x1000, 1))
+            self.assertIsNone(vmmshim.record_memory_history())
+            self.assertIsNone(vmmshim.snapshot("/tmp/never-written.pickle"))
+        self.assertFalse(os.path.exists("/tmp/never-written.pickle"))
         messages = [str(w.message) for w in seen]
         self.assertEqual(len(messages), 1, messages)
         self.assertEqual(seen[0].filename, __file__)  # the caller's line, not the module's
@@ -127,6 +130,33 @@ class WithTheShim(unittest.TestCase):
         buf = ctypes.create_string_buffer(n)
         rc = self.cu.cuMemcpyDtoH_v2(buf, ptr, n)
         return buf.raw if rc == 0 else None
+
+    def test_snapshot_with_history_tags_and_caller(self):
+        import pickle
+        import tempfile
+        vmmshim.record_memory_history(max_entries=1000, stacks=4)
+        with vmmshim.tag("weights"):
+            w = self.alloc(3 * MIB)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "snap.pickle")
+            self.assertEqual(vmmshim.snapshot(path), path)
+            with open(path, "rb") as f:
+                snap = pickle.load(f)
+            with self.assertRaises(vmmshim.VmmshimError) as e:
+                vmmshim.snapshot(os.path.join(d, "no-such-dir", "snap.pickle"))
+            self.assertEqual(e.exception.code, 304)
+        allocs = [e for t in snap["device_traces"] for e in t
+                  if e["action"] == "alloc" and e["addr"] == w]
+        self.assertEqual(len(allocs), 1, allocs)
+        self.assertEqual(allocs[0]["category"], "weights")
+        self.assertEqual(allocs[0]["size"], 3 * MIB)
+        self.assertTrue(allocs[0]["frames"], allocs[0])  # a call stack was recorded
+        blocks = [b for s in snap["segments"] for b in s["blocks"] if b["address"] == w]
+        self.assertEqual(blocks[0]["state"], "active_allocated")
+        with self.assertRaises(vmmshim.VmmshimError):
+            vmmshim.record_memory_history(stacks=65)
+        vmmshim.record_memory_history(False)
+        self.assertEqual(self.cu.cuMemFree_v2(w), 0)
 
     def test_pause_and_resume_keep_contents_and_addresses(self):
         self.assertTrue(vmmshim.loaded())
