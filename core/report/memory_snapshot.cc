@@ -87,16 +87,11 @@ class SnapshotBuilder {
 
     w_.Key("vmmshim");
     w_.BeginDict();
-    w_.Key("format");
-    w_.Int(kSnapshotFormat);
-    w_.Key("version");
-    w_.String(VMMSHIM_VERSION);
-    w_.Key("pid");
-    w_.Int(s_.pid);
-    w_.Key("history");
-    w_.Bool(s_.history != nullptr && s_.history->enabled());
-    w_.Key("dropped_events");
-    w_.UInt(history_.dropped);
+    w_.IntEntry("format", kSnapshotFormat);
+    w_.StringEntry("version", VMMSHIM_VERSION);
+    w_.IntEntry("pid", s_.pid);
+    w_.BoolEntry("history", s_.history != nullptr && s_.history->enabled());
+    w_.UIntEntry("dropped_events", history_.dropped);
     w_.Key("libraries");
     w_.BeginList();
     for (const std::string& name : libraries_) w_.String(name);
@@ -131,12 +126,9 @@ class SnapshotBuilder {
   void LibraryFrames(uint16_t origin) {
     w_.BeginList();
     w_.BeginDict();
-    w_.Key("filename");
-    w_.String(Library(origin));
-    w_.Key("line");
-    w_.Int(0);
-    w_.Key("name");
-    w_.String("(caller library)");
+    w_.StringEntry("filename", Library(origin));
+    w_.IntEntry("line", 0);
+    w_.StringEntry("name", "(caller library)");
     w_.EndDict();
     w_.EndList();
   }
@@ -151,12 +143,9 @@ class SnapshotBuilder {
       auto it = symbols_.find(pc);
       if (it == symbols_.end()) it = symbols_.emplace(pc, Symbolize(pc)).first;
       w_.BeginDict();
-      w_.Key("filename");
-      w_.String(it->second.filename);
-      w_.Key("line");
-      w_.Int(it->second.line);
-      w_.Key("name");
-      w_.String(it->second.name);
+      w_.StringEntry("filename", it->second.filename);
+      w_.IntEntry("line", it->second.line);
+      w_.StringEntry("name", it->second.name);
       w_.EndDict();
     }
     w_.EndList();
@@ -170,45 +159,30 @@ class SnapshotBuilder {
       requested += p.requested;
     }
     w_.BeginDict();
-    w_.Key("device");
-    w_.Int(seg.device);
-    w_.Key("address");
-    w_.UInt(seg.address);
-    w_.Key("total_size");
-    w_.UInt(seg.size);
-    w_.Key("allocated_size");
-    w_.UInt(allocated);
-    w_.Key("active_size");
-    w_.UInt(allocated);
-    w_.Key("requested_size");
-    w_.UInt(requested);
-    w_.Key("stream");
-    w_.Int(0);
-    w_.Key("segment_type");
-    w_.String(seg.packed ? "small" : "large");
+    w_.IntEntry("device", seg.device);
+    w_.UIntEntry("address", seg.address);
+    w_.UIntEntry("total_size", seg.size);
+    w_.UIntEntry("allocated_size", allocated);
+    w_.UIntEntry("active_size", allocated);
+    w_.UIntEntry("requested_size", requested);
+    w_.IntEntry("stream", 0);
+    w_.StringEntry("segment_type", seg.packed ? "small" : "large");
     w_.Key("segment_pool_id");
     w_.Pair(0, 0);
-    w_.Key("is_expandable");
-    w_.Bool(false);
+    w_.BoolEntry("is_expandable", false);
     w_.Key("frames");
     w_.BeginList();
     w_.EndList();
-    w_.Key("tag");
-    w_.String(seg.tag);
-    w_.Key("stream_ordered");
-    w_.Bool(seg.stream_ordered);
+    w_.StringEntry("tag", seg.tag);
+    w_.BoolEntry("stream_ordered", seg.stream_ordered);
     w_.Key("blocks");
     w_.BeginList();
     for (const SegmentPart& p : seg.parts) {
       w_.BeginDict();
-      w_.Key("address");
-      w_.UInt(seg.address + p.offset);
-      w_.Key("size");
-      w_.UInt(p.size);
-      w_.Key("requested_size");
-      w_.UInt(p.live ? p.requested : 0);
-      w_.Key("state");
-      w_.String(p.live ? "active_allocated" : "inactive");
+      w_.UIntEntry("address", seg.address + p.offset);
+      w_.UIntEntry("size", p.size);
+      w_.UIntEntry("requested_size", p.live ? p.requested : 0);
+      w_.StringEntry("state", p.live ? "active_allocated" : "inactive");
       w_.Key("frames");
       if (p.live) {
         LibraryFrames(p.origin);
@@ -217,8 +191,7 @@ class SnapshotBuilder {
         w_.EndList();
       }
       if (p.live) {
-        w_.Key("library");
-        w_.String(Library(p.origin));
+        w_.StringEntry("library", Library(p.origin));
       }
       w_.EndDict();
     }
@@ -227,14 +200,10 @@ class SnapshotBuilder {
   }
 
   void CommonFields(const HistoryEvent& e) {
-    w_.Key("action");
-    w_.String(HistoryActionName(e.action));
-    w_.Key("time_us");
-    w_.Int(history_.start_epoch_us + e.time_ns / 1000);
-    w_.Key("tag");
-    w_.String(Tag(e.tag));
-    w_.Key("thread");
-    w_.Int(e.thread);
+    w_.StringEntry("action", HistoryActionName(e.action));
+    w_.IntEntry("time_us", history_.start_epoch_us + e.time_ns / 1000);
+    w_.StringEntry("tag", Tag(e.tag));
+    w_.IntEntry("thread", e.thread);
   }
 
   void DeviceTrace(int device) {
@@ -243,38 +212,26 @@ class SnapshotBuilder {
       if (e.device != device || !IsMemoryVizAction(e.action)) continue;
       w_.BeginDict();
       CommonFields(e);
-      w_.Key("addr");
-      w_.UInt(e.addr);
-      w_.Key("size");
-      w_.UInt(e.size);
-      w_.Key("stream");
-      w_.UInt(e.stream);
-      w_.Key("category");
-      w_.String(e.tag == 0 ? "unknown" : Tag(e.tag));
-      w_.Key("library");
-      w_.String(Library(e.library));
+      w_.UIntEntry("addr", e.addr);
+      w_.UIntEntry("size", e.size);
+      w_.UIntEntry("stream", e.stream);
+      w_.StringEntry("category", e.tag == 0 ? "unknown" : Tag(e.tag));
+      w_.StringEntry("library", Library(e.library));
       w_.Key("frames");
       StackFrames(e.stack, e.library);
       if (e.action == HistoryAction::kOom) {
-        w_.Key("device_free");
-        w_.UInt(e.device_free);
+        w_.UIntEntry("device_free", e.device_free);
       }
       w_.EndDict();
     }
     // The snapshot itself, which also puts "unknown" among the categories.
     w_.BeginDict();
-    w_.Key("action");
-    w_.String("snapshot");
-    w_.Key("time_us");
-    w_.Int(now_us_);
-    w_.Key("addr");
-    w_.Int(0);
-    w_.Key("size");
-    w_.Int(0);
-    w_.Key("stream");
-    w_.Int(0);
-    w_.Key("category");
-    w_.String("unknown");
+    w_.StringEntry("action", "snapshot");
+    w_.IntEntry("time_us", now_us_);
+    w_.IntEntry("addr", 0);
+    w_.IntEntry("size", 0);
+    w_.IntEntry("stream", 0);
+    w_.StringEntry("category", "unknown");
     w_.Key("frames");
     w_.BeginList();
     w_.EndList();
@@ -285,14 +242,10 @@ class SnapshotBuilder {
   void OwnEvent(const HistoryEvent& e) {
     w_.BeginDict();
     CommonFields(e);
-    w_.Key("device");
-    w_.Int(e.device);
-    w_.Key("peer");
-    w_.Int(e.peer);
-    w_.Key("addr");
-    w_.UInt(e.addr);
-    w_.Key("size");
-    w_.UInt(e.size);
+    w_.IntEntry("device", e.device);
+    w_.IntEntry("peer", e.peer);
+    w_.UIntEntry("addr", e.addr);
+    w_.UIntEntry("size", e.size);
     w_.EndDict();
   }
 

@@ -42,6 +42,23 @@ class PickleWriter {
 
   // A dict entry: the key, then the value written next.
   void Key(absl::string_view key) { String(key); }
+  // A dict entry with its value.
+  void IntEntry(absl::string_view key, int64_t value) {
+    Key(key);
+    Int(value);
+  }
+  void UIntEntry(absl::string_view key, uint64_t value) {
+    Key(key);
+    UInt(value);
+  }
+  void StringEntry(absl::string_view key, absl::string_view value) {
+    Key(key);
+    String(value);
+  }
+  void BoolEntry(absl::string_view key, bool value) {
+    Key(key);
+    Bool(value);
+  }
 
   // The pickle, with STOP; the writer must not be used afterwards.
   std::string Finish();
