@@ -71,6 +71,12 @@ double NsPerCall(int iterations, int rounds, F f) {
 
 int main(int argc, char** argv) {
   int iterations = 2000000, rounds = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("usage: attribution_bench [--iterations N] [--rounds R]\n");
+      return 0;
+    }
+  }
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iterations") == 0) iterations = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[++i]);

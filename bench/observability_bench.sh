@@ -22,6 +22,10 @@ while [[ ${1:-} == --* ]]; do
   esac
   shift
 done
+if [ $# -lt 3 ]; then
+  echo "usage: bench/observability_bench.sh [--rounds N] [--quick] LIBVMMSHIM OUTDIR BENCH..." >&2
+  exit 2
+fi
 shim=$1 out=$2
 shift 2
 mkdir -p "$out"

@@ -571,6 +571,14 @@ int main(int argc, char** argv) {
   if (policy == "rules" && config.empty() && !InEnvironment(OptionKey::kConfig)) {
     return CommandLineError(run, "--policy rules needs --config FILE (a TOML rules file)");
   }
+  // Relative to where `vmmshim run` was started, as the user meant, even if
+  // the program changes its directory.
+  for (std::string* path : {&stats, &snapshot, &log_file}) {
+    if (!path->empty() && (*path)[0] != '/') {
+      char cwd[4096];
+      if (getcwd(cwd, sizeof(cwd)) != nullptr) *path = std::string(cwd) + "/" + *path;
+    }
+  }
   // The shim would only warn (at the program's exit, or its start).
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--stats", stats},
                                    {"--snapshot", snapshot}}) {
@@ -590,8 +598,8 @@ int main(int argc, char** argv) {
   SetOption(OptionKey::kCacheLimit, cache_limit);
   SetOption(OptionKey::kLogLevel, log_level);
   SetOption(OptionKey::kLogFile, log_file);
-  if (!stats.empty()) {
-    // This process becomes the program (exec): it writes the file as named,
+  if (!stats.empty() || !snapshot.empty()) {
+    // This process becomes the program (exec): it writes the files as named,
     // its children FILE.PID (VMMSHIM_STATS_PID, config/config.h).
     setenv(vmmshim::Option(OptionKey::kStatsPid).name, std::to_string(getpid()).c_str(), 1);
   }

@@ -284,10 +284,11 @@ constexpr OptionInfo kOptions[] = {
      "\"unknown\".",
      &ApplyAttribution, false, OptionKey::kAttribution},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
-     "Set by `vmmshim run --stats FILE`: the process that writes VMMSHIM_STATS_FILE as named. "
-     "Any other process under the same setting (a child: torchrun's workers, multiprocessing, "
-     "a shell's commands) writes it with .PID before the extension (stats.json: "
-     "stats.1234.json), so that none overwrites another's. A path with %p is used as given.",
+     "Set by `vmmshim run --stats FILE` and `--snapshot FILE`: the process that writes "
+     "VMMSHIM_STATS_FILE and VMMSHIM_SNAPSHOT_FILE as named. Any other process under the same "
+     "setting (a child: torchrun's workers, multiprocessing, a shell's commands) writes them "
+     "with .PID before the extension (stats.json: stats.1234.json), so that none overwrites "
+     "another's. A path with %p is used as given.",
      &ApplyStatsPid, false, OptionKey::kStatsPid},
 };
 
@@ -356,11 +357,16 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
           .push_back(absl::StrCat(name, " is not a vmmshim option; options are:", names));
     }
   }
-  // A child of the process VMMSHIM_STATS_PID names writes its own file.
-  if (const char* stats = getenv(Option(OptionKey::kStatsFile).name);
-      stats != nullptr && !result.config.stats_file.empty() && result.config.stats_pid != 0 &&
-      result.config.stats_pid != pid && !absl::StrContains(stats, "%p")) {
-    result.config.stats_file = ChildStatsPath(result.config.stats_file, absl::StrCat(pid));
+  // A child of the process VMMSHIM_STATS_PID names writes its own files.
+  if (result.config.stats_pid != 0 && result.config.stats_pid != pid) {
+    for (const auto& [key, path] :
+         {std::pair<OptionKey, std::string*>{OptionKey::kStatsFile, &result.config.stats_file},
+          {OptionKey::kSnapshotFile, &result.config.snapshot_file}}) {
+      const char* given = getenv(Option(key).name);
+      if (given != nullptr && !path->empty() && !absl::StrContains(given, "%p")) {
+        *path = ChildStatsPath(*path, absl::StrCat(pid));
+      }
+    }
   }
   if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
   if (!result.config.enable) {

@@ -66,6 +66,20 @@ void AfterForkChild() {
   g_forked_child.store(true, std::memory_order_release);
 }
 
+// VMMSHIM_SNAPSHOT_FILE at exit, once: before the shim gives its cache back
+// (ReleaseCacheAtExit), so that the snapshot shows the process as it ran,
+// not the shim's teardown; from ExitReport when that never ran.
+void WriteExitSnapshot(const Runtime& rt) {
+  static std::atomic<bool> written{false};
+  if (rt.config.snapshot_file.empty() || written.exchange(true)) return;
+  absl::Status status = WriteSnapshot(rt, rt.config.snapshot_file);
+  if (status.ok()) {
+    Log().info("memory snapshot written to {}", rt.config.snapshot_file);
+  } else {
+    Log().warn("{}", std::string(status.message()));
+  }
+}
+
 void ExitReport() {
   const Runtime* rt = g_runtime_for_exit;
   // A forked child holds a copy of the parent's state: the parent reports.
@@ -80,14 +94,7 @@ void ExitReport() {
       Log().warn("{}", std::string(written.message()));
     }
   }
-  if (!rt->config.snapshot_file.empty()) {
-    absl::Status written = WriteSnapshot(*rt, rt->config.snapshot_file);
-    if (written.ok()) {
-      Log().info("memory snapshot written to {}", rt->config.snapshot_file);
-    } else {
-      Log().warn("{}", std::string(written.message()));
-    }
-  }
+  WriteExitSnapshot(*rt);
 }
 
 // Whether a snapshot can be written at `path`: a file beside it is created
@@ -116,6 +123,7 @@ absl::Status CheckWritable(const std::string& path) {
 void ReleaseCacheAtExit() {
   const Runtime* rt = g_runtime_for_exit;
   if (rt == nullptr || rt->allocator == nullptr || InForkedChild()) return;
+  WriteExitSnapshot(*rt);
   const size_t released = rt->allocator->Trim(-1);
   if (released > 0) Log().debug("released {} cached bytes at exit", released);
 }

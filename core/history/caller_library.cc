@@ -68,14 +68,18 @@ std::string CallerLibraries::NameOfPath(absl::string_view path) {
   // A Python extension module: its package path after site-/dist-packages.
   if (size_t cpython = base.find(".cpython-"); cpython != absl::string_view::npos) {
     absl::string_view rest = path.substr(0, path.size() - base.size());
+    bool in_package = false;
     for (absl::string_view root : {"site-packages/", "dist-packages/"}) {
       if (size_t at = rest.rfind(root); at != absl::string_view::npos) {
         rest = rest.substr(at + root.size());
+        in_package = true;
         break;
       }
     }
+    // Python's own modules (lib-dynload): the module alone.
+    if (!in_package) rest = "";
     std::vector<absl::string_view> parts = absl::StrSplit(rest, '/', absl::SkipEmpty());
-    if (parts.size() > 4) parts.erase(parts.begin(), parts.end() - 4);
+    if (parts.size() > 4) parts.erase(parts.begin(), parts.end() - 4);  // a long package path
     parts.push_back(base.substr(0, cpython));
     return absl::StrJoin(parts, ".");
   }

@@ -28,7 +28,9 @@
 // -> "libcublas", "/usr/bin/alloc_bench" -> "alloc_bench"); a Python
 // extension module is named by its package path
 // (".../site-packages/cupy_backends/cuda/api/runtime.cpython-312-x86_64-
-// linux-gnu.so" -> "cupy_backends.cuda.api.runtime"). Id 0 is "unknown"
+// linux-gnu.so" -> "cupy_backends.cuda.api.runtime"; Python's own
+// ".../lib-dynload/_ctypes.cpython-312-x86_64-linux-gnu.so" -> "_ctypes").
+// Id 0 is "unknown"
 // (attribution off, or no object found).
 //
 // Thread safety: every method may be called from any thread at any time.

@@ -13,15 +13,18 @@
 //   segment taken), requested_size, state ("active_allocated" or
 //   "inactive") and frames. Paused blocks hold no memory: they are listed
 //   under vmmshim.paused_segments instead.
-// device_traces: per device, the history's memory_viz events
+// device_traces: per device, the history's memory_viz events (segment
+//   events carry no caller library: a block serves many)
 //   (core/history/memory_history.h) oldest first: action, addr, size,
 //   stream, time_us (microseconds since 1970), frames, category (the tag;
 //   "unknown" when untagged), tag, library, thread; oom events also have
 //   device_free. Each device's list ends with a "snapshot" event (category
 //   "unknown", which memory_viz's viewer needs among the categories once
-//   any event has one). Empty when the history was never enabled.
+//   any event has one), which has only action, time_us, addr, size, stream,
+//   category and frames. Only that event when the history was never enabled.
 // frames: the recorded call stack (filename = the object's path, name =
-//   the symbol, demangled, or the address; line = the offset from it), or
+//   the dynamic symbol, demangled, or else the offset in the object as
+//   "0x..."; line = the offset from the symbol), or
 //   without one a single frame naming the caller library
 //   (core/history/caller_library.h): filename = the library, line 0,
 //   name "(caller library)"; memory_viz shows "libcublas:0:(caller library)".

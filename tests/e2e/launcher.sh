@@ -56,6 +56,17 @@ grep -q "skipped .*other.json is not a vmmshim statistics file" "$dir/job.err" |
 "$cli" report --json "$dir"/job/run.*.json | python3 -c \
   'import json, sys; d = json.load(sys.stdin); assert len(d["processes"]) == 2 and d["totals"]["served_allocations"] > 0, d' ||
   fail "report --json"
+# run --snapshot: a relative FILE is taken from where run started (the program changes its
+# directory), each child writes FILE.PID, and the exit snapshot shows the cached blocks.
+mkdir -p "$dir/snaps"
+(cd "$dir/snaps" && SIMCUDA_DEVICES=4 "$cli" run --snapshot s.pickle -- \
+   /bin/sh -c "cd / && $app >/dev/null; $app >/dev/null") || fail "two children under run --snapshot"
+n=$(ls "$dir"/snaps/s.*.pickle | wc -l)
+[ "$n" = 2 ] || fail "run --snapshot: $n child snapshots: $(ls "$dir/snaps")"
+python3 -c 'import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+assert d["segments"] and d["vmmshim"]["format"] == 1, d["segments"]' "$(ls "$dir"/snaps/s.*.pickle | head -1)" ||
+  fail "run --snapshot: the exit snapshot holds no segments"
 # run --torch-memory-saver: torch_memory_saver resolves to the drop-in (the
 # source tree's python/vmmshim/_tms from a build tree), the shim preloaded.
 out=$(PYTHONPATH=/x "$cli" run --torch-memory-saver -- python3 -c \

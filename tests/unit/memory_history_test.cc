@@ -168,6 +168,10 @@ TEST(CallerLibraries, NamesObjectsByFileAndPackage) {
                 "/venv/lib/python3.12/site-packages/cupy_backends/cuda/api/"
                 "runtime.cpython-312-x86_64-linux-gnu.so"),
             "cupy_backends.cuda.api.runtime");
+  EXPECT_EQ(CallerLibraries::NameOfPath(
+                "/root/.pyenv/versions/3.11.7/lib/python3.11/lib-dynload/"
+                "zlib.cpython-311-x86_64-linux-gnu.so"),
+            "zlib");
   EXPECT_EQ(CallerLibraries::NameOfPath(""), "unknown");
   EXPECT_TRUE(CallerLibraries::IsRuntimeLibrary("libcudart"));
   EXPECT_TRUE(CallerLibraries::IsRuntimeLibrary("libvmmshim"));
