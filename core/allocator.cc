@@ -359,9 +359,10 @@ absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
   if (!DeviceSet::IsOrdinal(peer_device) || !DeviceSet::IsOrdinal(owner_device)) {
     return DriverError(CUDA_ERROR_INVALID_DEVICE, "EnablePeer");
   }
-  RecordPeer(HistoryAction::kPeerEnable, peer_device, owner_device);
   MutexLock lock(&heaps_.peer_mu());
   if (!heaps_.peers().Enable(peer_device, owner_device)) return absl::OkStatus();  // nested
+  // Before the grants ApplyPeerChange records.
+  RecordPeer(HistoryAction::kPeerEnable, peer_device, owner_device);
   DeviceHeap* heap = heaps_.heap(owner_device);
   if (heap == nullptr) return absl::OkStatus();  // future allocations see the bit
   absl::Status applied = heap->ApplyPeerChange(peer_device);
@@ -369,6 +370,7 @@ absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
     // Undo: the peer is not enabled, and no run keeps a partial grant.
     heaps_.peers().Reset(peer_device, owner_device);
     heap->ApplyPeerChange(-1).IgnoreError();
+    RecordPeer(HistoryAction::kPeerDisable, peer_device, owner_device);
   }
   return applied;
 }
@@ -380,7 +382,7 @@ absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
   MutexLock lock(&heaps_.peer_mu());
   absl::StatusOr<bool> last = heaps_.peers().Disable(peer_device, owner_device);
   if (!last.ok()) return last.status();
-  RecordPeer(HistoryAction::kPeerDisable, peer_device, owner_device);
+  if (*last) RecordPeer(HistoryAction::kPeerDisable, peer_device, owner_device);
   DeviceHeap* heap = heaps_.heap(owner_device);
   if (!*last || heap == nullptr) return absl::OkStatus();
   return heap->ApplyPeerChange(-1);

@@ -86,8 +86,6 @@ VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
 
 namespace {
 
-// The pause behind vmmshim_pause_memory and vmmshim_pause_memory_except,
-// after their own argument checks.
 // A pause or resume of `selection` into the history, when it records.
 void RecordPause(const Runtime& rt, vmmshim::HistoryAction action,
                  const vmmshim::TagSelection& selection, size_t bytes) {
@@ -100,6 +98,8 @@ void RecordPause(const Runtime& rt, vmmshim::HistoryAction action,
   rt.history->Record(r);
 }
 
+// The pause behind vmmshim_pause_memory and vmmshim_pause_memory_except,
+// after their own argument checks.
 int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* released_bytes) {
   if ((flags & ~VMMSHIM_PAUSE_KEEP_CONTENTS) != 0) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();

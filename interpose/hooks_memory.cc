@@ -80,6 +80,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
       rt->allocator->AllocatePitch(width, height, pitch, vmmshim::AllocationTag(), library);
   if (!a.ok()) {
     *dptr = 0;
+    // width x height: *pitch is not set when the request overflows.
     vmmshim::NoteAllocationFailed(*rt, a.status(), "cuMemAllocPitch", width * height, library);
     return ToCuResult(a.status());
   }

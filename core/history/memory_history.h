@@ -19,7 +19,8 @@
 //   kSnapshot       "snapshot": a snapshot was taken
 // and vmmshim's own, which memory_viz does not know (kept in the snapshot's
 // "vmmshim_events", read by `vmmshim trace`): kPeerEnable/kPeerDisable
-// (device = owner, peer), kPeerGrant/kPeerDeny (a block's access decided
+// (device = owner, peer; the first enable and the last disable of a pair,
+// as nested calls count once), kPeerGrant/kPeerDeny (a block's access decided
 // for a peer: addr, size, tag), kPauseBegin/End, kResumeBegin/End (tag;
 // size = bytes released or mapped at the end).
 //
