@@ -39,6 +39,18 @@ const char* KnownCuResultName(CUresult result);
 // KnownCuResultName, or "CUresult <number>".
 std::string CuResultName(CUresult result);
 
+// Whether `result` is a sticky error: after it, every call in the context
+// fails the same way and the context cannot be used again; the process must
+// end to recover (CUDA Programming Guide, "Error Checking"; the driver API's
+// CUresult list: ILLEGAL_ADDRESS, LAUNCH_TIMEOUT, ASSERT, HARDWARE_STACK_ERROR,
+// ILLEGAL_INSTRUCTION, MISALIGNED_ADDRESS, INVALID_ADDRESS_SPACE, INVALID_PC,
+// LAUNCH_FAILED).
+bool IsContextLost(CUresult result);
+
+// `status` with `message` in place of its message; the code and the CUresult
+// it carries stay.
+absl::Status Reworded(const absl::Status& status, absl::string_view message);
+
 }  // namespace vmmshim
 
 #endif  // VMMSHIM_CORE_DRIVER_CU_STATUS_H_

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/base/log.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
@@ -43,6 +44,25 @@ void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const Pau
              t.release * 1e3, t.create * 1e3, t.map * 1e3, t.trim * 1e3);
 }
 
+// A pause or resume that failed because the context is lost (a sticky error
+// from an earlier kernel or copy) says so in words, once, instead of through
+// whichever driver call met the error first (the staging ring's
+// registration, a cuMemCreate): nothing the shim does can bring the memory
+// back, and the program should know to restart rather than retry.
+absl::Status ExplainLostContext(absl::Status status, const char* call, const TagSelection& tag,
+                                bool resume) {
+  const CUresult r = ToCuResult(status);
+  if (status.ok() || !IsContextLost(r)) return status;
+  const std::string what = absl::StrCat(
+      call, "(", tag.Describe(), "): the CUDA context is lost (", CuResultName(r),
+      " from an earlier kernel or copy; the error is sticky): ",
+      resume ? "the kept contents cannot be mapped back; everything stays paused and is lost "
+               "with the process"
+             : "nothing was paused; the process must restart to use the GPU again");
+  Log().error("{}", what);
+  return Reworded(status, what);
+}
+
 // Holds the other pausable memory's lock for a pause or resume.
 class OtherLock {
  public:
@@ -80,6 +100,19 @@ std::vector<HeapArena*> PauseCoordinator::Arenas() const {
 
 absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
                                                bool keep_contents) {
+  absl::StatusOr<size_t> r = PauseSteps(tag, keep_contents);
+  if (!r.ok()) return ExplainLostContext(r.status(), "vmmshim_pause_memory", tag, false);
+  return r;
+}
+
+absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
+  absl::StatusOr<size_t> r = ResumeSteps(tag);
+  if (!r.ok()) return ExplainLostContext(r.status(), "vmmshim_resume_memory", tag, true);
+  return r;
+}
+
+absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
+                                                     bool keep_contents) {
   // No capture begins meanwhile; during one, the synchronize and the copies
   // would invalidate it (core/sync/capture.h): refused, the capture untouched.
   GateReaderLock gate(&captures_.gate());
@@ -158,7 +191,7 @@ absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
   return released;
 }
 
-absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
+absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag) {
   GateReaderLock gate(&captures_.gate());
   if (captures_.any()) {
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_resume_memory");

@@ -34,6 +34,11 @@
 // after every cache the shim holds was released: everything stays paused,
 // nothing leaks, a later resume can succeed.
 //
+// When the context is lost (a sticky error such as CUDA_ERROR_ILLEGAL_ADDRESS
+// from an earlier kernel: core/driver/cu_status.h IsContextLost), the error
+// is that code and the log says so in words ("the CUDA context is lost: the
+// kept contents cannot be mapped back"), whichever driver call met it first.
+//
 // Each pause and resume logs, at info, the bytes, blocks and where the time
 // went (synchronize, copies, driver calls, caches released), so that a slow
 // one can be explained without a profiler.
@@ -128,6 +133,10 @@ class PauseCoordinator {
   }
 
  private:
+  // The steps of Pause and Resume; a lost context is explained after them.
+  absl::StatusOr<size_t> PauseSteps(const TagSelection& tag, bool keep_contents)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> ResumeSteps(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
   // Every arena of every device, in device and arena order.
   std::vector<HeapArena*> Arenas() const;
 

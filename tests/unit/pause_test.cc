@@ -286,6 +286,39 @@ TEST_F(PauseTest, ResumeWithoutRoomLeavesEverythingPausedUntilThereIsRoom) {
   for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
 }
 
+// A lost context (a sticky error from an earlier kernel) is named as such by
+// the resume and by a pause, whichever driver call meets it first; nothing
+// changes state, and once the driver answers again the memory comes back.
+TEST_F(PauseTest, LostContextIsNamedByResumeAndPause) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr other = Alloc(a, 8 * kMiB, "other");
+  Fill(kv, 8 * kMiB, 4);
+  Fill(other, 8 * kMiB, 5);
+  const size_t released = *a.pause().Pause(TagSelection::Only("kv"), true);
+  sim::FailCall("cuMemCreate", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+  absl::Status resumed = a.pause().Resume(TagSelection::Only("kv")).status();
+  EXPECT_EQ(ToCuResult(resumed), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_NE(resumed.message().find("vmmshim_resume_memory(tag 'kv'): the CUDA context is lost "
+                                   "(CUDA_ERROR_ILLEGAL_ADDRESS"),
+            absl::string_view::npos)
+      << resumed;
+  EXPECT_NE(resumed.message().find("the kept contents cannot be mapped back"),
+            absl::string_view::npos);
+  EXPECT_EQ(a.GetStats().paused_bytes, released);
+  // A pause meets it at the synchronize: nothing is paused.
+  sim::FailCall("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+  sim::FailCall("cuCtxSynchronize_v2", 1, CUDA_ERROR_LAUNCH_FAILED);
+  absl::Status paused = a.pause().Pause(TagSelection::Only("other"), true).status();
+  EXPECT_EQ(ToCuResult(paused), CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_NE(paused.message().find("the CUDA context is lost"), absl::string_view::npos) << paused;
+  EXPECT_TRUE(Holds(other, 8 * kMiB, 5));
+  sim::ClearFailures();
+  ASSERT_EQ(*a.pause().Resume(TagSelection::Only("kv")), released);
+  EXPECT_TRUE(Holds(kv, 8 * kMiB, 4));
+  for (CUdeviceptr p : {kv, other}) ASSERT_TRUE(a.Free(p).ok());
+}
+
 // Resume gives exactly the access the allocation would have had: a peer
 // that enabled access while it was paused can read it after.
 TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
