@@ -28,6 +28,8 @@ import sys
 import threading
 import warnings
 
+from vmmshim import _pools
+
 __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
            "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
            "paused_contents", "library_path", "environment", "configure_subprocess",
@@ -114,16 +116,29 @@ class VmmshimError(RuntimeError):
     """A vmmshim C API call failed; `code` is its CUresult."""
 
     def __init__(self, call, code):
-        super().__init__(f"{call} returned CUresult {code}")
+        message = f"{call} returned CUresult {code}"
+        if code in _CONTEXT_LOST:
+            message += (f" ({_CONTEXT_LOST[code]}): the CUDA context is lost (an earlier kernel "
+                        "or copy failed, and the error is sticky); paused memory cannot be "
+                        "mapped back and its kept contents are lost with the process")
+        super().__init__(message)
         self.call = call
         self.code = code
+
+
+# Sticky errors: after one, every call of the context fails (CUDA Programming
+# Guide, "Error Checking"; the driver API's CUresult list).
+_CONTEXT_LOST = {700: "CUDA_ERROR_ILLEGAL_ADDRESS", 702: "CUDA_ERROR_LAUNCH_TIMEOUT",
+                 710: "CUDA_ERROR_ASSERT", 714: "CUDA_ERROR_HARDWARE_STACK_ERROR",
+                 715: "CUDA_ERROR_ILLEGAL_INSTRUCTION", 716: "CUDA_ERROR_MISALIGNED_ADDRESS",
+                 717: "CUDA_ERROR_INVALID_ADDRESS_SPACE", 718: "CUDA_ERROR_INVALID_PC",
+                 719: "CUDA_ERROR_LAUNCH_FAILED"}
 
 
 _lock = threading.Lock()
 _lib = None
 _absent = None  # why the API is not usable, once known
 _warned = False
-_tags = threading.local()
 
 
 def _api():
@@ -227,17 +242,21 @@ def _ptr(obj):
 def tag(name):
     """Allocations this thread makes inside carry allocation tag `name` (at most
     255 bytes; None: no tag); the tag that was set before is restored at the
-    end."""
+    end. With PyTorch's caching allocator or CuPy's default pool, they also
+    come from a pool of the tag's own, so that pausing the tag never pauses
+    free space another allocation could be given (vmmshim/_pools.py)."""
     if name is not None and not isinstance(name, str):
         raise TypeError("vmmshim.tag: the tag must be a str or None")
-    stack = getattr(_tags, "stack", None)
+    stack = getattr(_pools._thread, "stack", None)
     if stack is None:
-        stack = _tags.stack = []
+        stack = _pools._thread.stack = []
     _call("vmmshim_set_allocation_tag", name.encode() if name is not None else None)
     stack.append(name)
+    routes = _pools.enter_tag(name) if _lib is not None else []
     try:
         yield
     finally:
+        _pools.leave_tag(routes)
         stack.pop()
         previous = stack[-1] if stack else None
         _call("vmmshim_set_allocation_tag", previous.encode() if previous is not None else None)
@@ -248,7 +267,10 @@ def pause(tag=None, keep_contents=True, except_tags=None):
     all; stream-ordered ones too), keeping their addresses and, with
     keep_contents, their contents in host memory. `except_tags` (a list; not
     with `tag`): every allocation but those of these tags ("" the untagged).
-    Returns the bytes released (0: nothing to pause, or paused already)."""
+    Returns the bytes released (0: nothing to pause, or paused already).
+    Allocations made while paused, from any thread, get memory that is not
+    paused: PyTorch's and CuPy's free blocks inside paused memory are not
+    handed out before the resume (vmmshim/_pools.py)."""
     n = ctypes.c_size_t(0)
     flags = KEEP_CONTENTS if keep_contents else 0
     if except_tags is not None:
@@ -256,12 +278,26 @@ def pause(tag=None, keep_contents=True, except_tags=None):
             raise ValueError("vmmshim.pause: give tag or except_tags, not both")
         if isinstance(except_tags, str):
             except_tags = [except_tags]
-        keep = (ctypes.c_char_p * max(1, len(except_tags)))(*[t.encode() for t in except_tags])
-        rc = _call("vmmshim_pause_memory_except", keep, len(except_tags), flags,
-                   ctypes.byref(n))
+        except_tags = list(except_tags)
+        selected = _pools.Selection(keep=except_tags)
     else:
-        rc = _call("vmmshim_pause_memory", tag.encode() if tag is not None else None, flags,
-                   ctypes.byref(n))
+        selected = _pools.Selection(only=tag)
+    if _api() is None:
+        return 0
+    undo = _pools.before_pause(selected)
+    try:
+        if except_tags is not None:
+            keep = (ctypes.c_char_p * max(1, len(except_tags)))(*[t.encode() for t in except_tags])
+            rc = _call("vmmshim_pause_memory_except", keep, len(except_tags), flags,
+                       ctypes.byref(n))
+        else:
+            rc = _call("vmmshim_pause_memory", tag.encode() if tag is not None else None, flags,
+                       ctypes.byref(n))
+    except BaseException:
+        _pools.pause_failed(undo)
+        raise
+    if rc is None:
+        _pools.pause_failed(undo)
     return 0 if rc is None else n.value
 
 
@@ -269,8 +305,17 @@ def resume(tag=None):
     """Maps the paused memory of `tag` (None: all) again with its contents and
     peer access. Returns the bytes restored."""
     n = ctypes.c_size_t(0)
-    rc = _call("vmmshim_resume_memory", tag.encode() if tag is not None else None,
-               ctypes.byref(n))
+    if _api() is None:
+        return 0
+    selected = _pools.Selection(only=tag)
+    frameworks = _pools.before_resume(selected)
+    ok = False
+    try:
+        rc = _call("vmmshim_resume_memory", tag.encode() if tag is not None else None,
+                   ctypes.byref(n))
+        ok = rc is not None
+    finally:
+        _pools.after_resume(frameworks, selected, ok)
     return 0 if rc is None else n.value
 
 

@@ -8,10 +8,10 @@ torch_memory_saver` resolves here, which one line arranges:
 package re-exports this module, first on PYTHONPATH).
 
 What maps to what (docs/torch-memory-saver.md):
-- region(tag, enable_cpu_backup): allocations inside go to a PyTorch MemPool
-  of their own per (tag, backup, device), as torch_memory_saver does, and
-  carry the vmmshim tag "tms:TAG" ("tms:TAG:cpu-backup" with the backup), so
-  that a pause reaches exactly them.
+- region(tag, enable_cpu_backup): allocations inside carry the vmmshim tag
+  "tms:TAG" ("tms:TAG:cpu-backup" with the backup), so that a pause reaches
+  exactly them; vmmshim.tag gives each tag a PyTorch MemPool of its own per
+  device, as torch_memory_saver does (vmmshim/_pools.py).
 - pause(tag) / resume(tag): vmmshim_pause_memory of those tags, contents kept
   for the regions with enable_cpu_backup and dropped for the others; None:
   every region's tags (memory made outside regions is never paused, as in
@@ -62,7 +62,6 @@ class TorchMemorySaver:
     """The torch_memory_saver singleton's class (one per process is meant)."""
 
     def __init__(self):
-        self._pools = {}        # (tag, backup, device) -> torch.cuda.MemPool
         self._regions = set()   # (tag, backup) entered so far
         self._checked = False
 
@@ -74,14 +73,11 @@ class TorchMemorySaver:
         enable_cpu_backup their contents come back at resume."""
         self._check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         self._ensure_shim()
-        torch = _torch()
-        device = torch.cuda.current_device()
-        key = (tag, bool(enable_cpu_backup), device)
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = torch.cuda.MemPool()
+        _torch()
         self._regions.add((tag, bool(enable_cpu_backup)))
-        with torch.cuda.use_mem_pool(pool), vmmshim.tag(shim_tag(tag, enable_cpu_backup)):
+        # vmmshim.tag gives the region a PyTorch MemPool of its own per device
+        # (vmmshim/_pools.py), as torch_memory_saver does.
+        with vmmshim.tag(shim_tag(tag, enable_cpu_backup)):
             yield
 
     @contextlib.contextmanager

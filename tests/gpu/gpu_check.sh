@@ -323,6 +323,32 @@ print(" ".join(sorted({e["library"] for t in d["device_traces"] for e in t if e[
     grep -qw libc10_cuda <<<"$torch_libs" || fail "libc10_cuda not named"
     [ "$static_libs" = alloc_mix ] || fail "the static-cudart program's allocations: $static_libs"
     ;;
+  safe_pause)
+    # Ordinary work while paused (examples/safe_pause.py): one tag,
+    # everything, everything but one tag, with and without contents, under
+    # PyTorch's three allocator modes and CuPy's default pool; allocations,
+    # cuBLAS, a CUDA graph, a one-rank NCCL all-reduce and a phase larger than
+    # the memory free before the pause, with results equal to a run that never
+    # paused.
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    args=(--kv-gib 2 --untagged-gib 1)
+    for mode in default expandable_segments:True backend:cudaMallocAsync cupy; do
+      fw=torch conf=$mode
+      [ "$mode" = default ] && conf=""
+      if [ "$mode" = cupy ]; then
+        python3 -c "import cupy" 2>/dev/null || { echo "cupy: CuPy is not installed"; continue; }
+        fw=cupy conf=""
+      fi
+      ref=$(PYTORCH_CUDA_ALLOC_CONF=$conf python3 "$src/examples/safe_pause.py" --framework $fw \
+            --no-pause "${args[@]}" 2>&1) || fail "$mode reference: $ref"
+      got=$(PYTORCH_CUDA_ALLOC_CONF=$conf under_shim python3 "$src/examples/safe_pause.py" \
+            --framework $fw "${args[@]}" 2>&1) || fail "$mode under the shim: $(tail -30 <<<"$got")"
+      grep -E '^(result|measure)' <<<"$got" | sed "s/^/$mode: /"
+      [ "$(grep ^result <<<"$ref")" = "$(grep ^result <<<"$got")" ] ||
+        fail "$mode: results differ from the never-paused run: $(diff <(grep ^result <<<"$ref") <(grep ^result <<<"$got"))"
+    done
+    ;;
   tms_drop_in)
     # A program written for torch_memory_saver (examples/tms_sleep_wake.py:
     # regions with and without a CPU backup, a CUDA graph, get_cpu_backup)

@@ -1,0 +1,464 @@
+"""Framework pools: PyTorch's and CuPy's own allocators never hand out paused
+memory (docs/pause-resume.md, "The framework's own free space").
+
+Why: a framework allocator keeps the blocks a program frees inside the
+memory it got from cudaMalloc and gives them out again. When the shim pauses
+that memory, a later allocation can be handed a block of it and fault
+(`CUDA error: an illegal memory access`). Two rules keep that from happening:
+
+1. A tag is a pool of the framework's. Inside `vmmshim.tag(X)` a thread's
+   allocations go to X's own pool (PyTorch: a `torch.cuda.MemPool` per tag
+   and device, routed as `torch.cuda.use_mem_pool` does; CuPy: a
+   `cupy.cuda.MemoryPool` per tag, chosen by an allocator installed in place
+   of CuPy's default pool), so one pool's memory carries one tag and a pause
+   by tag takes whole pools, never free space another allocation can get.
+2. A paused pool is never allocated from until its resume. A pause that
+   reaches free space other allocations could be given (untagged memory: the
+   framework's default pool; or a tag pool some thread is allocating into
+   right now) opens a fresh pause pool and routes every allocation there
+   (PyTorch: `_cuda_beginAllocateToPool`, every thread and stream; routes
+   opened later, such as a CUDA graph capture's or a tag's, still come first,
+   as PyTorch searches its routes newest first). A tag entered while its pool
+   is paused gets a pool of its own for that block. At resume the pause
+   pool's free segments go back to the driver before the shim maps the paused
+   memory again (that memory is what the work done while paused used), and
+   blocks still live in it stay valid.
+
+Which allocators: PyTorch's native caching allocator (default and
+`expandable_segments:True`); under `backend:cudaMallocAsync` the shim is the
+allocator and never hands out paused memory, so nothing is routed. CuPy's
+default `MemoryPool` (while it is the current allocator); a `MemoryAsyncPool`
+or `set_allocator(None)` needs nothing. Sub-allocators the shim cannot see
+into (JAX's BFC arena, RMM's pool and arena resources, a CuPy allocator of
+the program's own) are named by a warning, once, at the first pause
+(`warn_unsafe_allocators`).
+
+Thread safety: one lock; PyTorch's and CuPy's calls made under it take their
+own locks only. Exactness: a pause is exact for allocations made before the
+call and after it returns; an allocation another thread makes during the
+pause call itself may land in memory being paused, as with any allocator.
+"""
+import sys
+import threading
+import warnings
+
+_lock = threading.RLock()
+_thread = threading.local()
+
+
+def current_tag():
+    """The innermost vmmshim.tag of this thread ("" untagged)."""
+    stack = getattr(_thread, "stack", None)
+    return (stack[-1] or "") if stack else ""
+
+
+class Selection:
+    """Which tags a pause or resume takes, as the C API's selection does:
+    every tag (including untagged ""), one tag, or every tag but some."""
+
+    def __init__(self, only=None, keep=None):
+        self.only = only
+        self.keep = frozenset(keep) if keep is not None else None
+
+    def __call__(self, tag):
+        if self.only is not None:
+            return tag == self.only
+        if self.keep is not None:
+            return tag not in self.keep
+        return True
+
+
+class _TorchPools:
+    """PyTorch's native caching allocator: a MemPool per (tag, device), a
+    pause pool per device while untagged or routed memory is paused."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        c = torch._C
+        self.begin_all = getattr(c, "_cuda_beginAllocateToPool", None)
+        self.end = (getattr(c, "_cuda_endAllocateToPool", None)
+                    or getattr(c, "_cuda_endAllocateCurrentStreamToPool", None))
+        self.release = getattr(c, "_cuda_releasePool", None)
+        self.begin_thread = getattr(c, "_cuda_beginAllocateCurrentThreadToPool", None)
+        self.primary = {}       # (tag, device) -> MemPool
+        self.routed = {}        # (tag, device) -> thread ident routing the primary pool
+        self.paused = set()     # tags whose primary pools are paused ("" the default pool)
+        self.pause_pools = {}   # device -> pool handle of the open pause pool
+        self.resuming = {}      # device -> pause pool handle opened for a resume
+
+    def usable(self):
+        torch = self.torch
+        if None in (self.begin_all, self.end, self.release, self.begin_thread):
+            return False
+        if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "graph_pool_handle"):
+            return False
+        try:
+            if not torch.cuda.is_available():
+                return False
+            return torch.cuda.memory.get_allocator_backend() == "native"
+        except Exception:  # noqa: BLE001: a CPU-only build, a broken CUDA
+            return False
+
+    def devices(self):
+        """Devices whose context PyTorch has made (never makes one)."""
+        torch = self.torch
+        if not torch.cuda.is_initialized():
+            return []
+        has = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        count = torch.cuda.device_count()
+        if has is None:
+            return [torch.cuda.current_device()]
+        return [d for d in range(count) if has(d)]
+
+    # ---- tags ----
+    def enter(self, tag):
+        """Routes this thread's allocations on the current device to `tag`'s
+        pool; returns what exit() undoes, or None (nothing routed)."""
+        torch = self.torch
+        if torch.cuda.is_current_stream_capturing():
+            return None  # the capture's private pool must get them
+        device = torch.cuda.current_device()
+        key = (tag, device)
+        me = threading.get_ident()
+        if self.routed.get(key) == me:
+            return None  # nested inside the same tag: already routed
+        if tag not in self.paused and key not in self.routed:
+            pool = self.primary.get(key)
+            if pool is None:
+                pool = self.primary[key] = torch.cuda.MemPool()
+            self.begin_thread(device, pool.id)
+            self.routed[key] = me
+            return ("primary", key, pool.id)
+        # Paused, or another thread routes the primary pool (PyTorch allows
+        # one route per pool): a pool of this block's own, whose free space is
+        # given back at the next empty_cache once the block ends.
+        handle = torch.cuda.graph_pool_handle()
+        self.begin_thread(device, handle)
+        return ("own", key, handle)
+
+    def exit(self, token):
+        kind, key, pool_id = token
+        self.end(key[1], pool_id)
+        if kind == "primary":
+            self.routed.pop(key, None)
+        else:
+            self.release(key[1], pool_id)
+
+    # ---- pause and resume ----
+    def before_pause(self, selected):
+        """Marks the selected pools paused and opens a pause pool where
+        allocations could otherwise be given paused free space. Returns the
+        undo for a pause that fails."""
+        torch = self.torch
+        devices = self.devices()
+        if not devices:
+            return None
+        untagged = selected("")
+        routed = any(selected(tag) for (tag, _d) in self.routed)
+        if untagged and not self.pause_pools and not self.routed:
+            # Wholly free cached segments go back first: neither copied nor
+            # paused (only possible while no route is open).
+            torch.cuda.empty_cache()
+        opened, retired = {}, {}
+        if untagged or routed:
+            for d in devices:
+                handle = torch.cuda.graph_pool_handle()
+                self.begin_all(d, handle)
+                opened[d] = handle
+                old = self.pause_pools.get(d)
+                if old is not None:
+                    # Its memory may be paused now: never routed to again.
+                    self.end(d, old)
+                    retired[d] = old
+                self.pause_pools[d] = handle
+        newly = {tag for (tag, _d) in self.primary if selected(tag)} - self.paused
+        if untagged:
+            newly.add("")
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:
+                # cuBLAS keeps a workspace block for good; given back, the next
+                # matmul takes a new one from the pause pool.
+                clear()
+        self.paused |= newly
+        return (opened, retired, newly)
+
+    def pause_failed(self, undo):
+        if undo is None:
+            return
+        opened, retired, newly = undo
+        self.paused -= newly
+        for d, handle in opened.items():
+            self.end(d, handle)
+            self.release(d, handle)
+            if d in retired:
+                self.begin_all(d, retired[d])
+                self.pause_pools[d] = retired[d]
+            else:
+                self.pause_pools.pop(d, None)
+        for d, handle in retired.items():
+            if d not in opened:
+                self.begin_all(d, handle)
+
+    def before_resume(self, selected):
+        """When this resume ends the need for the pause pools: a fresh one
+        takes allocations during the resume, the old ones' free segments go
+        back to the driver first (the resume needs that memory)."""
+        if not self.pause_pools:
+            return
+        still = {tag for tag in self.paused if not selected(tag)}
+        if "" in still or any(tag in still for (tag, _d) in self.routed):
+            return
+        torch = self.torch
+        for d, old in list(self.pause_pools.items()):
+            handle = torch.cuda.graph_pool_handle()
+            self.begin_all(d, handle)
+            self.resuming[d] = handle
+            self.end(d, old)
+            self.release(d, old)
+        self.pause_pools = {}
+        torch.cuda.empty_cache()  # freeable pools' free segments, under any route
+
+    def after_resume(self, selected, ok):
+        if not ok:
+            # Still paused: the resume's pool stays the pause pool.
+            self.pause_pools.update(self.resuming)
+            self.resuming = {}
+            return
+        self.paused = {tag for tag in self.paused if not selected(tag)}
+        for d, handle in self.resuming.items():
+            self.end(d, handle)
+            self.release(d, handle)
+        if self.resuming:
+            self.resuming = {}
+            self.torch.cuda.empty_cache()
+
+
+class _CupyPools:
+    """CuPy's default MemoryPool: an allocator in its place that picks a pool
+    by the thread's tag and what is paused."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.default = None
+        self.installed = False
+        self.tagged = {}          # tag -> [MemoryPool, ...]: [0] the tag's own
+        self.paused = set()       # tags whose pools are paused ("" the default pool)
+        self.paused_pools = []    # the pools holding paused memory
+        self.pause_pool = None    # untagged allocations while "" is paused
+        self.while_paused = []    # pools opened during a pause, drained at resume
+
+    def install(self):
+        """Takes the place of CuPy's default pool if that is the current
+        allocator; False when another allocator is (the program's own)."""
+        cupy = self.cupy
+        try:
+            current = cupy.cuda.get_allocator()
+            if self.installed:
+                return current == self.malloc
+            default = cupy.get_default_memory_pool()
+            if current != default.malloc:
+                return False
+            cupy.cuda.set_allocator(self.malloc)
+        except Exception:  # noqa: BLE001: inside using_allocator, or no CUDA
+            return False
+        self.default = default
+        self.installed = True
+        return True
+
+    def _is_paused(self, pool):
+        return any(p is pool for p in self.paused_pools)
+
+    def _pool(self, tag):
+        with _lock:
+            if not tag:
+                if "" not in self.paused:
+                    return self.default
+                if self.pause_pool is None:
+                    self.pause_pool = self.cupy.cuda.MemoryPool()
+                    self.while_paused.append(self.pause_pool)
+                return self.pause_pool
+            pools = self.tagged.setdefault(tag, [])
+            for pool in pools:
+                if not self._is_paused(pool):
+                    return pool
+            pool = self.cupy.cuda.MemoryPool()
+            pools.append(pool)
+            self.while_paused.append(pool)
+            return pool
+
+    def malloc(self, size):
+        return self._pool(current_tag()).malloc(size)
+
+    def before_pause(self, selected):
+        if not self.installed:
+            return None
+        newly = set()
+        before = list(self.paused_pools)
+        if selected("") and "" not in self.paused:
+            newly.add("")
+            self.default.free_all_blocks()  # wholly free chunks: not paused
+            if self.pause_pool is not None:
+                # Its memory is paused now too: a fresh one takes its place.
+                self.paused_pools.append(self.pause_pool)
+                self.pause_pool = None
+        for tag, pools in self.tagged.items():
+            if selected(tag):
+                newly.add(tag)
+                self.paused_pools += [p for p in pools if not self._is_paused(p)]
+        newly -= self.paused
+        self.paused |= newly
+        return (newly, before)
+
+    def pause_failed(self, undo):
+        if undo is None:
+            return
+        newly, before = undo
+        self.paused -= newly
+        self.paused_pools = before
+
+    def before_resume(self, selected):
+        if not self.installed:
+            return
+        # The pools that served the paused time give their free chunks back
+        # first: the resume needs that memory. Their live blocks stay valid.
+        for pool in self.while_paused:
+            pool.free_all_blocks()
+
+    def after_resume(self, selected, ok):
+        if not ok or not self.installed:
+            return
+        self.paused = {tag for tag in self.paused if not selected(tag)}
+        keep = []
+        for pool in self.paused_pools:
+            tag = next((t for t, ps in self.tagged.items() if any(p is pool for p in ps)), "")
+            if not selected(tag):
+                keep.append(pool)
+        self.paused_pools = keep  # the old pause pools among them are dropped
+        if "" not in self.paused and self.pause_pool is not None:
+            self.pause_pool.free_all_blocks()
+            self.pause_pool = None  # dropped: its live blocks free to the driver
+        self.while_paused = [p for p in self.while_paused if p is self.pause_pool]
+
+
+_torch = None  # (the torch module, its _TorchPools or None where not usable)
+_cupy = None
+_warned_unsafe = set()
+
+
+def _frameworks():
+    """The framework pools of the frameworks this program has imported
+    (never imports one itself)."""
+    global _torch, _cupy
+    out = []
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if _torch is None or _torch[0] is not torch:
+            pools = _TorchPools(torch)
+            _torch = (torch, pools if pools.usable() else None)
+        if _torch[1] is not None:
+            out.append(_torch[1])
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        if _cupy is None:
+            _cupy = _CupyPools(cupy)
+        if _cupy.install():
+            out.append(_cupy)
+    return out
+
+
+def enter_tag(tag):
+    """Called by vmmshim.tag on entry, after the thread's tag is set; returns
+    the undo for leave_tag."""
+    if not tag:
+        return []
+    with _lock:
+        tokens = []
+        for fw in _frameworks():
+            if isinstance(fw, _TorchPools):
+                token = fw.enter(tag)
+                if token is not None:
+                    tokens.append((fw, token))
+        return tokens
+
+
+def leave_tag(tokens):
+    with _lock:
+        for fw, token in reversed(tokens):
+            fw.exit(token)
+
+
+def before_pause(selected):
+    """Returns the undo for pause_failed."""
+    with _lock:
+        fws = _frameworks()
+    warn_unsafe_allocators()
+    with _lock:
+        return [(fw, fw.before_pause(selected)) for fw in fws]
+
+
+def pause_failed(undo):
+    with _lock:
+        for fw, u in undo:
+            fw.pause_failed(u)
+
+
+def before_resume(selected):
+    with _lock:
+        fws = _frameworks()
+        for fw in fws:
+            fw.before_resume(selected)
+        return fws
+
+
+def after_resume(fws, selected, ok):
+    with _lock:
+        for fw in fws:
+            fw.after_resume(selected, ok)
+
+
+def unsafe_allocators():
+    """(name, what to do) for each allocator in this process that
+    sub-allocates from memory the shim pauses whole, and whose free space the
+    shim cannot keep from being handed out while paused."""
+    import os
+    found = []
+    if "jax" in sys.modules or "jaxlib" in sys.modules:
+        kind = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")
+        if kind not in ("platform", "cuda_async"):
+            found.append(("JAX's BFC arena (XLA_PYTHON_CLIENT_ALLOCATOR="
+                          f"{kind})", "set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async"))
+    rmm = sys.modules.get("rmm")
+    if rmm is not None:
+        try:
+            mr = rmm.mr.get_current_device_resource()
+            chain = []
+            while mr is not None and len(chain) < 8:
+                chain.append(type(mr).__name__)
+                mr = getattr(mr, "upstream_mr", None)
+            if any(n in ("PoolMemoryResource", "ArenaMemoryResource",
+                         "FixedSizeMemoryResource", "BinningMemoryResource") for n in chain):
+                found.append((f"RMM's {chain[0]}", "use rmm.mr.CudaAsyncMemoryResource"))
+        except Exception:  # noqa: BLE001: rmm without a device
+            pass
+    if _cupy and not _cupy.installed:
+        try:
+            allocator = _cupy.cupy.cuda.get_allocator()
+            name = getattr(allocator, "__qualname__", type(allocator).__name__)
+            if not any(safe in name for safe in ("MemoryAsyncPool", "malloc_async")) \
+                    and name != "_malloc":
+                found.append((f"a CuPy allocator of the program's own ({name})",
+                              "use CuPy's default pool or cupy.cuda.MemoryAsyncPool"))
+        except Exception:  # noqa: BLE001
+            pass
+    return found
+
+
+def warn_unsafe_allocators():
+    for name, fix in unsafe_allocators():
+        if name in _warned_unsafe:
+            continue
+        _warned_unsafe.add(name)
+        warnings.warn(
+            f"vmmshim: {name} sub-allocates from memory a pause releases whole; while "
+            f"paused it can hand out paused memory and the program faults. {fix} "
+            "(docs/pause-resume.md)", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,471 @@
+"""vmmshim's framework pools (python/vmmshim/_pools.py) on the simulated
+driver: no allocation made while paused lands in paused memory.
+
+PyTorch and CuPy cannot run on the simulated driver, so their allocators'
+rules that the pools rely on are modelled here, small and strict, over real
+shim allocations (cuMemAlloc through libvmmshim.so on the simulated
+libcuda.so.1, so that a pause really unmaps them and a touch of paused memory
+really fails):
+  PyTorch's caching allocator: segments from cudaMalloc, freed blocks kept
+  per pool and handed out again (best fit); routes searched newest first
+  (`captures_underway`), one route per pool ("already recording to
+  mempool_id"); MemPool and graph_pool_handle ids; use counts, a pool that
+  reaches 0 is freeable and cannot be routed again (TORCH_INTERNAL_ASSERT);
+  empty_cache releases the default pool only without routes, and freeable
+  pools' wholly free segments always; clearCublasWorkspaces frees a block.
+  CuPy: set_allocator / get_allocator (refused inside using_allocator), the
+  default MemoryPool, MemoryPool.malloc / free_all_blocks.
+The real frameworks are checked on a GPU (tests/gpu/gpu_check.sh safe_pause).
+
+Runs under LD_PRELOAD=libvmmshim.so with LD_LIBRARY_PATH at the simulated
+driver (ctest: python_framework_pools)."""
+import ctypes
+import os
+import sys
+import threading
+import types
+import unittest
+import warnings
+
+MIB = 1 << 20
+SEGMENT = 2 * MIB
+
+ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # the simulated driver
+cu = ctypes.CDLL(None)  # global lookup: the shim's hooks come first
+cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
+
+
+def driver_alloc(size):
+    p = ctypes.c_uint64()
+    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size))
+    if rc != 0:
+        raise MemoryError(f"cuMemAlloc_v2: {rc}")
+    return p.value
+
+
+def touch(ptr, size):
+    """True when the memory can be written (a paused range cannot)."""
+    return cu.cuMemsetD8_v2(ptr, 0x5A, size) == 0
+
+
+class Pool:
+    def __init__(self):
+        self.use_count = 1
+        self.segments = {}  # base -> size
+        self.free = []      # (ptr, size) free blocks
+
+    def take(self, size):
+        fits = sorted((s, p) for p, s in self.free if s >= size)
+        if not fits:
+            return None
+        s, p = fits[0]
+        self.free.remove((p, s))
+        if s > size:
+            self.free.append((p + size, s - size))
+        return p
+
+
+class CachingAllocator:
+    """The rules of PyTorch's caching allocator the pools rely on."""
+
+    def __init__(self):
+        self.pools = {(0, 0): Pool()}
+        self.routes = []  # (pool id, filter(thread ident) -> bool), newest last
+        self.blocks = {}  # ptr -> (pool id, size)
+        self.freeable = set()
+
+    def create_or_incref(self, pid):
+        pool = self.pools.get(pid)
+        if pool is None:
+            self.pools[pid] = Pool()
+        else:
+            assert pool.use_count > 0, "TORCH_INTERNAL_ASSERT: use_count > 0"
+            pool.use_count += 1
+
+    def begin(self, pid, flt):
+        self.create_or_incref(pid)
+        if any(r[0] == pid for r in self.routes):
+            raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+        self.routes.append((pid, flt))
+
+    def end(self, pid):
+        for i, r in enumerate(self.routes):
+            if r[0] == pid:
+                del self.routes[i]
+                return
+        raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    def release(self, pid):
+        pool = self.pools[pid]
+        pool.use_count -= 1
+        assert pool.use_count >= 0
+        if pool.use_count == 0:
+            self.freeable.add(pid)
+
+    def malloc(self, size):
+        me = threading.get_ident()
+        pid = next((r[0] for r in reversed(self.routes) if r[1](me)), (0, 0))
+        pool = self.pools[pid]
+        size = (size + 511) // 512 * 512
+        ptr = pool.take(size)
+        if ptr is None:
+            seg = max(SEGMENT, (size + SEGMENT - 1) // SEGMENT * SEGMENT)
+            base = driver_alloc(seg)
+            pool.segments[base] = seg
+            pool.free.append((base, seg))
+            ptr = pool.take(size)
+        self.blocks[ptr] = (pid, size)
+        return ptr
+
+    def free(self, ptr):
+        pid, size = self.blocks.pop(ptr)
+        self.pools[pid].free.append((ptr, size))
+
+    def release_free_segments(self, pid):
+        pool = self.pools[pid]
+        for base, seg in list(pool.segments.items()):
+            if (base, seg) in pool.free:  # wholly free (blocks are never merged here)
+                pool.free.remove((base, seg))
+                del pool.segments[base]
+                assert cu.cuMemFree_v2(base) == 0
+        if pid in self.freeable and not pool.segments:
+            del self.pools[pid]
+            self.freeable.discard(pid)
+
+    def empty_cache(self):
+        if not self.routes:
+            self.release_free_segments((0, 0))
+        for pid in list(self.freeable):
+            self.release_free_segments(pid)
+
+
+def make_torch(backend="native"):
+    """A torch module with what vmmshim/_pools.py uses, over CachingAllocator."""
+    alloc = CachingAllocator()
+    counter = [0]
+    state = threading.local()
+    torch = types.ModuleType("torch")
+    torch.allocator = alloc
+    torch.capturing = False
+
+    class MemPool:
+        def __init__(self):
+            counter[0] += 1
+            self.id = (0, counter[0])
+            alloc.create_or_incref(self.id)
+
+    def graph_pool_handle():
+        counter[0] += 1
+        return (counter[0], 0)
+
+    def begin_thread(d, pid):
+        tid = threading.get_ident()
+        alloc.begin(pid, lambda t: t == tid)
+
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 1,
+        current_device=lambda: 0, is_current_stream_capturing=lambda: torch.capturing,
+        MemPool=MemPool, graph_pool_handle=graph_pool_handle, empty_cache=alloc.empty_cache,
+        memory=types.SimpleNamespace(get_allocator_backend=lambda: backend))
+    workspace = {}
+
+    def clear_workspaces():
+        if "ptr" in workspace:
+            alloc.free(workspace.pop("ptr"))
+
+    def matmul():
+        """cuBLAS: a workspace block kept for good once taken."""
+        if "ptr" not in workspace:
+            workspace["ptr"] = alloc.malloc(1 * MIB)
+        return touch(workspace["ptr"], 1 * MIB)
+
+    torch.matmul = matmul
+    torch._C = types.SimpleNamespace(
+        _cuda_beginAllocateToPool=lambda d, pid: alloc.begin(pid, lambda t: True),
+        _cuda_beginAllocateCurrentThreadToPool=begin_thread,
+        _cuda_endAllocateToPool=lambda d, pid: alloc.end(pid),
+        _cuda_releasePool=lambda d, pid: alloc.release(pid),
+        _cuda_hasPrimaryContext=lambda d: d == 0,
+        _cuda_clearCublasWorkspaces=clear_workspaces)
+    torch.cuda = cuda
+    del state
+    return torch
+
+
+def make_cupy():
+    cupy = types.ModuleType("cupy")
+
+    class MemoryPool:
+        def __init__(self):
+            self.pool = Pool()
+            self.blocks = {}
+
+        def malloc(self, size):
+            ptr = self.pool.take(size)
+            if ptr is None:
+                seg = max(SEGMENT, size)
+                base = driver_alloc(seg)
+                self.pool.segments[base] = seg
+                self.pool.free.append((base, seg))
+                ptr = self.pool.take(size)
+            self.blocks[ptr] = size
+            return Pointer(self, ptr, size)
+
+        def free(self, ptr):
+            self.pool.free.append((ptr, self.blocks.pop(ptr)))
+
+        def free_all_blocks(self):
+            for base, seg in list(self.pool.segments.items()):
+                if (base, seg) in self.pool.free:
+                    self.pool.free.remove((base, seg))
+                    del self.pool.segments[base]
+                    assert cu.cuMemFree_v2(base) == 0
+
+    class Pointer:
+        def __init__(self, pool, ptr, size):
+            self.pool, self.ptr, self.size = pool, ptr, size
+
+        def free(self):
+            self.pool.free(self.ptr)
+
+    default = MemoryPool()
+    current = [default.malloc]
+    local = threading.local()
+
+    def set_allocator(a):
+        if getattr(local, "allocator", None) is not None:
+            raise ValueError("Can't change the global allocator inside `using_allocator`")
+        current[0] = a
+
+    cupy.get_default_memory_pool = lambda: default
+    cupy.cuda = types.SimpleNamespace(MemoryPool=MemoryPool, set_allocator=set_allocator,
+                                      get_allocator=lambda: current[0])
+    cupy.alloc = lambda size: current[0](size)
+    return cupy
+
+
+import vmmshim  # noqa: E402  (after the driver is loaded)
+from vmmshim import _pools  # noqa: E402
+
+
+class FrameworkPoolsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        assert cu.cuInit(0) == 0
+        ctx = ctypes.c_void_p()
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0
+        cls.ctx = ctx
+        assert vmmshim.loaded()
+
+    def setUp(self):
+        for name in ("torch", "cupy", "jax", "rmm"):
+            sys.modules.pop(name, None)
+        _pools._torch = None
+        _pools._cupy = None
+        _pools._warned_unsafe.clear()
+
+    def tearDown(self):
+        vmmshim.resume()
+        for name in ("torch", "cupy"):
+            sys.modules.pop(name, None)
+
+    def with_torch(self, backend="native"):
+        torch = make_torch(backend)
+        sys.modules["torch"] = torch
+        return torch, torch.allocator
+
+    def holes(self, a, n=8, size=256 * 1024):
+        """Allocations with every other one freed: free blocks inside the
+        pool's segments."""
+        ptrs = [a.malloc(size) for _ in range(n)]
+        for p in ptrs[::2]:
+            a.free(p)
+        return ptrs[1::2]
+
+    def test_pausing_a_tag_leaves_other_pools_whole_and_its_free_space_unused(self):
+        torch, a = self.with_torch()
+        with vmmshim.tag("kv"):
+            kv_live = self.holes(a)
+        untagged_live = self.holes(a)
+        kv_pool = a.blocks[kv_live[0]][0]
+        self.assertNotEqual(kv_pool, (0, 0))  # the tag's own pool
+        self.assertGreater(vmmshim.pause("kv"), 0)
+        self.assertFalse(touch(kv_live[0], 256 * 1024))      # paused
+        self.assertTrue(touch(untagged_live[0], 256 * 1024))  # not the default pool
+        for _ in range(16):  # untagged work: the default pool, never kv's holes
+            p = a.malloc(200 * 1024)
+            self.assertTrue(touch(p, 200 * 1024))
+        with vmmshim.tag("kv"):  # the paused tag: a pool of the block's own
+            p = a.malloc(100 * 1024)
+            self.assertNotEqual(a.blocks[p][0], kv_pool)
+            self.assertTrue(touch(p, 100 * 1024))
+        self.assertEqual(a.routes, [])  # no pause pool was needed
+        self.assertGreater(vmmshim.resume("kv"), 0)
+        self.assertTrue(touch(kv_live[0], 256 * 1024))
+        with vmmshim.tag("kv"):  # the tag's pool again, holes and all
+            self.assertEqual(a.blocks[a.malloc(1024)][0], kv_pool)
+
+    def test_pausing_everything_routes_every_allocation_to_a_pause_pool(self):
+        torch, a = self.with_torch()
+        live = self.holes(a, n=16)
+        self.assertTrue(torch.matmul())  # cuBLAS's workspace, in the default pool
+        with vmmshim.tag("weights"):
+            weights = self.holes(a)
+        self.assertGreater(vmmshim.pause(except_tags=["weights"], keep_contents=False), 0)
+        self.assertFalse(touch(live[0], 256 * 1024))
+        self.assertTrue(torch.matmul())  # a new workspace, from the pause pool
+        sizes = [512, 4096, 100 * 1024, 256 * 1024, 3 * MIB]
+        made = [a.malloc(s) for s in sizes * 4]
+        for p, s in zip(made, sizes * 4):
+            self.assertTrue(touch(p, s), "an allocation landed in paused memory")
+        for p in made[::2]:
+            a.free(p)
+        with vmmshim.tag("weights"):  # a tag that is not paused: its own pool
+            w = a.malloc(1024)
+            self.assertEqual(a.blocks[w][0], a.blocks[weights[0]][0])
+        # A phase that fits only while paused, freed before the resume.
+        big = a.malloc(40 * MIB)
+        self.assertTrue(touch(big, 40 * MIB))
+        a.free(big)
+        pause_pool = a.blocks[made[1]][0]
+        self.assertIn(pause_pool, a.pools)
+        self.assertGreater(vmmshim.resume(), 0)
+        # The pause pool's free segments went back before the resume; its
+        # live blocks stay valid, and new allocations use the default pool.
+        self.assertEqual(a.routes, [])
+        self.assertNotIn(pause_pool, [r[0] for r in a.routes])
+        self.assertTrue(all(seg < 40 * MIB for seg in a.pools[pause_pool].segments.values()))
+        self.assertTrue(touch(made[1], sizes[1]))
+        self.assertEqual(a.blocks[a.malloc(1024)][0], (0, 0))
+        self.assertTrue(touch(live[0], 256 * 1024))
+
+    def test_a_thread_inside_a_tag_across_the_pause_gets_unpaused_memory(self):
+        torch, a = self.with_torch()
+        entered, paused, done = threading.Event(), threading.Event(), threading.Event()
+        results = []
+
+        def worker():
+            cu.cuCtxSetCurrent(self.ctx)
+            with vmmshim.tag("kv"):
+                self.holes(a)
+                entered.set()
+                paused.wait(10)
+                for _ in range(8):
+                    p = a.malloc(128 * 1024)
+                    results.append(touch(p, 128 * 1024))
+            done.set()
+
+        t = threading.Thread(target=worker)
+        t.start()
+        self.assertTrue(entered.wait(10))
+        # Another thread in the same tag meanwhile: its own pool, no error.
+        with vmmshim.tag("kv"):
+            self.assertTrue(touch(a.malloc(4096), 4096))
+        vmmshim.pause("kv")
+        paused.set()
+        self.assertTrue(done.wait(10))
+        t.join()
+        self.assertEqual(results, [True] * 8)
+        vmmshim.resume("kv")
+        self.assertEqual(a.routes, [])
+
+    def test_nested_tags_captures_and_the_async_backend(self):
+        torch, a = self.with_torch()
+        with vmmshim.tag("kv"):
+            with vmmshim.tag("kv"):  # nested: one route, no "already recording"
+                self.assertEqual(len(a.routes), 1)
+            with vmmshim.tag("w"):
+                self.assertEqual(len(a.routes), 2)
+            torch.capturing = True  # inside a capture the graph's pool takes them
+            with vmmshim.tag("x"):
+                self.assertEqual(len(a.routes), 1)
+            torch.capturing = False
+        self.assertEqual(a.routes, [])
+        # backend:cudaMallocAsync: the shim is the allocator; nothing routed.
+        self.setUp()
+        torch, a = self.with_torch("cudaMallocAsync")
+        with vmmshim.tag("kv"):
+            self.assertEqual(a.routes, [])
+        vmmshim.pause()
+        self.assertEqual(a.routes, [])
+
+    def test_a_failed_pause_undoes_the_routing(self):
+        torch, a = self.with_torch()
+        self.holes(a)
+        with self.assertRaises(vmmshim.VmmshimError):  # a tag too long: INVALID_VALUE
+            vmmshim.pause(except_tags=["x" * 300])    # after the routes were opened
+        with self.assertRaises(ValueError):
+            vmmshim.pause("kv", except_tags=["w"])
+        self.assertEqual(a.routes, [])
+        self.assertEqual(_pools._torch[1].paused, set())
+
+    def test_cupy_default_pool(self):
+        cupy = make_cupy()
+        sys.modules["cupy"] = cupy
+        default = cupy.get_default_memory_pool()
+        live = [cupy.alloc(256 * 1024) for _ in range(8)]
+        with vmmshim.tag("kv"):
+            kv = [cupy.alloc(256 * 1024) for _ in range(8)]
+        self.assertIsNot(kv[0].pool, default)  # the tag's own pool
+        for p in live[::2] + kv[::2]:
+            p.free()
+        self.assertGreater(vmmshim.pause(), 0)
+        made = [cupy.alloc(s) for s in (512, 100 * 1024, 256 * 1024, 3 * MIB)]
+        self.assertTrue(all(touch(p.ptr, p.size) for p in made))
+        self.assertTrue(all(p.pool is not default for p in made))
+        with vmmshim.tag("kv"):
+            k = cupy.alloc(256 * 1024)
+            self.assertIsNot(k.pool, kv[0].pool)
+            self.assertTrue(touch(k.ptr, k.size))
+        big = cupy.alloc(40 * MIB)
+        self.assertTrue(touch(big.ptr, big.size))
+        big.free()
+        pause_pool = made[0].pool
+        self.assertGreater(vmmshim.resume(), 0)
+        self.assertEqual(list(pause_pool.pool.segments.values()).count(40 * MIB), 0)
+        self.assertIs(cupy.alloc(1024).pool, default)
+        with vmmshim.tag("kv"):
+            self.assertIs(cupy.alloc(1024).pool, kv[0].pool)
+        self.assertTrue(touch(live[1].ptr, live[1].size))
+
+    def test_allocators_the_shim_cannot_see_into_are_named_once(self):
+        sys.modules["jax"] = types.ModuleType("jax")
+        os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            vmmshim.pause("nothing-has-this-tag")
+            vmmshim.pause("nothing-has-this-tag")
+        messages = [str(w.message) for w in seen]
+        self.assertEqual(len(messages), 1, messages)
+        self.assertIn("JAX's BFC arena", messages[0])
+        self.assertIn("XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async", messages[0])
+        self.assertEqual(seen[0].filename, __file__)
+        os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "cuda_async"
+        try:
+            self.assertEqual(_pools.unsafe_allocators(), [])
+        finally:
+            del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
+        # A CuPy allocator of the program's own.
+        cupy = make_cupy()
+        own = cupy.cuda.MemoryPool()
+        cupy.cuda.set_allocator(own.malloc)
+        sys.modules["cupy"] = cupy
+        sys.modules.pop("jax")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            vmmshim.pause("nothing-has-this-tag")
+        self.assertEqual(len(seen), 1)
+        self.assertIn("a CuPy allocator of the program's own", str(seen[0].message))
+
+    def test_a_lost_context_is_said_in_words(self):
+        e = vmmshim.VmmshimError("vmmshim_resume_memory", 700)
+        self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", str(e))
+        self.assertIn("the CUDA context is lost", str(e))
+        self.assertEqual(e.code, 700)
+        self.assertNotIn("context is lost", str(vmmshim.VmmshimError("x", 2)))
+
+
+if __name__ == "__main__":
+    unittest.main()
