@@ -85,6 +85,7 @@ class _TorchPools:
         self.paused = set()     # tags whose primary pools are paused ("" the default pool)
         self.pause_pools = {}   # device -> pool handle of the open pause pool
         self.resuming = {}      # device -> pause pool handle opened for a resume
+        self.graph_rng = {}     # device -> the generator state kept while paused
 
     def usable(self):
         torch = self.torch
@@ -139,10 +140,9 @@ class _TorchPools:
     def exit(self, token):
         kind, key, pool_id = token
         self.end(key[1], pool_id)
+        self.release(key[1], pool_id)  # a primary pool keeps its MemPool's count
         if kind == "primary":
             self.routed.pop(key, None)
-        else:
-            self.release(key[1], pool_id)
 
     # ---- pause and resume ----
     def before_pause(self, selected):
@@ -172,6 +172,7 @@ class _TorchPools:
                     retired[d] = old
                 self.pause_pools[d] = handle
         newly = {tag for (tag, _d) in self.primary if selected(tag)} - self.paused
+        swapped = {}
         if untagged:
             newly.add("")
             clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
@@ -179,14 +180,53 @@ class _TorchPools:
                 # cuBLAS keeps a workspace block for good; given back, the next
                 # matmul takes a new one from the pause pool.
                 clear()
+            swapped = self.swap_graph_rng(devices)
         self.paused |= newly
-        return (opened, retired, newly)
+        return (opened, retired, newly, swapped)
+
+    def swap_graph_rng(self, devices):
+        """PyTorch keeps its CUDA graphs' RNG seed and offset in two device
+        tensors made with the first capture and written at every capture and
+        replay; paused, they would fault the next one. A fresh generator
+        state takes the default generator's place until the resume
+        (torch.Generator's graph-safe API), its seed and offset carried back
+        then, so random streams go on as if never paused."""
+        swapped = {}
+        gens = getattr(self.torch.cuda, "default_generators", ())
+        for d in devices:
+            if d >= len(gens):
+                continue
+            gen = gens[d]
+            if not all(hasattr(gen, f) for f in ("graphsafe_get_state", "graphsafe_set_state",
+                                                 "clone_state")):
+                continue
+            kept = gen.graphsafe_get_state()
+            gen.graphsafe_set_state(gen.clone_state())
+            swapped[d] = kept
+        self.graph_rng.update(swapped)
+        return swapped
+
+    def restore_graph_rng(self, devices=None):
+        if not self.graph_rng:
+            return
+        gens = self.torch.cuda.default_generators
+        for d in list(self.graph_rng):
+            if devices is not None and d not in devices:
+                continue
+            kept = self.graph_rng.pop(d)
+            gen = gens[d]
+            seed, offset = gen.initial_seed(), gen.get_offset()
+            gen.graphsafe_set_state(kept)
+            if (gen.initial_seed(), gen.get_offset()) != (seed, offset):
+                gen.manual_seed(seed)
+                gen.set_offset(offset)
 
     def pause_failed(self, undo):
         if undo is None:
             return
-        opened, retired, newly = undo
+        opened, retired, newly, swapped = undo
         self.paused -= newly
+        self.restore_graph_rng(swapped)
         for d, handle in opened.items():
             self.end(d, handle)
             self.release(d, handle)
@@ -225,6 +265,8 @@ class _TorchPools:
             self.resuming = {}
             return
         self.paused = {tag for tag in self.paused if not selected(tag)}
+        if "" not in self.paused:
+            self.restore_graph_rng()
         for d, handle in self.resuming.items():
             self.end(d, handle)
             self.release(d, handle)

@@ -181,6 +181,48 @@ def make_torch(backend="native"):
         return touch(workspace["ptr"], 1 * MIB)
 
     torch.matmul = matmul
+
+    class GeneratorState:
+        def __init__(self, seed=0, offset=0):
+            self.seed, self.offset, self.extragraph = seed, offset, None
+
+    class Generator:
+        """torch.Generator's graph-safe API over a state whose graph RNG
+        tensors are made at the first capture and written at every one."""
+
+        def __init__(self, state=None):
+            self.state = state or GeneratorState()
+
+        def graphsafe_get_state(self):
+            return Generator(self.state)
+
+        def graphsafe_set_state(self, other):
+            self.state = other.state
+
+        def clone_state(self):
+            return Generator(GeneratorState(self.state.seed, self.state.offset))
+
+        def initial_seed(self):
+            return self.state.seed
+
+        def manual_seed(self, seed):
+            self.state.seed, self.state.offset = seed, 0
+
+        def get_offset(self):
+            return self.state.offset
+
+        def set_offset(self, offset):
+            self.state.offset = offset
+
+    def capture():
+        """A CUDA graph capture's prologue: the RNG tensors, written."""
+        st = cuda.default_generators[0].state
+        if st.extragraph is None:
+            st.extragraph = alloc.malloc(16)
+        st.offset += 4
+        return touch(st.extragraph, 16)
+
+    torch.capture = capture
     torch._C = types.SimpleNamespace(
         _cuda_beginAllocateToPool=lambda d, pid: alloc.begin(pid, lambda t: True),
         _cuda_beginAllocateCurrentThreadToPool=begin_thread,
@@ -188,6 +230,7 @@ def make_torch(backend="native"):
         _cuda_releasePool=lambda d, pid: alloc.release(pid),
         _cuda_hasPrimaryContext=lambda d: d == 0,
         _cuda_clearCublasWorkspaces=clear_workspaces)
+    cuda.default_generators = [Generator()]
     torch.cuda = cuda
     del state
     return torch
@@ -311,11 +354,14 @@ class FrameworkPoolsTest(unittest.TestCase):
         torch, a = self.with_torch()
         live = self.holes(a, n=16)
         self.assertTrue(torch.matmul())  # cuBLAS's workspace, in the default pool
+        self.assertTrue(torch.capture())  # a graph: its RNG tensors, in the default pool
+        kept_state = torch.cuda.default_generators[0].state
         with vmmshim.tag("weights"):
             weights = self.holes(a)
         self.assertGreater(vmmshim.pause(except_tags=["weights"], keep_contents=False), 0)
         self.assertFalse(touch(live[0], 256 * 1024))
         self.assertTrue(torch.matmul())  # a new workspace, from the pause pool
+        self.assertTrue(torch.capture())  # the graph RNG state: a fresh one
         sizes = [512, 4096, 100 * 1024, 256 * 1024, 3 * MIB]
         made = [a.malloc(s) for s in sizes * 4]
         for p, s in zip(made, sizes * 4):
@@ -340,6 +386,10 @@ class FrameworkPoolsTest(unittest.TestCase):
         self.assertTrue(touch(made[1], sizes[1]))
         self.assertEqual(a.blocks[a.malloc(1024)][0], (0, 0))
         self.assertTrue(touch(live[0], 256 * 1024))
+        # The kept RNG state is back, with the offset the paused time reached.
+        self.assertIs(torch.cuda.default_generators[0].state, kept_state)
+        self.assertEqual(kept_state.offset, 8)
+        self.assertTrue(torch.capture())
 
     def test_a_thread_inside_a_tag_across_the_pause_gets_unpaused_memory(self):
         torch, a = self.with_torch()

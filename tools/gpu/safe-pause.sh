@@ -8,7 +8,8 @@
 # or not, and the pause's and resume's bytes and seconds. Writes
 # $OUT/safe-pause.log.
 # usage: tools/gpu/safe-pause.sh   (KV_GIB default 8, UNTAGGED_GIB default 4;
-#   SPLIT=1: each cycle in a process of its own, to tell which one fails;
+#   SPLIT="default expandable async cupy" (any of them): those modes run each
+#   cycle in a process of its own, to tell which one fails;
 #   GPU_CTEST=1: the gpu-labelled checks first)
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
@@ -20,9 +21,9 @@ cycles=(tag:keep tag:drop all:keep all:drop except:keep except:drop)
 app() { python3 "$root/examples/safe_pause.py" --kv-gib "${KV_GIB:-8}" \
   --untagged-gib "${UNTAGGED_GIB:-4}" "$@"; }
 failures=0
-run_mode() {  # run_mode NAME FRAMEWORK [PYTORCH_CUDA_ALLOC_CONF]
-  local name=$1 fw=$2 conf=${3:-} groups c ref got rc line want
-  if [ "${SPLIT:-0}" = 1 ]; then groups=("${cycles[@]}"); else groups=("$(IFS=,; echo "${cycles[*]}")"); fi
+run_mode() {  # run_mode KEY NAME FRAMEWORK [PYTORCH_CUDA_ALLOC_CONF]
+  local key=$1 name=$2 fw=$3 conf=${4:-} groups c ref got rc line want
+  if [[ " ${SPLIT:-} " == *" $key "* ]]; then groups=("${cycles[@]}"); else groups=("$(IFS=,; echo "${cycles[*]}")"); fi
   for c in "${groups[@]}"; do
     ref=$(PYTORCH_CUDA_ALLOC_CONF=$conf app --framework "$fw" --no-pause --cycles "$c" 2>&1)
     rc=$?
@@ -48,11 +49,11 @@ run_mode() {  # run_mode NAME FRAMEWORK [PYTORCH_CUDA_ALLOC_CONF]
     grep -E 'vmmshim_(pause|resume)_memory\(' <<<"$got" | sed "s/^/  $name: /" >> "$out/safe-pause-shim-log.txt"
   done
 }
-run_mode "torch default" torch ""
-run_mode "torch expandable_segments:True" torch "expandable_segments:True"
-run_mode "torch backend:cudaMallocAsync" torch "backend:cudaMallocAsync"
+run_mode default "torch default" torch ""
+run_mode expandable "torch expandable_segments:True" torch "expandable_segments:True"
+run_mode async "torch backend:cudaMallocAsync" torch "backend:cudaMallocAsync"
 if python3 -c "import cupy" 2>/dev/null; then
-  run_mode "cupy default pool" cupy
+  run_mode cupy "cupy default pool" cupy
 else
   echo "cupy: not installed"
 fi
