@@ -24,9 +24,15 @@ that memory, a later allocation can be handed a block of it and fault
    memory again (that memory is what the work done while paused used), and
    blocks still live in it stay valid.
 
+3. What the framework keeps for good and touches on its own is made anew
+   from unpaused memory when untagged memory is paused: PyTorch's cuBLAS
+   workspaces (released; the next matmul takes a new one) and its CUDA
+   graphs' RNG state (a fresh generator state until the resume).
+
 Which allocators: PyTorch's native caching allocator (default and
 `expandable_segments:True`); under `backend:cudaMallocAsync` the shim is the
-allocator and never hands out paused memory, so nothing is routed. CuPy's
+allocator and never hands out paused memory, so nothing is routed (rule 3
+still applies). CuPy's
 default `MemoryPool` (while it is the current allocator); a `MemoryAsyncPool`
 or `set_allocator(None)` needs nothing. Sub-allocators the shim cannot see
 into (JAX's BFC arena, RMM's pool and arena resources, a CuPy allocator of
@@ -80,6 +86,7 @@ class _TorchPools:
                     or getattr(c, "_cuda_endAllocateCurrentStreamToPool", None))
         self.release = getattr(c, "_cuda_releasePool", None)
         self.begin_thread = getattr(c, "_cuda_beginAllocateCurrentThreadToPool", None)
+        self.native = False     # routing (usable() decides)
         self.primary = {}       # (tag, device) -> MemPool
         self.routed = {}        # (tag, device) -> thread ident routing the primary pool
         self.paused = set()     # tags whose primary pools are paused ("" the default pool)
@@ -88,17 +95,20 @@ class _TorchPools:
         self.graph_rng = {}     # device -> the generator state kept while paused
 
     def usable(self):
+        """Whether PyTorch can use CUDA here; sets `native`: its caching
+        allocator, whose pools are routed (under backend:cudaMallocAsync
+        only the state PyTorch keeps for good is handled at a pause)."""
         torch = self.torch
-        if None in (self.begin_all, self.end, self.release, self.begin_thread):
-            return False
-        if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "graph_pool_handle"):
-            return False
         try:
             if not torch.cuda.is_available():
                 return False
-            return torch.cuda.memory.get_allocator_backend() == "native"
+            backend = torch.cuda.memory.get_allocator_backend()
         except Exception:  # noqa: BLE001: a CPU-only build, a broken CUDA
             return False
+        routes = None not in (self.begin_all, self.end, self.release, self.begin_thread)
+        self.native = (backend == "native" and routes and hasattr(torch.cuda, "MemPool")
+                       and hasattr(torch.cuda, "graph_pool_handle"))
+        return True
 
     def devices(self):
         """Devices whose context PyTorch has made (never makes one)."""
@@ -116,8 +126,8 @@ class _TorchPools:
         """Routes this thread's allocations on the current device to `tag`'s
         pool; returns what exit() undoes, or None (nothing routed)."""
         torch = self.torch
-        if torch.cuda.is_current_stream_capturing():
-            return None  # the capture's private pool must get them
+        if not self.native or torch.cuda.is_current_stream_capturing():
+            return None  # the shim's stream-ordered memory; or the capture's pool
         device = torch.cuda.current_device()
         key = (tag, device)
         me = threading.get_ident()
@@ -155,12 +165,12 @@ class _TorchPools:
             return None
         untagged = selected("")
         routed = any(selected(tag) for (tag, _d) in self.routed)
-        if untagged and not self.pause_pools and not self.routed:
+        if untagged and self.native and not self.pause_pools and not self.routed:
             # Wholly free cached segments go back first: neither copied nor
             # paused (only possible while no route is open).
             torch.cuda.empty_cache()
         opened, retired = {}, {}
-        if untagged or routed:
+        if self.native and (untagged or routed):
             for d in devices:
                 handle = torch.cuda.graph_pool_handle()
                 self.begin_all(d, handle)
