@@ -114,9 +114,9 @@ class Torch:
 
     def init_nccl(self):
         torch, dist = self.torch, self.dist
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        dist.init_process_group("nccl", rank=0, world_size=1,
+        self.groups = getattr(self, "groups", 0) + 1  # a fresh store for each group
+        store = f"/tmp/safe_pause.{os.getpid()}.{self.groups}"
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
                                 device_id=torch.device("cuda", torch.cuda.current_device()))
         r = torch.ones(1 << 20, device="cuda")
         dist.all_reduce(r)
@@ -235,6 +235,11 @@ class Torch:
 
     def finish(self):
         self.dist.destroy_process_group()
+        for n in range(1, self.groups + 1):
+            try:
+                os.unlink(f"/tmp/safe_pause.{os.getpid()}.{n}")
+            except OSError:
+                pass
 
 
 class Cupy:
