@@ -8,7 +8,7 @@ pool (the space a framework hands out again), then runs cycles. A cycle
 pauses a selection (with or without contents):
   tag      vmmshim.pause("kv")
   all      vmmshim.pause()
-  except   vmmshim.pause(except_tags=["weights"])
+  except   vmmshim.pause(except_tags=["weights"]), from another thread
 and, while paused, allocates (small and large tensors, some freed again),
 computes (matmuls through cuBLAS, reductions), captures and replays a CUDA
 graph and runs a one-rank NCCL all-reduce (PyTorch), and runs a phase larger
@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import os
 import sys
+import threading
 import time
 
 GIB = 1 << 30
@@ -40,12 +41,24 @@ def measure(msg):
     print(f"measure {msg}", flush=True)
 
 
+def on_another_thread(fn):
+    """fn() on a thread of its own (the pause and resume of the "except"
+    cycles: a pause may come from any thread)."""
+    box = []
+    t = threading.Thread(target=lambda: box.append(fn()))
+    t.start()
+    t.join()
+    if not box:
+        raise RuntimeError("safe_pause: the pausing thread failed")
+    return box[0]
+
+
 def pause(vmmshim, selection, keep):
     if selection == "tag":
         return vmmshim.pause("kv", keep_contents=keep)
     if selection == "all":
         return vmmshim.pause(keep_contents=keep)
-    return vmmshim.pause(except_tags=["weights"], keep_contents=keep)
+    return on_another_thread(lambda: vmmshim.pause(except_tags=["weights"], keep_contents=keep))
 
 
 def phase_sum(n):
@@ -411,7 +424,8 @@ def main():
         work = app.while_paused(selection, n_phase, args.no_pause)
         if not args.no_pause:
             t0 = time.perf_counter()
-            restored = app.vmmshim.resume()
+            restored = (on_another_thread(app.vmmshim.resume) if selection == "except"
+                        else app.vmmshim.resume())
             t1 = time.perf_counter()
             measure(f"{mode} {cycle}: resumed {restored} bytes in {t1 - t0:.3f} s")
         after = app.after_resume(selection, keep if not args.no_pause else False)
