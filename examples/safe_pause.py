@@ -34,6 +34,7 @@ import time
 
 GIB = 1 << 30
 MIB = 1 << 20
+PHASE_CHUNK = 1 << 29  # int64 elements: 4 GiB
 CYCLES = ["tag:keep", "tag:drop", "all:keep", "all:drop", "except:keep", "except:drop"]
 
 
@@ -198,20 +199,20 @@ class Torch:
         dist.all_reduce(r)
         out["allreduce"] = self.fingerprint(r)
         del g, static_in, static_out, keep, a, c, r
-        # The phase: more memory than was free before the pause.
-        if native:
-            total, start = 0, 0
-            while start < n_phase:
-                chunk = torch.arange(start, min(n_phase, start + (1 << 29)), device="cuda",
-                                     dtype=torch.int64)
-                total += int(chunk.remainder_(1000).sum())
-                start += chunk.numel()
-                del chunk
-        else:
-            big = torch.empty(n_phase, dtype=torch.int64, device="cuda")
-            torch.arange(n_phase, out=big)
-            total = int(big.remainder_(1000).sum())
-            del big
+        # The phase: more memory than was free before the pause, held at
+        # once (natively, where it cannot be, chunk by chunk); chunks of at
+        # most 2^29 elements, as PyTorch's kernels count elements in 32 bits
+        # in places (a single 17-billion-element arange summed only 2^32).
+        held, total = [], 0
+        for start in range(0, n_phase, PHASE_CHUNK):
+            chunk = torch.empty(min(PHASE_CHUNK, n_phase - start), dtype=torch.int64,
+                                device="cuda")
+            torch.arange(start, start + chunk.numel(), out=chunk)
+            total += int(chunk.remainder_(1000).sum())
+            if not native:
+                held.append(chunk)
+            del chunk
+        del held
         out["phase"] = "ok" if total == phase_sum(n_phase) else f"WRONG {total}"
         torch.cuda.synchronize()
         return out
@@ -334,19 +335,15 @@ class Cupy:
         c = rs.standard_normal((1024, 1024), dtype=cp.float32)
         out["compute"] = self.fingerprint(cp.maximum(a @ c, 0) @ c.T)
         del keep, a, c
-        if native:
-            total, start = 0, 0
-            while start < n_phase:
-                chunk = cp.arange(start, min(n_phase, start + (1 << 29)), dtype=cp.int64)
-                cp.remainder(chunk, 1000, out=chunk)
-                total += int(chunk.sum())
-                start += chunk.size
-                del chunk
-        else:
-            big = cp.arange(n_phase, dtype=cp.int64)
-            cp.remainder(big, 1000, out=big)
-            total = int(big.sum())
-            del big
+        held, total = [], 0
+        for start in range(0, n_phase, PHASE_CHUNK):
+            chunk = cp.arange(start, min(n_phase, start + PHASE_CHUNK), dtype=cp.int64)
+            cp.remainder(chunk, 1000, out=chunk)
+            total += int(chunk.sum())
+            if not native:
+                held.append(chunk)
+            del chunk
+        del held
         out["phase"] = "ok" if total == phase_sum(n_phase) else f"WRONG {total}"
         cp.cuda.Device().synchronize()
         return out

@@ -110,6 +110,7 @@ def configure_subprocess(**options):
 KEEP_CONTENTS = 1  # VMMSHIM_PAUSE_KEEP_CONTENTS
 _NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: the shim is disabled or inactive
 _NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 class VmmshimError(RuntimeError):
@@ -303,16 +304,25 @@ def pause(tag=None, keep_contents=True, except_tags=None):
 
 def resume(tag=None):
     """Maps the paused memory of `tag` (None: all) again with its contents and
-    peer access. Returns the bytes restored."""
+    peer access. Returns the bytes restored. When the device is short of
+    memory, the frameworks' caches (PyTorch's, CuPy's pools) are given back
+    and the resume is tried once more."""
     n = ctypes.c_size_t(0)
     if _api() is None:
         return 0
     selected = _pools.Selection(only=tag)
     frameworks = _pools.before_resume(selected)
     ok = False
+    encoded = tag.encode() if tag is not None else None
     try:
-        rc = _call("vmmshim_resume_memory", tag.encode() if tag is not None else None,
-                   ctypes.byref(n))
+        try:
+            rc = _call("vmmshim_resume_memory", encoded, ctypes.byref(n))
+        except VmmshimError as e:
+            # The work done while paused may have left its memory in the
+            # framework's cache (an unpaused pool); given back, once more.
+            if e.code != _OUT_OF_MEMORY or not _pools.release_cached(frameworks):
+                raise
+            rc = _call("vmmshim_resume_memory", encoded, ctypes.byref(n))
         ok = rc is not None
     finally:
         _pools.after_resume(frameworks, selected, ok)

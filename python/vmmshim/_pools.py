@@ -27,7 +27,8 @@ that memory, a later allocation can be handed a block of it and fault
 3. What the framework keeps for good and touches on its own is made anew
    from unpaused memory when untagged memory is paused: PyTorch's cuBLAS
    workspaces (released; the next matmul takes a new one) and its CUDA
-   graphs' RNG state (a fresh generator state until the resume).
+   graphs' RNG state (a fresh generator state until the resume); CuPy's
+   cuBLAS handle gets a workspace from the pause pool.
 
 Which allocators: PyTorch's native caching allocator (default and
 `expandable_segments:True`); under `backend:cudaMallocAsync` the shim is the
@@ -120,6 +121,11 @@ class _TorchPools:
         if has is None:
             return [torch.cuda.current_device()]
         return [d for d in range(count) if has(d)]
+
+    def release_cached(self):
+        # The default pool and every freeable pool (the default pool only
+        # while no route is open: PyTorch's rule).
+        self.torch.cuda.empty_cache()
 
     # ---- tags ----
     def enter(self, tag):
@@ -298,6 +304,7 @@ class _CupyPools:
         self.paused_pools = []    # the pools holding paused memory
         self.pause_pool = None    # untagged allocations while "" is paused
         self.while_paused = []    # pools opened during a pause, drained at resume
+        self.workspaces = {}      # cuBLAS handle -> the workspace set at a pause
 
     def install(self):
         """Takes the place of CuPy's default pool if that is the current
@@ -341,6 +348,13 @@ class _CupyPools:
     def malloc(self, size):
         return self._pool(current_tag()).malloc(size)
 
+    def release_cached(self):
+        if not self.installed:
+            return
+        for pool in [self.default] + [p for ps in self.tagged.values() for p in ps] + \
+                self.while_paused:
+            pool.free_all_blocks()
+
     def before_pause(self, selected):
         if not self.installed:
             return None
@@ -359,7 +373,25 @@ class _CupyPools:
                 self.paused_pools += [p for p in pools if not self._is_paused(p)]
         newly -= self.paused
         self.paused |= newly
+        if "" in newly:
+            self.swap_cublas_workspace()
         return (newly, before)
+
+    def swap_cublas_workspace(self):
+        """cuBLAS keeps a workspace for good (its own, or the last one set);
+        while untagged memory is paused it works in one from the pause pool,
+        which stays its workspace after the resume (32 MiB, what cuBLAS
+        takes on Hopper; the current thread's handle on the current
+        device)."""
+        try:
+            from cupy_backends.cuda.libs import cublas
+            handle = self.cupy.cuda.device.get_cublas_handle()
+            size = 32 << 20
+            workspace = self._pool("").malloc(size)
+            cublas.setWorkspace(handle, workspace.ptr, size)
+        except Exception:  # noqa: BLE001: an older CuPy, no cuBLAS
+            return
+        self.workspaces[handle] = workspace  # the one it replaces is freed
 
     def pause_failed(self, undo):
         if undo is None:
@@ -466,6 +498,15 @@ def after_resume(fws, selected, ok):
     with _lock:
         for fw in fws:
             fw.after_resume(selected, ok)
+
+
+def release_cached(fws):
+    """Gives the frameworks' cached free memory back to the driver (for a
+    resume that ran short); whether there was a framework to ask."""
+    with _lock:
+        for fw in fws:
+            fw.release_cached()
+        return bool(fws)
 
 
 def unsafe_allocators():

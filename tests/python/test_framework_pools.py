@@ -34,6 +34,7 @@ ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # the simulated driver
 cu = ctypes.CDLL(None)  # global lookup: the shim's hooks come first
 cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
+cu.cuMemGetInfo_v2.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
 
 
 def driver_alloc(size):
@@ -390,6 +391,22 @@ class FrameworkPoolsTest(unittest.TestCase):
         self.assertIs(torch.cuda.default_generators[0].state, kept_state)
         self.assertEqual(kept_state.offset, 8)
         self.assertTrue(torch.capture())
+
+    def test_a_resume_short_of_memory_gets_the_framework_cache_back(self):
+        torch, a = self.with_torch()
+        with vmmshim.tag("kv"):
+            kv = a.malloc(32 * MIB)
+        self.assertGreater(vmmshim.pause("kv"), 0)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.assertEqual(cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), 0)
+        # A phase in the untagged (unpaused) pool takes what the pause gave,
+        # and stays in PyTorch's cache once freed.
+        big = a.malloc(free.value - 16 * MIB)
+        self.assertTrue(touch(big, 1 * MIB))
+        a.free(big)
+        self.assertGreater(vmmshim.resume("kv"), 0)
+        self.assertTrue(touch(kv, 32 * MIB))
+        self.assertFalse(any(seg > 64 * MIB for seg in a.pools[(0, 0)].segments.values()))
 
     def test_a_thread_inside_a_tag_across_the_pause_gets_unpaused_memory(self):
         torch, a = self.with_torch()
