@@ -299,6 +299,8 @@ def pause(tag=None, keep_contents=True, except_tags=None):
         raise
     if rc is None:
         _pools.pause_failed(undo)
+    else:
+        _pools.after_pause(undo)
     return 0 if rc is None else n.value
 
 

@@ -373,9 +373,13 @@ class _CupyPools:
                 self.paused_pools += [p for p in pools if not self._is_paused(p)]
         newly -= self.paused
         self.paused |= newly
-        if "" in newly:
-            self.swap_cublas_workspace()
         return (newly, before)
+
+    def after_pause(self, undo):
+        # Only once the memory is paused: a pause pool made before would have
+        # its first chunk paused with everything else.
+        if undo is not None and "" in undo[0]:
+            self.swap_cublas_workspace()
 
     def swap_cublas_workspace(self):
         """cuBLAS keeps a workspace for good (its own, or the last one set);
@@ -478,6 +482,14 @@ def before_pause(selected):
     warn_unsafe_allocators()
     with _lock:
         return [(fw, fw.before_pause(selected)) for fw in fws]
+
+
+def after_pause(undo):
+    with _lock:
+        for fw, u in undo:
+            hook = getattr(fw, "after_pause", None)
+            if hook is not None:
+                hook(u)
 
 
 def pause_failed(undo):

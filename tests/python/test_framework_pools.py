@@ -284,8 +284,18 @@ def make_cupy():
 
     cupy.get_default_memory_pool = lambda: default
     cupy.cuda = types.SimpleNamespace(MemoryPool=MemoryPool, set_allocator=set_allocator,
-                                      get_allocator=lambda: current[0])
+                                      get_allocator=lambda: current[0],
+                                      device=types.SimpleNamespace(get_cublas_handle=lambda: 7))
     cupy.alloc = lambda size: current[0](size)
+    # cuBLAS's workspace setter (cupy_backends.cuda.libs.cublas.setWorkspace).
+    cupy.workspaces = {}
+    names = ["cupy_backends", "cupy_backends.cuda", "cupy_backends.cuda.libs",
+             "cupy_backends.cuda.libs.cublas"]
+    mods = [types.ModuleType(n) for n in names]
+    for parent, child, name in zip(mods, mods[1:], ["cuda", "libs", "cublas"]):
+        setattr(parent, name, child)
+    mods[-1].setWorkspace = lambda h, ptr, size: cupy.workspaces.__setitem__(h, (ptr, size))
+    sys.modules.update(zip(names, mods))
     return cupy
 
 
@@ -304,7 +314,9 @@ class FrameworkPoolsTest(unittest.TestCase):
         assert vmmshim.loaded()
 
     def setUp(self):
-        for name in ("torch", "cupy", "jax", "rmm"):
+        for name in ("torch", "cupy", "jax", "rmm", "cupy_backends",
+                     "cupy_backends.cuda", "cupy_backends.cuda.libs",
+                     "cupy_backends.cuda.libs.cublas"):
             sys.modules.pop(name, None)
         _pools._torch = None
         _pools._cupy = None
@@ -479,6 +491,8 @@ class FrameworkPoolsTest(unittest.TestCase):
         for p in live[::2] + kv[::2]:
             p.free()
         self.assertGreater(vmmshim.pause(), 0)
+        ptr, size = cupy.workspaces[7]  # cuBLAS works in unpaused memory
+        self.assertTrue(touch(ptr, size))
         made = [cupy.alloc(s) for s in (512, 100 * 1024, 256 * 1024, 3 * MIB)]
         self.assertTrue(all(touch(p.ptr, p.size) for p in made))
         self.assertTrue(all(p.pool is not default for p in made))
