@@ -94,6 +94,8 @@ class _TorchPools:
         self.pause_pools = {}   # device -> pool handle of the open pause pool
         self.resuming = {}      # device -> pause pool handle opened for a resume
         self.graph_rng = {}     # device -> the generator state kept while paused
+        self.own_routes = 0     # routes to pools of a block's own, open now
+        self.deferred = []      # MemPools whose end waits for our routes to close
 
     def usable(self):
         """Whether PyTorch can use CUDA here; sets `native`: its caching
@@ -109,7 +111,34 @@ class _TorchPools:
         routes = None not in (self.begin_all, self.end, self.release, self.begin_thread)
         self.native = (backend == "native" and routes and hasattr(torch.cuda, "MemPool")
                        and hasattr(torch.cuda, "graph_pool_handle"))
+        if self.native:
+            self.defer_pool_ends()
         return True
+
+    def routes_open(self):
+        return bool(self.routed or self.own_routes or self.pause_pools or self.resuming)
+
+    def defer_pool_ends(self):
+        """A MemPool that ends while any route is open takes PyTorch down
+        (~MemPool empties its cache, and that asserts no route is open:
+        `captures_underway.empty() INTERNAL ASSERT FAILED`, seen on the
+        H200 with a program's own MemPool deleted while paused). While one of
+        ours is open, a MemPool that ends is kept (its finalizer keeps a
+        reference) and let go once ours have closed."""
+        cls = self.torch.cuda.MemPool
+        if "__del__" in cls.__dict__:
+            return
+        pools = self
+
+        def __del__(pool):
+            if pools.routes_open():
+                pools.deferred.append(pool)
+
+        cls.__del__ = __del__
+
+    def end_deferred(self):
+        if self.deferred and not self.routes_open():
+            self.deferred = []
 
     def devices(self):
         """Devices whose context PyTorch has made (never makes one)."""
@@ -151,6 +180,7 @@ class _TorchPools:
         # given back at the next empty_cache once the block ends.
         handle = torch.cuda.graph_pool_handle()
         self.begin_thread(device, handle)
+        self.own_routes += 1
         return ("own", key, handle)
 
     def exit(self, token):
@@ -159,6 +189,9 @@ class _TorchPools:
         self.release(key[1], pool_id)  # a primary pool keeps its MemPool's count
         if kind == "primary":
             self.routed.pop(key, None)
+        else:
+            self.own_routes -= 1
+        self.end_deferred()
 
     # ---- pause and resume ----
     def before_pause(self, selected):
@@ -183,8 +216,10 @@ class _TorchPools:
                 opened[d] = handle
                 old = self.pause_pools.get(d)
                 if old is not None:
-                    # Its memory may be paused now: never routed to again.
+                    # Its memory may be paused now: never routed to again
+                    # (released: its free segments go at the next empty_cache).
                     self.end(d, old)
+                    self.release(d, old)
                     retired[d] = old
                 self.pause_pools[d] = handle
         newly = {tag for (tag, _d) in self.primary if selected(tag)} - self.paused
@@ -244,16 +279,12 @@ class _TorchPools:
         self.paused -= newly
         self.restore_graph_rng(swapped)
         for d, handle in opened.items():
+            if d in retired:
+                continue  # the earlier pause's pool was let go: this one serves on
             self.end(d, handle)
             self.release(d, handle)
-            if d in retired:
-                self.begin_all(d, retired[d])
-                self.pause_pools[d] = retired[d]
-            else:
-                self.pause_pools.pop(d, None)
-        for d, handle in retired.items():
-            if d not in opened:
-                self.begin_all(d, handle)
+            self.pause_pools.pop(d, None)
+        self.end_deferred()
 
     def before_resume(self, selected):
         """When this resume ends the need for the pause pools: a fresh one
@@ -289,6 +320,7 @@ class _TorchPools:
         if self.resuming:
             self.resuming = {}
             self.torch.cuda.empty_cache()
+        self.end_deferred()
 
 
 class _CupyPools:

@@ -26,6 +26,7 @@ import threading
 import types
 import unittest
 import warnings
+import weakref
 
 MIB = 1 << 20
 SEGMENT = 2 * MIB
@@ -150,11 +151,24 @@ def make_torch(backend="native"):
     torch.allocator = alloc
     torch.capturing = False
 
+    torch.crashes, torch.ended = [], []
+
     class MemPool:
+        """~MemPool empties the pool's cache, which asserts that no route is
+        open (PyTorch's synchronize_and_free_events)."""
+
         def __init__(self):
             counter[0] += 1
             self.id = (0, counter[0])
             alloc.create_or_incref(self.id)
+            weakref.finalize(self, MemPool.destroy, self.id)
+
+        @staticmethod
+        def destroy(pid):
+            if alloc.routes:
+                torch.crashes.append("captures_underway.empty() INTERNAL ASSERT FAILED")
+            alloc.release(pid)
+            torch.ended.append(pid)
 
     def graph_pool_handle():
         counter[0] += 1
@@ -419,6 +433,21 @@ class FrameworkPoolsTest(unittest.TestCase):
         self.assertGreater(vmmshim.resume("kv"), 0)
         self.assertTrue(touch(kv, 32 * MIB))
         self.assertFalse(any(seg > 64 * MIB for seg in a.pools[(0, 0)].segments.values()))
+
+    def test_a_program_pool_that_ends_while_paused_ends_after_the_resume(self):
+        torch, a = self.with_torch()
+        with vmmshim.tag("kv"):  # makes the routing ready
+            pass
+        self.holes(a)
+        vmmshim.pause()
+        own = torch.cuda.MemPool()  # a phase in a pool of the program's own
+        pid = own.id
+        del own
+        self.assertEqual(torch.crashes, [])
+        self.assertNotIn(pid, torch.ended)  # kept while the pause pool is routed
+        vmmshim.resume()
+        self.assertIn(pid, torch.ended)
+        self.assertEqual(torch.crashes, [])
 
     def test_a_thread_inside_a_tag_across_the_pause_gets_unpaused_memory(self):
         torch, a = self.with_torch()
