@@ -253,8 +253,10 @@ def tag(name):
         stack = _pools._thread.stack = []
     _call("vmmshim_set_allocation_tag", name.encode() if name is not None else None)
     stack.append(name)
-    routes = _pools.enter_tag(name) if _lib is not None else []
+    routes = []
     try:
+        if _lib is not None:
+            routes = _pools.enter_tag(name)
         yield
     finally:
         _pools.leave_tag(routes)
@@ -307,15 +309,16 @@ def pause(tag=None, keep_contents=True, except_tags=None):
 def resume(tag=None):
     """Maps the paused memory of `tag` (None: all) again with its contents and
     peer access. Returns the bytes restored. When the device is short of
-    memory, the frameworks' caches (PyTorch's, CuPy's pools) are given back
-    and the resume is tried once more."""
+    memory, the frameworks' caches are given back (torch.cuda.empty_cache,
+    which PyTorch applies to its default pool only while no route is open;
+    every CuPy pool's free blocks) and the resume is tried once more."""
     n = ctypes.c_size_t(0)
+    encoded = tag.encode() if tag is not None else None
     if _api() is None:
         return 0
     selected = _pools.Selection(only=tag)
     frameworks = _pools.before_resume(selected)
     ok = False
-    encoded = tag.encode() if tag is not None else None
     try:
         try:
             rc = _call("vmmshim_resume_memory", encoded, ctypes.byref(n))

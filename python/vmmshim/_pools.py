@@ -19,10 +19,13 @@ that memory, a later allocation can be handed a block of it and fault
    (PyTorch: `_cuda_beginAllocateToPool`, every thread and stream; routes
    opened later, such as a CUDA graph capture's or a tag's, still come first,
    as PyTorch searches its routes newest first). A tag entered while its pool
-   is paused gets a pool of its own for that block. At resume the pause
-   pool's free segments go back to the driver before the shim maps the paused
+   is paused gets a pool of its own for that block. Every later pause, and
+   the pause's own return, replaces an open pause pool (it may hold memory
+   of any tag, or another thread's allocation made while the shim paused).
+   At the resume that ends the pause of untagged memory the pause pools'
+   free segments go back to the driver before the shim maps the paused
    memory again (that memory is what the work done while paused used), and
-   blocks still live in it stay valid.
+   blocks still live in them stay valid.
 
 3. What the framework keeps for good and touches on its own is made anew
    from unpaused memory when untagged memory is paused: PyTorch's cuBLAS
@@ -90,11 +93,11 @@ class _TorchPools:
         self.native = False     # routing (usable() decides)
         self.primary = {}       # (tag, device) -> MemPool
         self.routed = {}        # (tag, device) -> thread ident routing the primary pool
+        self.own = {}           # (tag, device) -> routes to pools of a block's own, open now
         self.paused = set()     # tags whose primary pools are paused ("" the default pool)
         self.pause_pools = {}   # device -> pool handle of the open pause pool
         self.resuming = {}      # device -> pause pool handle opened for a resume
         self.graph_rng = {}     # device -> the generator state kept while paused
-        self.own_routes = 0     # routes to pools of a block's own, open now
         self.deferred = []      # MemPools whose end waits for our routes to close
 
     def usable(self):
@@ -116,7 +119,11 @@ class _TorchPools:
         return True
 
     def routes_open(self):
-        return bool(self.routed or self.own_routes or self.pause_pools or self.resuming)
+        return bool(self.routed or self.own or self.pause_pools or self.resuming)
+
+    def routed_tags(self):
+        """Tags some thread is allocating into right now."""
+        return {tag for (tag, _d) in self.routed} | {tag for (tag, _d) in self.own}
 
     def defer_pool_ends(self):
         """A MemPool that ends while any route is open takes PyTorch down
@@ -152,45 +159,89 @@ class _TorchPools:
         return [d for d in range(count) if has(d)]
 
     def release_cached(self):
-        # The default pool and every freeable pool (the default pool only
-        # while no route is open: PyTorch's rule).
+        """For a resume short of memory: the open pause pools give way to
+        fresh ones (released, their free segments can go), then the default
+        pool (only while no route is open: PyTorch's rule) and every
+        freeable pool give their free segments back."""
+        self.renew_pause_pools()
         self.torch.cuda.empty_cache()
+
+    def renew_pause_pools(self):
+        """Every open pause pool is replaced by a fresh one, and released: it
+        is never routed to again, and its free segments go back at the next
+        empty_cache (its live blocks stay valid)."""
+        torch = self.torch
+        for d, old in list(self.pause_pools.items()):
+            handle = torch.cuda.graph_pool_handle()
+            self.begin_all(d, handle)
+            self.end(d, old)
+            self.release(d, old)
+            self.pause_pools[d] = handle
 
     # ---- tags ----
     def enter(self, tag):
-        """Routes this thread's allocations on the current device to `tag`'s
-        pool; returns what exit() undoes, or None (nothing routed)."""
+        """Routes this thread's allocations on every device with a context
+        (and the current one) to `tag`'s pool ("": untagged inside another
+        tag); returns what exit() undoes, or None (nothing routed)."""
         torch = self.torch
         if not self.native or torch.cuda.is_current_stream_capturing():
             return None  # the shim's stream-ordered memory; or the capture's pool
-        device = torch.cuda.current_device()
-        key = (tag, device)
+        stack = getattr(_thread, "torch_routes", None)
+        if stack is None:
+            stack = _thread.torch_routes = []
+        if not tag and not stack:
+            return None  # untagged, outside every tag: the default pool
+        devices = sorted(set(self.devices()) | {torch.cuda.current_device()})
         me = threading.get_ident()
-        if self.routed.get(key) == me:
-            return None  # nested inside the same tag: already routed
-        if tag not in self.paused and key not in self.routed:
-            pool = self.primary.get(key)
-            if pool is None:
-                pool = self.primary[key] = torch.cuda.MemPool()
-            self.begin_thread(device, pool.id)
-            self.routed[key] = me
-            return ("primary", key, pool.id)
-        # Paused, or another thread routes the primary pool (PyTorch allows
-        # one route per pool): a pool of this block's own, whose free space is
-        # given back at the next empty_cache once the block ends.
-        handle = torch.cuda.graph_pool_handle()
-        self.begin_thread(device, handle)
-        self.own_routes += 1
-        return ("own", key, handle)
+        tokens = []
+        try:
+            self._enter_devices(tag, devices, stack, me, tokens)
+        except BaseException:
+            self.exit(tokens)  # what was routed before the failure
+            raise
+        return tokens or None
 
-    def exit(self, token):
-        kind, key, pool_id = token
-        self.end(key[1], pool_id)
-        self.release(key[1], pool_id)  # a primary pool keeps its MemPool's count
-        if kind == "primary":
-            self.routed.pop(key, None)
-        else:
-            self.own_routes -= 1
+    def _enter_devices(self, tag, devices, stack, me, tokens):
+        torch = self.torch
+        for d in devices:
+            key = (tag, d)
+            newest = next((k for k in reversed(stack) if k[1] == d), None)
+            if tag and self.routed.get(key) == me and newest == key:
+                continue  # nested inside the same tag: already routed
+            if tag and tag not in self.paused and key not in self.routed:
+                pool = self.primary.get(key)
+                if pool is None:
+                    with torch.cuda.device(d):
+                        pool = self.primary[key] = torch.cuda.MemPool()
+                self.begin_thread(d, pool.id)
+                self.routed[key] = me
+                tokens.append(("primary", key, pool.id))
+            else:
+                # Paused, routed by another thread (PyTorch allows one route
+                # per pool), nested under another tag, or untagged inside a
+                # tag: a pool of this block's own, whose free space goes back
+                # at the next empty_cache once the block ends.
+                handle = torch.cuda.graph_pool_handle()
+                self.begin_thread(d, handle)
+                self.own[key] = self.own.get(key, 0) + 1
+                tokens.append(("own", key, handle))
+            stack.append(key)
+
+    def exit(self, tokens):
+        stack = _thread.torch_routes
+        for kind, key, pool_id in reversed(tokens):
+            self.end(key[1], pool_id)
+            self.release(key[1], pool_id)  # a primary pool keeps its MemPool's count
+            if kind == "primary":
+                self.routed.pop(key, None)
+            else:
+                self.own[key] -= 1
+                if not self.own[key]:
+                    del self.own[key]
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] == key:
+                    del stack[i]
+                    break
         self.end_deferred()
 
     # ---- pause and resume ----
@@ -203,37 +254,44 @@ class _TorchPools:
         if not devices:
             return None
         untagged = selected("")
-        routed = any(selected(tag) for (tag, _d) in self.routed)
-        if untagged and self.native and not self.pause_pools and not self.routed:
+        routed = any(selected(tag) for tag in self.routed_tags())
+        if untagged and self.native and not self.routes_open():
             # Wholly free cached segments go back first: neither copied nor
             # paused (only possible while no route is open).
             torch.cuda.empty_cache()
         opened, retired = {}, {}
-        if self.native and (untagged or routed):
+        # An open pause pool may hold memory of any tag: every pause replaces it.
+        if self.native and (untagged or routed or self.pause_pools):
             for d in devices:
                 handle = torch.cuda.graph_pool_handle()
                 self.begin_all(d, handle)
                 opened[d] = handle
                 old = self.pause_pools.get(d)
                 if old is not None:
-                    # Its memory may be paused now: never routed to again
-                    # (released: its free segments go at the next empty_cache).
                     self.end(d, old)
                     self.release(d, old)
                     retired[d] = old
                 self.pause_pools[d] = handle
         newly = {tag for (tag, _d) in self.primary if selected(tag)} - self.paused
-        swapped = {}
-        if untagged:
-            newly.add("")
+        swapped = []
+        if untagged or retired:
+            newly |= {""} if untagged else set()
             clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
             if clear is not None:
                 # cuBLAS keeps a workspace block for good; given back, the next
                 # matmul takes a new one from the pause pool.
                 clear()
             swapped = self.swap_graph_rng(devices)
+        newly -= self.paused
         self.paused |= newly
         return (opened, retired, newly, swapped)
+
+    def after_pause(self, undo):
+        """The pause pools opened before the shim's pause may have served
+        another thread meanwhile, and that memory is paused now: fresh ones
+        take their place."""
+        if undo is not None and undo[0]:
+            self.renew_pause_pools()
 
     def swap_graph_rng(self, devices):
         """PyTorch keeps its CUDA graphs' RNG seed and offset in two device
@@ -241,8 +299,10 @@ class _TorchPools:
         replay; paused, they would fault the next one. A fresh generator
         state takes the default generator's place until the resume
         (torch.Generator's graph-safe API), its seed and offset carried back
-        then, so random streams go on as if never paused."""
-        swapped = {}
+        then, so random streams go on as if never paused. A later pause takes
+        a fresh one again; the state kept is always the one from before the
+        first. Returns the devices whose state was kept by this call."""
+        kept_now = []
         gens = getattr(self.torch.cuda, "default_generators", ())
         for d in devices:
             if d >= len(gens):
@@ -251,11 +311,11 @@ class _TorchPools:
             if not all(hasattr(gen, f) for f in ("graphsafe_get_state", "graphsafe_set_state",
                                                  "clone_state")):
                 continue
-            kept = gen.graphsafe_get_state()
+            if d not in self.graph_rng:
+                self.graph_rng[d] = gen.graphsafe_get_state()
+                kept_now.append(d)
             gen.graphsafe_set_state(gen.clone_state())
-            swapped[d] = kept
-        self.graph_rng.update(swapped)
-        return swapped
+        return kept_now
 
     def restore_graph_rng(self, devices=None):
         if not self.graph_rng:
@@ -293,17 +353,11 @@ class _TorchPools:
         if not self.pause_pools:
             return
         still = {tag for tag in self.paused if not selected(tag)}
-        if "" in still or any(tag in still for (tag, _d) in self.routed):
+        if "" in still or still & self.routed_tags():
             return
-        torch = self.torch
-        for d, old in list(self.pause_pools.items()):
-            handle = torch.cuda.graph_pool_handle()
-            self.begin_all(d, handle)
-            self.resuming[d] = handle
-            self.end(d, old)
-            self.release(d, old)
-        self.pause_pools = {}
-        torch.cuda.empty_cache()  # freeable pools' free segments, under any route
+        self.renew_pause_pools()
+        self.resuming, self.pause_pools = self.pause_pools, {}
+        self.torch.cuda.empty_cache()  # freeable pools' free segments, under any route
 
     def after_resume(self, selected, ok):
         if not ok:
@@ -325,7 +379,9 @@ class _TorchPools:
 
 class _CupyPools:
     """CuPy's default MemoryPool: an allocator in its place that picks a pool
-    by the thread's tag and what is paused."""
+    by the thread's tag and what is paused. Every pool made is kept for the
+    process: an allocation holds its pool only weakly, and a pool that goes
+    frees the memory it owns, live blocks included."""
 
     def __init__(self, cupy):
         self.cupy = cupy
@@ -335,6 +391,7 @@ class _CupyPools:
         self.paused = set()       # tags whose pools are paused ("" the default pool)
         self.paused_pools = []    # the pools holding paused memory
         self.pause_pool = None    # untagged allocations while "" is paused
+        self.untagged = []        # every pause pool made (kept; see above)
         self.while_paused = []    # pools opened during a pause, drained at resume
         self.workspaces = {}      # cuBLAS handle -> the workspace set at a pause
 
@@ -366,6 +423,7 @@ class _CupyPools:
                     return self.default
                 if self.pause_pool is None:
                     self.pause_pool = self.cupy.cuda.MemoryPool()
+                    self.untagged.append(self.pause_pool)
                     self.while_paused.append(self.pause_pool)
                 return self.pause_pool
             pools = self.tagged.setdefault(tag, [])
@@ -384,33 +442,43 @@ class _CupyPools:
         if not self.installed:
             return
         for pool in [self.default] + [p for ps in self.tagged.values() for p in ps] + \
-                self.while_paused:
+                self.untagged:
             pool.free_all_blocks()
+
+    def _mark_paused(self, selected):
+        """Marks the pools of the selection paused (and retires the pause
+        pool when untagged memory is selected: it may hold any of it)."""
+        if selected("") and self.pause_pool is not None:
+            self.paused_pools.append(self.pause_pool)
+            self.pause_pool = None
+        for tag, pools in self.tagged.items():
+            if selected(tag):
+                self.paused_pools += [p for p in pools if not self._is_paused(p)]
 
     def before_pause(self, selected):
         if not self.installed:
             return None
-        newly = set()
-        before = list(self.paused_pools)
-        if selected("") and "" not in self.paused:
+        before = list(self.paused_pools), self.pause_pool
+        newly = {tag for tag in self.tagged if selected(tag)}
+        if selected(""):
             newly.add("")
-            self.default.free_all_blocks()  # wholly free chunks: not paused
-            if self.pause_pool is not None:
-                # Its memory is paused now too: a fresh one takes its place.
-                self.paused_pools.append(self.pause_pool)
-                self.pause_pool = None
-        for tag, pools in self.tagged.items():
-            if selected(tag):
-                newly.add(tag)
-                self.paused_pools += [p for p in pools if not self._is_paused(p)]
+            if "" not in self.paused:
+                self.default.free_all_blocks()  # wholly free chunks: not paused
+        self._mark_paused(selected)
         newly -= self.paused
         self.paused |= newly
-        return (newly, before)
+        return (newly, before, selected)
 
     def after_pause(self, undo):
-        # Only once the memory is paused: a pause pool made before would have
-        # its first chunk paused with everything else.
-        if undo is not None and "" in undo[0]:
+        """Pools made between the bookkeeping and the shim's pause (another
+        thread's allocation) hold paused memory now: marked so. cuBLAS's
+        workspace is taken only now, from a pause pool made after the
+        pause."""
+        if undo is None:
+            return
+        newly, _before, selected = undo
+        self._mark_paused(selected)
+        if "" in newly:
             self.swap_cublas_workspace()
 
     def swap_cublas_workspace(self):
@@ -432,16 +500,18 @@ class _CupyPools:
     def pause_failed(self, undo):
         if undo is None:
             return
-        newly, before = undo
+        newly, (paused_pools, pause_pool), _selected = undo
         self.paused -= newly
-        self.paused_pools = before
+        self.paused_pools = paused_pools
+        if self.pause_pool is None:
+            self.pause_pool = pause_pool
 
     def before_resume(self, selected):
         if not self.installed:
             return
         # The pools that served the paused time give their free chunks back
         # first: the resume needs that memory. Their live blocks stay valid.
-        for pool in self.while_paused:
+        for pool in self.while_paused + self.untagged:
             pool.free_all_blocks()
 
     def after_resume(self, selected, ok):
@@ -453,10 +523,10 @@ class _CupyPools:
             tag = next((t for t, ps in self.tagged.items() if any(p is pool for p in ps)), "")
             if not selected(tag):
                 keep.append(pool)
-        self.paused_pools = keep  # the old pause pools among them are dropped
+        self.paused_pools = keep
         if "" not in self.paused and self.pause_pool is not None:
             self.pause_pool.free_all_blocks()
-            self.pause_pool = None  # dropped: its live blocks free to the driver
+            self.pause_pool = None  # kept in self.untagged: its live blocks stay valid
         self.while_paused = [p for p in self.while_paused if p is self.pause_pool]
 
 
@@ -489,8 +559,7 @@ def _frameworks():
 def enter_tag(tag):
     """Called by vmmshim.tag on entry, after the thread's tag is set; returns
     the undo for leave_tag."""
-    if not tag:
-        return []
+    tag = tag or ""
     with _lock:
         tokens = []
         for fw in _frameworks():

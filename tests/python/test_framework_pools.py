@@ -38,8 +38,12 @@ cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
 cu.cuMemGetInfo_v2.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
 
 
-def driver_alloc(size):
+CONTEXTS = {}  # device -> its primary context (setUpClass)
+
+
+def driver_alloc(size, device=0):
     p = ctypes.c_uint64()
+    cu.cuCtxSetCurrent(CONTEXTS[device])
     rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size))
     if rc != 0:
         raise MemoryError(f"cuMemAlloc_v2: {rc}")
@@ -71,7 +75,8 @@ class Pool:
 class CachingAllocator:
     """The rules of PyTorch's caching allocator the pools rely on."""
 
-    def __init__(self):
+    def __init__(self, device=0):
+        self.device = device
         self.pools = {(0, 0): Pool()}
         self.routes = []  # (pool id, filter(thread ident) -> bool), newest last
         self.blocks = {}  # ptr -> (pool id, size)
@@ -113,7 +118,7 @@ class CachingAllocator:
         ptr = pool.take(size)
         if ptr is None:
             seg = max(SEGMENT, (size + SEGMENT - 1) // SEGMENT * SEGMENT)
-            base = driver_alloc(seg)
+            base = driver_alloc(seg, self.device)
             pool.segments[base] = seg
             pool.free.append((base, seg))
             ptr = pool.take(size)
@@ -142,16 +147,21 @@ class CachingAllocator:
             self.release_free_segments(pid)
 
 
-def make_torch(backend="native"):
-    """A torch module with what vmmshim/_pools.py uses, over CachingAllocator."""
-    alloc = CachingAllocator()
+def make_torch(backend="native", devices=1):
+    """A torch module with what vmmshim/_pools.py uses, over one
+    CachingAllocator per device (as PyTorch has)."""
+    allocators = [CachingAllocator(d) for d in range(devices)]
+    alloc = allocators[0]
     counter = [0]
     state = threading.local()
     torch = types.ModuleType("torch")
     torch.allocator = alloc
+    torch.allocators = allocators
     torch.capturing = False
-
     torch.crashes, torch.ended = [], []
+
+    def current():
+        return getattr(state, "device", 0)
 
     class MemPool:
         """~MemPool empties the pool's cache, which asserts that no route is
@@ -160,14 +170,15 @@ def make_torch(backend="native"):
         def __init__(self):
             counter[0] += 1
             self.id = (0, counter[0])
-            alloc.create_or_incref(self.id)
-            weakref.finalize(self, MemPool.destroy, self.id)
+            self.device = current()
+            allocators[self.device].create_or_incref(self.id)
+            weakref.finalize(self, MemPool.destroy, self.id, self.device)
 
         @staticmethod
-        def destroy(pid):
-            if alloc.routes:
+        def destroy(pid, device):
+            if allocators[device].routes:
                 torch.crashes.append("captures_underway.empty() INTERNAL ASSERT FAILED")
-            alloc.release(pid)
+            allocators[device].release(pid)
             torch.ended.append(pid)
 
     def graph_pool_handle():
@@ -176,13 +187,33 @@ def make_torch(backend="native"):
 
     def begin_thread(d, pid):
         tid = threading.get_ident()
-        alloc.begin(pid, lambda t: t == tid)
+        allocators[d].begin(pid, lambda t: t == tid)
 
+    class device:
+        def __init__(self, d):
+            self.d = d
+
+        def __enter__(self):
+            self.saved = current()
+            state.device = self.d
+
+        def __exit__(self, *exc):
+            state.device = self.saved
+
+    def empty_cache():
+        for a in allocators:
+            a.empty_cache()
+
+    def malloc(size):
+        """An allocation on the current device."""
+        return allocators[current()].malloc(size)
+
+    torch.malloc = malloc
     cuda = types.SimpleNamespace(
-        is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 1,
-        current_device=lambda: 0, is_current_stream_capturing=lambda: torch.capturing,
-        MemPool=MemPool, graph_pool_handle=graph_pool_handle, empty_cache=alloc.empty_cache,
-        memory=types.SimpleNamespace(get_allocator_backend=lambda: backend))
+        is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: devices,
+        current_device=current, is_current_stream_capturing=lambda: torch.capturing,
+        MemPool=MemPool, graph_pool_handle=graph_pool_handle, empty_cache=empty_cache,
+        device=device, memory=types.SimpleNamespace(get_allocator_backend=lambda: backend))
     workspace = {}
 
     def clear_workspaces():
@@ -239,15 +270,14 @@ def make_torch(backend="native"):
 
     torch.capture = capture
     torch._C = types.SimpleNamespace(
-        _cuda_beginAllocateToPool=lambda d, pid: alloc.begin(pid, lambda t: True),
+        _cuda_beginAllocateToPool=lambda d, pid: allocators[d].begin(pid, lambda t: True),
         _cuda_beginAllocateCurrentThreadToPool=begin_thread,
-        _cuda_endAllocateToPool=lambda d, pid: alloc.end(pid),
-        _cuda_releasePool=lambda d, pid: alloc.release(pid),
-        _cuda_hasPrimaryContext=lambda d: d == 0,
+        _cuda_endAllocateToPool=lambda d, pid: allocators[d].end(pid),
+        _cuda_releasePool=lambda d, pid: allocators[d].release(pid),
+        _cuda_hasPrimaryContext=lambda d: d < devices,
         _cuda_clearCublasWorkspaces=clear_workspaces)
-    cuda.default_generators = [Generator()]
+    cuda.default_generators = [Generator() for _ in range(devices)]
     torch.cuda = cuda
-    del state
     return torch
 
 
@@ -255,9 +285,18 @@ def make_cupy():
     cupy = types.ModuleType("cupy")
 
     class MemoryPool:
+        """Owns its chunks: an allocation holds it only weakly, and a pool
+        that goes frees every chunk, live blocks included (as CuPy's)."""
+
         def __init__(self):
             self.pool = Pool()
             self.blocks = {}
+            weakref.finalize(self, MemoryPool.free_everything, self.pool)
+
+        @staticmethod
+        def free_everything(pool):
+            for base in pool.segments:
+                cu.cuMemFree_v2(base)
 
         def malloc(self, size):
             ptr = self.pool.take(size)
@@ -282,10 +321,16 @@ def make_cupy():
 
     class Pointer:
         def __init__(self, pool, ptr, size):
-            self.pool, self.ptr, self.size = pool, ptr, size
+            self.pool_ref, self.ptr, self.size = weakref.ref(pool), ptr, size
+
+        @property
+        def pool(self):
+            return self.pool_ref()
 
         def free(self):
-            self.pool.free(self.ptr)
+            pool = self.pool_ref()
+            if pool is not None:
+                pool.free(self.ptr)
 
     default = MemoryPool()
     current = [default.malloc]
@@ -321,10 +366,12 @@ class FrameworkPoolsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         assert cu.cuInit(0) == 0
-        ctx = ctypes.c_void_p()
-        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-        assert cu.cuCtxSetCurrent(ctx) == 0
-        cls.ctx = ctx
+        for d in (0, 1):
+            ctx = ctypes.c_void_p()
+            assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) == 0
+            CONTEXTS[d] = ctx
+        assert cu.cuCtxSetCurrent(CONTEXTS[0]) == 0
+        cls.ctx = CONTEXTS[0]
         assert vmmshim.loaded()
 
     def setUp(self):
@@ -341,8 +388,8 @@ class FrameworkPoolsTest(unittest.TestCase):
         for name in ("torch", "cupy"):
             sys.modules.pop(name, None)
 
-    def with_torch(self, backend="native"):
-        torch = make_torch(backend)
+    def with_torch(self, backend="native", devices=1):
+        torch = make_torch(backend, devices)
         sys.modules["torch"] = torch
         return torch, torch.allocator
 
@@ -499,11 +546,42 @@ class FrameworkPoolsTest(unittest.TestCase):
         vmmshim.pause()
         self.assertEqual(a.routes, [])
 
+    def call_with(self, name, before):
+        """vmmshim's C calls, with `before()` run just ahead of `name`."""
+        real = vmmshim._call
+
+        def call(n, *args):
+            if n == name:
+                before()
+            return real(n, *args)
+
+        vmmshim._call = call
+        self.addCleanup(setattr, vmmshim, "_call", real)
+
+    def test_an_allocation_during_the_pause_call_does_not_poison_the_pause_pool(self):
+        torch, a = self.with_torch()
+        self.holes(a)
+        gap = []
+        # Another thread's allocation between the routing and the shim's pause.
+        self.call_with("vmmshim_pause_memory", lambda: gap.append(a.malloc(64 * 1024)))
+        vmmshim.pause()
+        a.free(gap[0])
+        for _ in range(8):
+            p = a.malloc(64 * 1024)
+            self.assertTrue(touch(p, 64 * 1024), "an allocation landed in paused memory")
+
     def test_a_failed_pause_undoes_the_routing(self):
         torch, a = self.with_torch()
         self.holes(a)
+        seen = []
+        self.call_with("vmmshim_pause_memory_except",
+                       lambda: seen.append((len(a.routes), torch.cuda.default_generators[0].state)))
+        kept = torch.cuda.default_generators[0].state
         with self.assertRaises(vmmshim.VmmshimError):  # a tag too long: INVALID_VALUE
             vmmshim.pause(except_tags=["x" * 300])    # after the routes were opened
+        self.assertEqual(seen[0][0], 1)               # the pause pool was routed
+        self.assertIsNot(seen[0][1], kept)            # and the graph RNG swapped
+        self.assertIs(torch.cuda.default_generators[0].state, kept)
         with self.assertRaises(ValueError):
             vmmshim.pause("kv", except_tags=["w"])
         self.assertEqual(a.routes, [])
@@ -535,10 +613,157 @@ class FrameworkPoolsTest(unittest.TestCase):
         pause_pool = made[0].pool
         self.assertGreater(vmmshim.resume(), 0)
         self.assertEqual(list(pause_pool.pool.segments.values()).count(40 * MIB), 0)
+        # What was made while paused stays valid (its pool is kept), and so
+        # does cuBLAS's workspace.
+        del pause_pool
+        self.assertTrue(all(touch(p.ptr, p.size) for p in made))
+        self.assertTrue(touch(*cupy.workspaces[7]))
         self.assertIs(cupy.alloc(1024).pool, default)
         with vmmshim.tag("kv"):
             self.assertIs(cupy.alloc(1024).pool, kv[0].pool)
         self.assertTrue(touch(live[1].ptr, live[1].size))
+
+    def test_cupy_pausing_everything_twice(self):
+        cupy = make_cupy()
+        sys.modules["cupy"] = cupy
+        with vmmshim.tag("w"):
+            cupy.alloc(1024)  # the allocator takes the default pool's place
+        vmmshim.pause()
+        first = [cupy.alloc(100 * 1024) for _ in range(4)]
+        first[0].free()
+        vmmshim.pause()  # the first pause pool is paused too now
+        again = [cupy.alloc(100 * 1024) for _ in range(4)]
+        self.assertTrue(all(touch(p.ptr, p.size) for p in again))
+        self.assertFalse(touch(first[1].ptr, first[1].size))
+        vmmshim.resume()
+        self.assertTrue(all(touch(p.ptr, p.size) for p in first[1:] + again))
+
+    def test_a_pause_pool_that_served_a_tag_is_not_used_once_that_tag_is_paused(self):
+        torch, a = self.with_torch()
+        self.holes(a)
+        entered, go, done = threading.Event(), threading.Event(), threading.Event()
+
+        def worker():
+            cu.cuCtxSetCurrent(self.ctx)
+            with vmmshim.tag("kv"):
+                entered.set()
+                go.wait(10)
+                a.free(a.malloc(256 * 1024))  # a kv segment in the pause pool
+            done.set()
+
+        t = threading.Thread(target=worker)
+        t.start()
+        self.assertTrue(entered.wait(10))
+        vmmshim.pause()
+        go.set()
+        self.assertTrue(done.wait(10))
+        t.join()
+        vmmshim.pause("kv")  # pauses that segment, inside the pause pool
+        for _ in range(8):
+            p = a.malloc(200 * 1024)
+            self.assertTrue(touch(p, 200 * 1024), "an allocation landed in paused memory")
+
+    def test_a_block_of_its_own_is_paused_again_safely(self):
+        torch, a = self.with_torch()
+        with vmmshim.tag("kv"):
+            a.malloc(4096)  # the tag's pool
+        vmmshim.pause("kv")
+        inside, paused_again, done = threading.Event(), threading.Event(), threading.Event()
+        results = []
+
+        def worker():
+            cu.cuCtxSetCurrent(self.ctx)
+            with vmmshim.tag("kv"):  # a pool of its own: kv is paused
+                a.free(a.malloc(256 * 1024))
+                inside.set()
+                paused_again.wait(10)
+                for _ in range(4):
+                    p = a.malloc(200 * 1024)
+                    results.append(touch(p, 200 * 1024))
+            done.set()
+
+        t = threading.Thread(target=worker)
+        t.start()
+        self.assertTrue(inside.wait(10))
+        vmmshim.resume("kv")
+        vmmshim.pause("kv")  # the block's own pool holds kv memory: paused too
+        paused_again.set()
+        self.assertTrue(done.wait(10))
+        t.join()
+        self.assertEqual(results, [True] * 4)
+
+    def test_nested_tags_keep_one_tag_per_pool(self):
+        torch, a = self.with_torch()
+        with vmmshim.tag("a"):
+            with vmmshim.tag("b"):
+                b = a.malloc(100 * 1024)
+                with vmmshim.tag("a"):
+                    inner = a.malloc(100 * 1024)
+                with vmmshim.tag(None):
+                    untagged = a.malloc(100 * 1024)
+        self.assertNotEqual(a.blocks[inner][0], a.blocks[b][0])
+        self.assertNotEqual(a.blocks[untagged][0], a.blocks[b][0])
+        vmmshim.pause("b")
+        self.assertFalse(touch(b, 100 * 1024))
+        self.assertTrue(touch(inner, 100 * 1024))
+        self.assertTrue(touch(untagged, 100 * 1024))
+        self.assertEqual(a.routes, [])
+
+    def test_every_device_with_a_context_is_routed(self):
+        torch, a = self.with_torch(devices=2)
+        a1 = torch.allocators[1]
+        with torch.cuda.device(1):
+            live = [a1.malloc(256 * 1024) for _ in range(4)]
+            a1.free(live[0])
+        with vmmshim.tag("kv"):  # current device 0; an allocation on device 1
+            with torch.cuda.device(1):
+                kv = torch.malloc(256 * 1024)
+        self.assertNotEqual(a1.blocks[kv][0], (0, 0))  # the tag's pool on device 1
+        vmmshim.pause("kv")
+        cu.cuCtxSetCurrent(CONTEXTS[1])
+        self.assertFalse(touch(kv, 256 * 1024))
+        with torch.cuda.device(1):
+            for _ in range(8):
+                p = torch.malloc(200 * 1024)
+                self.assertTrue(touch(p, 200 * 1024))
+        cu.cuCtxSetCurrent(CONTEXTS[0])
+
+    def test_pausing_everything_twice_keeps_the_graph_rng_state(self):
+        torch, a = self.with_torch()
+        self.holes(a)
+        self.assertTrue(torch.capture())
+        kept = torch.cuda.default_generators[0].state
+        vmmshim.pause()
+        self.assertTrue(torch.capture())
+        vmmshim.pause()
+        self.assertTrue(torch.capture())  # a fresh state again: the last one is paused
+        vmmshim.resume()
+        self.assertIs(torch.cuda.default_generators[0].state, kept)
+        self.assertEqual(kept.offset, 12)
+
+    def test_a_resume_that_fails_early_leaves_the_routing_as_it_was(self):
+        torch, a = self.with_torch()
+        entered, go = threading.Event(), threading.Event()
+
+        def worker():
+            cu.cuCtxSetCurrent(self.ctx)
+            with vmmshim.tag("kv"):
+                a.malloc(4096)
+                entered.set()
+                go.wait(10)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        self.assertTrue(entered.wait(10))
+        vmmshim.pause("kv")  # a thread in the tag: a pause pool
+        go.set()
+        t.join()
+        routes = list(a.routes)
+        self.assertEqual(len(routes), 1)
+        with self.assertRaises(AttributeError):
+            vmmshim.resume(b"kv")  # not a str
+        self.assertEqual(a.routes, routes)
+        self.assertEqual(_pools._torch[1].resuming, {})
 
     def test_allocators_the_shim_cannot_see_into_are_named_once(self):
         sys.modules["jax"] = types.ModuleType("jax")
