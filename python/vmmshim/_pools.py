@@ -489,6 +489,8 @@ class _CupyPools:
         device)."""
         try:
             from cupy_backends.cuda.libs import cublas
+            if not hasattr(cublas, "setWorkspace"):
+                return  # CuPy 14.2 has none: its cuBLAS worked on while paused (H200)
             handle = self.cupy.cuda.device.get_cublas_handle()
             size = 32 << 20
             workspace = self._pool("").malloc(size)
