@@ -118,6 +118,8 @@ class VmmshimError(RuntimeError):
 
     def __init__(self, call, code):
         message = f"{call} returned CUresult {code}"
+        if code in _MEANINGS:
+            message += f" ({_MEANINGS[code]}; the log says more)"
         if code in _CONTEXT_LOST:
             message += (f" ({_CONTEXT_LOST[code]}): the CUDA context is lost (an earlier kernel "
                         "or copy failed, and the error is sticky); paused memory cannot be "
@@ -126,6 +128,17 @@ class VmmshimError(RuntimeError):
         self.call = call
         self.code = code
 
+
+# What the C API's codes mean (include/vmmshim/vmmshim.h).
+_MEANINGS = {
+    1: "CUDA_ERROR_INVALID_VALUE: a bad argument",
+    2: "CUDA_ERROR_OUT_OF_MEMORY: host memory for the contents, at a pause; device memory, "
+       "at a resume (everything stays paused; free memory and resume again)",
+    304: "CUDA_ERROR_OPERATING_SYSTEM: a file could not be written",
+    800: "CUDA_ERROR_NOT_PERMITTED: not on this memory (exported to another process, or "
+         "packed with other allocations)",
+    900: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: a stream capture is in progress",
+}
 
 # Sticky errors: after one, every call of the context fails (CUDA Programming
 # Guide, "Error Checking"; the driver API's CUresult list).
@@ -239,15 +252,33 @@ def _ptr(obj):
     raise TypeError(f"vmmshim: not a device pointer: {type(obj).__name__}")
 
 
-@contextlib.contextmanager
+def _check_tag(call, name, what="the tag"):
+    """The tag rules of the C API, checked alike with and without the shim:
+    a str (or None) of at most 255 bytes in UTF-8."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"vmmshim.{call}: {what} must be a str or None, not "
+                        f"{type(name).__name__}")
+    encoded = name.encode()
+    if len(encoded) > 255:
+        raise ValueError(f"vmmshim.{call}: {what} is {len(encoded)} bytes; at most 255")
+    return encoded
+
+
 def tag(name):
     """Allocations this thread makes inside carry allocation tag `name` (at most
     255 bytes; None: no tag); the tag that was set before is restored at the
     end. With PyTorch's caching allocator or CuPy's default pool, they also
     come from a pool of the tag's own, so that pausing the tag never pauses
-    free space another allocation could be given (vmmshim/_pools.py)."""
-    if name is not None and not isinstance(name, str):
-        raise TypeError("vmmshim.tag: the tag must be a str or None")
+    free space another allocation could be given (vmmshim/_pools.py).
+    TypeError or ValueError at once for a tag the C API would refuse."""
+    _check_tag("tag", name)
+    return _tag(name)
+
+
+@contextlib.contextmanager
+def _tag(name):
     stack = getattr(_pools._thread, "stack", None)
     if stack is None:
         stack = _pools._thread.stack = []
@@ -276,12 +307,17 @@ def pause(tag=None, keep_contents=True, except_tags=None):
     handed out before the resume (vmmshim/_pools.py)."""
     n = ctypes.c_size_t(0)
     flags = KEEP_CONTENTS if keep_contents else 0
+    _check_tag("pause", tag)
     if except_tags is not None:
         if tag is not None:
             raise ValueError("vmmshim.pause: give tag or except_tags, not both")
         if isinstance(except_tags, str):
             except_tags = [except_tags]
         except_tags = list(except_tags)
+        for t in except_tags:
+            if t is None:
+                raise TypeError("vmmshim.pause: except_tags holds str tags ('' the untagged)")
+            _check_tag("pause", t, "each of except_tags")
         selected = _pools.Selection(keep=except_tags)
     else:
         selected = _pools.Selection(only=tag)
@@ -313,7 +349,7 @@ def resume(tag=None):
     which PyTorch applies to its default pool only while no route is open;
     every CuPy pool's free blocks) and the resume is tried once more."""
     n = ctypes.c_size_t(0)
-    encoded = tag.encode() if tag is not None else None
+    encoded = _check_tag("resume", tag)
     if _api() is None:
         return 0
     selected = _pools.Selection(only=tag)

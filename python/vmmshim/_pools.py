@@ -30,8 +30,9 @@ that memory, a later allocation can be handed a block of it and fault
 3. What the framework keeps for good and touches on its own is made anew
    from unpaused memory when untagged memory is paused: PyTorch's cuBLAS
    workspaces (released; the next matmul takes a new one) and its CUDA
-   graphs' RNG state (a fresh generator state until the resume); CuPy's
-   cuBLAS handle gets a workspace from the pause pool.
+   graphs' RNG state (a fresh generator state until the resume), again
+   whenever a later pause replaces a pause pool; CuPy's cuBLAS handle gets a
+   workspace from the pause pool where CuPy exposes cublas.setWorkspace.
 
 Which allocators: PyTorch's native caching allocator (default and
 `expandable_segments:True`); under `backend:cudaMallocAsync` the shim is the
@@ -91,6 +92,7 @@ class _TorchPools:
         self.release = getattr(c, "_cuda_releasePool", None)
         self.begin_thread = getattr(c, "_cuda_beginAllocateCurrentThreadToPool", None)
         self.native = False     # routing (usable() decides)
+        self.backend = None     # PyTorch's allocator backend
         self.primary = {}       # (tag, device) -> MemPool
         self.routed = {}        # (tag, device) -> thread ident routing the primary pool
         self.own = {}           # (tag, device) -> routes to pools of a block's own, open now
@@ -112,6 +114,7 @@ class _TorchPools:
         except Exception:  # noqa: BLE001: a CPU-only build, a broken CUDA
             return False
         routes = None not in (self.begin_all, self.end, self.release, self.begin_thread)
+        self.backend = backend
         self.native = (backend == "native" and routes and hasattr(torch.cuda, "MemPool")
                        and hasattr(torch.cuda, "graph_pool_handle"))
         if self.native:
@@ -635,6 +638,12 @@ def unsafe_allocators():
         if kind not in ("platform", "cuda_async"):
             found.append(("JAX's BFC arena (XLA_PYTHON_CLIENT_ALLOCATOR="
                           f"{kind})", "set XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async"))
+    if _torch and _torch[1] is not None and _torch[1].backend == "native" \
+            and not _torch[1].native:
+        found.append((f"PyTorch {getattr(_torch[0], '__version__', '?')}'s caching allocator "
+                      "(this PyTorch has no MemPool routing for the shim to use; checked with "
+                      "2.11)", "use a PyTorch with torch.cuda.MemPool, or "
+                      "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"))
     rmm = sys.modules.get("rmm")
     if rmm is not None:
         try:

@@ -574,11 +574,15 @@ class FrameworkPoolsTest(unittest.TestCase):
         torch, a = self.with_torch()
         self.holes(a)
         seen = []
-        self.call_with("vmmshim_pause_memory_except",
-                       lambda: seen.append((len(a.routes), torch.cuda.default_generators[0].state)))
+
+        def fail():  # the shim's pause fails (a driver error), after the routing
+            seen.append((len(a.routes), torch.cuda.default_generators[0].state))
+            raise vmmshim.VmmshimError("vmmshim_pause_memory_except", 1)
+
+        self.call_with("vmmshim_pause_memory_except", fail)
         kept = torch.cuda.default_generators[0].state
-        with self.assertRaises(vmmshim.VmmshimError):  # a tag too long: INVALID_VALUE
-            vmmshim.pause(except_tags=["x" * 300])    # after the routes were opened
+        with self.assertRaises(vmmshim.VmmshimError):
+            vmmshim.pause(except_tags=["w"])
         self.assertEqual(seen[0][0], 1)               # the pause pool was routed
         self.assertIsNot(seen[0][1], kept)            # and the graph RNG swapped
         self.assertIs(torch.cuda.default_generators[0].state, kept)
@@ -760,7 +764,7 @@ class FrameworkPoolsTest(unittest.TestCase):
         t.join()
         routes = list(a.routes)
         self.assertEqual(len(routes), 1)
-        with self.assertRaises(AttributeError):
+        with self.assertRaises(TypeError):
             vmmshim.resume(b"kv")  # not a str
         self.assertEqual(a.routes, routes)
         self.assertEqual(_pools._torch[1].resuming, {})
@@ -782,6 +786,20 @@ class FrameworkPoolsTest(unittest.TestCase):
             self.assertEqual(_pools.unsafe_allocators(), [])
         finally:
             del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
+        # A PyTorch whose caching allocator cannot be routed.
+        torch = make_torch()
+        del torch._C._cuda_beginAllocateToPool
+        sys.modules["torch"] = torch
+        sys.modules.pop("jax")
+        _pools._torch = None
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            vmmshim.pause("nothing-has-this-tag")
+        self.assertEqual(len(seen), 1)
+        self.assertIn("no MemPool routing", str(seen[0].message))
+        self.assertIn("backend:cudaMallocAsync", str(seen[0].message))
+        sys.modules.pop("torch")
+        sys.modules["jax"] = types.ModuleType("jax")
         # A CuPy allocator of the program's own.
         cupy = make_cupy()
         own = cupy.cuda.MemoryPool()

@@ -37,6 +37,16 @@ class WithoutTheShim(unittest.TestCase):
         messages = [str(w.message) for w in seen]
         self.assertEqual(len(messages), 1, messages)
         self.assertEqual(seen[0].filename, __file__)  # the caller's line, not the module's
+        # Bad arguments are refused alike with and without the shim, at the call.
+        for call in (lambda: vmmshim.tag(3), lambda: vmmshim.pause(b"kv"),
+                     lambda: vmmshim.resume(3), lambda: vmmshim.pause(except_tags=[b"a"]),
+                     lambda: vmmshim.pause(except_tags=[None])):
+            with self.assertRaises(TypeError):
+                call()
+        with self.assertRaises(ValueError) as err:
+            vmmshim.tag("x" * 256)
+        self.assertIn("256 bytes; at most 255", str(err.exception))
+        self.assertIn("CUDA_ERROR_OUT_OF_MEMORY", str(vmmshim.VmmshimError("p", 2)))
         self.assertIn("libvmmshim.so is not loaded in this process", messages[0])
         self.assertIn("LD_PRELOAD=libvmmshim.so", messages[0])
 
