@@ -87,10 +87,14 @@ class CupyPools:
             return None
         before = list(self.paused_pools), self.pause_pool
         newly = {tag for tag in self.tagged if selected(tag)}
+        # Wholly free chunks of the pools about to be paused go back first:
+        # neither paused nor copied.
+        going = [p for t, ps in self.tagged.items() if selected(t) for p in ps]
         if selected(""):
             newly.add("")
-            if "" not in self.paused:
-                self.default.free_all_blocks()  # wholly free chunks: not paused
+            going += [self.default] + ([self.pause_pool] if self.pause_pool else [])
+        for pool in going:
+            pool.free_all_blocks()
         self._mark_paused(selected)
         newly -= self.paused
         self.paused |= newly

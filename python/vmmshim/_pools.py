@@ -28,11 +28,12 @@ that memory, a later allocation can be handed a block of it and fault
    blocks still live in them stay valid.
 
 3. What the framework keeps for good and touches on its own is made anew
-   from unpaused memory when untagged memory is paused: PyTorch's cuBLAS
-   workspaces (released; the next matmul takes a new one) and its CUDA
-   graphs' RNG state (a fresh generator state until the resume), again
-   whenever a later pause replaces a pause pool; CuPy's cuBLAS handle gets a
-   workspace from the pause pool where CuPy exposes cublas.setWorkspace.
+   from unpaused memory at every pause: PyTorch's cuBLAS workspaces
+   (released; the next matmul takes a new one) and its CUDA graphs' RNG
+   state (a fresh generator state until the resume that leaves nothing
+   paused); CuPy's cuBLAS handle gets a workspace from the pause pool where
+   CuPy exposes cublas.setWorkspace. Wholly free cached memory of the pools
+   about to be paused goes back first.
 
 Which allocators: PyTorch's native caching allocator (default and
 `expandable_segments:True`); under `backend:cudaMallocAsync` the shim is the

@@ -27,6 +27,7 @@ class TorchPools:
         self.pause_pools = {}   # device -> pool handle of the open pause pool
         self.resuming = {}      # device -> pause pool handle opened for a resume
         self.graph_rng = {}     # device -> the generator state kept while paused
+        self.known = {""}       # every tag entered ("" untagged): what a pause can take
         self.deferred = []      # MemPools whose end waits for our routes to close
 
     def usable(self):
@@ -119,6 +120,7 @@ class TorchPools:
         stack = getattr(_thread, "torch_routes", None)
         if stack is None:
             stack = _thread.torch_routes = []
+        self.known.add(tag)
         if not tag and not stack:
             return None  # untagged, outside every tag: the default pool
         devices = sorted(set(self.devices()) | {torch.cuda.current_device()})
@@ -202,17 +204,14 @@ class TorchPools:
                     self.release(d, old)
                     retired[d] = old
                 self.pause_pools[d] = handle
-        newly = {tag for (tag, _d) in self.primary if selected(tag)} - self.paused
-        swapped = []
-        if untagged or retired:
-            newly |= {""} if untagged else set()
-            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-            if clear is not None:
-                # cuBLAS keeps a workspace block for good; given back, the next
-                # matmul takes a new one from the pause pool.
-                clear()
-            swapped = self.swap_graph_rng(devices)
-        newly -= self.paused
+        newly = {tag for tag in self.known if selected(tag)} - self.paused
+        # What PyTorch keeps for good lives wherever it was first made (the
+        # default pool, or the pool of the tag a thread was in): at every
+        # pause it is made anew from memory that is not paused.
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()  # cuBLAS's workspace: the next matmul takes a new one
+        swapped = self.swap_graph_rng(devices)
         self.paused |= newly
         return (opened, retired, newly, swapped)
 
@@ -227,11 +226,12 @@ class TorchPools:
         """PyTorch keeps its CUDA graphs' RNG seed and offset in two device
         tensors made with the first capture and written at every capture and
         replay; paused, they would fault the next one. A fresh generator
-        state takes the default generator's place until the resume
-        (torch.Generator's graph-safe API), its seed and offset carried back
-        then, so random streams go on as if never paused. A later pause takes
-        a fresh one again; the state kept is always the one from before the
-        first. Returns the devices whose state was kept by this call."""
+        state takes the default generator's place until the resume that
+        leaves nothing paused (torch.Generator's graph-safe API), its seed
+        and offset carried back then, so random streams go on as if never
+        paused. Every pause takes a fresh one again; the state kept is always
+        the one from before the first. Returns the devices whose state was
+        kept by this call."""
         kept_now = []
         gens = getattr(self.torch.cuda, "default_generators", ())
         for d in devices:
@@ -296,7 +296,7 @@ class TorchPools:
             self.resuming = {}
             return
         self.paused = {tag for tag in self.paused if not selected(tag)}
-        if "" not in self.paused:
+        if not self.paused:
             self.restore_graph_rng()
         for d, handle in self.resuming.items():
             self.end(d, handle)

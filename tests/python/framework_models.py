@@ -65,6 +65,7 @@ class Pool:
         self.free = []      # (ptr, size) free blocks
 
     def take(self, size):
+        """Best fit, split."""
         fits = sorted((s, p) for p, s in self.free if s >= size)
         if not fits:
             return None
@@ -73,6 +74,23 @@ class Pool:
         if s > size:
             self.free.append((p + size, s - size))
         return p
+
+    def give(self, ptr, size):
+        """A freed block back, merged with its free neighbours in its segment
+        (so a segment whose blocks are all free is one free block again)."""
+        base = next(b for b, n in self.segments.items() if b <= ptr < b + n)
+        end = base + self.segments[base]
+        merged = True
+        while merged:
+            merged = False
+            for p, n in list(self.free):
+                if p + n == ptr and p >= base:
+                    self.free.remove((p, n))
+                    ptr, size, merged = p, size + n, True
+                elif ptr + size == p and p + n <= end:
+                    self.free.remove((p, n))
+                    size, merged = size + n, True
+        self.free.append((ptr, size))
 
 
 class CachingAllocator:
@@ -130,7 +148,7 @@ class CachingAllocator:
 
     def free(self, ptr):
         pid, size = self.blocks.pop(ptr)
-        self.pools[pid].free.append((ptr, size))
+        self.pools[pid].give(ptr, size)
 
     def release_free_segments(self, pid):
         pool = self.pools[pid]
@@ -304,7 +322,7 @@ def make_cupy():
         def malloc(self, size):
             ptr = self.pool.take(size)
             if ptr is None:
-                seg = max(SEGMENT, size)
+                seg = (size + 511) // 512 * 512  # CuPy asks the driver for what it needs
                 base = driver_alloc(seg)
                 self.pool.segments[base] = seg
                 self.pool.free.append((base, seg))
@@ -313,7 +331,7 @@ def make_cupy():
             return Pointer(self, ptr, size)
 
         def free(self, ptr):
-            self.pool.free.append((ptr, self.blocks.pop(ptr)))
+            self.pool.give(ptr, self.blocks.pop(ptr))
 
         def free_all_blocks(self):
             for base, seg in list(self.pool.segments.items()):

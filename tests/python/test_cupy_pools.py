@@ -106,5 +106,57 @@ class CupyPoolsTest(PoolsTest):
         self.assertIn("a CuPy allocator of the program's own", str(seen[0].message))
 
 
+    def test_random_sequences_never_hand_out_paused_memory(self):
+        """Random tags, allocations, frees, pauses and resumes: each
+        allocation is writable when made, and every block after the final
+        resume."""
+        import contextlib
+        import random
+        for seed in range(30):
+            self.setUp()
+            cupy = make_cupy()
+            sys.modules["cupy"] = cupy
+            # No cuBLAS workspace (32 MiB a pause) in a 256 MiB device here.
+            sys.modules.pop("cupy_backends.cuda.libs.cublas")
+            del sys.modules["cupy_backends.cuda.libs"].cublas
+            rng = random.Random(seed)
+            tags, depth, live = contextlib.ExitStack(), 0, []
+            for step in range(150):
+                op = rng.random()
+                if op < 0.15 and depth < 3:
+                    tags.enter_context(vmmshim.tag(rng.choice(["a", "b", None])))
+                    depth += 1
+                elif op < 0.25 and depth:
+                    tags.close()
+                    tags, depth = contextlib.ExitStack(), 0
+                elif op < 0.65:
+                    size = rng.choice([512, 4096, 64 * 1024, 100 * 1024])
+                    p = cupy.alloc(size)
+                    self.assertTrue(touch(p.ptr, size),
+                                    f"seed {seed} step {step}: paused memory handed out")
+                    live.append(p)
+                elif op < 0.8 and live:
+                    live.pop(rng.randrange(len(live))).free()
+                elif op < 0.9:
+                    kind = rng.choice(["a", "b", "", None, "except"])
+                    keep = rng.random() < 0.5
+                    if kind == "except":
+                        vmmshim.pause(except_tags=[rng.choice(["a", "b"])], keep_contents=keep)
+                    else:
+                        vmmshim.pause(kind, keep_contents=keep)
+                else:
+                    vmmshim.resume(rng.choice([None, "a", "b", ""]))
+            tags.close()
+            vmmshim.resume()
+            for p in live:
+                self.assertTrue(touch(p.ptr, 512), f"seed {seed}: a block lost after the resume")
+            for p in live:
+                p.free()
+            self.tearDown()
+            pools = _pools._cupy
+            for pool in [pools.default] + pools.untagged + [
+                    q for qs in pools.tagged.values() for q in qs]:
+                pool.free_all_blocks()
+
 if __name__ == "__main__":
     unittest.main()

@@ -324,5 +324,68 @@ class TorchPoolsTest(PoolsTest):
         self.assertNotIn("context is lost", str(vmmshim.VmmshimError("x", 2)))
 
 
+    def test_random_sequences_never_hand_out_paused_memory(self):
+        """Random nestings of tags, allocations, frees, captures, pauses and
+        resumes of every kind of selection: each allocation is writable when
+        made, every block is writable after the final resume, and no route
+        is left open."""
+        import contextlib
+        import random
+        for seed in range(40):
+            self.setUp()
+            torch, a = self.with_torch(devices=2)
+            rng = random.Random(seed)
+            tags = contextlib.ExitStack()
+            depth, live = 0, []
+            for step in range(150):
+                op = rng.random()
+                where = f"seed {seed} step {step}"
+                if op < 0.15 and depth < 4:
+                    tags.enter_context(vmmshim.tag(rng.choice(["a", "b", None, "a"])))
+                    depth += 1
+                elif op < 0.25 and depth:
+                    # Leave the innermost tag only: close and re-enter the rest.
+                    tags.close()
+                    tags, depth = contextlib.ExitStack(), 0
+                elif op < 0.6:
+                    device = rng.choice([0, 0, 1])
+                    size = rng.choice([512, 4096, 100 * 1024, 300 * 1024])
+                    with torch.cuda.device(device):
+                        p = torch.malloc(size)
+                    cu.cuCtxSetCurrent(CONTEXTS[device])
+                    self.assertTrue(touch(p, size), f"{where}: paused memory handed out")
+                    cu.cuCtxSetCurrent(CONTEXTS[0])
+                    live.append((device, p))
+                elif op < 0.75 and live:
+                    device, p = live.pop(rng.randrange(len(live)))
+                    torch.allocators[device].free(p)
+                elif op < 0.77:
+                    self.assertTrue(torch.capture(), f"{where}: the graph RNG state is paused")
+                elif op < 0.8:
+                    self.assertTrue(torch.matmul(), f"{where}: cuBLAS's workspace is paused")
+                elif op < 0.9:
+                    kind = rng.choice(["a", "b", "", None, "except"])
+                    keep = rng.random() < 0.5
+                    if kind == "except":
+                        vmmshim.pause(except_tags=[rng.choice(["a", "b"])], keep_contents=keep)
+                    else:
+                        vmmshim.pause(kind, keep_contents=keep)
+                else:
+                    vmmshim.resume(rng.choice([None, "a", "b", ""]))
+            tags.close()
+            vmmshim.resume()
+            for device, p in live:
+                cu.cuCtxSetCurrent(CONTEXTS[device])
+                self.assertTrue(touch(p, 512), f"seed {seed}: a block lost after the resume")
+            cu.cuCtxSetCurrent(CONTEXTS[0])
+            self.assertEqual([x.routes for x in torch.allocators], [[], []], f"seed {seed}")
+            self.tearDown()
+            for x in torch.allocators:  # the next seed starts with the devices empty
+                cu.cuCtxSetCurrent(CONTEXTS[x.device])
+                for pool in x.pools.values():
+                    for base in pool.segments:
+                        self.assertEqual(cu.cuMemFree_v2(base), 0)
+            cu.cuCtxSetCurrent(CONTEXTS[0])
+
 if __name__ == "__main__":
     unittest.main()
