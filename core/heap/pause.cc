@@ -58,7 +58,7 @@ absl::Status ExplainLostContext(absl::Status status, const char* call, const Tag
       " from an earlier kernel or copy; the error is sticky): ",
       resume ? "the kept contents cannot be mapped back; everything stays paused and is lost "
                "with the process"
-             : "nothing was paused; the process must restart to use the GPU again");
+             : "the pause cannot complete; the process must restart to use the GPU again");
   Log().error("{}", what);
   return Reworded(status, what);
 }

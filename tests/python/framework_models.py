@@ -434,3 +434,45 @@ class PoolsTest(unittest.TestCase):
 
         vmmshim._call = call
         self.addCleanup(setattr, vmmshim, "_call", real)
+
+    def in_tag_on_a_thread(self, tag, first, then):
+        """Starts a thread that enters vmmshim.tag(tag) and runs first(); once
+        that is done, returns finish(): it lets the thread run then() inside
+        the same tag, waits for it, and returns then()'s result."""
+        entered, go, box = threading.Event(), threading.Event(), []
+
+        def worker():
+            cu.cuCtxSetCurrent(self.ctx)
+            with vmmshim.tag(tag):
+                first()
+                entered.set()
+                go.wait(10)
+                box.append(then())
+
+        t = threading.Thread(target=worker)
+        t.start()
+        self.assertTrue(entered.wait(10))
+
+        def finish():
+            go.set()
+            t.join(10)
+            self.assertFalse(t.is_alive())
+            self.assertEqual(len(box), 1, "the thread failed")
+            return box[0]
+
+        return finish
+
+
+def random_pause_or_resume(rng, op):
+    """One random step of the sequences: a pause of any kind of selection
+    (one tag, the untagged, everything, everything but one tag; contents kept
+    or not) when op < 0.9, else a resume of everything or of one tag."""
+    if op >= 0.9:
+        vmmshim.resume(rng.choice([None, "a", "b", ""]))
+        return
+    kind = rng.choice(["a", "b", "", None, "except"])
+    keep = rng.random() < 0.5
+    if kind == "except":
+        vmmshim.pause(except_tags=[rng.choice(["a", "b"])], keep_contents=keep)
+    else:
+        vmmshim.pause(kind, keep_contents=keep)

@@ -7,7 +7,8 @@ import types
 import unittest
 import warnings
 
-from framework_models import MIB, PoolsTest, _pools, make_cupy, make_torch, touch, vmmshim
+from framework_models import (MIB, PoolsTest, _pools, make_cupy, make_torch,
+                              random_pause_or_resume, touch, vmmshim)
 
 
 class CupyPoolsTest(PoolsTest):
@@ -137,15 +138,8 @@ class CupyPoolsTest(PoolsTest):
                     live.append(p)
                 elif op < 0.8 and live:
                     live.pop(rng.randrange(len(live))).free()
-                elif op < 0.9:
-                    kind = rng.choice(["a", "b", "", None, "except"])
-                    keep = rng.random() < 0.5
-                    if kind == "except":
-                        vmmshim.pause(except_tags=[rng.choice(["a", "b"])], keep_contents=keep)
-                    else:
-                        vmmshim.pause(kind, keep_contents=keep)
                 else:
-                    vmmshim.resume(rng.choice([None, "a", "b", ""]))
+                    random_pause_or_resume(rng, op)
             tags.close()
             vmmshim.resume()
             for p in live:

@@ -3,11 +3,10 @@ framework_models.py, over real shim memory on the simulated driver): no
 allocation made while paused lands in paused memory; and a lost context
 said in words. Each test failed on the code before the fix it covers."""
 import ctypes
-import threading
 import unittest
 
-from framework_models import (CONTEXTS, MIB, PoolsTest, _pools, cu, touch,  # noqa: F401
-                              vmmshim)
+from framework_models import (CONTEXTS, MIB, PoolsTest, _pools, cu,  # noqa: F401
+                              random_pause_or_resume, touch, vmmshim)
 
 
 class TorchPoolsTest(PoolsTest):
@@ -108,31 +107,14 @@ class TorchPoolsTest(PoolsTest):
 
     def test_a_thread_inside_a_tag_across_the_pause_gets_unpaused_memory(self):
         torch, a = self.with_torch()
-        entered, paused, done = threading.Event(), threading.Event(), threading.Event()
-        results = []
-
-        def worker():
-            cu.cuCtxSetCurrent(self.ctx)
-            with vmmshim.tag("kv"):
-                self.holes(a)
-                entered.set()
-                paused.wait(10)
-                for _ in range(8):
-                    p = a.malloc(128 * 1024)
-                    results.append(touch(p, 128 * 1024))
-            done.set()
-
-        t = threading.Thread(target=worker)
-        t.start()
-        self.assertTrue(entered.wait(10))
+        finish = self.in_tag_on_a_thread(
+            "kv", lambda: self.holes(a),
+            lambda: [touch(a.malloc(128 * 1024), 128 * 1024) for _ in range(8)])
         # Another thread in the same tag meanwhile: its own pool, no error.
         with vmmshim.tag("kv"):
             self.assertTrue(touch(a.malloc(4096), 4096))
         vmmshim.pause("kv")
-        paused.set()
-        self.assertTrue(done.wait(10))
-        t.join()
-        self.assertEqual(results, [True] * 8)
+        self.assertEqual(finish(), [True] * 8)
         vmmshim.resume("kv")
         self.assertEqual(a.routes, [])
 
@@ -192,23 +174,11 @@ class TorchPoolsTest(PoolsTest):
     def test_a_pause_pool_that_served_a_tag_is_not_used_once_that_tag_is_paused(self):
         torch, a = self.with_torch()
         self.holes(a)
-        entered, go, done = threading.Event(), threading.Event(), threading.Event()
-
-        def worker():
-            cu.cuCtxSetCurrent(self.ctx)
-            with vmmshim.tag("kv"):
-                entered.set()
-                go.wait(10)
-                a.free(a.malloc(256 * 1024))  # a kv segment in the pause pool
-            done.set()
-
-        t = threading.Thread(target=worker)
-        t.start()
-        self.assertTrue(entered.wait(10))
+        finish = self.in_tag_on_a_thread(
+            "kv", lambda: None,
+            lambda: a.free(a.malloc(256 * 1024)))  # a kv segment in the pause pool
         vmmshim.pause()
-        go.set()
-        self.assertTrue(done.wait(10))
-        t.join()
+        finish()
         vmmshim.pause("kv")  # pauses that segment, inside the pause pool
         for _ in range(8):
             p = a.malloc(200 * 1024)
@@ -219,29 +189,12 @@ class TorchPoolsTest(PoolsTest):
         with vmmshim.tag("kv"):
             a.malloc(4096)  # the tag's pool
         vmmshim.pause("kv")
-        inside, paused_again, done = threading.Event(), threading.Event(), threading.Event()
-        results = []
-
-        def worker():
-            cu.cuCtxSetCurrent(self.ctx)
-            with vmmshim.tag("kv"):  # a pool of its own: kv is paused
-                a.free(a.malloc(256 * 1024))
-                inside.set()
-                paused_again.wait(10)
-                for _ in range(4):
-                    p = a.malloc(200 * 1024)
-                    results.append(touch(p, 200 * 1024))
-            done.set()
-
-        t = threading.Thread(target=worker)
-        t.start()
-        self.assertTrue(inside.wait(10))
+        finish = self.in_tag_on_a_thread(  # a pool of its own: kv is paused
+            "kv", lambda: a.free(a.malloc(256 * 1024)),
+            lambda: [touch(a.malloc(200 * 1024), 200 * 1024) for _ in range(4)])
         vmmshim.resume("kv")
         vmmshim.pause("kv")  # the block's own pool holds kv memory: paused too
-        paused_again.set()
-        self.assertTrue(done.wait(10))
-        t.join()
-        self.assertEqual(results, [True] * 4)
+        self.assertEqual(finish(), [True] * 4)
 
     def test_nested_tags_keep_one_tag_per_pool(self):
         torch, a = self.with_torch()
@@ -294,21 +247,9 @@ class TorchPoolsTest(PoolsTest):
 
     def test_a_resume_that_fails_early_leaves_the_routing_as_it_was(self):
         torch, a = self.with_torch()
-        entered, go = threading.Event(), threading.Event()
-
-        def worker():
-            cu.cuCtxSetCurrent(self.ctx)
-            with vmmshim.tag("kv"):
-                a.malloc(4096)
-                entered.set()
-                go.wait(10)
-
-        t = threading.Thread(target=worker)
-        t.start()
-        self.assertTrue(entered.wait(10))
+        finish = self.in_tag_on_a_thread("kv", lambda: a.malloc(4096), lambda: None)
         vmmshim.pause("kv")  # a thread in the tag: a pause pool
-        go.set()
-        t.join()
+        finish()
         routes = list(a.routes)
         self.assertEqual(len(routes), 1)
         with self.assertRaises(TypeError):
@@ -363,15 +304,8 @@ class TorchPoolsTest(PoolsTest):
                     self.assertTrue(torch.capture(), f"{where}: the graph RNG state is paused")
                 elif op < 0.8:
                     self.assertTrue(torch.matmul(), f"{where}: cuBLAS's workspace is paused")
-                elif op < 0.9:
-                    kind = rng.choice(["a", "b", "", None, "except"])
-                    keep = rng.random() < 0.5
-                    if kind == "except":
-                        vmmshim.pause(except_tags=[rng.choice(["a", "b"])], keep_contents=keep)
-                    else:
-                        vmmshim.pause(kind, keep_contents=keep)
                 else:
-                    vmmshim.resume(rng.choice([None, "a", "b", ""]))
+                    random_pause_or_resume(rng, op)
             tags.close()
             vmmshim.resume()
             for device, p in live:
