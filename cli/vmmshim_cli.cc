@@ -30,8 +30,6 @@
 // and stops on a malformed peer setting (docs/configuration.md). A
 // malformed command line exits 2 with one line naming the option or
 // subcommand and what was expected, and a usage line.
-#include <glob.h>
-#include <sys/stat.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -45,14 +43,21 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "cli/command_line.h"
 #include "cli/compare/compare.h"
-#include "cli/report.h"
-#include "cli/report_file.h"
+#include "cli/report_command.h"
 #include "config/config.h"
 #include "config/rules_file.h"
 #include "core/base/version.h"
 
 namespace {
+
+using vmmshim::cli::ByteCount;
+using vmmshim::cli::Closest;
+using vmmshim::cli::CommandLineError;
+using vmmshim::cli::LeftOver;
+using vmmshim::cli::OneOf;
+using vmmshim::cli::WholeNumber;
 
 // The directory of this program.
 std::string SelfDir() {
@@ -102,121 +107,6 @@ DropIn FindDropIn() {
   return found;
 }
 
-int Report(const std::string& path, bool wide) {
-  std::string error;
-  const std::optional<std::string> text = vmmshim::cli::ReportFile(path, wide, &error);
-  if (!text) {
-    std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
-    // `vmmshim run --stats FILE`: a program that never used CUDA itself
-    // (a shell, torchrun) wrote no FILE; its children wrote FILE.PID.
-    if (access(path.c_str(), F_OK) != 0) {
-      const std::string pattern = vmmshim::ChildStatsPath(path, "*");
-      glob_t found{};
-      if (glob(pattern.c_str(), 0, nullptr, &found) == 0 && found.gl_pathc > 0) {
-        std::fprintf(stderr, "vmmshim report: processes the program started wrote %zu file(s) "
-                     "named like it, such as %s\n", found.gl_pathc, found.gl_pathv[0]);
-      }
-      globfree(&found);
-    }
-    return 1;
-  }
-  std::fputs(text->c_str(), stdout);
-  return 0;
-}
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// `vmmshim report FILE...` of statistics files: a directory stands for its
-// *.json files that are statistics files (others, such as compare.json,
-// are skipped with a line saying so); a named file that is not one is an
-// error, said, and the rest are still reported. Exit status 1 when any was.
-int ReportProcesses(const std::vector<std::string>& args, bool json) {
-  std::vector<vmmshim::cli::ProcessStats> processes;
-  int status = 0;
-  for (const std::string& arg : args) {
-    std::vector<std::string> paths;
-    const bool directory = IsDirectory(arg);
-    if (directory) {
-      glob_t found{};
-      if (glob((arg + "/*.json").c_str(), 0, nullptr, &found) == 0) {
-        paths.assign(found.gl_pathv, found.gl_pathv + found.gl_pathc);  // sorted by glob
-      }
-      globfree(&found);
-      if (paths.empty()) {
-        std::fprintf(stderr, "vmmshim report: %s: no .json files in this directory\n",
-                     arg.c_str());
-        status = 1;
-      }
-    } else {
-      paths.push_back(arg);
-    }
-    for (const std::string& path : paths) {
-      std::string error;
-      std::optional<vmmshim::cli::StatsFile> stats = vmmshim::cli::ReadStatsFile(path, &error);
-      if (stats) {
-        processes.push_back({path, *std::move(stats)});
-      } else if (directory) {
-        std::fprintf(stderr, "vmmshim report: skipped %s\n", error.c_str());
-      } else {
-        std::fprintf(stderr, "vmmshim report: %s\n", error.c_str());
-        status = 1;
-      }
-    }
-  }
-  if (processes.empty()) {
-    std::fprintf(stderr, "vmmshim report: no statistics file to report\n");
-    return 1;
-  }
-  std::fputs((json ? vmmshim::cli::ProcessesJson(processes)
-                   : vmmshim::cli::FormatProcesses(processes))
-                 .c_str(),
-             stdout);
-  return status;
-}
-
-// The edit distance (insertions, deletions, substitutions) of `a` and `b`.
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// The one of `names` that `given` is a likely misspelling of (at most a
-// third of its letters off); empty when none is.
-std::string Closest(const std::string& given, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_distance = given.size() / 3 + 1;
-  for (const std::string& name : names) {
-    const size_t d = EditDistance(given, name);
-    if (d < best_distance) {
-      best = name;
-      best_distance = d;
-    }
-  }
-  return best;
-}
-
-// The long option names of `app` ("--policies"), --help included.
-std::vector<std::string> OptionNames(const CLI::App& app) {
-  std::vector<std::string> names;
-  for (const CLI::Option* o : app.get_options()) {
-    for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
-  }
-  return names;
-}
-
 // Whether `program` names an executable file: as given when it has a '/',
 // else found on PATH (as execvp looks it up).
 bool Runnable(const std::string& program) {
@@ -262,98 +152,6 @@ int Trace(const std::vector<std::string>& snapshots, const std::optional<std::st
   execvp(args[0], args.data());
   std::fprintf(stderr, "vmmshim trace: cannot run python3: %s\n", std::strerror(errno));
   return 1;
-}
-
-// "vmmshim compare", or "vmmshim" without a subcommand.
-std::string CommandName(const CLI::App* sub) {
-  return sub == nullptr ? "vmmshim" : "vmmshim " + sub->get_name();
-}
-
-std::string Usage(const CLI::App* sub) {
-  if (sub == nullptr) return "vmmshim run|report|compare|trace ... (vmmshim --help)";
-  const std::string name = CommandName(sub);
-  const std::string args = sub->get_name() == "report"  ? " [OPTIONS] FILE..."
-                           : sub->get_name() == "trace" ? " [-o OUT] SNAPSHOT..."
-                                                        : " [OPTIONS] -- PROGRAM ARGS...";
-  return name + args + " (" + name + " --help)";
-}
-
-// Prints a command-line error of `sub` (null: of vmmshim itself) with the
-// usage, and gives the exit status of one.
-int CommandLineError(const CLI::App* sub, const std::string& message) {
-  std::fprintf(stderr, "%s: %s\nusage: %s\n", CommandName(sub).c_str(), message.c_str(),
-               Usage(sub).c_str());
-  return 2;
-}
-
-// What CLI11 left over in `sub` (allow_extras) said as an error: an unknown
-// option named with the likely one meant, or a stray argument. Empty when
-// nothing was left over.
-std::string LeftOver(const CLI::App& sub, bool takes_program) {
-  std::vector<std::string> extras = sub.remaining();
-  // CLI11 keeps the "--" it took the program's words after among them.
-  extras.erase(std::remove(extras.begin(), extras.end(), "--"), extras.end());
-  if (extras.empty()) return "";
-  const std::string& first = extras.front();
-  if (first.size() > 1 && first[0] == '-') {
-    const std::string name = first.substr(0, first.find('='));
-    std::string message = "unknown option '" + name + "'";
-    if (const std::string close = Closest(name, OptionNames(sub)); !close.empty()) {
-      message += " (did you mean " + close + "?)";
-    } else if (takes_program) {
-      message += "; the program's own options go after --";
-    } else {
-      message += "; expected one of " + [&] {
-        std::string list;
-        for (const std::string& n : OptionNames(sub)) list += (list.empty() ? "" : ", ") + n;
-        return list;
-      }();
-    }
-    return message;
-  }
-  return "unexpected argument '" + first + "'";
-}
-
-// A validator of a whole number from `low` to `high`: "'abc' is not a
-// number" rather than a range that says nothing of the value's form.
-CLI::Validator WholeNumber(int low, int high) {
-  const std::string range = std::to_string(low) + " to " + std::to_string(high);
-  return CLI::Validator(
-      [low, high, range](std::string& v) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        const long x = std::strtol(v.c_str(), &end, 10);
-        if (v.empty() || end == v.c_str() || *end != '\0' || errno == ERANGE) {
-          return "'" + v + "' is not a number; expected a whole number from " + range;
-        }
-        if (x < low || x > high) return "" + v + " is out of range; expected " + range;
-        return "";
-      },
-      "INT " + range);
-}
-
-// A validator of a byte count as the shim reads it (config/rules_file.h).
-CLI::Validator ByteCount() {
-  return CLI::Validator(
-      [](std::string& v) -> std::string {
-        return vmmshim::ParseBytes(v) ? ""
-                                      : "'" + v + "' is not a byte count (as in 1M, 64KiB, "
-                                                  "1048576)";
-      },
-      "BYTES");
-}
-
-// A validator of one of `names`, naming them all.
-CLI::Validator OneOf(std::vector<std::string> names) {
-  std::string list;
-  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-  return CLI::Validator(
-      [names, list](std::string& v) -> std::string {
-        return std::find(names.begin(), names.end(), v) != names.end()
-                   ? ""
-                   : "'" + v + "' is not one of " + list;
-      },
-      "{" + list + "}");
 }
 
 // Whether the shim's variable of `key` is set and not empty.
@@ -528,10 +326,7 @@ int main(int argc, char** argv) {
                                       : std::nullopt);
   }
   if (*report) {
-    if (report_files.size() == 1 && !report_json && !IsDirectory(report_files[0])) {
-      return Report(report_files[0], report_wide);
-    }
-    return ReportProcesses(report_files, report_json);
+    return vmmshim::cli::ReportCommand(report_files, report_wide, report_json);
   }
   if (*compare) {
     std::string error;

@@ -32,36 +32,6 @@ HeapTable::Options HeapOptions(const AllocatorOptions& o) {
 
 }  // namespace
 
-void CallCounters::AddTo(AllocatorStats* s) const {
-  s->passthrough_allocations = passthrough_allocations_.load(std::memory_order_relaxed);
-  s->passthrough_bytes = passthrough_bytes_.load(std::memory_order_relaxed);
-  s->peer_enable_calls = peer_enable_calls_.load(std::memory_order_relaxed);
-  s->peer_enable_seconds = peer_enable_ns_.load(std::memory_order_relaxed) * 1e-9;
-}
-
-void CallCounters::PassThroughLive(CUdeviceptr ptr, size_t bytes, int device) {
-  PassThrough(bytes);
-  MutexLock lock(&live_mu_);
-  live_[ptr] = {bytes, device};
-  live_count_.store(live_.size(), std::memory_order_relaxed);
-}
-
-void CallCounters::PassThroughFreed(CUdeviceptr ptr) {
-  if (live_count_.load(std::memory_order_relaxed) == 0) return;
-  MutexLock lock(&live_mu_);
-  live_.erase(ptr);
-  live_count_.store(live_.size(), std::memory_order_relaxed);
-}
-
-uint64_t CallCounters::PassedThroughLive(int device) const {
-  MutexLock lock(&live_mu_);
-  uint64_t bytes = 0;
-  for (const auto& [ptr, entry] : live_) {
-    if (entry.second == device) bytes += entry.first;
-  }
-  return bytes;
-}
-
 std::vector<DeviceResidency> Allocator::Residency() const {
   // Devices the shim served, and those where other libraries hold memory.
   std::map<int, DeviceResidency> by_device;
@@ -96,6 +66,7 @@ Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
              [this](int device) { stream_ordered_.CreateCache(device); }),
       stream_ordered_(driver, heaps_, captures_, options_.peer_policy,
                       options_.stream_query_interval_ns, [this] { return ReclaimDeferred(); }),
+      peers_(driver, heaps_, options_.history),
       foreign_(driver),
       pause_(driver, heaps_, captures_,
              options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(16),
@@ -344,75 +315,6 @@ void Allocator::AfterFork(bool in_child) {
   foreign_.AfterForkParent();
   pause_.AfterForkParent();
   captures_.AfterForkParentGate();
-}
-
-void Allocator::RecordPeer(HistoryAction action, int peer_device, int owner_device) {
-  if (options_.history == nullptr || !options_.history->enabled()) return;
-  HistoryRecord r;
-  r.action = action;
-  r.device = owner_device;
-  r.peer = peer_device;
-  options_.history->Record(r);
-}
-
-absl::Status Allocator::EnablePeer(int peer_device, int owner_device) {
-  if (!DeviceSet::IsOrdinal(peer_device) || !DeviceSet::IsOrdinal(owner_device)) {
-    return DriverError(CUDA_ERROR_INVALID_DEVICE, "EnablePeer");
-  }
-  MutexLock lock(&heaps_.peer_mu());
-  if (!heaps_.peers().Enable(peer_device, owner_device)) return absl::OkStatus();  // nested
-  // Before the grants ApplyPeerChange records.
-  RecordPeer(HistoryAction::kPeerEnable, peer_device, owner_device);
-  DeviceHeap* heap = heaps_.heap(owner_device);
-  if (heap == nullptr) return absl::OkStatus();  // future allocations see the bit
-  absl::Status applied = heap->ApplyPeerChange(peer_device);
-  if (!applied.ok()) {
-    // Undo: the peer is not enabled, and no run keeps a partial grant.
-    heaps_.peers().Reset(peer_device, owner_device);
-    heap->ApplyPeerChange(-1).IgnoreError();
-    RecordPeer(HistoryAction::kPeerDisable, peer_device, owner_device);
-  }
-  return applied;
-}
-
-absl::Status Allocator::DisablePeer(int peer_device, int owner_device) {
-  if (!DeviceSet::IsOrdinal(peer_device) || !DeviceSet::IsOrdinal(owner_device)) {
-    return DriverError(CUDA_ERROR_INVALID_DEVICE, "DisablePeer");
-  }
-  MutexLock lock(&heaps_.peer_mu());
-  absl::StatusOr<bool> last = heaps_.peers().Disable(peer_device, owner_device);
-  if (!last.ok()) return last.status();
-  if (*last) RecordPeer(HistoryAction::kPeerDisable, peer_device, owner_device);
-  DeviceHeap* heap = heaps_.heap(owner_device);
-  if (!*last || heap == nullptr) return absl::OkStatus();
-  return heap->ApplyPeerChange(-1);
-}
-
-absl::Status Allocator::SetPeerAccess(CUdeviceptr ptr, int peer, bool grant) {
-  const HeapTable::Location where = heaps_.Locate(ptr);
-  if (where.arena == nullptr) return NotShimMemory();
-  absl::StatusOr<int> device_count = heaps_.DeviceCount();
-  if (!device_count.ok()) return device_count.status();
-  if (peer < 0 || peer >= *device_count) {
-    return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
-  }
-  const int owner = where.heap->device();
-  if (peer != owner) {
-    int can = 0;
-    CUresult r = driver_.cuDeviceCanAccessPeer(&can, peer, owner);
-    if (r != CUDA_SUCCESS) return DriverError(r, "cuDeviceCanAccessPeer");
-    if (grant && can == 0) return DriverError(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "GrantPeer");
-  }
-  return where.arena->SetExplicit(ptr, peer, grant);
-}
-
-absl::StatusOr<bool> Allocator::PeerHasAccess(CUdeviceptr ptr, int peer) const {
-  HeapArena* arena = heaps_.Locate(ptr).arena;
-  if (arena == nullptr) return NotShimMemory();
-  if (!DeviceSet::IsOrdinal(peer)) {
-    return DriverError(CUDA_ERROR_INVALID_DEVICE, "vmmshim peer access");
-  }
-  return arena->PeerHasAccess(ptr, peer);
 }
 
 absl::StatusOr<const void*> Allocator::PausedContents(CUdeviceptr ptr, size_t bytes) const {

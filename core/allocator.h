@@ -16,8 +16,8 @@
 //     shared by concurrent frees;
 //   - VmmMapper (core/driver/vmm_mapping.h): the only caller of the VMM
 //     entry points, undoing every multi-step sequence on failure;
-//   - PeerEnableTable and PlanAccess (core/peer/peer_access.h): which peers
-//     enabled access, and the cuMemSetAccess runs that follow;
+//   - PeerGrants (core/peer_grants.h): device-pair peer enables and
+//     per-allocation grants, through peers();
 //   - CaptureTracker (core/sync/capture.h): stream captures in progress, and
 //     the driver's rule for calls made during one.
 // The facade finds the device of the current context, the arena of a
@@ -58,10 +58,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/allocator_stats.h"
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
 #include "core/driver/vmm_mapping.h"
@@ -71,6 +71,7 @@
 #include "core/heap/pause.h"
 #include "core/heap/types.h"
 #include "core/history/memory_history.h"
+#include "core/peer_grants.h"
 #include "core/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_front_end.h"
 #include "core/sync/capture.h"
@@ -122,79 +123,6 @@ struct AllocatorOptions {
   // decisions are recorded (core/history/memory_history.h), while it is
   // enabled; null: nowhere. Must outlive the allocator.
   MemoryHistory* history = nullptr;
-};
-
-// Process-wide figures: sums over the devices' DeviceStats (the one source
-// of truth), plus what was handed to the driver.
-struct AllocatorStats {
-  uint64_t served_allocations = 0;       // allocations served from VMM
-  uint64_t served_bytes = 0;             // their requested bytes
-  uint64_t passthrough_allocations = 0;  // requests handed to the driver
-  uint64_t passthrough_bytes = 0;
-  uint64_t frees = 0;
-  uint64_t live_allocations = 0;
-  uint64_t live_bytes = 0;               // requested bytes of live allocations
-  uint64_t handles = 0;                  // live physical handles
-  uint64_t handle_bytes = 0;             // their bytes (device memory in use)
-  uint64_t peak_handle_bytes = 0;        // the most held at once, all devices together
-  uint64_t deferred_frees = 0;           // frees held back by stream captures
-  uint64_t stream_ordered_allocations = 0;  // cuMemAllocAsync served (in served_allocations
-                                            // only when they made a new heap allocation)
-  uint64_t stream_ordered_reuses = 0;       // of them, from the stream-ordered cache
-  uint64_t stream_ordered_cached_bytes = 0; // freed blocks held for reuse now
-  // Frees' context synchronizes (core/sync/context_sync.h): how many ran, and how
-  // many frees returned on one that another free ran.
-  uint64_t free_synchronizes = 0;
-  uint64_t free_synchronizes_shared = 0;
-  // cuCtxEnablePeerAccess as the program saw it (core/peer_enable.h): calls
-  // and the seconds they took, the driver's enable and the shim's grants
-  // together, whatever they returned.
-  uint64_t peer_enable_calls = 0;
-  double peer_enable_seconds = 0;
-  // PauseMemory: physical bytes released and not resumed yet, and the most
-  // at once, all devices together.
-  uint64_t paused_bytes = 0;
-  uint64_t peak_paused_bytes = 0;
-  // One entry per device the shim served, in device order (the sums above
-  // are over these).
-  std::vector<DeviceStats> devices;
-};
-
-// What the interposition layer reports about calls the allocator does not
-// make itself (for GetStats and Residency). Thread-safe: relaxed atomics,
-// and a mutex around the passed-through allocations still live (a rare
-// path: the shim serves every allocation it can).
-class CallCounters {
- public:
-  // A request handed to the driver unchanged.
-  void PassThrough(size_t bytes) {
-    passthrough_allocations_.fetch_add(1, std::memory_order_relaxed);
-    passthrough_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  }
-  // The same for a cuMemAlloc-style allocation the driver made at `ptr` on
-  // `device`: its bytes count as passed through and live until
-  // PassThroughFreed(ptr) (the residency report's "passed through").
-  void PassThroughLive(CUdeviceptr ptr, size_t bytes, int device)
-      ABSL_LOCKS_EXCLUDED(live_mu_);
-  // `ptr` was freed by the driver (a pointer the shim does not own). One
-  // atomic load when nothing passed through is live.
-  void PassThroughFreed(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(live_mu_);
-  // Live passed-through bytes on `device`.
-  uint64_t PassedThroughLive(int device) const ABSL_LOCKS_EXCLUDED(live_mu_);
-  // One cuCtxEnablePeerAccess call of `nanoseconds` (the driver's enable
-  // and the shim's grants together, whatever it returned).
-  void PeerEnable(uint64_t nanoseconds) {
-    peer_enable_calls_.fetch_add(1, std::memory_order_relaxed);
-    peer_enable_ns_.fetch_add(nanoseconds, std::memory_order_relaxed);
-  }
-  void AddTo(AllocatorStats* s) const;
-
- private:
-  std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
-  std::atomic<uint64_t> peer_enable_calls_{0}, peer_enable_ns_{0};
-  std::atomic<size_t> live_count_{0};  // live_.size()
-  mutable Mutex live_mu_;  // a leaf (core/sync/lock_order.h, locks outside the allocator's order)
-  absl::flat_hash_map<CUdeviceptr, std::pair<size_t, int>> live_ ABSL_GUARDED_BY(live_mu_);
 };
 
 // An allocation made shareable by Export.
@@ -336,29 +264,10 @@ class Allocator {
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void AfterFork(bool in_child) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
-  // `peer_device` has enabled peer access to `owner_device`'s memory (after
-  // the driver accepted cuCtxEnablePeerAccess, or instead of it). Grants the
-  // policy-allowed allocations of the owner, existing and future. Calls nest:
-  // each EnablePeer needs one DisablePeer. CUDA_ERROR_INVALID_DEVICE for a
-  // bad ordinal.
-  absl::Status EnablePeer(int peer_device, int owner_device);
-  // Undoes one EnablePeer; the last one revokes the policy grants (explicit
-  // grants stay). CUDA_ERROR_PEER_ACCESS_NOT_ENABLED when not enabled.
-  absl::Status DisablePeer(int peer_device, int owner_device);
-
-  // Explicit per-allocation control, combined with any policy: `peer` may
-  // (grant true) or may not (false) map the allocation containing `ptr`,
-  // whether or not it enabled peer access. Errors: CUDA_ERROR_INVALID_VALUE
-  // (not shim memory), CUDA_ERROR_INVALID_DEVICE (bad ordinal),
-  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (a grant cuDeviceCanAccessPeer says
-  // no to), CUDA_ERROR_NOT_PERMITTED (a packed allocation whose granule
-  // holds other live allocations that carry no tag: tag allocations meant
-  // for explicit grants, vmmshim_set_allocation_tag, so they get granules of
-  // their own), or the driver's cuMemSetAccess error. The owner itself is a
-  // no-op.
-  absl::Status SetPeerAccess(CUdeviceptr ptr, int peer, bool grant);
-  // Whether `peer` can access the allocation containing `ptr` now.
-  absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const;
+  // Device-pair peer enables and per-allocation grants
+  // (core/peer_grants.h).
+  PeerGrants& peers() { return peers_; }
+  const PeerGrants& peers() const { return peers_; }
   // The memory margin (torch_memory_saver's memory_margin_bytes): from now
   // on a tagged allocation that needs new physical memory fails with
   // CUDA_ERROR_OUT_OF_MEMORY when, after it, less than `bytes` of the
@@ -395,8 +304,6 @@ class Allocator {
       ABSL_SHARED_LOCKS_REQUIRED(captures_.gate());
   // HeapTable::ReclaimDeferred with this allocator's synchronize.
   bool ReclaimDeferred();
-  // A peer enable or disable into the history, when it records.
-  void RecordPeer(HistoryAction action, int peer_device, int owner_device);
 
   const DriverApi& driver_;
   const AllocatorOptions options_;
@@ -406,6 +313,7 @@ class Allocator {
   SyncCombiner free_syncs_;
   HeapTable heaps_;
   StreamOrderedFrontEnd stream_ordered_;
+  PeerGrants peers_;
   ForeignVmm foreign_;  // before pause_, which pauses it too
   PauseCoordinator pause_;
   CallCounters counters_;

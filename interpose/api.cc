@@ -25,7 +25,7 @@ CUresult ExplicitAccess(const void* ptr, int peer, bool grant) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  return ToCuResult(rt->allocator->SetPeerAccess(p, peer, grant));
+  return ToCuResult(rt->allocator->peers().SetPeerAccess(p, peer, grant));
 }
 }  // namespace
 
@@ -43,7 +43,7 @@ VMMSHIM_EXPORT int vmmshim_query_peer_access(const void* ptr, int peer_device,
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   absl::StatusOr<bool> has =
-      rt->allocator->PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
+      rt->allocator->peers().PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
   if (!has.ok()) return ToCuResult(has.status());
   *has_access = *has ? 1 : 0;
   return CUDA_SUCCESS;

@@ -59,7 +59,7 @@ class StatsFileTest : public SimTest {
     MustAllocate(a, 2 * kTestMiB);  // a miss
     absl::StatusOr<Allocator::Allocation> kv = a.Allocate(4 * kTestMiB, "kv");
     ASSERT_TRUE(kv.ok() && kv->served) << kv.status();
-    ASSERT_TRUE(a.EnablePeer(1, 0).ok());
+    ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
     absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false);
     ASSERT_TRUE(paused.ok() && *paused > 0) << paused.status();
     const CUstream stream = reinterpret_cast<CUstream>(0x51);

@@ -455,7 +455,7 @@ TEST_F(AllocatorTest, CachedBlocksKeepTheirAccessSet) {
   Allocator a(api_);
   CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // granted to the cached block too
+  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());  // granted to the cached block too
   sim::ResetCallCounts();
   CUdeviceptr q = MustAllocate(a, 4 * kMiB);
   EXPECT_EQ(q, p);
@@ -547,13 +547,13 @@ TEST_F(AllocatorTest, PeerEnabledDuringANewAllocationIsGranted) {
     p = MustAllocate(a, 4 * kMiB);
   });
   ASSERT_TRUE(sim::WaitForHeldCall(10000));
-  ASSERT_TRUE(a.EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
   sim::ReleaseHeldCalls();
   t.join();
   ASSERT_NE(p.load(), 0u);
   char c;
   EXPECT_EQ(sim::DeviceRead(1, &c, p.load(), 1), CUDA_SUCCESS);
-  EXPECT_TRUE(a.PeerHasAccess(p.load(), 1).value());
+  EXPECT_TRUE(a.peers().PeerHasAccess(p.load(), 1).value());
   ASSERT_TRUE(a.Free(p.load()).ok());
 }
 

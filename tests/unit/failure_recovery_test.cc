@@ -97,7 +97,7 @@ TEST_F(FailureRecoveryTest, FailedReconcileAfterPeerEnableKeepsLiveAllocations) 
     done = true;
   });
   ASSERT_TRUE(sim::WaitForHeldCall(10000));
-  ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // grants the existing granule
+  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());  // grants the existing granule
   // MapWithAccess's cuMemSetAccess succeeds; ApplyAccessLocked's fails.
   sim::FailCall("cuMemSetAccess", 2, CUDA_ERROR_UNKNOWN);
   sim::ReleaseHeldCalls();
@@ -146,7 +146,7 @@ namespace {
 TEST_F(FailureRecoveryTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) {
   Allocator a(api_);
   const CUdeviceptr p = MustAllocate(a, 256);
-  ASSERT_TRUE(a.SetPeerAccess(p, 1, true).ok());  // seals the granule
+  ASSERT_TRUE(a.peers().SetPeerAccess(p, 1, true).ok());  // seals the granule
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   EXPECT_TRUE(a.Free(p).ok());
   a.Trim();

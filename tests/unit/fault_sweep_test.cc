@@ -41,15 +41,15 @@ std::vector<absl::Status> Scenario(Allocator& a) {
     note(r.status());
     if (r.ok() && r->served) live.push_back(r->ptr);
   }
-  note(a.EnablePeer(1, 0));
+  note(a.peers().EnablePeer(1, 0));
   if (!live.empty()) {
-    note(a.SetPeerAccess(live.back(), 2, true));
-    note(a.SetPeerAccess(live.back(), 2, false));
+    note(a.peers().SetPeerAccess(live.back(), 2, true));
+    note(a.peers().SetPeerAccess(live.back(), 2, false));
   }
   absl::StatusOr<Allocator::Allocation> later = a.Allocate(6 * kMiB);
   note(later.status());
   if (later.ok() && later->served) live.push_back(later->ptr);
-  note(a.DisablePeer(1, 0));
+  note(a.peers().DisablePeer(1, 0));
   for (CUdeviceptr p : live) note(a.Free(p));
   a.Trim();
   return errors;

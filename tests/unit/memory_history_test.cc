@@ -94,10 +94,10 @@ TEST_F(MemoryHistoryTest, HeapsRecordSegmentsPausesAndPeerDecisions) {
 
   // Peer enable: the 8 MiB allocation granted, the 4 KiB one denied. Nested
   // calls record the pair's first enable and last disable only.
-  ASSERT_TRUE(a.EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a.EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a.DisablePeer(1, 0).ok());
-  ASSERT_TRUE(a.DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
   // Pause and resume of the tag: its block unmapped, then mapped.
   ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
   EXPECT_TRUE(a.Segments()[0].paused || a.Segments()[1].paused);

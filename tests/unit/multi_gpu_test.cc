@@ -168,7 +168,7 @@ TEST_F(MultiGpuTest, TheDriversPeerLimitGivesTheSameCodesThroughTheShim) {
       if (owner == reader) continue;
       const bool enabled = native.at(std::make_pair(reader, owner)) == CUDA_SUCCESS;
       EXPECT_EQ(Readable(reader, owned[owner], 4 * kMiB), enabled) << reader << "->" << owner;
-      absl::StatusOr<bool> has = allocator_->PeerHasAccess(owned[owner], reader);
+      absl::StatusOr<bool> has = allocator_->peers().PeerHasAccess(owned[owner], reader);
       ASSERT_TRUE(has.ok()) << has.status();
       EXPECT_EQ(*has, enabled) << reader << "->" << owner;
     }

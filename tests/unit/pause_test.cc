@@ -331,18 +331,18 @@ TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
   Fill(big, 8 * kMiB, 10);
   ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
   ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv2"), true).ok());
-  ASSERT_TRUE(a.EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
+  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
   const uint64_t grants_before = a.GetStats().devices[0].peers[1].grants;
-  ASSERT_TRUE(a.SetPeerAccess(tiny, 1, true).ok());  // and an explicit grant on paused memory
+  ASSERT_TRUE(a.peers().SetPeerAccess(tiny, 1, true).ok());  // and an explicit grant on paused memory
   EXPECT_EQ(a.GetStats().devices[0].peers[1].grants, grants_before + 1);  // counted as any grant
-  EXPECT_TRUE(*a.PeerHasAccess(big, 1));   // the access it will get back
+  EXPECT_TRUE(*a.peers().PeerHasAccess(big, 1));   // the access it will get back
   ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
   std::vector<unsigned char> got(8 * kMiB);
   ASSERT_EQ(sim::DeviceRead(1, got.data(), big, got.size()), CUDA_SUCCESS);
   EXPECT_EQ(got[12345], static_cast<unsigned char>(12345 * 13 + 10));
   char c;
   EXPECT_EQ(sim::DeviceRead(1, &c, tiny, 1), CUDA_SUCCESS);
-  ASSERT_TRUE(a.DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
   for (CUdeviceptr p : {big, tiny}) ASSERT_TRUE(a.Free(p).ok());
 }
 

@@ -47,13 +47,13 @@ TEST_F(PeerAccessTest, AllGrantsExistingAndFutureAllocationsOnEnable) {
   CUdeviceptr small = Alloc(*a, 4096), large = Alloc(*a, 8 * kMiB);
   EXPECT_FALSE(CanRead(0, small, 4096));  // nothing before the enable
   EXPECT_FALSE(CanRead(0, large, 8 * kMiB));
-  ASSERT_TRUE(a->EnablePeer(0, 1).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(0, 1).ok());
   EXPECT_TRUE(CanRead(0, small, 4096));
   EXPECT_TRUE(CanRead(0, large, 8 * kMiB));
   EXPECT_FALSE(CanRead(2, large, 8 * kMiB));  // only the peer that enabled
   CUdeviceptr later = Alloc(*a, 3 * kMiB);
   EXPECT_TRUE(CanRead(0, later, 3 * kMiB));
-  ASSERT_TRUE(a->DisablePeer(0, 1).ok());
+  ASSERT_TRUE(a->peers().DisablePeer(0, 1).ok());
   for (auto [p, n] : {std::pair{small, size_t{4096}}, {large, 8 * kMiB}, {later, 3 * kMiB}}) {
     EXPECT_FALSE(CanRead(0, p, n));
     EXPECT_TRUE(CanRead(1, p, n));  // the owner keeps access
@@ -65,7 +65,7 @@ TEST_F(PeerAccessTest, NoneGrantsNothing) {
   auto a = Make(Kind(PeerPolicy::Kind::kNone));
   MakeCurrent(1);
   CUdeviceptr small = Alloc(*a, 4096), large = Alloc(*a, 8 * kMiB);
-  ASSERT_TRUE(a->EnablePeer(0, 1).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(0, 1).ok());
   EXPECT_FALSE(CanRead(0, small, 4096));
   EXPECT_FALSE(CanRead(0, large, 8 * kMiB));
   EXPECT_EQ(sim::PeerMappedBytes(0), 0u);
@@ -78,7 +78,7 @@ TEST_F(PeerAccessTest, NoneGrantsNothing) {
 TEST_F(PeerAccessTest, MinSizeSeparatesGranulesByAccessSet) {
   auto a = Make(Kind(PeerPolicy::Kind::kMinSize, 64 * 1024));
   MakeCurrent(2);
-  ASSERT_TRUE(a->EnablePeer(3, 2).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(3, 2).ok());
   std::vector<std::pair<CUdeviceptr, size_t>> allowed, denied;
   for (int i = 0; i < 200; ++i) {  // interleaved small and not-so-small packed requests
     size_t bytes = i % 2 ? 1000 + i : 64 * 1024 + i;
@@ -113,8 +113,8 @@ TEST_F(PeerAccessTest, RulesMatchOwnerPeerSizeAndTag) {
   p.rules_file = "test.toml";
   auto a = Make(p);
   MakeCurrent(0);
-  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a->EnablePeer(2, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(2, 0).ok());
   CUdeviceptr tagged = Alloc(*a, 4096, "kv"), plain = Alloc(*a, 4096);
   CUdeviceptr huge = Alloc(*a, 32 * kMiB);
   EXPECT_TRUE(CanRead(1, tagged, 4096));
@@ -132,11 +132,11 @@ TEST_F(PeerAccessTest, EnableIsBatchedIntoContiguousRuns) {
   for (int i = 0; i < 50; ++i) ptrs.push_back(Alloc(*a, 3 * kMiB));
   for (int i = 0; i < 2000; ++i) ptrs.push_back(Alloc(*a, 512));
   sim::ResetCallCounts();
-  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(1, 0).ok());
   // 50 large blocks and one granule, adjacent in one reservation: one call.
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 1u);
-  ASSERT_TRUE(a->EnablePeer(2, 0).ok());
-  ASSERT_TRUE(a->EnablePeer(3, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(2, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(3, 0).ok());
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 3u);
   // A new block is granted to the owner and all three peers in one call.
   sim::ResetCallCounts();
@@ -147,7 +147,7 @@ TEST_F(PeerAccessTest, EnableIsBatchedIntoContiguousRuns) {
   ASSERT_TRUE(a->Free(ptrs[10]).ok());
   ASSERT_EQ(a->Trim(), 4 * kMiB);
   sim::ResetCallCounts();
-  ASSERT_TRUE(a->DisablePeer(2, 0).ok());
+  ASSERT_TRUE(a->peers().DisablePeer(2, 0).ok());
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 2u);
   EXPECT_FALSE(CanRead(2, ptrs[0], 3 * kMiB));
   EXPECT_TRUE(CanRead(3, ptrs[0], 3 * kMiB));
@@ -157,13 +157,13 @@ TEST_F(PeerAccessTest, EnablesNestAndDisableWithoutEnableFails) {
   auto a = Make(Kind(PeerPolicy::Kind::kAll));
   MakeCurrent(0);
   CUdeviceptr p = Alloc(*a, 4 * kMiB);
-  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a->EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a->DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(a->peers().DisablePeer(1, 0).ok());
   EXPECT_TRUE(CanRead(1, p, 4 * kMiB));
-  ASSERT_TRUE(a->DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a->peers().DisablePeer(1, 0).ok());
   EXPECT_FALSE(CanRead(1, p, 4 * kMiB));
-  EXPECT_EQ(ToCuResult(a->DisablePeer(1, 0)), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  EXPECT_EQ(ToCuResult(a->peers().DisablePeer(1, 0)), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
 }
 
 TEST_F(PeerAccessTest, FailedGrantDuringEnableLeavesNothingGranted) {
@@ -171,11 +171,11 @@ TEST_F(PeerAccessTest, FailedGrantDuringEnableLeavesNothingGranted) {
   MakeCurrent(0);
   CUdeviceptr p = Alloc(*a, 4 * kMiB);
   sim::FailCall("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
-  EXPECT_EQ(ToCuResult(a->EnablePeer(1, 0)), CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(ToCuResult(a->peers().EnablePeer(1, 0)), CUDA_ERROR_UNKNOWN);
   EXPECT_FALSE(CanRead(1, p, 4 * kMiB));
   CUdeviceptr q = Alloc(*a, 4 * kMiB);  // not enabled: not granted
   EXPECT_FALSE(CanRead(1, q, 4 * kMiB));
-  ASSERT_TRUE(a->EnablePeer(1, 0).ok());  // a retry works
+  ASSERT_TRUE(a->peers().EnablePeer(1, 0).ok());  // a retry works
   EXPECT_TRUE(CanRead(1, p, 4 * kMiB));
   EXPECT_TRUE(CanRead(1, q, 4 * kMiB));
 }
@@ -184,21 +184,21 @@ TEST_F(PeerAccessTest, ExplicitGrantAndRevokeOverrideThePolicy) {
   auto a = Make(Kind(PeerPolicy::Kind::kNone));
   MakeCurrent(0);
   CUdeviceptr large = Alloc(*a, 4 * kMiB);
-  ASSERT_TRUE(a->SetPeerAccess(large + 100, 2, true).ok());  // interior pointers name the allocation
+  ASSERT_TRUE(a->peers().SetPeerAccess(large + 100, 2, true).ok());  // interior pointers name the allocation
   EXPECT_TRUE(CanRead(2, large, 4 * kMiB));        // no enable needed
-  EXPECT_TRUE(a->PeerHasAccess(large, 2).value());
-  EXPECT_FALSE(a->PeerHasAccess(large, 1).value());
-  ASSERT_TRUE(a->SetPeerAccess(large, 2, false).ok());
+  EXPECT_TRUE(a->peers().PeerHasAccess(large, 2).value());
+  EXPECT_FALSE(a->peers().PeerHasAccess(large, 1).value());
+  ASSERT_TRUE(a->peers().SetPeerAccess(large, 2, false).ok());
   EXPECT_FALSE(CanRead(2, large, 4 * kMiB));
   // Under "all", a revoke holds across enables.
   auto b = Make(Kind(PeerPolicy::Kind::kAll));
   CUdeviceptr other = Alloc(*b, 4 * kMiB);
-  ASSERT_TRUE(b->SetPeerAccess(other, 1, false).ok());
-  ASSERT_TRUE(b->EnablePeer(1, 0).ok());
+  ASSERT_TRUE(b->peers().SetPeerAccess(other, 1, false).ok());
+  ASSERT_TRUE(b->peers().EnablePeer(1, 0).ok());
   EXPECT_FALSE(CanRead(1, other, 4 * kMiB));
-  EXPECT_TRUE(a->SetPeerAccess(large, 0, true).ok());  // the owner: a no-op
-  EXPECT_EQ(ToCuResult(a->SetPeerAccess(large, 9, true)), CUDA_ERROR_INVALID_DEVICE);
-  EXPECT_EQ(ToCuResult(a->SetPeerAccess(0x1234, 1, true)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(a->peers().SetPeerAccess(large, 0, true).ok());  // the owner: a no-op
+  EXPECT_EQ(ToCuResult(a->peers().SetPeerAccess(large, 9, true)), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(ToCuResult(a->peers().SetPeerAccess(0x1234, 1, true)), CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
@@ -207,18 +207,18 @@ TEST_F(PeerAccessTest, ExplicitGrantOnPackedAllocationFollowsTheGranuleRule) {
   CUdeviceptr first = Alloc(*a, 4096), neighbour = Alloc(*a, 4096);
   ASSERT_EQ(a->Find(first)->range_base, a->Find(neighbour)->range_base);
   // Granting `first` would expose `neighbour`: refused.
-  EXPECT_EQ(ToCuResult(a->SetPeerAccess(first, 1, true)), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_EQ(ToCuResult(a->peers().SetPeerAccess(first, 1, true)), CUDA_ERROR_NOT_PERMITTED);
   EXPECT_FALSE(CanRead(1, first, 4096));
   // Alone in its granule: granted, and the granule is sealed.
   ASSERT_TRUE(a->Free(neighbour).ok());
-  ASSERT_TRUE(a->SetPeerAccess(first, 1, true).ok());
+  ASSERT_TRUE(a->peers().SetPeerAccess(first, 1, true).ok());
   EXPECT_TRUE(CanRead(1, first, 4096));
   CUdeviceptr next = Alloc(*a, 4096);
   EXPECT_NE(a->Find(next)->range_base, a->Find(first)->range_base);
   EXPECT_FALSE(CanRead(1, next, 4096));
   // Tagged allocations share their granule's explicit grants, by design.
   CUdeviceptr t1 = Alloc(*a, 4096, "shared"), t2 = Alloc(*a, 4096, "shared");
-  ASSERT_TRUE(a->SetPeerAccess(t1, 3, true).ok());
+  ASSERT_TRUE(a->peers().SetPeerAccess(t1, 3, true).ok());
   EXPECT_TRUE(CanRead(3, t2, 4096));
   EXPECT_FALSE(CanRead(3, next, 4096));
 }
@@ -232,9 +232,9 @@ TEST_F(PeerAccessTest, ExplicitGrantNeedsPeerCapability) {
   auto a = Make(Kind(PeerPolicy::Kind::kNone));
   MakeCurrent(0);
   CUdeviceptr p = Alloc(*a, 4 * kMiB);
-  EXPECT_EQ(ToCuResult(a->SetPeerAccess(p, 3, true)), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+  EXPECT_EQ(ToCuResult(a->peers().SetPeerAccess(p, 3, true)), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
   EXPECT_FALSE(CanRead(3, p, 4 * kMiB));
-  EXPECT_TRUE(a->SetPeerAccess(p, 2, true).ok());
+  EXPECT_TRUE(a->peers().SetPeerAccess(p, 2, true).ok());
   const DeviceStats st = a->GetStats().devices[0];
   EXPECT_EQ(st.peers[2].grants, 1u);  // explicit grants are counted too
   EXPECT_EQ(st.peers[2].peak_mapped_bytes, 4 * kMiB);
@@ -243,7 +243,7 @@ TEST_F(PeerAccessTest, ExplicitGrantNeedsPeerCapability) {
 TEST_F(PeerAccessTest, StatisticsCountGrantsDenialsAndMappedBytes) {
   auto a = Make(Kind(PeerPolicy::Kind::kMinSize, 2 * kMiB));
   MakeCurrent(1);
-  ASSERT_TRUE(a->EnablePeer(0, 1).ok());
+  ASSERT_TRUE(a->peers().EnablePeer(0, 1).ok());
   Alloc(*a, 4096);
   Alloc(*a, 4 * kMiB);
   Alloc(*a, 6 * kMiB);

@@ -101,7 +101,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
         ASSERT_EQ(sim::cuMemPoolSetAccess(pool[owner], &desc, 1), CUDA_SUCCESS);
         ASSERT_TRUE(a.stream_ordered().PoolAccessChanged(pool[owner], &desc, 1).ok());
       } else {
-        ASSERT_TRUE(a.EnablePeer(peer, owner).ok());
+        ASSERT_TRUE(a.peers().EnablePeer(peer, owner).ok());
       }
     }
   }

@@ -495,7 +495,7 @@ TEST_F(StreamOrderedPeerTest, PoolAccessGrantsStreamOrderedMemoryOnly) {
   // cudaMalloc memory and leaves the pool's peers alone.
   const CUdeviceptr later = AllocAsync(64 * 1024, s2_);
   EXPECT_TRUE(CanRead(1, later));
-  ASSERT_TRUE(a_->EnablePeer(2, 0).ok());
+  ASSERT_TRUE(a_->peers().EnablePeer(2, 0).ok());
   EXPECT_TRUE(CanRead(2, m));
   EXPECT_FALSE(CanRead(2, so));
   // Access NONE takes it away.
@@ -515,8 +515,8 @@ TEST_F(StreamOrderedPeerTest, PolicyDecidesPerStreamOrderedAllocation) {
     EXPECT_EQ(sim::PeerMappedBytes(peer), 8 * kTestMiB);
   }
   // The explicit C API works on stream-ordered memory too.
-  ASSERT_TRUE(a_->SetPeerAccess(big, 1, true).ok());
-  ASSERT_TRUE(a_->SetPeerAccess(big, 2, false).ok());
+  ASSERT_TRUE(a_->peers().SetPeerAccess(big, 1, true).ok());
+  ASSERT_TRUE(a_->peers().SetPeerAccess(big, 2, false).ok());
   EXPECT_FALSE(CanRead(2, big));
   EXPECT_TRUE(CanRead(3, big));
 }

@@ -56,16 +56,16 @@ TEST(StressTest, SixteenThreadsFourGpus) {
       const int owner = rng() % kDevices, peer = rng() % kDevices;
       if (owner == peer) continue;
       if (enabled[owner][peer] > 0 && rng() % 2) {
-        failed = failed || !a.DisablePeer(peer, owner).ok();
+        failed = failed || !a.peers().DisablePeer(peer, owner).ok();
         --enabled[owner][peer];
       } else if (enabled[owner][peer] < 2) {
-        failed = failed || !a.EnablePeer(peer, owner).ok();
+        failed = failed || !a.peers().EnablePeer(peer, owner).ok();
         ++enabled[owner][peer];
       }
     }
     for (int ow = 0; ow < kDevices; ++ow) {
       for (int p = 0; p < kDevices; ++p) {
-        while (enabled[ow][p]-- > 0) failed = failed || !a.DisablePeer(p, ow).ok();
+        while (enabled[ow][p]-- > 0) failed = failed || !a.peers().DisablePeer(p, ow).ok();
       }
     }
   });
@@ -108,7 +108,7 @@ TEST(StressTest, SixteenThreadsFourGpus) {
           if (it->second.bytes <= kMiB) continue;  // explicit calls on large ones only
           const int peer = (it->second.device + 1 + rng() % (kDevices - 1)) % kDevices;
           const bool grant = rng() % 2;
-          absl::Status s = grant ? a.SetPeerAccess(it->first, peer, true) : a.SetPeerAccess(it->first, peer, false);
+          absl::Status s = grant ? a.peers().SetPeerAccess(it->first, peer, true) : a.peers().SetPeerAccess(it->first, peer, false);
           if (!s.ok()) failed = true;
           const uint64_t bit = uint64_t{1} << peer;
           it->second.granted = grant ? (it->second.granted | bit) : (it->second.granted & ~bit);

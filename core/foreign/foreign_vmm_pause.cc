@@ -1,0 +1,347 @@
+#include "core/foreign/foreign_vmm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "core/base/log.h"
+#include "core/driver/context.h"
+#include "core/driver/cu_status.h"
+
+// ForeignVmm's pause and resume steps (core/pause drives them): what a pause
+// takes from other libraries' VMM memory and how a resume maps it back.
+
+namespace vmmshim {
+
+bool ForeignVmm::SelectedLocked(const Handle& h, const TagSelection& tag) const {
+  return h.device >= 0 && !h.imported && !h.exported && h.mappings > 0 && tag.Matches(h.tag);
+}
+
+std::vector<absl::btree_map<CUdeviceptr, ForeignVmm::Mapping>::iterator>
+ForeignVmm::MappingsOfLocked(HandleValue value) {
+  std::vector<absl::btree_map<CUdeviceptr, Mapping>::iterator> out;
+  for (auto m = mappings_.begin(); m != mappings_.end(); ++m) {
+    if (m->second.handle == value) out.push_back(m);
+  }
+  return out;
+}
+
+absl::Status ForeignVmm::MapAllLocked(HandleValue value, HandleValue real) {
+  std::vector<std::pair<CUdeviceptr, size_t>> mapped;
+  absl::Status status;
+  for (auto m : MappingsOfLocked(value)) {
+    const Mapping& mapping = m->second;
+    CUresult r = driver_.cuMemMap(m->first, mapping.size, mapping.offset, real, 0);
+    if (r != CUDA_SUCCESS) {
+      status = DriverError(r, "cuMemMap");
+      break;
+    }
+    mapped.emplace_back(m->first, mapping.size);
+    if (mapping.access.empty()) continue;
+    r = driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
+                               mapping.access.size());
+    if (r == CUDA_SUCCESS) continue;
+    // One at a time: a peer the driver refuses now (its access was
+    // disabled meanwhile) loses its access, logged; the owner's must hold.
+    for (const CUmemAccessDesc& d : mapping.access) {
+      r = driver_.cuMemSetAccess(m->first, mapping.size, &d, 1);
+      if (r == CUDA_SUCCESS) continue;
+      if (d.location.id == handles_.at(value).device) break;
+      Log().warn("vmmshim_resume_memory: access of device {} to {:#x} ({} bytes, another "
+                 "library's VMM memory) not set again: {}",
+                 d.location.id, m->first, mapping.size, CuResultName(r));
+      r = CUDA_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS) {
+      status = DriverError(r, "cuMemSetAccess");
+      break;
+    }
+  }
+  if (!status.ok()) {
+    for (const auto& [at, size] : mapped) driver_.cuMemUnmap(at, size);
+  }
+  return status;
+}
+
+absl::Status ForeignVmm::UnmapAllLocked(HandleValue value) {
+  absl::Status first;
+  for (auto m : MappingsOfLocked(value)) {
+    if (CUresult r = driver_.cuMemUnmap(m->first, m->second.size); r != CUDA_SUCCESS) {
+      first.Update(DriverError(r, "cuMemUnmap"));
+    }
+  }
+  return first;
+}
+
+absl::Status ForeignVmm::WithWholeHandleLocked(HandleValue value, HandleValue real,
+                                               const std::function<absl::Status(CUdeviceptr)>& fn) {
+  const Handle& h = handles_.at(value);
+  for (auto m : MappingsOfLocked(value)) {
+    const bool readable = std::any_of(
+        m->second.access.begin(), m->second.access.end(), [&](const CUmemAccessDesc& d) {
+          return d.location.id == h.device && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        });
+    if (m->second.offset == 0 && m->second.size == h.size && readable) return fn(m->first);
+  }
+  // No mapping shows it whole: a reservation of the shim's for the call,
+  // accessible to the handle's device (CUDA Programming Guide 4.16).
+  CUdeviceptr va = 0;
+  if (CUresult r = driver_.cuMemAddressReserve(&va, h.size, 0, 0, 0); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemAddressReserve");
+  }
+  absl::Status status;
+  CUresult r = driver_.cuMemMap(va, h.size, 0, real, 0);
+  if (r != CUDA_SUCCESS) {
+    status = DriverError(r, "cuMemMap");
+  } else {
+    CUmemAccessDesc owner = {};
+    owner.location = {CU_MEM_LOCATION_TYPE_DEVICE, h.device};
+    owner.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = driver_.cuMemSetAccess(va, h.size, &owner, 1);
+    status = r == CUDA_SUCCESS ? fn(va) : DriverError(r, "cuMemSetAccess");
+    if (CUresult u = driver_.cuMemUnmap(va, h.size); u != CUDA_SUCCESS) {
+      // Still mapped: the reservation stays with it (its handle's memory
+      // lives on through the mapping); reported with the copy's status.
+      status.Update(DriverError(u, "cuMemUnmap"));
+      return status;
+    }
+  }
+  driver_.cuMemAddressFree(va, h.size);
+  return status;
+}
+
+void ForeignVmm::ReleaseOrphansLocked() {
+  std::vector<HandleValue> left;
+  for (HandleValue real : orphans_) {
+    const CUresult r = driver_.cuMemRelease(real);
+    // A handle the driver says is not one (released after all, or never
+    // valid) is not retried: its value may name someone else's handle later.
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_INVALID_HANDLE) {
+      left.push_back(real);
+    }
+  }
+  orphans_ = std::move(left);
+}
+
+size_t ForeignVmm::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts)
+ {
+  size_t bytes = 0;
+  for (const auto& [value, h] : handles_) {
+    if (h.paused || !SelectedLocked(h, tag)) continue;
+    bytes += h.size;
+    const CUcontext context = ContextForLocked(h);
+    if (context != nullptr &&
+        std::find(contexts->begin(), contexts->end(), context) == contexts->end()) {
+      contexts->push_back(context);
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                                PauseTimes* times) {
+  std::vector<HandleValue> chosen;
+  for (const auto& [value, h] : handles_) {
+    if (!h.paused && !h.pausing && SelectedLocked(h, tag)) chosen.push_back(value);
+  }
+  // Backups first, all of them: host memory that runs out pauses nothing.
+  std::vector<HostBackup> backups;
+  if (copier != nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    for (HandleValue value : chosen) {
+      absl::StatusOr<HostBackup> backup = HostBackup::Create(handles_.at(value).size);
+      if (!backup.ok()) {
+        Log().error("vmmshim_pause_memory({}): other libraries' VMM memory: {}; nothing paused",
+                    tag.Describe(), backup.status().ToString());
+        return backup.status();
+      }
+      backups.push_back(*std::move(backup));
+    }
+    // The whole handle, whatever of it is mapped: the library may map any
+    // part of it later, and natively its contents stay.
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const Handle& h = handles_.at(chosen[i]);
+      ContextScope scope(driver_, ContextForLocked(h));
+      absl::Status copied = WithWholeHandleLocked(chosen[i], h.real, [&](CUdeviceptr base) {
+        return copier->ToHost(backups[i].data(), base, h.size);
+      });
+      if (!copied.ok()) {
+        Log().error("vmmshim_pause_memory({}): copying handle {:#x} ({} bytes, another "
+                    "library's VMM memory) to host memory: {}; nothing paused",
+                    tag.Describe(), chosen[i], h.size, copied.ToString());
+        return copied;
+      }
+      times->copied_bytes += h.size;
+    }
+    times->copy += PauseTimes::Since(start);
+  }
+  size_t bytes = 0;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    Handle& h = handles_.at(chosen[i]);
+    h.pausing = true;
+    if (copier != nullptr) h.backup = std::move(backups[i]);
+    bytes += h.size;
+  }
+  return bytes;
+}
+
+void ForeignVmm::PauseAbort(const TagSelection&) {
+  for (auto& [value, h] : handles_) {
+    if (!h.pausing) continue;
+    h.pausing = false;
+    h.backup.reset();
+  }
+}
+
+absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, PauseTimes* times) {
+  const auto start = std::chrono::steady_clock::now();
+  ReleaseOrphansLocked();
+  std::vector<HandleValue> marked;
+  for (const auto& [value, h] : handles_) {
+    if (h.pausing) marked.push_back(value);
+  }
+  size_t released = 0;
+  absl::Status first;
+  for (HandleValue value : marked) {
+    Handle& h = handles_.at(value);
+    h.pausing = false;
+    // Unmapped everywhere, or left whole and live.
+    std::vector<absl::btree_map<CUdeviceptr, Mapping>::iterator> unmapped;
+    absl::Status status;
+    for (auto m : MappingsOfLocked(value)) {
+      if (CUresult r = driver_.cuMemUnmap(m->first, m->second.size); r != CUDA_SUCCESS) {
+        status = DriverError(r, "cuMemUnmap");
+        break;
+      }
+      unmapped.push_back(m);
+    }
+    if (!status.ok()) {
+      for (auto m : unmapped) {
+        const Mapping& mapping = m->second;
+        if (driver_.cuMemMap(m->first, mapping.size, mapping.offset, h.real, 0) != CUDA_SUCCESS ||
+            (!mapping.access.empty() &&
+             driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
+                                    mapping.access.size()) != CUDA_SUCCESS)) {
+          Log().error("vmmshim_pause_memory({}): mapping {:#x} again after a failed unmap "
+                      "failed: an access to it faults",
+                      tag.Describe(), m->first);
+        }
+      }
+      Log().warn("vmmshim_pause_memory({}): another library's VMM memory (handle {:#x}): {}; "
+                 "left live",
+                 tag.Describe(), value, status.ToString());
+      h.backup.reset();
+      first.Update(status);
+      continue;
+    }
+    // Every driver reference goes: the library's releases are answered here
+    // until resume.
+    const int references = h.one_driver_reference ? std::min(h.references, 1) : h.references;
+    for (int i = 0; i < references; ++i) {
+      if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) {
+        Log().warn("vmmshim_pause_memory({}): cuMemRelease of handle {:#x} failed; retried at "
+                   "the next pause or resume",
+                   tag.Describe(), h.real);
+        orphans_.insert(orphans_.end(), references - i, h.real);
+        break;
+      }
+    }
+    names_.erase(h.real);
+    h.real = 0;
+    h.one_driver_reference = false;
+    h.paused = true;
+    released += h.size;
+    ++times->blocks;
+  }
+  times->release += PauseTimes::Since(start);
+  if (!first.ok()) return first;
+  return released;
+}
+
+absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                                 PauseTimes* times) {
+  ReleaseOrphansLocked();
+  std::vector<HandleValue> chosen;
+  for (const auto& [value, h] : handles_) {
+    if (h.paused && h.real == 0 && tag.Matches(h.tag)) chosen.push_back(value);
+  }
+  size_t bytes = 0;
+  for (HandleValue value : chosen) {
+    Handle& h = handles_.at(value);
+    auto step = std::chrono::steady_clock::now();
+    HandleValue real = 0;
+    CUresult r = driver_.cuMemCreate(&real, h.size, &h.prop, 0);
+    times->create += PauseTimes::Since(step);
+    absl::Status status = DriverError(r, "cuMemCreate");
+    if (r == CUDA_SUCCESS) {
+      step = std::chrono::steady_clock::now();
+      status = MapAllLocked(value, real);
+      times->map += PauseTimes::Since(step);
+      if (!status.ok() && driver_.cuMemRelease(real) != CUDA_SUCCESS) orphans_.push_back(real);
+    }
+    if (!status.ok()) {
+      Log().warn("vmmshim_resume_memory({}): {} bytes of another library's VMM memory on device "
+                 "{}: {}; everything stays paused",
+                 tag.Describe(), h.size, h.device, status.ToString());
+      ResumeAbort(tag);
+      return status;
+    }
+    h.real = real;
+    if (real != value) names_[real] = value;
+    bytes += h.size;
+    ++times->blocks;
+  }
+  const auto copy_start = std::chrono::steady_clock::now();
+  for (HandleValue value : chosen) {
+    const Handle& h = handles_.at(value);
+    if (!h.backup) continue;
+    ContextScope scope(driver_, ContextForLocked(h));
+    absl::Status copied = WithWholeHandleLocked(value, h.real, [&](CUdeviceptr base) {
+      return copier.ToDevice(base, h.backup->data(), h.size);
+    });
+    if (!copied.ok()) {
+      Log().warn("vmmshim_resume_memory({}): restoring handle {:#x} ({} bytes): {}; everything "
+                 "stays paused",
+                 tag.Describe(), value, h.size, copied.ToString());
+      ResumeAbort(tag);
+      return copied;
+    }
+    times->copied_bytes += h.size;
+  }
+  times->copy += PauseTimes::Since(copy_start);
+  return bytes;
+}
+
+void ForeignVmm::ResumeCommit(const TagSelection&) {
+  for (auto it = handles_.begin(); it != handles_.end();) {
+    Handle& h = it->second;
+    auto next = std::next(it);
+    if (h.paused && h.real != 0) {
+      h.paused = false;
+      h.backup.reset();
+      h.one_driver_reference = true;
+      if (h.references == 0) {
+        // Released by the library while paused: its mappings alone keep it.
+        if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
+        MaybeForgetLocked(it);
+      }
+    }
+    it = next;
+  }
+}
+
+void ForeignVmm::ResumeAbort(const TagSelection&) {
+  for (auto& [value, h] : handles_) {
+    if (!h.paused || h.real == 0) continue;
+    if (absl::Status s = UnmapAllLocked(value); !s.ok()) {
+      Log().warn("vmmshim_resume_memory: unmapping handle {:#x} after a failed resume: {}",
+                 value, s.ToString());
+    }
+    if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
+    names_.erase(h.real);
+    h.real = 0;
+  }
+}
+
+}  // namespace vmmshim
