@@ -1,6 +1,7 @@
 // The exported C API of include/vmmshim/vmmshim.h. Every function answers
 // CUDA_ERROR_NOT_SUPPORTED when the shim does not serve allocations (no
 // driver, pass-through, a forked child).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,6 +12,8 @@
 
 #include "core/driver/cu_status.h"
 #include "core/base/log.h"
+#include "core/heap/host_backup.h"
+#include "core/sync/mutex.h"
 #include "core/report/residency.h"
 #include "core/report/stats_report.h"
 #include "interpose/hooks_internal.h"
@@ -80,7 +83,44 @@ VMMSHIM_EXPORT int vmmshim_release_cached_memory(int device, size_t* released_by
 
 VMMSHIM_EXPORT int vmmshim_set_allocation_tag(const char* tag) {
   if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
-  vmmshim::SetAllocationTag(tag != nullptr ? tag : "");
+  vmmshim::SetAllocationTag(tag);
+  return CUDA_SUCCESS;
+}
+
+VMMSHIM_EXPORT int vmmshim_set_default_allocation_tag(const char* tag) {
+  if (tag != nullptr && std::strlen(tag) > 255) return CUDA_ERROR_INVALID_VALUE;
+  vmmshim::DefaultAllocationTagStorage().store(tag != nullptr ? new std::string(tag) : nullptr,
+                                               std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// vmmshim_set_backup_directory's directory ("": none).
+struct BackupDirectorySetting {
+  vmmshim::Mutex mu;
+  std::string path ABSL_GUARDED_BY(mu);
+};
+BackupDirectorySetting& BackupDirectory() {
+  static BackupDirectorySetting* setting = new BackupDirectorySetting;
+  return *setting;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT int vmmshim_set_backup_directory(const char* path) {
+  if (path != nullptr) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || access(path, W_OK | X_OK) != 0) {
+      vmmshim::Log().warn("vmmshim_set_backup_directory({}): not a directory this process can "
+                          "write to",
+                          path);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  BackupDirectorySetting& setting = BackupDirectory();
+  vmmshim::MutexLock lock(&setting.mu);
+  setting.path = path != nullptr ? path : "";
   return CUDA_SUCCESS;
 }
 
@@ -101,12 +141,26 @@ void RecordPause(const Runtime& rt, vmmshim::HistoryAction action,
 // The pause behind vmmshim_pause_memory and vmmshim_pause_memory_except,
 // after their own argument checks.
 int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* released_bytes) {
-  if ((flags & ~VMMSHIM_PAUSE_KEEP_CONTENTS) != 0) return CUDA_ERROR_INVALID_VALUE;
+  constexpr unsigned kKnown =
+      VMMSHIM_PAUSE_KEEP_CONTENTS | VMMSHIM_PAUSE_PAGE_LOCKED | VMMSHIM_PAUSE_TO_DISK;
+  if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  vmmshim::BackupKind kind;
+  kind.page_locked = (flags & VMMSHIM_PAUSE_PAGE_LOCKED) != 0;
+  if ((flags & VMMSHIM_PAUSE_TO_DISK) != 0) {
+    BackupDirectorySetting& setting = BackupDirectory();
+    vmmshim::MutexLock lock(&setting.mu);
+    kind.directory = setting.path;
+    if (kind.directory.empty()) {
+      vmmshim::Log().warn("vmmshim_pause_memory: VMMSHIM_PAUSE_TO_DISK without a directory "
+                          "(vmmshim_set_backup_directory); nothing paused");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   RecordPause(*rt, vmmshim::HistoryAction::kPauseBegin, selection, 0);
-  absl::StatusOr<size_t> released =
-      rt->allocator->pause().Pause(selection, (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0);
+  absl::StatusOr<size_t> released = rt->allocator->pause().Pause(
+      selection, (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0, kind);
   RecordPause(*rt, vmmshim::HistoryAction::kPauseEnd, selection, released.ok() ? *released : 0);
   if (!released.ok()) return ToCuResult(released.status());
   if (released_bytes != nullptr) *released_bytes = *released;
@@ -146,18 +200,31 @@ VMMSHIM_EXPORT int vmmshim_pause_memory_except(const char* const* keep_tags, siz
   return Pause(vmmshim::TagSelection::AllExcept(std::move(keep)), flags, released_bytes);
 }
 
-VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes) {
+namespace {
+
+int Resume(const char* tag, bool retain_contents, size_t* restored_bytes) {
   if (restored_bytes != nullptr) *restored_bytes = 0;
   if (TagTooLong(tag)) return CUDA_ERROR_INVALID_VALUE;
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   const vmmshim::TagSelection selection = vmmshim::TagSelection::FromNullable(tag);
   RecordPause(*rt, vmmshim::HistoryAction::kResumeBegin, selection, 0);
-  absl::StatusOr<size_t> restored = rt->allocator->pause().Resume(selection);
+  absl::StatusOr<size_t> restored = rt->allocator->pause().Resume(selection, retain_contents);
   RecordPause(*rt, vmmshim::HistoryAction::kResumeEnd, selection, restored.ok() ? *restored : 0);
   if (!restored.ok()) return ToCuResult(restored.status());
   if (restored_bytes != nullptr) *restored_bytes = *restored;
   return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VMMSHIM_EXPORT int vmmshim_resume_memory(const char* tag, size_t* restored_bytes) {
+  return Resume(tag, false, restored_bytes);
+}
+
+VMMSHIM_EXPORT int vmmshim_resume_memory_retaining_contents(const char* tag,
+                                                            size_t* restored_bytes) {
+  return Resume(tag, true, restored_bytes);
 }
 
 VMMSHIM_EXPORT int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed) {

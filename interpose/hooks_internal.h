@@ -9,6 +9,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <optional>
@@ -31,26 +32,41 @@ VMMSHIM_HOOKED_DRIVER_EXPORTS(VMMSHIM_DECLARE_HOOK)
 
 namespace vmmshim {
 
-// This thread's tag for its next allocations (vmmshim_set_allocation_tag).
 // The calling thread's allocation tag (vmmshim_set_allocation_tag; at most
 // 255 bytes, checked there), read on every allocation: a fixed buffer, so
-// that the thread-local needs no constructor guard or destructor.
+// that the thread-local needs no constructor guard or destructor. A thread
+// that set none (`own` false: zero-initialized) carries the process's
+// default tag (vmmshim_set_default_allocation_tag).
 struct ThreadTag {
   char bytes[256];
   unsigned char length;
+  bool own;
 };
 inline ThreadTag& AllocationTagStorage() {
   VMMSHIM_INITIAL_EXEC_TLS thread_local ThreadTag tag;
   return tag;
 }
+// The default tag: an immutable string replaced whole; a replaced one is
+// never freed (a reader may hold it; a process sets it a few times at most).
+inline std::atomic<const std::string*>& DefaultAllocationTagStorage() {
+  static std::atomic<const std::string*> tag{nullptr};
+  return tag;
+}
 inline absl::string_view AllocationTag() {
   const ThreadTag& t = AllocationTagStorage();
+  if (!t.own) {
+    const std::string* d = DefaultAllocationTagStorage().load(std::memory_order_acquire);
+    return d != nullptr ? absl::string_view(*d) : absl::string_view();
+  }
   return absl::string_view(t.bytes, t.length);
 }
-inline void SetAllocationTag(absl::string_view tag) {
+// nullptr: back to the process's default.
+inline void SetAllocationTag(const char* tag) {
   ThreadTag& t = AllocationTagStorage();
-  const size_t n = std::min<size_t>(tag.size(), sizeof t.bytes - 1);
-  std::memcpy(t.bytes, tag.data(), n);
+  t.own = tag != nullptr;
+  if (tag == nullptr) return;
+  const size_t n = std::min<size_t>(std::strlen(tag), sizeof t.bytes - 1);
+  std::memcpy(t.bytes, tag, n);
   t.length = static_cast<unsigned char>(n);
 }
 

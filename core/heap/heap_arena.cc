@@ -11,8 +11,6 @@
 
 namespace vmmshim {
 
-// ---- HeapArena ----
-
 HeapArena::HeapArena(const DriverApi& driver, const VmmMapper& mapper,
                        const PeerPolicy& policy, const PeerEnableTable& peers,
                        const PeerEnableTable& pool_peers, ExportRegistry& exports,
@@ -459,6 +457,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
       AddLiveLocked(-static_cast<int64_t>(block.requested));
       block.cached = true;
       block.requested = 0;
+      block.backup.reset();  // a copy kept across a resume goes with its allocation
       bins_[block.placement].cached_large.emplace(std::make_pair(block.size, base), &block);
       AddCachedLocked(block, static_cast<int64_t>(block.size));
     } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
@@ -488,6 +487,7 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
   bins.recent_block = &block;
   if (!block.slab->empty() || driver_gone) return;
   if (!block.has_explicit() && ReserveCacheLocked(block.size)) {
+    block.backup.reset();
     bins.empty_granules.insert(base);
     AddCachedLocked(block, static_cast<int64_t>(block.size));
   } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {

@@ -229,10 +229,11 @@ class HeapArena {
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
   // The host copy of [ptr, ptr + bytes) while the block holding it is
-  // paused with its contents (PausePrepare with a copier): a pointer into
-  // the block's backup, valid until the block is resumed or freed.
+  // paused with its contents (PausePrepare with a copier) or kept across a
+  // resume (ResumeCommit with `retain`): a pointer into the block's backup,
+  // valid until the block is resumed without retaining it or freed.
   // CUDA_ERROR_INVALID_VALUE: not an allocation here, or the range leaves
-  // it; CUDA_ERROR_NOT_FOUND: not paused, or paused without contents.
+  // it; CUDA_ERROR_NOT_FOUND: no copy (not paused, or without contents).
   absl::StatusOr<const void*> PausedContents(CUdeviceptr ptr, size_t bytes) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -291,7 +292,8 @@ class HeapArena {
   // what it mapped. Returns the bytes mapped.
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
                                        PauseTimes* times) ABSL_LOCKS_EXCLUDED(mu_);
-  void ResumeCommit(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  // `retain`: the blocks keep their backups (PauseCoordinator::Resume).
+  void ResumeCommit(const TagSelection& tag, bool retain) ABSL_LOCKS_EXCLUDED(mu_);
   void ResumeAbort(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Unmaps and releases every handle and frees every reservation; returns

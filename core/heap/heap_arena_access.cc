@@ -176,7 +176,7 @@ absl::StatusOr<const void*> HeapArena::PausedContents(CUdeviceptr ptr, size_t by
     return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim paused contents");
   }
   const Block& b = *blocks_.at(info->range_base);
-  if (!b.unmapped() || !b.backup.has_value()) {
+  if (!b.backup.has_value()) {
     return DriverError(CUDA_ERROR_NOT_FOUND, "vmmshim paused contents");
   }
   return static_cast<const void*>(b.backup->data() + (ptr - info->range_base));

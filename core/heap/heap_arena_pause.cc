@@ -1,9 +1,12 @@
 // HeapArena: pause and resume (core/heap/heap_arena.h; docs/pause-resume.md).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/heap_arena.h"
 #include "core/base/log.h"
@@ -83,11 +86,23 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
     live.push_back(base);
   }
   // Backups first, all of them: host memory that runs out pauses nothing.
+  // A block's retained backup is written again in place (same address).
   std::vector<HostBackup> backups;
   const auto copy_start = std::chrono::steady_clock::now();
   if (copier != nullptr) {
     for (CUdeviceptr base : live) {
-      absl::StatusOr<HostBackup> backup = HostBackup::Create(blocks_.at(base)->size);
+      Block& b = *blocks_.at(base);
+      absl::StatusOr<HostBackup> backup =
+          b.backup.has_value()
+              ? std::move(*b.backup)
+              : HostBackup::Create(b.size, copier->kind(),
+                                   absl::StrFormat("vmmshim-%d-device%d-%#x.backup", getpid(),
+                                                   options_.device, base));
+      b.backup.reset();
+      if (backup.ok() && copier->kind().page_locked && !backup->in_file()) {
+        ScopedContext ctx(driver_, b.placement.context);
+        if (absl::Status s = backup->PageLock(driver_); !s.ok()) backup = s;
+      }
       if (!backup.ok()) {
         Log().error("vmmshim_pause_memory({}): {}; nothing paused", tag.Describe(),
                     backup.status().ToString());
@@ -98,7 +113,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
     for (size_t i = 0; i < live.size(); ++i) {
       const Block& b = *blocks_.at(live[i]);
       ScopedContext ctx(driver_, b.placement.context);
-      absl::Status copied = ctx.ok() ? copier->ToHost(backups[i].data(), live[i], b.size)
+      absl::Status copied = ctx.ok() ? copier->ToHost(backups[i], live[i])
                                      : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                    "vmmshim_pause_memory");
       if (!copied.ok()) {
@@ -115,6 +130,8 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
   for (size_t i = 0; i < live.size(); ++i) {
     Block& b = *blocks_.at(live[i]);
     b.pausing = true;
+    // Without contents, a retained copy is stale: it goes.
+    b.backup.reset();
     if (copier != nullptr) b.backup = std::move(backups[i]);
     if (auto it = bins_.find(b.placement); it != bins_.end()) {
       it->second.open_granules.erase(live[i]);
@@ -278,7 +295,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
     if (!b.backup) continue;
     times->copied_bytes += b.size;
     ScopedContext ctx(driver_, b.placement.context);
-    absl::Status copied = ctx.ok() ? copier.ToDevice(base, b.backup->data(), b.size)
+    absl::Status copied = ctx.ok() ? copier.ToDevice(base, *b.backup)
                                    : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                  "vmmshim_resume_memory");
     if (!copied.ok()) {
@@ -293,13 +310,13 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
   return bytes;
 }
 
-void HeapArena::ResumeCommit(const TagSelection& tag) {
+void HeapArena::ResumeCommit(const TagSelection& tag, bool retain) {
   MutexLock lock(&mu_);
   for (auto& [base, owned] : blocks_) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
     b.paused = false;
-    b.backup.reset();
+    if (!retain) b.backup.reset();
     AddPausedLocked(-static_cast<int64_t>(b.size));
     ReopenLocked(base, b);
     RecordSegmentLocked(HistoryAction::kSegmentMap, base, b);

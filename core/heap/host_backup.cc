@@ -1,6 +1,8 @@
 #include "core/heap/host_backup.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -93,20 +95,102 @@ absl::StatusOr<HostBackup> HostBackup::Create(size_t bytes) {
   return b;
 }
 
-HostBackup::HostBackup(HostBackup&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+absl::StatusOr<HostBackup> HostBackup::CreateInFile(size_t bytes, const std::string& directory,
+                                                    const std::string& name) {
+  const std::string path = absl::StrCat(directory, "/", name);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE,
+                       absl::StrCat("backup file ", path, ": ", std::strerror(errno)));
+  }
+  void* p = MAP_FAILED;
+  int err = 0;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    err = errno;
+  } else {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) err = errno;
+  }
+  close(fd);  // the mapping keeps the file open
+  if (p == MAP_FAILED) {
+    unlink(path.c_str());
+    return DriverError(CUDA_ERROR_INVALID_VALUE,
+                       absl::StrCat("backup file ", path, " of ", bytes, " bytes: ",
+                                    std::strerror(err)));
+  }
+  HostBackup b;
+  b.data_ = static_cast<char*>(p);
+  b.size_ = bytes;
+  b.path_ = path;
+  return b;
+}
+
+absl::StatusOr<HostBackup> HostBackup::Create(size_t bytes, const BackupKind& kind,
+                                              const std::string& name) {
+  if (!kind.directory.empty()) return CreateInFile(bytes, kind.directory, name);
+  return Create(bytes);
+}
 
 HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
   if (this != &o) {
-    if (data_ != nullptr) munmap(data_, size_);
+    Reset();
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    path_ = std::move(o.path_);
+    o.path_.clear();
+    driver_ = std::exchange(o.driver_, nullptr);
+    context_ = std::exchange(o.context_, nullptr);
   }
   return *this;
 }
 
-HostBackup::~HostBackup() {
-  if (data_ != nullptr) munmap(data_, size_);
+void HostBackup::Reset() {
+  if (data_ == nullptr) return;
+  unsigned int flags = 0;
+  // A context's destruction drops its registrations: only a live one is undone.
+  if (driver_ != nullptr && driver_->cuMemHostGetFlags(&flags, data_) == CUDA_SUCCESS) {
+    ContextScope scope(*driver_, context_);
+    if (CUresult r = driver_->cuMemHostUnregister(data_); r != CUDA_SUCCESS) {
+      Log().warn("cuMemHostUnregister of a pause backup: {}", CuResultName(r));
+    }
+  }
+  munmap(data_, size_);
+  if (!path_.empty()) unlink(path_.c_str());
+  data_ = nullptr;
+  size_ = 0;
+  path_.clear();
+  driver_ = nullptr;
+  context_ = nullptr;
+}
+
+absl::Status HostBackup::PageLock(const DriverApi& driver) {
+  if (driver_ != nullptr || data_ == nullptr) return absl::OkStatus();
+  if (driver.cuMemHostRegister_v2 == nullptr || driver.cuMemHostUnregister == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemHostRegister");
+  }
+  if (CUresult r = driver.cuMemHostRegister_v2(data_, size_, CU_MEMHOSTREGISTER_PORTABLE);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemHostRegister (pause backup)");
+  }
+  driver_ = &driver;
+  driver.cuCtxGetCurrent(&context_);
+  return absl::OkStatus();
+}
+
+absl::Status HostBackup::Persist() {
+  if (path_.empty()) return absl::OkStatus();
+  if (msync(data_, size_, MS_SYNC) != 0) {
+    return DriverError(CUDA_ERROR_UNKNOWN,
+                       absl::StrCat("writing backup file ", path_, ": ", std::strerror(errno)));
+  }
+  // Written: the pages can go; a resume reads them back from the file.
+  madvise(data_, size_, MADV_DONTNEED);
+  const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+  return absl::OkStatus();
 }
 
 StagingRing::~StagingRing() {
@@ -155,6 +239,25 @@ absl::Status StagingRing::Ready() {
 
 BackupCopier::BackupCopier(const DriverApi& driver, StagingRing& ring, int threads)
     : driver_(driver), ring_(ring), threads_(std::max(1, threads)) {}
+
+absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
+  if (dst.page_locked()) {
+    if (CUresult r = driver_.cuMemcpyDtoH_v2(dst.data(), src, dst.size()); r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemcpyDtoH (backup)");
+    }
+  } else if (absl::Status s = ToHost(dst.data(), src, dst.size()); !s.ok()) {
+    return s;
+  }
+  return dst.Persist();
+}
+
+absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const HostBackup& src) {
+  if (!src.page_locked()) return ToDevice(dst, src.data(), src.size());
+  if (CUresult r = driver_.cuMemcpyHtoD_v2(dst, src.data(), src.size()); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemcpyHtoD (restore)");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {
   if (absl::Status s = ring_.Ready(); !s.ok()) return s;

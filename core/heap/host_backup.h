@@ -28,6 +28,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,7 +36,24 @@
 
 namespace vmmshim {
 
-// Anonymous host memory (mmap), advised MADV_HUGEPAGE, unmapped at
+// Where a backup's bytes live (the pause's choice: vmmshim_pause_memory's
+// flags, include/vmmshim/vmmshim.h).
+struct BackupKind {
+  // cuMemHostRegister'ed (portable) after it is made: copies to and from it
+  // go straight to the copy engine (no staging ring), and a backup kept
+  // across a resume (HeapArena::ResumeCommit with `retain`) pays the pinning
+  // once. Pinning new memory runs at 2.2-2.5 GiB/s on the H200, so a backup
+  // that is not kept is better pageable.
+  bool page_locked = false;
+  // Non-empty: a file of its own in this directory, mapped shared; written
+  // to the disk and dropped from the page cache after the copy (host memory
+  // too small for the contents), removed with the backup.
+  std::string directory;
+};
+
+// Host memory holding one block's contents: anonymous memory (mmap),
+// advised MADV_HUGEPAGE, or a file's mapping (BackupKind::directory);
+// page-locked when asked. Unregistered, unmapped (and the file removed) at
 // destruction. Move-only.
 class HostBackup {
  public:
@@ -44,19 +62,45 @@ class HostBackup {
   // anonymous mapping succeeds past it and the kernel's OOM killer would
   // end the process at the copy instead).
   static absl::StatusOr<HostBackup> Create(size_t bytes);
+  // A file named `name` in `directory` (made, sized to `bytes` and mapped
+  // shared; an existing file of that name is replaced). CUDA_ERROR_INVALID_VALUE
+  // naming the path and the system's error when it cannot be made (no such
+  // directory, no permission, disk full at ftruncate).
+  static absl::StatusOr<HostBackup> CreateInFile(size_t bytes, const std::string& directory,
+                                                 const std::string& name);
+  // The kind's backup of `bytes` (`name`: its file's, when in a file).
+  static absl::StatusOr<HostBackup> Create(size_t bytes, const BackupKind& kind,
+                                           const std::string& name);
   HostBackup() = default;
-  HostBackup(HostBackup&& o) noexcept;
+  HostBackup(HostBackup&& o) noexcept { *this = std::move(o); }
   HostBackup& operator=(HostBackup&& o) noexcept;
   HostBackup(const HostBackup&) = delete;
   HostBackup& operator=(const HostBackup&) = delete;
-  ~HostBackup();
+  ~HostBackup() { Reset(); }
+
+  // Page-locks it in the current context (cuMemHostRegister, portable);
+  // `driver` must outlive it. Nothing to do when locked already; the
+  // driver's error otherwise (it stays pageable).
+  absl::Status PageLock(const DriverApi& driver);
+  // A file's backup: its pages written out (msync) and dropped from the
+  // page cache, so that the contents hold disk, not host memory. Nothing
+  // for anonymous memory. An I/O error: CUDA_ERROR_UNKNOWN naming the file.
+  absl::Status Persist();
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
+  bool page_locked() const { return driver_ != nullptr; }
+  bool in_file() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
 
  private:
+  void Reset();
+
   char* data_ = nullptr;
   size_t size_ = 0;
+  std::string path_;                    // a file's backup: removed with it
+  const DriverApi* driver_ = nullptr;   // set while page-locked
+  CUcontext context_ = nullptr;         // current at the registration
 };
 
 // The host memory available for backups now (MemAvailable of
@@ -113,15 +157,26 @@ class BackupCopier {
   BackupCopier(const BackupCopier&) = delete;
   BackupCopier& operator=(const BackupCopier&) = delete;
 
-  // Device memory [src, src + bytes) -> host `dst`, in the current context.
+  // Device memory [src, src + dst.size()) -> `dst`, in the current
+  // context: one copy-engine transfer into a page-locked backup, else
+  // through the staging ring; a file's backup is persisted after it.
+  absl::Status ToHost(HostBackup& dst, CUdeviceptr src);
+  // `src` -> device memory [dst, dst + src.size()).
+  absl::Status ToDevice(CUdeviceptr dst, const HostBackup& src);
+  // Device memory [src, src + bytes) -> host `dst`, through the staging ring.
   absl::Status ToHost(char* dst, CUdeviceptr src, size_t bytes);
-  // Host `src` -> device memory [dst, dst + bytes).
+  // Host `src` -> device memory [dst, dst + bytes), through the staging ring.
   absl::Status ToDevice(CUdeviceptr dst, const char* src, size_t bytes);
+
+  // The backups this pause makes (PauseCoordinator sets it per pause).
+  void set_kind(BackupKind kind) { kind_ = std::move(kind); }
+  const BackupKind& kind() const { return kind_; }
 
  private:
   const DriverApi& driver_;
   StagingRing& ring_;
   const int threads_;
+  BackupKind kind_;
 };
 
 }  // namespace vmmshim

@@ -98,21 +98,22 @@ std::vector<HeapArena*> PauseCoordinator::Arenas() const {
   return arenas;
 }
 
-absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag,
-                                               bool keep_contents) {
-  absl::StatusOr<size_t> r = PauseSteps(tag, keep_contents);
+absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag, bool keep_contents,
+                                               const BackupKind& kind) {
+  absl::StatusOr<size_t> r = PauseSteps(tag, keep_contents, kind);
   if (!r.ok()) return ExplainLostContext(r.status(), "vmmshim_pause_memory", tag, false);
   return r;
 }
 
-absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag) {
-  absl::StatusOr<size_t> r = ResumeSteps(tag);
+absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag, bool retain_contents) {
+  absl::StatusOr<size_t> r = ResumeSteps(tag, retain_contents);
   if (!r.ok()) return ExplainLostContext(r.status(), "vmmshim_resume_memory", tag, true);
   return r;
 }
 
 absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
-                                                     bool keep_contents) {
+                                                     bool keep_contents,
+                                                     const BackupKind& kind) {
   // No capture begins meanwhile; during one, the synchronize and the copies
   // would invalidate it (core/sync/capture.h): refused, the capture untouched.
   GateReaderLock gate(&captures_.gate());
@@ -139,7 +140,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     OtherLock candidates(other);
     live += other->PauseCandidates(tag, &contexts);
   }
-  if (keep_contents && live > AvailableHostMemory()) {
+  if (keep_contents && kind.directory.empty() && live > AvailableHostMemory()) {
     Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed, {} "
                 "available (MemAvailable); nothing paused",
                 live, AvailableHostMemory());
@@ -155,7 +156,10 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   // thread's VMM call (a rank of a single-process NCCL group) to go on.
   OtherLock other_lock(other);
   std::optional<BackupCopier> copier;
-  if (keep_contents) copier.emplace(driver_, ring_, copy_threads_);
+  if (keep_contents) {
+    copier.emplace(driver_, ring_, copy_threads_);
+    copier->set_kind(kind);
+  }
   // All or nothing: every arena copies and marks first; only then is memory
   // released anywhere. A failed prepare undoes its own marks; the abort
   // below undoes everyone's, once.
@@ -191,7 +195,8 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   return released;
 }
 
-absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag) {
+absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
+                                                      bool retain_contents) {
   GateReaderLock gate(&captures_.gate());
   if (captures_.any()) {
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_resume_memory");
@@ -224,7 +229,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag) {
       }
     }
     if (status.ok()) {
-      for (HeapArena* arena : arenas) arena->ResumeCommit(tag);
+      for (HeapArena* arena : arenas) arena->ResumeCommit(tag, retain_contents);
       if (other != nullptr) other->ResumeCommit(tag);
       if (restored > 0) {
         LogTimes("vmmshim_resume_memory", tag, restored, times, PauseTimes::Since(start));

@@ -121,9 +121,21 @@ class PauseCoordinator {
   PauseCoordinator(const PauseCoordinator&) = delete;
   PauseCoordinator& operator=(const PauseCoordinator&) = delete;
 
-  absl::StatusOr<size_t> Pause(const TagSelection& tag, bool keep_contents)
+  // `kind`: where kept contents go (core/heap/host_backup.h: page-locked,
+  // a file in a directory; the default: pageable anonymous memory). A block
+  // whose contents were kept across a resume (Resume with retain_contents)
+  // is copied into that same host memory again (the same address: a
+  // program may hold it), page-locked then when `kind` asks. Contents to
+  // a directory are not checked against MemAvailable (they go to disk).
+  absl::StatusOr<size_t> Pause(const TagSelection& tag, bool keep_contents,
+                               const BackupKind& kind = BackupKind()) ABSL_LOCKS_EXCLUDED(mu_);
+  // `retain_contents`: the resumed blocks keep their host copy (readable
+  // through HeapArena::PausedContents) until a later pause refreshes it in
+  // place, a resume without it drops it, or the allocation is freed; as
+  // torch_memory_saver's retain_cpu_backup. Other libraries' VMM memory
+  // drops its copy either way.
+  absl::StatusOr<size_t> Resume(const TagSelection& tag, bool retain_contents = false)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<size_t> Resume(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
@@ -134,9 +146,10 @@ class PauseCoordinator {
 
  private:
   // The steps of Pause and Resume; a lost context is explained after them.
-  absl::StatusOr<size_t> PauseSteps(const TagSelection& tag, bool keep_contents)
+  absl::StatusOr<size_t> PauseSteps(const TagSelection& tag, bool keep_contents,
+                                    const BackupKind& kind) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> ResumeSteps(const TagSelection& tag, bool retain_contents)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<size_t> ResumeSteps(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
   // Every arena of every device, in device and arena order.
   std::vector<HeapArena*> Arenas() const;
 

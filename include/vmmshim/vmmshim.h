@@ -48,10 +48,17 @@ int vmmshim_grant_peer_access(const void* ptr, int peer_device);
 int vmmshim_revoke_peer_access(const void* ptr, int peer_device);
 /* Sets *has_access to 1 when `peer_device` can access it now, else 0. */
 int vmmshim_query_peer_access(const void* ptr, int peer_device, int* has_access);
-/* Tags the calling thread's following allocations with `tag` (NULL or ""
- * clears it; at most 255 bytes; copied). Rules files match tags, and packed
- * allocations share granules only with allocations of the same tag. */
+/* Tags the calling thread's following allocations with `tag` (at most 255
+ * bytes; copied; "": untagged; NULL: back to the process's default tag,
+ * untagged unless vmmshim_set_default_allocation_tag set one). Rules files
+ * match tags, and packed allocations share granules only with allocations
+ * of the same tag. */
 int vmmshim_set_allocation_tag(const char* tag);
+/* The tag of every thread that has not set its own (NULL: untagged; at
+ * most 255 bytes, else 1, CUDA_ERROR_INVALID_VALUE; copied): a process that
+ * is to pause everything it allocates from its start, as torch_memory_saver's
+ * TMS_INIT_ENABLE, sets it before its first allocation. */
+int vmmshim_set_default_allocation_tag(const char* tag);
 
 /* Releases the memory the shim keeps mapped for reuse after frees (its
  * cache) on `device`, or on every device when `device` is -1, back to the
@@ -86,6 +93,19 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
  * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the capture untouched. Sizes are
  * bytes. */
 #define VMMSHIM_PAUSE_KEEP_CONTENTS 1u
+/* With KEEP_CONTENTS: the host copy is page-locked (cuMemHostRegister):
+ * copied at the copy engine's speed and, kept across resumes
+ * (vmmshim_resume_memory_retaining_contents), pinned once. Pinning new host
+ * memory is slower than the pageable path (2.2-2.5 vs about 14 GiB/s on an
+ * H200), so it pays off for a copy that is kept. */
+#define VMMSHIM_PAUSE_PAGE_LOCKED 2u
+/* With KEEP_CONTENTS: each block's copy is a file of its own in the
+ * directory of vmmshim_set_backup_directory (written out and dropped from
+ * the page cache: the contents hold disk, not host memory; read back at
+ * resume; removed when no longer needed). Without a directory: 1
+ * (CUDA_ERROR_INVALID_VALUE), nothing paused; a file that cannot be made:
+ * 1, logged with the path and the system's reason, nothing paused. */
+#define VMMSHIM_PAUSE_TO_DISK 4u
 int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes);
 /* The same for every allocation whose tag is not one of the `count` tags of
  * `keep_tags` ("" keeps the untagged ones; count 0: every allocation, as
@@ -104,6 +124,16 @@ int vmmshim_pause_memory_except(const char* const* keep_tags, size_t count, unsi
  * after releasing the shim's cache: everything stays paused, nothing
  * leaks, a later resume can succeed. */
 int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
+/* The same, and the resumed allocations keep their host copy (readable with
+ * vmmshim_get_paused_contents, at the same address) until a later pause
+ * with contents writes it again in place, a resume without retaining drops
+ * it, or the allocation is freed; as torch_memory_saver's
+ * retain_cpu_backup. Other libraries' VMM memory drops its copy. */
+int vmmshim_resume_memory_retaining_contents(const char* tag, size_t* restored_bytes);
+/* The directory of VMMSHIM_PAUSE_TO_DISK's files (NULL: none). 1
+ * (CUDA_ERROR_INVALID_VALUE), logged, when it is not a directory this
+ * process can write to. */
+int vmmshim_set_backup_directory(const char* path);
 /* The memory margin, as torch_memory_saver's memory_margin_bytes: from now
  * on an allocation made under a tag (vmmshim_set_allocation_tag) that needs
  * new physical memory fails with CUDA_ERROR_OUT_OF_MEMORY (cudaMalloc:
@@ -113,10 +143,11 @@ int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
  * shim's cache serves are not checked. 801 when the shim is disabled. */
 int vmmshim_set_memory_margin(size_t bytes);
 /* The contents of a paused allocation, as kept in host memory by a pause
- * with VMMSHIM_PAUSE_KEEP_CONTENTS: *host receives the host address that
- * holds the `bytes` bytes from `ptr` (inside one allocation the shim
- * serves), readable (not writable) until the allocation is resumed or
- * freed. Nothing is copied: it is the shim's own backup. *host is NULL on
+ * with VMMSHIM_PAUSE_KEEP_CONTENTS (or retained across a resume): *host
+ * receives the host address that holds the `bytes` bytes from `ptr`
+ * (inside one allocation the shim serves), readable (not writable) until
+ * the allocation is resumed (without retaining) or freed. Nothing is
+ * copied: it is the shim's own backup. *host is NULL on
  * failure. Returns 1 (CUDA_ERROR_INVALID_VALUE) for a NULL `host`, a `ptr`
  * the shim does not serve or a range past the allocation's end; 500
  * (CUDA_ERROR_NOT_FOUND) when the allocation is not paused, or was paused
