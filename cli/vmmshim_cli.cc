@@ -414,6 +414,19 @@ int main(int argc, char** argv) {
     setenv("PYTHONPATH", path.c_str(), 1);
   }
   std::string preload = lib;
+  if (torch_memory_saver) {
+    // torch_memory_saver's C entry points (tms_pause...), next to the shim.
+    const size_t slash = lib.rfind('/');
+    const std::string tms_lib =
+        (slash == std::string::npos ? std::string(".") : lib.substr(0, slash)) +
+        "/libvmmshim_tms.so";
+    if (access(tms_lib.c_str(), R_OK) != 0) {
+      std::fprintf(stderr, "vmmshim run: --torch-memory-saver: no %s next to the shim\n",
+                   tms_lib.c_str());
+      return 2;
+    }
+    preload += " " + tms_lib;
+  }
   if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') {
     preload += std::string(" ") + old;
   }

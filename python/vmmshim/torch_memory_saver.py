@@ -1,52 +1,44 @@
 """torch_memory_saver's Python API, served by vmmshim: a program written for
-torch_memory_saver (preload mode) runs unchanged when `import
-torch_memory_saver` resolves here, which one line arranges:
+torch_memory_saver runs unchanged when `import torch_memory_saver` resolves
+here, which one line arranges:
 
     vmmshim run --torch-memory-saver -- python3 your_program.py
 
-(it preloads libvmmshim.so and puts vmmshim/_tms, whose torch_memory_saver
-package re-exports this module, first on PYTHONPATH).
+(it preloads libvmmshim.so and libvmmshim_tms.so, torch_memory_saver's C
+entry points served by vmmshim, and puts vmmshim/_tms, whose
+torch_memory_saver package is this module, first on PYTHONPATH).
 
 What maps to what (docs/torch-memory-saver.md):
-- region(tag, enable_cpu_backup): allocations inside carry the vmmshim tag
-  "tms:TAG" ("tms:TAG:cpu-backup" with the backup), so that a pause reaches
-  exactly them; vmmshim.tag gives each tag a PyTorch MemPool of its own per
-  device, as torch_memory_saver does (vmmshim/_pools.py).
-- pause(tag) / resume(tag): vmmshim_pause_memory of those tags, contents kept
-  for the regions with enable_cpu_backup and dropped for the others; None:
-  every region's tags (memory made outside regions is never paused, as in
-  torch_memory_saver).
-- cuda_graph(...): torch.cuda.graph with the graph's private pool tagged.
-- get_cpu_backup(x): the shim's host copy of a paused tensor
-  (vmmshim_get_paused_contents); None when it is not paused with a backup.
-- memory_margin_bytes: vmmshim_set_memory_margin (tagged allocations that
-  need new memory fail when less than the margin would stay free).
-- configure_subprocess(): children preload the shim and import this module
-  as torch_memory_saver.
-
-Differences by design: memory outside regions is served by vmmshim too
-(from VMM, never paused by this API); the CPU backup is the shim's pageable
-host memory whatever cpu_backup_backend says; disk backup, retain_cpu_backup
-and hook_mode "torch" (a pluggable allocator instead of the preload) are not
-offered and say so.
+- region(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+  a PyTorch MemPool per (tag, cpu backup, disk backup, backend, device), as
+  torch_memory_saver keeps in `_impl._mem_pools`, and the region state of
+  libvmmshim_tms.so on the thread (interpose/torch_memory_saver/
+  tms_entry_points.cc), which tags the allocations "tms:TAG[:...]" so that
+  a pause reaches exactly them.
+- pause(tag) / resume(tag): tms_pause / tms_resume of libvmmshim_tms.so:
+  vmmshim_pause_memory of those tags, contents kept as each region asked
+  (pinned, mmap or disk); retain_cpu_backup keeps the host copies across
+  resumes at their addresses (vmmshim_resume_memory_retaining_contents).
+- get_cpu_backup(x): the shim's host copy (vmmshim_get_paused_contents).
+- TMS_INIT_ENABLE, TMS_INIT_ENABLE_CPU_BACKUP, TMS_INIT_CPU_BACKUP_BACKEND,
+  TMS_RETAIN_CPU_BACKUP: read by libvmmshim_tms.so, as torch_memory_saver's
+  library reads them.
 """
 import contextlib
 import ctypes
 import os
+import sys
+import types
 from typing import Optional
 
 import vmmshim
 
-__all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess"]
+__all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "is_xpu"]
 
 _TAG_DEFAULT = "default"
 _TMS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tms")
 _BACKENDS = (None, "pinned", "mmap")
-
-
-def shim_tag(tag: str, enable_cpu_backup: bool) -> str:
-    """The vmmshim allocation tag of a region (what residency reports show)."""
-    return f"tms:{tag}:cpu-backup" if enable_cpu_backup else f"tms:{tag}"
+_TMS_LIBRARY = "libvmmshim_tms.so"
 
 
 def _torch():
@@ -58,77 +50,210 @@ def _torch():
     return torch
 
 
+def is_xpu() -> bool:
+    """Whether PyTorch runs on Intel XPU here (torch_memory_saver's check;
+    vmmshim serves CUDA only)."""
+    torch = sys.modules.get("torch")
+    xpu = getattr(torch, "xpu", None) if torch is not None else None
+    try:
+        return bool(xpu is not None and xpu.is_available())
+    except Exception:  # noqa: BLE001: a build whose xpu module cannot answer
+        return False
+
+
+def _loaded_tms_library():
+    """The libvmmshim_tms.so mapped into this process (preloaded), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if os.path.basename(path) == _TMS_LIBRARY:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def tms_library_path():
+    """libvmmshim_tms.so: the one this process runs under, else the one next
+    to libvmmshim.so (vmmshim.library_path())."""
+    loaded = _loaded_tms_library()
+    if loaded:
+        return loaded
+    return os.path.join(os.path.dirname(vmmshim.library_path()), _TMS_LIBRARY)
+
+
+class _Library(ctypes.CDLL):
+    """libvmmshim_tms.so, as torch_memory_saver's `_binary_wrapper.cdll`:
+    the getters return what torch_memory_saver's do (bytes, bool); a name it
+    lacks (cudaHostGetFlags, cudaGetLastError: cudart's, which
+    torch_memory_saver's library links) comes from the cudart PyTorch loaded."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        for name in ("tms_get_current_tag", "tms_get_cpu_backup_backend"):
+            getattr(self, name).restype = ctypes.c_char_p
+        for name in ("tms_get_interesting_region", "tms_get_enable_cpu_backup",
+                     "tms_get_enable_disk_backup", "tms_get_retain_cpu_backup"):
+            getattr(self, name).restype = ctypes.c_bool
+        for name in ("tms_set_interesting_region", "tms_set_enable_cpu_backup",
+                     "tms_set_enable_disk_backup", "tms_set_retain_cpu_backup"):
+            getattr(self, name).argtypes = [ctypes.c_bool]
+        for name in ("tms_set_current_tag", "tms_set_cpu_backup_backend", "tms_pause",
+                     "tms_resume"):
+            getattr(self, name).argtypes = [ctypes.c_char_p]
+        self.tms_set_disk_backup_dir.argtypes = [ctypes.c_char_p]
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+        function = getattr(_cudart(), name)
+        setattr(self, name, function)
+        return function
+
+
+def _cudart():
+    """The cudart mapped into this process (PyTorch's), else the process's
+    global symbols."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if os.path.basename(path).startswith("libcudart.so"):
+                    return ctypes.CDLL(path)
+    except OSError:
+        pass
+    return ctypes.CDLL(None)
+
+
+class _Impl:
+    """torch_memory_saver's `_impl`: the C side and the MemPools of regions."""
+
+    def __init__(self):
+        self._binary_wrapper = types.SimpleNamespace(cdll=_Library(tms_library_path()))
+        # (tag, enable_cpu_backup, enable_disk_backup, backend, device) -> MemPool
+        self._mem_pools = {}
+
+    @property
+    def _c(self):
+        return self._binary_wrapper.cdll
+
+    @contextlib.contextmanager
+    def _with_region_config(self, tag: str = _TAG_DEFAULT, enable_cpu_backup: bool = False,
+                            enable_disk_backup: bool = False,
+                            cpu_backup_backend: Optional[str] = None, interesting: bool = True):
+        """The thread's region state for the block (restored after): what
+        the allocations made inside are tagged with."""
+        c = self._c
+        saved = (c.tms_get_interesting_region(), c.tms_get_enable_cpu_backup(),
+                 c.tms_get_enable_disk_backup(), c.tms_get_current_tag(),
+                 c.tms_get_cpu_backup_backend())
+        c.tms_set_current_tag(tag.encode())
+        c.tms_set_enable_cpu_backup(bool(enable_cpu_backup))
+        c.tms_set_enable_disk_backup(bool(enable_disk_backup))
+        c.tms_set_cpu_backup_backend((cpu_backup_backend or "pinned").encode())
+        c.tms_set_interesting_region(bool(interesting))
+        try:
+            yield
+        finally:
+            c.tms_set_current_tag(saved[3])
+            c.tms_set_enable_cpu_backup(saved[1])
+            c.tms_set_enable_disk_backup(saved[2])
+            c.tms_set_cpu_backup_backend(saved[4])
+            c.tms_set_interesting_region(saved[0])
+
+    def pool(self, key):
+        pool = self._mem_pools.get(key)
+        if pool is None:
+            pool = self._mem_pools[key] = _torch().cuda.MemPool()
+        return pool
+
+    def check(self, call):
+        rc = self._c.vmmshim_tms_last_error()
+        if rc != 0:
+            raise vmmshim.VmmshimError(call, rc)
+
+
 class TorchMemorySaver:
     """The torch_memory_saver singleton's class (one per process is meant)."""
 
     def __init__(self):
-        self._regions = set()   # (tag, backup) entered so far
-        self._checked = False
+        self._impl_ = None
 
     # ---- regions ----
     @contextlib.contextmanager
     def region(self, tag: str = _TAG_DEFAULT, enable_cpu_backup: bool = False,
                enable_disk_backup: bool = False, cpu_backup_backend: Optional[str] = None):
-        """Allocations made inside can be paused by `tag`; with
-        enable_cpu_backup their contents come back at resume."""
-        self._check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        self._ensure_shim()
-        _torch()
-        self._regions.add((tag, bool(enable_cpu_backup)))
-        # vmmshim.tag gives the region a PyTorch MemPool of its own per device
-        # (vmmshim/_pools.py), as torch_memory_saver does.
-        with vmmshim.tag(shim_tag(tag, enable_cpu_backup)):
-            yield
+        """Allocations made inside can be paused by `tag`; with a backup
+        (cpu or disk) their contents come back at resume."""
+        self._check_backup(enable_cpu_backup, cpu_backup_backend)
+        impl = self._ensure_initialized()
+        torch = _torch()
+        backend = cpu_backup_backend or "pinned"
+        key = (tag, bool(enable_cpu_backup), bool(enable_disk_backup), backend,
+               torch.cuda.current_device())
+        with impl._with_region_config(tag=tag, enable_cpu_backup=enable_cpu_backup,
+                                      enable_disk_backup=enable_disk_backup,
+                                      cpu_backup_backend=backend):
+            with torch.cuda.use_mem_pool(impl.pool(key)):
+                yield
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global",
                    tag: str = _TAG_DEFAULT, enable_cpu_backup: bool = False,
                    cpu_backup_backend: Optional[str] = None):
         """torch.cuda.graph(...), with the memory the capture allocates (the
-        graph's private pool) pausable by `tag`."""
-        self._check_backup(enable_cpu_backup, False, cpu_backup_backend)
-        self._ensure_shim()
+        graph's private pool) in the region `tag`."""
+        self._check_backup(enable_cpu_backup, cpu_backup_backend)
+        impl = self._ensure_initialized()
         torch = _torch()
-        self._regions.add((tag, bool(enable_cpu_backup)))
         with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                               capture_error_mode=capture_error_mode):
-            with vmmshim.tag(shim_tag(tag, enable_cpu_backup)):
+            with impl._with_region_config(tag=tag, enable_cpu_backup=enable_cpu_backup,
+                                          cpu_backup_backend=cpu_backup_backend):
                 yield
 
     @contextlib.contextmanager
     def disable(self):
-        """Inside a region: allocations that are not to be paused (a fresh
-        MemPool, no tag), as torch_memory_saver's disable()."""
-        self._ensure_shim()
+        """Allocations inside are outside every region (never paused), from a
+        fresh MemPool given back at the end, with the shim's cache of it."""
+        impl = self._ensure_initialized()
         torch = _torch()
         pool = torch.cuda.MemPool()
-        with torch.cuda.use_mem_pool(pool), vmmshim.tag(None):
-            yield
-        del pool
+        try:
+            with impl._with_region_config(interesting=False), torch.cuda.use_mem_pool(pool):
+                yield
+        finally:
+            del pool
+            torch.cuda.synchronize()
+            vmmshim.release_cached_memory()
 
     # ---- pause and resume ----
     def pause(self, tag: Optional[str] = None):
         """Releases the physical memory of the regions of `tag` (None: all),
         keeping addresses, and contents where the region asked for a backup."""
-        self._ensure_shim()
-        for region_tag, backup in self._selected(tag):
-            vmmshim.pause(shim_tag(region_tag, backup), keep_contents=backup)
+        impl = self._ensure_initialized()
+        impl._c.tms_pause(tag.encode() if tag is not None else None)
+        impl.check("tms_pause")
 
     def resume(self, tag: Optional[str] = None):
         """Maps the paused memory of `tag` (None: all) again, contents back
-        where they were kept."""
-        self._ensure_shim()
-        for region_tag, backup in self._selected(tag):
-            vmmshim.resume(shim_tag(region_tag, backup))
+        where they were kept (kept on the host too with retain_cpu_backup)."""
+        impl = self._ensure_initialized()
+        impl._c.tms_resume(tag.encode() if tag is not None else None)
+        impl.check("tms_resume")
 
     def get_cpu_backup(self, x, zero_copy: bool = False):
-        """A CPU tensor with the contents of the paused tensor `x` (a region
-        with enable_cpu_backup); None when `x` is not paused with a backup.
-        zero_copy: a view of the shim's host copy, valid until resume."""
+        """A CPU tensor with the kept contents of `x` (paused with a backup, or
+        resumed with retain_cpu_backup); None when there are none. zero_copy:
+        a view of the shim's host copy, valid until it is dropped."""
         torch = _torch()
         assert x.is_cuda, f"{x.device=}"
         assert x.is_contiguous(), f"{x.shape=} {x.stride()=} {x.dtype=}"
-        self._ensure_shim()
+        self._ensure_initialized()
         nbytes = x.nbytes
         address = vmmshim._paused_address(x.data_ptr(), nbytes)
         if address is None:
@@ -164,10 +289,8 @@ class TorchMemorySaver:
     def memory_margin_bytes(self, value: int):
         if value < 0:
             raise ValueError("memory_margin_bytes must be 0 or more")
-        self._ensure_shim()
+        self._ensure_initialized()
         lib = vmmshim._api()
-        if lib is None or not hasattr(lib, "vmmshim_set_memory_margin"):
-            raise RuntimeError("this libvmmshim.so has no vmmshim_set_memory_margin")
         lib.vmmshim_set_memory_margin.argtypes = [ctypes.c_size_t]
         lib.vmmshim_set_memory_margin.restype = ctypes.c_int
         rc = lib.vmmshim_set_memory_margin(value)
@@ -176,44 +299,36 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        return False
+        return bool(self._ensure_initialized()._c.tms_get_retain_cpu_backup())
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: bool):
-        if value:
-            raise NotImplementedError(
-                "vmmshim drops its host copy at resume; retain_cpu_backup is not offered "
-                "(docs/torch-memory-saver.md)")
+        self._ensure_initialized()._c.tms_set_retain_cpu_backup(bool(value))
 
     def set_disk_backup_dir(self, path: str):
-        raise NotImplementedError(
-            "vmmshim keeps paused contents in host memory; disk backup is not offered "
-            "(docs/torch-memory-saver.md)")
+        """Where regions with enable_disk_backup keep their contents while
+        paused: a file per allocation, removed at resume."""
+        rc = self._ensure_initialized()._c.tms_set_disk_backup_dir(os.fsencode(path))
+        if rc != 0:
+            raise ValueError(f"set_disk_backup_dir({path!r}): not a directory this process "
+                             f"can write to")
 
     # ---- helpers ----
-    def _selected(self, tag):
-        return sorted(r for r in self._regions if tag is None or r[0] == tag)
+    @property
+    def _impl(self):
+        return self._ensure_initialized()
 
-    @staticmethod
-    def _check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-        if enable_disk_backup:
-            raise NotImplementedError(
-                "vmmshim keeps paused contents in host memory; enable_disk_backup is not "
-                "offered (use enable_cpu_backup=True; docs/torch-memory-saver.md)")
-        if cpu_backup_backend not in _BACKENDS:
-            raise ValueError(f"cpu_backup_backend must be 'pinned' or 'mmap', not "
-                             f"{cpu_backup_backend!r}")
-        if cpu_backup_backend is not None and not enable_cpu_backup:
-            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-
-    def _ensure_shim(self):
-        if self._checked:
-            return
+    def _ensure_initialized(self):
+        if self._impl_ is not None:
+            return self._impl_
         if not vmmshim.loaded():
             raise RuntimeError(
                 "torch_memory_saver (served by vmmshim): libvmmshim.so is not loaded in this "
-                "process; start it with `vmmshim run --torch-memory-saver -- python3 ...`, or "
-                "with LD_PRELOAD set to vmmshim.library_path()")
+                "process; start it with `vmmshim run --torch-memory-saver -- python3 ...`")
+        if _loaded_tms_library() is None:
+            raise RuntimeError(
+                "torch_memory_saver (served by vmmshim): libvmmshim_tms.so is not preloaded; "
+                "start the program with `vmmshim run --torch-memory-saver -- python3 ...`")
         env = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         if "expandable_segments:True" in env.replace(" ", ""):
             # A MemPool's segments would be one growing mapping shared by
@@ -222,25 +337,33 @@ class TorchMemorySaver:
                 "torch_memory_saver regions need PYTORCH_CUDA_ALLOC_CONF without "
                 "expandable_segments:True (so does torch_memory_saver itself); vmmshim's own "
                 "API pauses expandable segments (vmmshim.tag, docs/pause-resume.md)")
-        self._checked = True
+        self._impl_ = _Impl()
+        return self._impl_
+
+    @staticmethod
+    def _check_backup(enable_cpu_backup, cpu_backup_backend):
+        # torch_memory_saver's checks, in its order (its tests match the words).
+        if cpu_backup_backend not in _BACKENDS:
+            raise ValueError(f"cpu_backup_backend must be 'pinned' or 'mmap', not "
+                             f"{cpu_backup_backend!r}")
+        if cpu_backup_backend is None:
+            return
+        if not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if is_xpu():  # looked up at the call: tests replace it on the module
+            raise ValueError("cpu_backup_backend is not supported on XPU")
+        if cpu_backup_backend == "mmap" and getattr(_torch().version, "hip", None):
+            raise ValueError("cpu_backup_backend='mmap' is not supported on ROCm")
 
 
-@contextlib.contextmanager
 def configure_subprocess():
-    """Processes started inside preload libvmmshim.so and import this module
-    as torch_memory_saver (PYTHONPATH), as torch_memory_saver's own
-    configure_subprocess() preloads its library."""
-    saved = os.environ.get("PYTHONPATH")
-    with vmmshim.configure_subprocess():
-        parts = [p for p in (saved or "").split(os.pathsep) if p and p != _TMS_PATH]
-        os.environ["PYTHONPATH"] = os.pathsep.join([_TMS_PATH] + parts)
-        try:
-            yield
-        finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved
+    """Processes started inside preload vmmshim's torch_memory_saver library
+    and import this module as torch_memory_saver, as torch_memory_saver's
+    own configure_subprocess() preloads its library."""
+    if _TMS_PATH not in sys.path:
+        sys.path.insert(0, _TMS_PATH)
+    from torch_memory_saver.hooks import mode_preload
+    return mode_preload.configure_subprocess()
 
 
 # The singleton programs import: `from torch_memory_saver import torch_memory_saver`.

@@ -290,6 +290,27 @@ PY
     grep -qE '"paused_by_tag":\{"[^}]*":[1-9]' <<<"$shimmed" ||
       fail "no other library's VMM memory (NCCL's) paused"
     ;;
+  tms_suite)
+    # torch_memory_saver's own test suite (../shared/peers/torch_memory_saver:
+    # its test/ at 4a43c97, unchanged) through the drop-in, as the suite's
+    # README runs it: every test must pass or skip (on one GPU: the
+    # multi-device and XPU ones skip, with the suite's own reasons).
+    have_torch
+    python3 -c "import pytest" 2>/dev/null || { echo "SKIP: pytest is not installed"; exit 77; }
+    suite=""
+    for d in "${VMMSHIM_TMS_SUITE:-}" "$src/../shared/peers/torch_memory_saver" \
+             "$src/.gpu/peers/torch_memory_saver"; do
+      if [ -n "$d" ] && [ -d "$d/test" ]; then suite=$d; break; fi
+    done
+    [ -n "$suite" ] || { echo "SKIP: torch_memory_saver's test suite is not here" \
+      "(../shared/peers/torch_memory_saver, .gpu/peers/torch_memory_saver or VMMSHIM_TMS_SUITE)"; exit 77; }
+    out=$(cd "$suite" && "$build/vmmshim" run --torch-memory-saver -- python3 -m pytest -q -rA \
+          -p no:cacheprovider test --continue-on-collection-errors \
+          --ignore=test/test_merge_cuda_wheels.py 2>&1)
+    rc=$?
+    grep -E '^(PASSED|FAILED|SKIPPED|ERROR) |[0-9]+ (passed|failed)' <<<"$out"
+    [ $rc = 0 ] || { tail -80 <<<"$out"; fail "torch_memory_saver's suite through the drop-in (exit $rc)"; }
+    ;;
   memory_snapshot)
     # Snapshots (docs/memory-snapshots.md) of a PyTorch program and of a
     # static-cudart one, read by PyTorch's own torch.cuda._memory_viz (its

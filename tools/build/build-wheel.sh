@@ -4,6 +4,7 @@
 # (cpack -G DEB in that build):
 #   vmmshim/                  the Python API (python/vmmshim)
 #   vmmshim/lib/libvmmshim.so the preload library, stripped
+#   vmmshim/lib/libvmmshim_tms.so  torch_memory_saver's C entry points (the drop-in)
 #   vmmshim/bin/vmmshim       the CLI (run, report, compare, trace), stripped; the
 #                             console command `vmmshim` and `python -m vmmshim`
 #                             run it (vmmshim/__main__.py)
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 out=${2:-$build/dist}
-for f in "$build/libvmmshim.so" "$build/vmmshim"; do
+for f in "$build/libvmmshim.so" "$build/libvmmshim_tms.so" "$build/vmmshim"; do
   [ -x "$f" ] || { echo "build-wheel: no $f (run tools/build/build.sh first)" >&2; exit 1; }
 done
 # `wheel pack` writes the RECORD and names the file; Debian's python3-wheel
@@ -38,7 +39,7 @@ built=$("$build/vmmshim" --version)
 [ "$built" = "vmmshim $version" ] ||
   { echo "build-wheel: $build/vmmshim says '$built', CMakeLists.txt $version: rebuild" >&2; exit 1; }
 arch=$(uname -m)
-glibc=$(objdump -T "$build/libvmmshim.so" "$build/vmmshim" | grep -o 'GLIBC_[0-9][0-9.]*' |
+glibc=$(objdump -T "$build/libvmmshim.so" "$build/libvmmshim_tms.so" "$build/vmmshim" | grep -o 'GLIBC_[0-9][0-9.]*' |
         sed 's/GLIBC_//' | sort -V | tail -1)
 platform="manylinux_${glibc%%.*}_${glibc#*.}_${arch}"
 
@@ -52,8 +53,9 @@ find "$pkg" -name __pycache__ -prune -exec rm -rf {} +
 sed -i "s/^__version__ = .*/__version__ = \"$version\"/" "$pkg/__init__.py"
 mkdir -p "$pkg/lib" "$pkg/bin" "$pkg/share/vmmshim" "$pkg/include/vmmshim"
 strip --strip-unneeded -o "$pkg/lib/libvmmshim.so" "$build/libvmmshim.so"
+strip --strip-unneeded -o "$pkg/lib/libvmmshim_tms.so" "$build/libvmmshim_tms.so"
 strip --strip-unneeded -o "$pkg/bin/vmmshim" "$build/vmmshim"
-chmod 755 "$pkg/lib/libvmmshim.so" "$pkg/bin/vmmshim"
+chmod 755 "$pkg/lib/libvmmshim.so" "$pkg/lib/libvmmshim_tms.so" "$pkg/bin/vmmshim"
 install -m 755 cli/compare/compare_chart.py "$pkg/share/vmmshim/"
 install -m 755 cli/memory_trace.py "$pkg/share/vmmshim/"
 install -m 644 include/vmmshim/vmmshim.h "$pkg/include/vmmshim/"

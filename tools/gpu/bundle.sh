@@ -37,4 +37,9 @@ missing=$(find "$build" -path '*/CMakeFiles' -prune -o -type f \( -perm -u+x -o 
 if [ -n "$missing" ]; then
   echo "error: a GPU host may lack these libraries:"; echo "$missing"; exit 1
 fi
+# torch_memory_saver's own test suite (gpu_tms_suite), when this checkout
+# has the peers beside it: the GPU host gets the working tree only.
+if [ -d ../shared/peers/torch_memory_saver/test ]; then
+  mkdir -p .gpu/peers && cp -r ../shared/peers/torch_memory_saver .gpu/peers/
+fi
 echo "bundled $(du -sh .gpu | cut -f1) into .gpu/build (the build tree; no library outside it needed)"

@@ -2,9 +2,13 @@
 used memory, as torch_memory_saver's helper prints it."""
 import torch
 
+from vmmshim.torch_memory_saver import is_xpu
+
+__all__ = ["is_xpu", "get_device", "empty_cache", "get_and_print_gpu_memory"]
+
 
 def get_device() -> str:
-    return "cuda"
+    return "xpu" if is_xpu() else "cuda"
 
 
 def empty_cache():

@@ -1,0 +1,243 @@
+"""torch_memory_saver's C entry points (libvmmshim_tms.so,
+interpose/torch_memory_saver/tms_entry_points.cc) and the drop-in's parts
+that need no PyTorch, under LD_PRELOAD="libvmmshim.so libvmmshim_tms.so" on
+the simulated driver: the region state and the tags it gives allocations,
+tms_pause/tms_resume with each backup kind (dropped, pinned, mmap, disk),
+retained copies, TMS_INIT_ENABLE, and the errors."""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import unittest
+
+import vmmshim
+from vmmshim import torch_memory_saver as tms_module
+
+MIB = 1 << 20
+
+
+def driver():
+    ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # the simulated driver
+    cu = ctypes.CDLL(None)  # global lookup: the shim's hooks come first
+    assert cu.cuInit(0) == 0
+    ctx = ctypes.c_void_p()
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    cu.primary_context = ctx
+    cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    cu.cuMemHostGetFlags.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
+    return cu
+
+
+class EntryPoints(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cu = driver()
+        cls.saver = tms_module.TorchMemorySaver()
+        cls.c = cls.saver._impl._binary_wrapper.cdll
+
+    def alloc(self, nbytes, **region):
+        p = ctypes.c_uint64()
+        with self.saver._impl._with_region_config(**region) if region else _nothing():
+            self.assertEqual(self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)), 0)
+        return p.value
+
+    def write(self, ptr, data):
+        self.assertEqual(self.cu.cuMemcpyHtoD_v2(ptr, data, len(data)), 0)
+
+    def read(self, ptr, n):
+        buf = ctypes.create_string_buffer(n)
+        rc = self.cu.cuMemcpyDtoH_v2(buf, ptr, n)
+        return buf.raw if rc == 0 else None
+
+    def tags(self):
+        return set(vmmshim.residency()["devices"][0]["shim"]["by_tag"])
+
+    def free(self, *ptrs):
+        for p in ptrs:
+            self.assertEqual(self.cu.cuMemFree_v2(p), 0)
+
+    def tearDown(self):
+        self.saver.retain_cpu_backup = False
+
+    def test_region_state_and_the_tags_it_gives(self):
+        c = self.c
+        self.assertFalse(c.tms_get_interesting_region())
+        self.assertEqual(c.tms_get_current_tag(), b"default")
+        self.assertEqual(c.tms_get_cpu_backup_backend(), b"pinned")
+        with self.saver._impl._with_region_config(tag="state", enable_cpu_backup=True,
+                                                  cpu_backup_backend="mmap"):
+            self.assertTrue(c.tms_get_interesting_region())
+            self.assertTrue(c.tms_get_enable_cpu_backup())
+            self.assertEqual(c.tms_get_current_tag(), b"state")
+            self.assertEqual(c.tms_get_cpu_backup_backend(), b"mmap")
+            with self.saver._impl._with_region_config(tag="inner"):
+                self.assertFalse(c.tms_get_enable_cpu_backup())
+                self.assertEqual(c.tms_get_current_tag(), b"inner")
+            self.assertEqual(c.tms_get_current_tag(), b"state")
+        self.assertFalse(c.tms_get_interesting_region())
+        a = self.alloc(4 * MIB, tag="state", enable_cpu_backup=True, cpu_backup_backend="mmap")
+        b = self.alloc(4 * MIB, tag="state")
+        d = self.alloc(4 * MIB, tag="state", enable_disk_backup=True)
+        e = self.alloc(4 * MIB, tag="state", enable_cpu_backup=True)
+        outside = self.alloc(4 * MIB)
+        self.assertLessEqual({"tms:state:cpu-backup:mmap", "tms:state", "tms:state:disk-backup",
+                              "tms:state:cpu-backup", ""}, self.tags())
+        self.free(a, b, d, e, outside)
+
+    def test_pause_and_resume_by_tag_keep_what_each_region_asked(self):
+        data = bytes(range(256)) * (4 * MIB // 256)
+        kept = self.alloc(4 * MIB, tag="kv", enable_cpu_backup=True)
+        mmap = self.alloc(4 * MIB, tag="kv", enable_cpu_backup=True, cpu_backup_backend="mmap")
+        dropped = self.alloc(4 * MIB, tag="kv")
+        other = self.alloc(4 * MIB, tag="other", enable_cpu_backup=True)
+        outside = self.alloc(4 * MIB)
+        for p in (kept, mmap, dropped, other, outside):
+            self.write(p, data)
+        self.saver.pause("kv")
+        for p in (kept, mmap, dropped):
+            self.assertIsNone(self.read(p, 16))  # paused: faults
+        for p in (other, outside):
+            self.assertEqual(self.read(p, 16), data[:16])
+        self.assertEqual(vmmshim.paused_contents(kept, 16).tobytes(), data[:16])
+        self.assertIsNone(vmmshim.paused_contents(dropped, 16))
+        self.saver.resume("kv")
+        self.assertEqual(self.read(kept, len(data)), data)
+        self.assertEqual(self.read(mmap, len(data)), data)
+        self.assertIsNone(vmmshim.paused_contents(kept, 16))  # not retained: gone
+        self.saver.pause()  # every region, never memory outside them
+        self.assertIsNone(self.read(other, 16))
+        self.assertEqual(self.read(outside, 16), data[:16])
+        self.saver.resume()
+        self.assertEqual(self.read(other, len(data)), data)
+        self.free(kept, mmap, dropped, other, outside)
+
+    def test_a_retained_copy_stays_at_its_address_and_is_pinned_once(self):
+        first = bytes(range(256)) * (4 * MIB // 256)
+        second = bytes(reversed(range(256))) * (4 * MIB // 256)
+        p = self.alloc(4 * MIB, tag="retained", enable_cpu_backup=True)
+        self.write(p, first)
+        self.saver.retain_cpu_backup = True
+        self.assertTrue(self.saver.retain_cpu_backup)
+        self.c.tms_pause(b"retained")
+        address = vmmshim._paused_address(p, 4 * MIB)
+        flags = ctypes.c_uint()
+        self.assertEqual(self.cu.cuMemHostGetFlags(ctypes.byref(flags), address), 0)  # pinned
+        self.c.tms_resume(b"retained")
+        self.assertEqual(self.read(p, len(first)), first)
+        self.assertEqual(vmmshim._paused_address(p, 4 * MIB), address)  # kept, same place
+        self.write(p, second)
+        self.c.tms_pause(b"retained")
+        self.assertEqual(vmmshim._paused_address(p, 4 * MIB), address)
+        self.assertEqual(vmmshim.paused_contents(p, len(second)).tobytes(), second)
+        self.saver.retain_cpu_backup = False
+        self.c.tms_resume(b"retained")
+        self.assertEqual(self.read(p, len(second)), second)
+        self.assertIsNone(vmmshim.paused_contents(p, 16))
+        self.assertNotEqual(self.cu.cuMemHostGetFlags(ctypes.byref(flags), address), 0)
+        self.assertEqual(self.c.vmmshim_tms_last_error(), 0)
+        self.free(p)
+
+    def test_disk_backup_is_a_file_per_allocation_while_paused(self):
+        data = bytes(range(256)) * (6 * MIB // 256)
+        with tempfile.TemporaryDirectory() as directory:
+            self.saver.set_disk_backup_dir(directory)
+            ptrs = [self.alloc(6 * MIB, tag="disk", enable_disk_backup=True) for _ in range(2)]
+            for p in ptrs:
+                self.write(p, data)
+            sizes = set()
+            for _ in range(3):
+                self.saver.pause("disk")
+                files = os.listdir(directory)
+                self.assertEqual(len(files), 2, files)
+                sizes.add(sum(os.path.getsize(os.path.join(directory, f)) for f in files))
+                self.saver.resume("disk")
+                self.assertEqual(os.listdir(directory), [])
+                for p in ptrs:
+                    self.assertEqual(self.read(p, len(data)), data)
+            self.assertEqual(len(sizes), 1)
+            self.assertGreaterEqual(sizes.pop(), 12 * MIB)
+            self.free(*ptrs)
+        with self.assertRaisesRegex(ValueError, "not a directory"):
+            self.saver.set_disk_backup_dir("/nonexistent/tms-disk")
+
+    def test_a_failed_pause_raises_and_leaves_the_memory_live(self):
+        self.assertEqual(self.c.tms_set_disk_backup_dir(None), 0)  # none: disk pauses fail
+        p = self.alloc(4 * MIB, tag="nodir", enable_disk_backup=True)
+        self.write(p, b"x" * 16)
+        with self.assertRaises(vmmshim.VmmshimError) as err:
+            self.saver.pause("nodir")
+        self.assertEqual(err.exception.code, 1)  # CUDA_ERROR_INVALID_VALUE
+        self.assertEqual(self.read(p, 16), b"x" * 16)
+        self.free(p)
+
+    def test_memory_margin(self):
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.assertEqual(self.cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), 0)
+        self.saver.memory_margin_bytes = free.value  # nothing new fits above it
+        p = ctypes.c_uint64()
+        with self.saver._impl._with_region_config(tag="margin"):
+            rc = self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(64 * MIB))
+        self.assertEqual(rc, 2)  # CUDA_ERROR_OUT_OF_MEMORY
+        untagged = self.alloc(64 * MIB)  # outside regions: not held back
+        self.saver.memory_margin_bytes = 0
+        tagged = self.alloc(64 * MIB, tag="margin")
+        self.free(untagged, tagged)
+        with self.assertRaises(ValueError):
+            self.saver.memory_margin_bytes = -1
+
+    def test_tms_init_enable_puts_every_thread_in_the_default_region(self):
+        program = textwrap.dedent(f"""
+            import ctypes, sys, threading
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            from test_tms_entry_points import driver
+            import vmmshim
+            from vmmshim import torch_memory_saver as tms
+            cu = driver()
+            c = tms.torch_memory_saver._impl._binary_wrapper.cdll
+            assert c.tms_get_interesting_region() and c.tms_get_enable_cpu_backup()
+            assert c.tms_get_cpu_backup_backend() == b"mmap"
+            def alloc(out):
+                assert cu.cuCtxSetCurrent(cu.primary_context) == 0
+                p = ctypes.c_uint64()
+                assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4 << 20)) == 0
+                out.append(p.value)
+            ptrs = []
+            alloc(ptrs)
+            t = threading.Thread(target=alloc, args=(ptrs,)); t.start(); t.join()
+            with tms.torch_memory_saver._impl._with_region_config(interesting=False):
+                alloc(ptrs)  # disable(): outside every region
+            print(sorted(vmmshim.residency()["devices"][0]["shim"]["by_tag"].items()))
+            tms.torch_memory_saver.pause()
+            print(vmmshim.paused_contents(ptrs[1], 16) is not None,
+                  vmmshim.paused_contents(ptrs[2], 16) is None)
+            tms.torch_memory_saver.resume()
+        """)
+        env = dict(os.environ, TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1",
+                   TMS_INIT_CPU_BACKUP_BACKEND="mmap")
+        out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                             text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.strip().split("\n")
+        by_tag = dict(eval(lines[0]))  # noqa: S307: our own child's repr
+        self.assertEqual(by_tag["tms:default:cpu-backup:mmap"]["resident_bytes"], 8 * MIB)
+        self.assertEqual(by_tag[""]["resident_bytes"], 4 * MIB)
+        self.assertEqual(lines[1], "True True")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    unittest.main()
