@@ -45,6 +45,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "vmmshim/vmmshim.h"
 
@@ -210,17 +211,25 @@ TMS_EXPORT int vmmshim_tms_last_error() {
   return std::exchange(r.last_error, 0);
 }
 
-TMS_EXPORT void tms_pause(const char* tag) {
+namespace {
+
+// The vmmshim tags made so far for torch_memory_saver tag `tag` (NULL: all),
+// and the retain setting, read once for one pause or resume.
+std::pair<std::vector<ShimTag>, bool> Selected(const char* tag) {
   Registry& r = Tags();
-  std::set<ShimTag> tags;
-  bool retain;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    tags = r.tags;
-    retain = r.retain;
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<ShimTag> selected;
+  for (const ShimTag& t : r.tags) {
+    if (tag == nullptr || t.tms_tag == tag) selected.push_back(t);
   }
+  return {std::move(selected), r.retain};
+}
+
+}  // namespace
+
+TMS_EXPORT void tms_pause(const char* tag) {
+  const auto [tags, retain] = Selected(tag);
   for (const ShimTag& t : tags) {
-    if (tag != nullptr && t.tms_tag != tag) continue;
     unsigned flags = 0;
     if (t.keep) flags |= VMMSHIM_PAUSE_KEEP_CONTENTS;
     if (t.disk) flags |= VMMSHIM_PAUSE_TO_DISK;
@@ -233,16 +242,8 @@ TMS_EXPORT void tms_pause(const char* tag) {
 }
 
 TMS_EXPORT void tms_resume(const char* tag) {
-  Registry& r = Tags();
-  std::set<ShimTag> tags;
-  bool retain;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    tags = r.tags;
-    retain = r.retain;
-  }
+  const auto [tags, retain] = Selected(tag);
   for (const ShimTag& t : tags) {
-    if (tag != nullptr && t.tms_tag != tag) continue;
     // A disk copy is not retained: its file is the backup's whole point.
     const int rc = retain && t.keep && !t.disk
                        ? vmmshim_resume_memory_retaining_contents(t.name.c_str(), nullptr)

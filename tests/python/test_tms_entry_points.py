@@ -16,26 +16,12 @@ import unittest
 
 import vmmshim
 from vmmshim import torch_memory_saver as tms_module
+from sim_cuda import DeviceMemory, driver
 
 MIB = 1 << 20
 
 
-def driver():
-    ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # the simulated driver
-    cu = ctypes.CDLL(None)  # global lookup: the shim's hooks come first
-    assert cu.cuInit(0) == 0
-    ctx = ctypes.c_void_p()
-    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
-    cu.primary_context = ctx
-    cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
-    cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    cu.cuMemHostGetFlags.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
-    return cu
-
-
-class EntryPoints(unittest.TestCase):
+class EntryPoints(DeviceMemory, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.cu = driver()
@@ -43,25 +29,14 @@ class EntryPoints(unittest.TestCase):
         cls.c = cls.saver._impl._binary_wrapper.cdll
 
     def alloc(self, nbytes, **region):
-        p = ctypes.c_uint64()
-        with self.saver._impl._with_region_config(**region) if region else _nothing():
-            self.assertEqual(self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)), 0)
-        return p.value
-
-    def write(self, ptr, data):
-        self.assertEqual(self.cu.cuMemcpyHtoD_v2(ptr, data, len(data)), 0)
-
-    def read(self, ptr, n):
-        buf = ctypes.create_string_buffer(n)
-        rc = self.cu.cuMemcpyDtoH_v2(buf, ptr, n)
-        return buf.raw if rc == 0 else None
+        """Device memory, made inside the region state `region` when given."""
+        if not region:
+            return super().alloc(nbytes)
+        with self.saver._impl._with_region_config(**region):
+            return super().alloc(nbytes)
 
     def tags(self):
         return set(vmmshim.residency()["devices"][0]["shim"]["by_tag"])
-
-    def free(self, *ptrs):
-        for p in ptrs:
-            self.assertEqual(self.cu.cuMemFree_v2(p), 0)
 
     def tearDown(self):
         self.saver.retain_cpu_backup = False
@@ -196,7 +171,7 @@ class EntryPoints(unittest.TestCase):
         program = textwrap.dedent(f"""
             import ctypes, sys, threading
             sys.path.insert(0, {os.path.dirname(__file__)!r})
-            from test_tms_entry_points import driver
+            from sim_cuda import driver
             import vmmshim
             from vmmshim import torch_memory_saver as tms
             cu = driver()
@@ -229,14 +204,6 @@ class EntryPoints(unittest.TestCase):
         self.assertEqual(by_tag["tms:default:cpu-backup:mmap"]["resident_bytes"], 8 * MIB)
         self.assertEqual(by_tag[""]["resident_bytes"], 4 * MIB)
         self.assertEqual(lines[1], "True True")
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

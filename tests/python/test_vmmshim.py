@@ -13,6 +13,7 @@ import warnings
 
 import vmmshim
 from vmmshim import torch_memory_saver as tms_module
+from sim_cuda import DeviceMemory, driver
 
 EXPECT_LOADED = os.environ.get("EXPECT_VMMSHIM_LOADED") == "1"
 MIB = 1 << 20
@@ -118,32 +119,10 @@ class DropInWithoutTheShim(unittest.TestCase):
 
 
 @unittest.skipUnless(EXPECT_LOADED, "runs under LD_PRELOAD=libvmmshim.so on the simulated driver")
-class WithTheShim(unittest.TestCase):
+class WithTheShim(DeviceMemory, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # the simulated driver
-        cls.cu = ctypes.CDLL(None)  # global lookup: the shim's hooks come first
-        cu = cls.cu
-        assert cu.cuInit(0) == 0
-        ctx = ctypes.c_void_p()
-        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-        assert cu.cuCtxSetCurrent(ctx) == 0
-        cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
-        cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-        cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-
-    def alloc(self, nbytes):
-        p = ctypes.c_uint64()
-        self.assertEqual(self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)), 0)
-        return p.value
-
-    def write(self, ptr, data):
-        self.assertEqual(self.cu.cuMemcpyHtoD_v2(ptr, data, len(data)), 0)
-
-    def read(self, ptr, n):
-        buf = ctypes.create_string_buffer(n)
-        rc = self.cu.cuMemcpyDtoH_v2(buf, ptr, n)
-        return buf.raw if rc == 0 else None
+        cls.cu = driver()
 
     def test_snapshot_with_history_tags_and_caller(self):
         import pickle

@@ -1,0 +1,45 @@
+"""The simulated driver (tests/sim, as libcuda.so.1) reached through the
+shim's hooks from Python, for the tests that run under LD_PRELOAD: a
+primary context made current, and device memory allocated, written and
+read with the driver API."""
+import ctypes
+
+
+def driver():
+    """The process's global symbols (the shim's hooks come first) after
+    cuInit, with device 0's primary context current (kept as
+    `primary_context` for other threads)."""
+    ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # the simulated driver
+    cu = ctypes.CDLL(None)
+    assert cu.cuInit(0) == 0
+    ctx = ctypes.c_void_p()
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    cu.primary_context = ctx
+    cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    cu.cuMemHostGetFlags.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
+    return cu
+
+
+class DeviceMemory:
+    """unittest.TestCase mixin: `cu` (a driver()) set by the class."""
+
+    def alloc(self, nbytes):
+        p = ctypes.c_uint64()
+        self.assertEqual(self.cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)), 0)
+        return p.value
+
+    def write(self, ptr, data):
+        self.assertEqual(self.cu.cuMemcpyHtoD_v2(ptr, data, len(data)), 0)
+
+    def read(self, ptr, n):
+        """The bytes, or None when the driver refuses (paused memory faults)."""
+        buf = ctypes.create_string_buffer(n)
+        rc = self.cu.cuMemcpyDtoH_v2(buf, ptr, n)
+        return buf.raw if rc == 0 else None
+
+    def free(self, *ptrs):
+        for p in ptrs:
+            self.assertEqual(self.cu.cuMemFree_v2(p), 0)
