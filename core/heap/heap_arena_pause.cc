@@ -100,8 +100,13 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
                                                    options_.device, base));
       b.backup.reset();
       if (backup.ok() && copier->kind().page_locked && !backup->in_file()) {
+        // Pinning is for speed: a refusal (a memlock limit) leaves it pageable.
         ScopedContext ctx(driver_, b.placement.context);
-        if (absl::Status s = backup->PageLock(driver_); !s.ok()) backup = s;
+        if (absl::Status s = backup->PageLock(driver_); !s.ok()) {
+          Log().warn("vmmshim_pause_memory({}): page-locking the copy of {:#x}: {}; kept "
+                     "pageable",
+                     tag.Describe(), base, s.ToString());
+        }
       }
       if (!backup.ok()) {
         Log().error("vmmshim_pause_memory({}): {}; nothing paused", tag.Describe(),

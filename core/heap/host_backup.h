@@ -43,7 +43,8 @@ struct BackupKind {
   // go straight to the copy engine (no staging ring), and a backup kept
   // across a resume (HeapArena::ResumeCommit with `retain`) pays the pinning
   // once. Pinning new memory runs at 2.2-2.5 GiB/s on the H200, so a backup
-  // that is not kept is better pageable.
+  // that is not kept is better pageable. A driver that refuses the pinning
+  // (a memlock limit) leaves the backup pageable, logged; the pause goes on.
   bool page_locked = false;
   // Non-empty: a file of its own in this directory, mapped shared; written
   // to the disk and dropped from the page cache after the copy (host memory
@@ -63,9 +64,9 @@ class HostBackup {
   // end the process at the copy instead).
   static absl::StatusOr<HostBackup> Create(size_t bytes);
   // A file named `name` in `directory` (made, sized to `bytes` and mapped
-  // shared; an existing file of that name is replaced). CUDA_ERROR_INVALID_VALUE
-  // naming the path and the system's error when it cannot be made (no such
-  // directory, no permission, disk full at ftruncate).
+  // shared; an existing file of that name is replaced; its blocks allocated
+  // now). CUDA_ERROR_INVALID_VALUE naming the path and the system's error
+  // when it cannot be made (no such directory, no permission, disk full).
   static absl::StatusOr<HostBackup> CreateInFile(size_t bytes, const std::string& directory,
                                                  const std::string& name);
   // The kind's backup of `bytes` (`name`: its file's, when in a file).

@@ -97,7 +97,8 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
  * copied at the copy engine's speed and, kept across resumes
  * (vmmshim_resume_memory_retaining_contents), pinned once. Pinning new host
  * memory is slower than the pageable path (2.2-2.5 vs about 14 GiB/s on an
- * H200), so it pays off for a copy that is kept. */
+ * H200), so it pays off for a copy that is kept. A refused pinning (a
+ * memlock limit) leaves the copy pageable, logged; the pause goes on. */
 #define VMMSHIM_PAUSE_PAGE_LOCKED 2u
 /* With KEEP_CONTENTS: each block's copy is a file of its own in the
  * directory of vmmshim_set_backup_directory (written out and dropped from

@@ -115,6 +115,28 @@ TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
   }
 }
 
+// Pinning is for speed: a driver that refuses it (a memlock limit) still
+// gets the pause, with a pageable copy.
+TEST_F(KeptContentsTest, ARefusedPageLockKeepsTheCopyPageable) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  Fill(kv, 4 * kMiB, 7);
+  BackupKind pinned;
+  pinned.page_locked = true;
+  sim::FailCall("cuMemHostRegister_v2", 1, CUDA_ERROR_OUT_OF_MEMORY);
+  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true, pinned).ok());
+  sim::ClearFailures();
+  void* host = const_cast<void*>(Kept(a, kv, 4 * kMiB));
+  ASSERT_NE(host, nullptr);
+  unsigned int flags = 0;
+  EXPECT_NE(api_.cuMemHostGetFlags(&flags, host), CUDA_SUCCESS);
+  EXPECT_TRUE(HostHolds(host, 4 * kMiB, 7));
+  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 7));
+  ASSERT_TRUE(a.Free(kv).ok());
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
 TEST_F(KeptContentsTest, ACopyToADirectoryIsAFileOfItsOwnRemovedAtResume) {
   char dir[] = "/tmp/vmmshim-kept-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
