@@ -45,6 +45,7 @@
 #include "CLI/CLI.hpp"
 #include "cli/command_line.h"
 #include "cli/compare/compare.h"
+#include "cli/process_list.h"
 #include "cli/report_command.h"
 #include "config/config.h"
 #include "config/rules_file.h"
@@ -279,7 +280,16 @@ int main(int argc, char** argv) {
       "the Chrome trace-event JSON to write (default: the first SNAPSHOT with .trace.json "
       "for its extension)");
 
-  const std::vector<CLI::App*> subcommands = {run, report, compare, trace};
+  CLI::App* ps = app.add_subcommand(
+      "ps", "the processes of this user under the shim: state, device memory, paused tags");
+  ps->allow_extras();
+  bool ps_json = false;
+  std::string ps_dir;
+  ps->add_flag("--json", ps_json, "each process's answer as JSON");
+  ps->add_option("--dir", ps_dir, "the control sockets' directory (default: VMMSHIM_IPC_DIR, "
+                                  "else /tmp/vmmshim-UID)");
+
+  const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps};
   // The subcommand being parsed, for the error's name and usage.
   auto current = [&]() -> const CLI::App* {
     for (const CLI::App* sub : subcommands) {
@@ -299,12 +309,13 @@ int main(int argc, char** argv) {
     const std::vector<std::string> extras = app.remaining();
     if (extras.empty()) {
       return CommandLineError(nullptr,
-                              "a subcommand is required: run, report, compare or trace");
+                              "a subcommand is required: run, report, compare, trace or ps");
     }
     if (extras.front()[0] == '-') return CommandLineError(nullptr, LeftOver(app, false));
     std::string message = "unknown subcommand '" + extras.front() +
-                          "'; expected one of run, report, compare, trace";
-    if (const std::string close = Closest(extras.front(), {"run", "report", "compare", "trace"});
+                          "'; expected one of run, report, compare, trace, ps";
+    if (const std::string close =
+            Closest(extras.front(), {"run", "report", "compare", "trace", "ps"});
         !close.empty()) {
       message += " (did you mean " + close + "?)";
     }
@@ -328,6 +339,7 @@ int main(int argc, char** argv) {
   if (*report) {
     return vmmshim::cli::ReportCommand(report_files, report_wide, report_json);
   }
+  if (*ps) return vmmshim::cli::PsCommand(ps_dir, ps_json);
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);

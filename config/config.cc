@@ -149,6 +149,10 @@ bool ApplySnapshotStacks(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyControl(absl::string_view value, int, Config* config) {
+  return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->control);
+}
+
 bool ApplyAttribution(absl::string_view value, int, Config* config) {
   return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->attribution);
 }
@@ -283,6 +287,11 @@ constexpr OptionInfo kOptions[] = {
      "libc10_cuda...), named in snapshots and the out-of-memory report; 0: all are "
      "\"unknown\".",
      &ApplyAttribution, false, OptionKey::kAttribution},
+    {"VMMSHIM_CONTROL", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
+     "1: a process under the shim answers `vmmshim ps` on its control socket "
+     "(VMMSHIM_IPC_DIR/ctl-PID.sock, this user only; one listener thread from the first CUDA "
+     "call); 0: no socket and no thread.",
+     &ApplyControl, false, OptionKey::kControl},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
      "Set by `vmmshim run --stats FILE` and `--snapshot FILE`: the process that writes "
      "VMMSHIM_STATS_FILE and VMMSHIM_SNAPSHOT_FILE as named. Any other process under the same "

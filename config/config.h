@@ -71,6 +71,9 @@ struct Config {
   // VMMSHIM_ATTRIBUTION: each allocation remembers the library it came
   // from (core/history/caller_library.h).
   bool attribution = true;
+  // VMMSHIM_CONTROL: the control socket `vmmshim ps` asks
+  // (core/control/control_server.h).
+  bool control = true;
 };
 
 // The prefix of every option's variable name; Options() knows all of them.
@@ -99,6 +102,7 @@ enum class OptionKey {
   kSnapshotEntries,
   kSnapshotStacks,
   kAttribution,
+  kControl,
   kStatsPid,  // the last: config.cc checks that the table has a row for each
 };
 

@@ -20,6 +20,7 @@
 #include "core/driver/driver_stats.h"
 #include "core/base/log.h"
 #include "core/report/memory_snapshot.h"
+#include "core/report/residency.h"
 #include "core/report/stats_report.h"
 #include "core/base/version.h"
 
@@ -191,6 +192,12 @@ const Runtime* Initialize() {
     }
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
+    if (rt->config.control) {
+      ControlServer::Handlers handlers;
+      handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
+      rt->control = new ControlServer(rt->config.ipc_dir, std::move(handlers));
+      rt->control->Start().IgnoreError();  // logged; the program runs on without it
+    }
     if (!rt->config.trace_file.empty()) {
       auto* trace = new TraceWriter;
       absl::Status opened = trace->Open(rt->config.trace_file);

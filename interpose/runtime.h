@@ -15,6 +15,7 @@
 #include "config/config.h"
 #include "core/allocator.h"
 #include "core/driver/driver_api.h"
+#include "core/control/control_server.h"
 #include "core/ipc/ipc.h"
 #include "core/peer_contexts.h"
 #include "core/history/caller_library.h"
@@ -39,6 +40,7 @@ struct Runtime {
   mutable PeerContexts peer_contexts;  // used when VMMSHIM_PEER_ENABLE_DRIVER=0
   TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
   Ipc* ipc = nullptr;                  // VMMSHIM_IPC=1, else nullptr
+  ControlServer* control = nullptr;    // VMMSHIM_CONTROL=1, else nullptr
   // VMMSHIM_ATTRIBUTION=1: who allocated (core/history/caller_library.h), else nullptr.
   CallerLibraries* callers = nullptr;
   // The memory history (core/history/memory_history.h), whenever the shim

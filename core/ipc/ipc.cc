@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "core/driver/cu_status.h"
 #include "core/base/log.h"
+#include "core/base/unix_socket.h"
 
 namespace vmmshim {
 namespace {
@@ -37,37 +38,6 @@ struct Reply {
   int32_t status;
   uint64_t handle_size;
 };
-
-void SetTimeouts(int fd, int seconds) {
-  timeval tv = {seconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-// Reads exactly `n` bytes (false on EOF, error or timeout).
-bool ReadAll(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t got = recv(fd, p, n, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
-bool WriteAll(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t put = send(fd, p, n, MSG_NOSIGNAL);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    p += put;
-    n -= static_cast<size_t>(put);
-  }
-  return true;
-}
 
 bool SendReply(int conn, int32_t status, uint64_t handle_size, int fd) {
   Reply reply = {};
@@ -132,14 +102,6 @@ bool ReceiveReply(int conn, Reply* reply, int* fd) {
   return true;
 }
 
-bool FillAddress(const std::string& path, sockaddr_un* addr) {
-  *addr = {};
-  addr->sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr->sun_path) return false;
-  std::memcpy(addr->sun_path, path.data(), path.size());
-  return true;
-}
-
 absl::Status Invalid(absl::string_view why) {
   Log().warn("cuIpcOpenMemHandle: {}", std::string(why));
   return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle");
@@ -159,7 +121,7 @@ Ipc::Ipc(const DriverApi& driver, Allocator& allocator, std::string dir)
     : driver_(driver),
       allocator_(allocator),
       mapper_(driver),
-      dir_(dir.empty() ? absl::StrCat("/tmp/vmmshim-", geteuid()) : std::move(dir)) {}
+      dir_(dir.empty() ? DefaultSocketDirectory() : std::move(dir)) {}
 
 std::string Ipc::SocketPath(uint32_t pid, uint64_t instance) const {
   return absl::StrFormat("%s/ipc-%u-%016x.sock", dir_, pid, instance);
@@ -176,19 +138,8 @@ absl::Status Ipc::CheckDirectory() {
     }
     return DriverError(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle");
   };
-  if (mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
-    return refuse(absl::StrCat("cannot create it: ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (lstat(dir_.c_str(), &st) != 0) return refuse(std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return refuse("not a directory (or a symbolic link)");
-  if (st.st_uid != geteuid()) {
-    return refuse(absl::StrCat("owned by uid ", st.st_uid, ", not by this user (uid ",
-                               geteuid(), ")"));
-  }
-  if ((st.st_mode & 077) != 0) {
-    return refuse(absl::StrFormat("mode %04o lets other users in; it must be 0700",
-                                  st.st_mode & 07777));
+  if (std::string problem = PrivateDirectoryProblem(dir_); !problem.empty()) {
+    return refuse(problem);
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,44 @@
+// Unix-domain sockets between processes of one user, as the shim's
+// listeners use them (IPC export: core/ipc/ipc.h; the control socket:
+// core/control/control_server.h): a private directory for the sockets,
+// addresses, timeouts and whole reads and writes.
+//
+// Thread safety: every function may be called from any thread; none keeps
+// state.
+#ifndef VMMSHIM_CORE_BASE_UNIX_SOCKET_H_
+#define VMMSHIM_CORE_BASE_UNIX_SOCKET_H_
+
+#include <sys/un.h>
+
+#include <cstddef>
+#include <string>
+
+namespace vmmshim {
+
+// The directory of the shim's sockets: VMMSHIM_IPC_DIR, else
+// /tmp/vmmshim-<euid>.
+std::string DefaultSocketDirectory();
+
+// Makes `dir` (mode 0700) if it is missing and checks that it is private:
+// a real directory (not a symbolic link) owned by this user with no access
+// for group or others, so that another user can neither create nor replace
+// a socket in it. "" when it is; otherwise why not, in words.
+std::string PrivateDirectoryProblem(const std::string& dir);
+
+// `path` as a socket address; false when it is too long for one.
+bool FillAddress(const std::string& path, sockaddr_un* addr);
+
+// Send and receive timeouts of `seconds` on socket `fd`.
+void SetTimeouts(int fd, int seconds);
+
+// Exactly `n` bytes (false on EOF, error or timeout; EINTR retried).
+bool ReadAll(int fd, void* buf, size_t n);
+bool WriteAll(int fd, const void* buf, size_t n);
+
+// A connection to the socket at `path` with `seconds` timeouts, or -1 (errno
+// set) when nobody listens there.
+int ConnectTo(const std::string& path, int seconds);
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_BASE_UNIX_SOCKET_H_
