@@ -22,7 +22,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 wheel=$("$src/tools/build/build-wheel.sh" "$build" "$work/dist")
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
-glibc=$(objdump -T "$build/libvmmshim.so" "$build/vmmshim" | grep -o 'GLIBC_[0-9][0-9.]*' |
+glibc=$(objdump -T "$build/libvmmshim.so" "$build/libvmmshim_tms.so" "$build/vmmshim" |
+        grep -o 'GLIBC_[0-9][0-9.]*' |
         sed 's/GLIBC_//' | sort -V | tail -1)
 [[ "$wheel" == *"-py3-none-manylinux_${glibc/./_}_$(uname -m).whl" ]] ||
   fail "platform tag of $(basename "$wheel") is not the glibc floor $glibc"
@@ -39,7 +40,7 @@ version=$(sed -n 's/^project(vmmshim VERSION \([0-9.]*\).*/\1/p' "$src/CMakeList
 [ "$("$venv/python" -m vmmshim --version)" = "vmmshim $version" ] || fail "python -m vmmshim --version"
 [ "$("$venv/python" -c 'import vmmshim; print(vmmshim.__version__)')" = "$version" ] ||
   fail "vmmshim.__version__"
-for f in lib/libvmmshim.so bin/vmmshim; do
+for f in lib/libvmmshim.so lib/libvmmshim_tms.so bin/vmmshim; do
   file -L "$site/$f" | grep -q ', stripped' || fail "$f is not stripped"
 done
 meta=$(ls -d "$work"/venv/lib/python3*/site-packages/vmmshim-"$version".dist-info)
@@ -57,6 +58,13 @@ grep -q "^driver_api_demo: 1000 allocations .* 0 wrong values" <<<"$out" || fail
 grep -q "exit report: served 1000 allocations" <<<"$out" || fail "not served by the shim: $out"
 preload=$("$venv/vmmshim" run -- /bin/sh -c 'echo "$LD_PRELOAD"')
 [ "$(realpath "$preload")" = "$(realpath "$site/lib/libvmmshim.so")" ] || fail "vmmshim run preloaded '$preload'"
+# --torch-memory-saver: torch_memory_saver's C entry points too, and the drop-in first.
+tms=$("$venv/vmmshim" run --torch-memory-saver -- /bin/sh -c 'echo "$LD_PRELOAD|$PYTHONPATH"')
+[ "${tms%%|*}" = "$site/lib/libvmmshim.so $site/lib/libvmmshim_tms.so" ] ||
+  [ "$(realpath -m ${tms%%|*} | xargs)" = "$(realpath "$site/lib/libvmmshim.so") $(realpath "$site/lib/libvmmshim_tms.so")" ] ||
+  fail "vmmshim run --torch-memory-saver preloaded '${tms%%|*}'"
+[[ "${tms#*|}" == "$site/_tms"* || "$(realpath -m "${tms#*|}")" == "$(realpath "$site/_tms")"* ]] ||
+  fail "vmmshim run --torch-memory-saver: PYTHONPATH '${tms#*|}'"
 
 # Children of `vmmshim run --stats FILE`: one statistics file each.
 mkdir -p "$work/stats"
@@ -75,4 +83,8 @@ PYTHONPATH= EXPECT_VMMSHIM_LOADED=0 "$venv/python" "$src/tests/python/test_vmmsh
 PYTHONPATH= EXPECT_VMMSHIM_LOADED=1 LD_LIBRARY_PATH=$build/simcuda SIMCUDA_DEVICES=2 \
   LD_PRELOAD=$site/lib/libvmmshim.so "$venv/python" "$src/tests/python/test_vmmshim.py" 2>&1 |
   tail -1 | grep -q '^OK' || fail "Python tests under the shim"
-echo "wheel: installed offline, vmmshim run, children's statistics and Python tests: ok"
+PYTHONPATH= LD_LIBRARY_PATH=$build/simcuda SIMCUDA_DEVICES=1 SIMCUDA_MEMORY_MIB=512 \
+  LD_PRELOAD="$site/lib/libvmmshim.so $site/lib/libvmmshim_tms.so" \
+  "$venv/python" "$src/tests/python/test_tms_entry_points.py" 2>&1 |
+  tail -1 | grep -q '^OK' || fail "the drop-in's entry-point tests under the wheel's libraries"
+echo "wheel: installed offline, vmmshim run, children's statistics Python tests and the drop-in's entry points: ok"
