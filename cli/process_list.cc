@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "cli/control_client.h"
 #include "cli/format.h"
 #include "core/base/unix_socket.h"
 #include "nlohmann/json.hpp"
@@ -35,22 +36,6 @@ std::string CommandLine(int pid) {
   while (!raw.empty() && raw.back() == '\0') raw.pop_back();
   std::replace(raw.begin(), raw.end(), '\0', ' ');
   return raw;
-}
-
-// The process's answer to {"op": "status"}, or null.
-nlohmann::json Ask(const std::string& path) {
-  const int fd = ConnectTo(path, kAnswerTimeoutSeconds);
-  if (fd < 0) return nullptr;
-  static const char kRequest[] = "{\"op\":\"status\"}\n";
-  std::string line;
-  if (WriteAll(fd, kRequest, sizeof kRequest - 1)) {
-    char c;
-    while (ReadAll(fd, &c, 1) && c != '\n') line.push_back(c);
-  }
-  close(fd);
-  nlohmann::json reply = nlohmann::json::parse(line, nullptr, false);
-  if (reply.is_discarded() || !reply.is_object()) return nullptr;
-  return reply;
 }
 
 // Sums over devices: device memory used; the shim's resident and paused
@@ -111,7 +96,7 @@ int PsCommand(const std::string& dir_or_empty, bool json) {
       Process p;
       p.pid = pid;
       p.command = CommandLine(pid);
-      p.reply = Ask(dir + "/" + e->d_name);
+      p.reply = AskProcess(dir + "/" + e->d_name, {{"op", "status"}}, kAnswerTimeoutSeconds);
       processes.push_back(std::move(p));
     }
     closedir(d);

@@ -47,6 +47,7 @@
 #include "cli/compare/compare.h"
 #include "cli/process_list.h"
 #include "cli/report_command.h"
+#include "cli/sleep_command.h"
 #include "config/config.h"
 #include "config/rules_file.h"
 #include "core/base/version.h"
@@ -289,7 +290,22 @@ int main(int argc, char** argv) {
   ps->add_option("--dir", ps_dir, "the control sockets' directory (default: VMMSHIM_IPC_DIR, "
                                   "else /tmp/vmmshim-UID)");
 
-  const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps};
+  CLI::App* sleep = app.add_subcommand(
+      "sleep", "give a process's whole GPU back: pause, then the driver's checkpoint "
+               "(docs/deep-sleep.md)");
+  sleep->allow_extras();
+  int sleep_pid = 0;
+  std::vector<std::string> sleep_drop;
+  sleep->add_option("PID", sleep_pid, "the process (vmmshim ps lists them)")->required();
+  sleep->add_option("--drop", sleep_drop, "a tag whose contents are dropped (repeatable)");
+  sleep->add_option("--dir", ps_dir, "the control sockets' directory");
+  CLI::App* wake = app.add_subcommand("wake", "wake a process that vmmshim sleep put to sleep");
+  wake->allow_extras();
+  int wake_pid = 0;
+  wake->add_option("PID", wake_pid, "the process")->required();
+  wake->add_option("--dir", ps_dir, "the control sockets' directory");
+
+  const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps, sleep, wake};
   // The subcommand being parsed, for the error's name and usage.
   auto current = [&]() -> const CLI::App* {
     for (const CLI::App* sub : subcommands) {
@@ -309,13 +325,13 @@ int main(int argc, char** argv) {
     const std::vector<std::string> extras = app.remaining();
     if (extras.empty()) {
       return CommandLineError(nullptr,
-                              "a subcommand is required: run, report, compare, trace or ps");
+                              "a subcommand is required: run, report, compare, trace, ps, sleep or wake");
     }
     if (extras.front()[0] == '-') return CommandLineError(nullptr, LeftOver(app, false));
     std::string message = "unknown subcommand '" + extras.front() +
-                          "'; expected one of run, report, compare, trace, ps";
+                          "'; expected one of run, report, compare, trace, ps, sleep, wake";
     if (const std::string close =
-            Closest(extras.front(), {"run", "report", "compare", "trace", "ps"});
+            Closest(extras.front(), {"run", "report", "compare", "trace", "ps", "sleep", "wake"});
         !close.empty()) {
       message += " (did you mean " + close + "?)";
     }
@@ -340,6 +356,8 @@ int main(int argc, char** argv) {
     return vmmshim::cli::ReportCommand(report_files, report_wide, report_json);
   }
   if (*ps) return vmmshim::cli::PsCommand(ps_dir, ps_json);
+  if (*sleep) return vmmshim::cli::SleepCommand(sleep_pid, sleep_drop, ps_dir);
+  if (*wake) return vmmshim::cli::WakeCommand(wake_pid, ps_dir);
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);

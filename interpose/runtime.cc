@@ -23,6 +23,7 @@
 #include "core/report/residency.h"
 #include "core/report/stats_report.h"
 #include "core/base/version.h"
+#include "vmmshim/vmmshim.h"
 
 namespace vmmshim {
 namespace {
@@ -195,6 +196,27 @@ const Runtime* Initialize() {
     if (rt->config.control) {
       ControlServer::Handlers handlers;
       handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
+      // The C API's own pause and resume (interpose/api.cc), history included.
+      handlers.sleep = [](const std::vector<std::string>& drop, size_t* released) {
+        *released = 0;
+        for (const std::string& tag : drop) {
+          size_t n = 0;
+          if (int rc = vmmshim_pause_memory(tag.c_str(), 0, &n); rc != 0) {
+            vmmshim_resume_memory(nullptr, nullptr);  // all or nothing: it was all the sleep's
+            return rc;
+          }
+          *released += n;
+        }
+        size_t n = 0;
+        if (int rc = vmmshim_pause_memory(nullptr, VMMSHIM_PAUSE_KEEP_CONTENTS, &n); rc != 0) {
+          vmmshim_resume_memory(nullptr, nullptr);
+          return rc;
+        }
+        *released += n;
+        return 0;
+      };
+      handlers.wake = [](size_t* restored) { return vmmshim_resume_memory(nullptr, restored); };
+      handlers.paused_bytes = [rt] { return rt->allocator->GetStats().paused_bytes; };
       rt->control = new ControlServer(rt->config.ipc_dir, std::move(handlers));
       rt->control->Start().IgnoreError();  // logged; the program runs on without it
     }

@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,9 +58,15 @@ bool ReadLine(int fd, std::string* line) {
   return false;
 }
 
-std::string Error(const std::string& why) {
-  return nlohmann::json{{"ok", false}, {"error", why}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+// Tags are bytes, not always UTF-8: replaced, never thrown.
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string Error(const std::string& why, int code = 0) {
+  nlohmann::json j = {{"ok", false}, {"error", why}};
+  if (code != 0) j["code"] = code;
+  return Dump(j);
 }
 
 }  // namespace
@@ -77,15 +84,90 @@ std::string ControlServer::Answer(const std::string& request) const {
   if (r.is_discarded() || !r.is_object()) return Error("the request is not a JSON object");
   const auto op = r.find("op");
   if (op == r.end() || !op->is_string()) return Error("the request has no \"op\" string");
-  if (*op == "status") {
-    nlohmann::json reply = {{"ok", true}, {"pid", getpid()}, {"state", "running"}};
-    const std::string residency = handlers_.residency_json ? handlers_.residency_json() : "";
-    reply["residency"] = nlohmann::json::parse(residency, nullptr, false);
-    if (reply["residency"].is_discarded()) reply["residency"] = nullptr;
-    // Tags are bytes, not always UTF-8: replaced, never thrown.
-    return reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (*op == "status") return Status();
+  if (*op == "sleep") {
+    std::vector<std::string> drop;
+    if (const auto d = r.find("drop"); d != r.end()) {
+      if (!d->is_array()) return Error("\"drop\" must be an array of tags");
+      for (const nlohmann::json& tag : *d) {
+        if (!tag.is_string() || tag.get<std::string>().size() > 255) {
+          return Error("\"drop\" must hold tags: strings of at most 255 bytes");
+        }
+        drop.push_back(tag.get<std::string>());
+      }
+    }
+    return Sleep(drop);
   }
-  return Error(absl::StrCat("unknown op \"", op->get<std::string>(), "\" (known: status)"));
+  if (*op == "slept") return Slept();
+  if (*op == "wake") return Wake();
+  return Error(absl::StrCat("unknown op \"", op->get<std::string>(),
+                            "\" (known: status, sleep, slept, wake)"));
+}
+
+std::string ControlServer::Status() const {
+  std::string state, residency;
+  {
+    MutexLock lock(&mu_);
+    state = state_;
+    residency = residency_at_sleep_;
+  }
+  // A process that sleeps may be locked by the driver: no driver call then.
+  if (state == "running" && handlers_.residency_json) residency = handlers_.residency_json();
+  nlohmann::json reply = {{"ok", true}, {"pid", getpid()}, {"state", state}};
+  reply["residency"] = nlohmann::json::parse(residency, nullptr, false);
+  if (reply["residency"].is_discarded()) reply["residency"] = nullptr;
+  return Dump(reply);
+}
+
+std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
+  MutexLock lock(&mu_);
+  if (state_ != "running") return Error(absl::StrCat("the process is ", state_, " already"));
+  if (!handlers_.sleep) return Error("this process cannot sleep (no handler)");
+  if (const size_t paused = handlers_.paused_bytes ? handlers_.paused_bytes() : 0; paused > 0) {
+    return Error(absl::StrCat("the process has ", paused,
+                              " bytes paused of its own; resume them first (a wake resumes "
+                              "everything)"),
+                 CUDA_ERROR_ILLEGAL_STATE);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  size_t released = 0;
+  if (int rc = handlers_.sleep(drop, &released); rc != 0) {
+    return Error(absl::StrCat("the pause before the sleep failed (CUDA error ", rc,
+                              "); nothing is paused"),
+                 rc);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  residency_at_sleep_ = handlers_.residency_json ? handlers_.residency_json() : "";
+  state_ = "sleeping";
+  Log().info("control socket: paused {} bytes for a sleep in {:.3f} s", released, seconds);
+  return Dump({{"ok", true}, {"released_bytes", released}, {"seconds", seconds}});
+}
+
+std::string ControlServer::Slept() const {
+  MutexLock lock(&mu_);
+  if (state_ != "sleeping") return Error(absl::StrCat("the process is ", state_, ", not sleeping"));
+  state_ = "asleep";
+  return Dump({{"ok", true}});
+}
+
+std::string ControlServer::Wake() const {
+  MutexLock lock(&mu_);
+  if (state_ == "running") return Error("the process is running, not asleep");
+  if (!handlers_.wake) return Error("this process cannot wake (no handler)");
+  const auto start = std::chrono::steady_clock::now();
+  size_t restored = 0;
+  if (int rc = handlers_.wake(&restored); rc != 0) {
+    return Error(absl::StrCat("the resume failed (CUDA error ", rc,
+                              "); everything stays paused, a later wake can succeed"),
+                 rc);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  state_ = "running";
+  residency_at_sleep_.clear();
+  Log().info("control socket: resumed {} bytes after a sleep in {:.3f} s", restored, seconds);
+  return Dump({{"ok", true}, {"restored_bytes", restored}, {"seconds", seconds}});
 }
 
 absl::Status ControlServer::Start() {

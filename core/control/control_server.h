@@ -6,9 +6,24 @@
 //
 // Protocol: the client connects, sends one JSON object on one line, and
 // reads one JSON object on one line; then the connection closes.
-//   {"op": "status"}  ->  {"ok": true, "pid": P, "state": "running",
+//   {"op": "status"}  ->  {"ok": true, "pid": P, "state": S,
 //                          "residency": <vmmshim_get_residency's document>}
-//   anything else      ->  {"ok": false, "error": "..."} naming the problem
+//       S: "running"; "sleeping" (paused for a sleep, the driver's checkpoint
+//       not yet done or undone); "asleep" (checkpointed). Not running, the
+//       residency is the one taken at the sleep: no driver call is made, since
+//       a locked process's calls block.
+//   {"op": "sleep", "drop": [TAG...]}  ->  {"ok": true, "released_bytes": N,
+//       "seconds": T}: everything the shim holds paused, the tags of "drop"
+//       without their contents, the rest with; running -> sleeping. Refused
+//       while memory is paused already (the wake resumes everything: it would
+//       resume what the program paused itself).
+//   {"op": "slept"}   ->  {"ok": true}: sleeping -> asleep (the helper's
+//       checkpoint succeeded).
+//   {"op": "wake"}    ->  {"ok": true, "restored_bytes": N, "seconds": T}:
+//       everything resumed; sleeping or asleep -> running (sent after the
+//       driver's restore and unlock).
+//   a failure          ->  {"ok": false, "error": "...", "code": C} naming the
+//       problem (C: the CUresult, when there is one); the state is unchanged.
 // Only processes of the same effective user are answered (SO_PEERCRED);
 // a request is read with a 2-second timeout, so a client that stalls cannot
 // hold the listener.
@@ -32,8 +47,11 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "core/sync/mutex.h"
 
 namespace vmmshim {
 
@@ -42,6 +60,15 @@ class ControlServer {
   struct Handlers {
     // vmmshim_get_residency's JSON document (core/report/residency.h).
     std::function<std::string()> residency_json;
+    // Pauses everything for a sleep (the `drop` tags without contents, the
+    // rest with them): the bytes released, or the CUresult of the refusal
+    // (nothing paused: a pause is all or nothing).
+    std::function<int(const std::vector<std::string>& drop, size_t* released)> sleep;
+    // Resumes everything: the bytes restored, or the CUresult.
+    std::function<int(size_t* restored)> wake;
+    // The bytes paused now. A sleep is refused while the program has paused
+    // memory of its own, since the wake resumes everything.
+    std::function<size_t()> paused_bytes;
   };
   // `dir`: empty for the default directory.
   ControlServer(std::string dir, Handlers handlers);
@@ -59,8 +86,16 @@ class ControlServer {
  private:
   void Serve(int listen_fd) const;
 
+  std::string Status() const;
+  std::string Sleep(const std::vector<std::string>& drop) const;
+  std::string Slept() const;
+  std::string Wake() const;
+
   const std::string dir_;
   const Handlers handlers_;
+  mutable Mutex mu_;  // the state; requests are answered one at a time anyway
+  mutable std::string state_ ABSL_GUARDED_BY(mu_) = "running";
+  mutable std::string residency_at_sleep_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vmmshim

@@ -162,7 +162,19 @@ namespace vmmshim {
   X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)                 \
   /* the residency report (core/report/residency.h) */                                  \
   X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute",                      \
-    PFN_cuDeviceGetGraphMemAttribute_v11040, false)
+    PFN_cuDeviceGetGraphMemAttribute_v11040, false)                                    \
+  /* a whole process's sleep and wake from a helper (CUDA 12.8 driver API, r570; */       \
+  /* docs/deep-sleep.md): called on another process's pid, never on the shim's own */    \
+  X(cuCheckpointProcessGetState, "cuCheckpointProcessGetState",                        \
+    PFN_cuCheckpointProcessGetState_v12080, false)                                     \
+  X(cuCheckpointProcessLock, "cuCheckpointProcessLock", PFN_cuCheckpointProcessLock_v12080, \
+    false)                                                                             \
+  X(cuCheckpointProcessCheckpoint, "cuCheckpointProcessCheckpoint",                    \
+    PFN_cuCheckpointProcessCheckpoint_v12080, false)                                   \
+  X(cuCheckpointProcessRestore, "cuCheckpointProcessRestore",                          \
+    PFN_cuCheckpointProcessRestore_v12080, false)                                      \
+  X(cuCheckpointProcessUnlock, "cuCheckpointProcessUnlock",                            \
+    PFN_cuCheckpointProcessUnlock_v12080, false)
 
 struct DriverApi {
 #define VMMSHIM_DECLARE_ENTRY(member, symbol, type, required) type member = nullptr;

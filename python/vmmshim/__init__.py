@@ -33,7 +33,7 @@ from vmmshim import _pools
 __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
            "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
            "paused_contents", "library_path", "environment", "configure_subprocess",
-           "KEEP_CONTENTS", "record_memory_history", "snapshot"]
+           "KEEP_CONTENTS", "record_memory_history", "snapshot", "sleep", "wake", "SleepError"]
 __version__ = "0.1.0"
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -484,3 +484,6 @@ def snapshot(path):
         return None
     return os.fspath(path)
 
+
+# A whole process's deep sleep (docs/deep-sleep.md).
+from vmmshim._sleep import SleepError, sleep, wake  # noqa: E402

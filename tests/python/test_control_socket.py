@@ -84,8 +84,14 @@ class ControlSocket(DeviceMemory, unittest.TestCase):
                          {"ok": False, "error": "the request is not a JSON object"})
         self.assertEqual(self.ask(b'{"op": 3}\n'),
                          {"ok": False, "error": 'the request has no "op" string'})
-        self.assertEqual(self.ask(b'{"op": "sleep"}\n')["error"],
-                         'unknown op "sleep" (known: status)')
+        self.assertEqual(self.ask(b'{"op": "nap"}\n')["error"],
+                         'unknown op "nap" (known: status, sleep, slept, wake)')
+        self.assertEqual(self.ask(b'{"op": "sleep", "drop": "kv"}\n')["error"],
+                         '"drop" must be an array of tags')
+        self.assertEqual(self.ask(b'{"op": "wake"}\n')["error"],
+                         "the process is running, not asleep")
+        self.assertEqual(self.ask(b'{"op": "slept"}\n')["error"],
+                         "the process is running, not sleeping")
         start = time.monotonic()
         reply = self.ask(None)  # says nothing: the listener gives up after 2 s
         self.assertLess(time.monotonic() - start, 8)

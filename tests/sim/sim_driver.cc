@@ -310,6 +310,7 @@ Gate& TheGate() {
   return *gate;
 }
 void PassGate(const char* entry) {
+  WaitWhileCheckpointLocked();
   Gate& g = TheGate();
   if (!g.armed.load(std::memory_order_acquire)) return;
   std::unique_lock<std::mutex> lock(g.mu);

@@ -141,6 +141,10 @@ CUresult DeviceRead(int device, void* dst, CUdeviceptr src, size_t bytes);
 // A DriverApi whose entries are the simulated functions.
 DriverApi Api();
 
+// The process checkpoint between processes (sim_checkpoint.cc): every
+// simulated call waits here while this process is locked or checkpointed.
+void WaitWhileCheckpointLocked();
+
 // The simulated entry points, under their driver names, for the exported
 // libcuda.so.1 build: X(name, (parameters), (arguments)).
 #define VMMSHIM_SIM_ENTRY_POINTS(X)                                                  \
@@ -280,7 +284,12 @@ DriverApi Api();
   X(cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr), (handle, dptr))  \
   X(cuIpcOpenMemHandle_v2, (CUdeviceptr * dptr, CUipcMemHandle handle, unsigned int flags), \
     (dptr, handle, flags))                                                           \
-  X(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))
+  X(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                \
+  X(cuCheckpointProcessGetState, (int pid, CUprocessState* state), (pid, state))     \
+  X(cuCheckpointProcessLock, (int pid, CUcheckpointLockArgs* args), (pid, args))     \
+  X(cuCheckpointProcessCheckpoint, (int pid, CUcheckpointCheckpointArgs* args), (pid, args)) \
+  X(cuCheckpointProcessRestore, (int pid, CUcheckpointRestoreArgs* args), (pid, args)) \
+  X(cuCheckpointProcessUnlock, (int pid, CUcheckpointUnlockArgs* args), (pid, args))
 
 #define VMMSHIM_SIM_DECLARE(name, params, args) CUresult name params;
 VMMSHIM_SIM_ENTRY_POINTS(VMMSHIM_SIM_DECLARE)

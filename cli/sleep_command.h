@@ -1,0 +1,36 @@
+#ifndef VMMSHIM_CLI_SLEEP_COMMAND_H_
+#define VMMSHIM_CLI_SLEEP_COMMAND_H_
+
+// `vmmshim sleep PID [--drop TAG]...` and `vmmshim wake PID`: a whole
+// process's deep sleep (docs/deep-sleep.md), this program being the external
+// controller the driver's checkpoint API wants.
+//
+// sleep: refused, with nothing paused, when PID has no control socket in DIR
+// (not under the shim, not this user's, or not yet a CUDA process), is not
+// running (sleeping or asleep already), has memory paused of its own, or the
+// driver lacks cuCheckpointProcess* (a CUDA 12.8 driver, r570, or later) or
+// says the process is not running. Then: the process pauses everything the
+// shim holds (the --drop tags without their contents), the driver locks it
+// (CUDA calls block from then on; 10-second timeout) and checkpoints what is
+// left, context included. A failure after the pause is undone (unlock if
+// locked, then resume): the process is never left half asleep.
+//
+// wake: the driver restores the process (when checkpointed) and unlocks it
+// (when locked), then the process resumes everything. A helper killed while
+// the process slept leaves it checkpointed or locked: wake finishes the job.
+// Refused when the process is running.
+//
+// Prints one line of what was done and its times; errors name the problem on
+// stderr. Returns 0 on success, 1 otherwise.
+
+#include <string>
+#include <vector>
+
+namespace vmmshim::cli {
+
+int SleepCommand(int pid, const std::vector<std::string>& drop, const std::string& dir);
+int WakeCommand(int pid, const std::string& dir);
+
+}  // namespace vmmshim::cli
+
+#endif  // VMMSHIM_CLI_SLEEP_COMMAND_H_

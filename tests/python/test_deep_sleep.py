@@ -1,0 +1,173 @@
+"""`vmmshim sleep PID` and `vmmshim wake PID` (cli/sleep_command.h) on the
+simulated driver, whose process checkpoint (tests/sim/sim_checkpoint.cc)
+works between processes and blocks a locked process's driver calls: a
+process under the shim sleeps (its "kv" dropped, the rest kept), its CUDA
+calls wait until the wake, its weights are intact after; a failed checkpoint
+is undone; each refusal names its reason and pauses nothing."""
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+CLI = os.environ["DEEP_SLEEP_TEST_CLI"]
+SHIM = os.environ["DEEP_SLEEP_TEST_SHIM"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The sleeping process: weights (kept) and a KV cache (dropped) under tags;
+# then one command per stdin line: "call" makes a driver call, "check"
+# compares the weights, "pause" pauses a tag of its own, "resume" resumes it.
+PROGRAM = textwrap.dedent(f"""
+    import ctypes, hashlib, sys
+    sys.path.insert(0, {HERE!r})
+    from sim_cuda import driver
+    import vmmshim
+    cu = driver()
+    def alloc(n):
+        p = ctypes.c_uint64()
+        assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)) == 0
+        return p.value
+    data = bytes(range(256)) * (16 << 12)
+    with vmmshim.tag("weights"):
+        weights = alloc(len(data))
+    with vmmshim.tag("kv"):
+        kv = alloc(8 << 20)
+    assert cu.cuMemcpyHtoD_v2(weights, data, len(data)) == 0
+    print("ready", flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "call":
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+            print("called", flush=True)
+        elif command == "check":
+            buf = ctypes.create_string_buffer(len(data))
+            rc = cu.cuMemcpyDtoH_v2(buf, weights, len(data))
+            ok = rc == 0 and buf.raw == data
+            kv_ok = cu.cuMemcpyHtoD_v2(kv, data, 4096) == 0
+            print("weights", "intact" if ok else "differ", "kv", "usable" if kv_ok else "faults",
+                  flush=True)
+        elif command == "pause":
+            vmmshim.pause("kv", keep_contents=False)
+            print("paused", flush=True)
+        elif command == "resume":
+            vmmshim.resume("kv")
+            print("resumed", flush=True)
+        elif command == "sleep-self":
+            # From the program: sleep, then a thread wakes it while this one
+            # waits in a driver call.
+            import threading, time
+            print("slept:", vmmshim.sleep(drop=["kv"]).split(": ")[1], flush=True)
+            def wake_later():
+                time.sleep(0.5)
+                print("woke:", vmmshim.wake().split(": ")[1], flush=True)
+            t = threading.Thread(target=wake_later); t.start()
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+            print("called after the wake", flush=True)
+            t.join()
+""")
+
+
+class DeepSleep(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="vmmshim-sleep-")
+        os.chmod(self.dir, 0o700)
+        self.env = dict(os.environ, SIMCUDA_CHECKPOINT="1", SIMCUDA_CHECKPOINT_DIR=self.dir,
+                        VMMSHIM_IPC_DIR=self.dir)
+        child_env = dict(self.env, LD_PRELOAD=SHIM)
+        self.child = subprocess.Popen([sys.executable, "-c", PROGRAM], env=child_env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.assertEqual(self.line(10), "ready")
+
+    def tearDown(self):
+        self.vmmshim("wake", str(self.child.pid))  # whatever state a failure left
+        self.child.stdin.close()
+        self.child.wait(timeout=30)
+
+    def line(self, seconds):
+        """The child's next output line, or None when it says nothing in time."""
+        ready, _, _ = select.select([self.child.stdout], [], [], seconds)
+        return self.child.stdout.readline().strip() if ready else None
+
+    def send(self, command):
+        self.child.stdin.write(command + "\n")
+        self.child.stdin.flush()
+
+    def vmmshim(self, *args, **env):
+        return subprocess.run([CLI, *args, "--dir", self.dir], capture_output=True, text=True,
+                              env=dict(self.env, **env), timeout=60)
+
+    def state(self):
+        out = subprocess.run([CLI, "ps", "--json", "--dir", self.dir], capture_output=True,
+                             text=True, env=self.env, timeout=30)
+        entry = [p for p in json.loads(out.stdout) if p["pid"] == self.child.pid]
+        return entry[0]["state"] if entry else None
+
+    def test_sleep_blocks_cuda_calls_and_wake_brings_everything_back(self):
+        pid = str(self.child.pid)
+        slept = self.vmmshim("sleep", pid, "--drop", "kv")
+        self.assertEqual(slept.returncode, 0, slept.stderr)
+        self.assertRegex(slept.stdout, rf"^vmmshim sleep {pid}: asleep: paused [1-9][0-9]* bytes")
+        self.assertEqual(self.state(), "asleep")
+        again = self.vmmshim("sleep", pid)
+        self.assertEqual(again.returncode, 1)
+        self.assertIn("the process is asleep already; nothing done", again.stderr)
+        self.send("call")
+        self.assertIsNone(self.line(1.0))  # the driver's lock holds it
+        woke = self.vmmshim("wake", pid)
+        self.assertEqual(woke.returncode, 0, woke.stderr)
+        self.assertRegex(woke.stdout, rf"^vmmshim wake {pid}: running: .* resumed [1-9]")
+        self.assertEqual(self.line(10), "called")
+        self.send("check")
+        self.assertEqual(self.line(10), "weights intact kv usable")
+        self.assertEqual(self.state(), "running")
+        awake = self.vmmshim("wake", pid)
+        self.assertEqual(awake.returncode, 1)
+        self.assertIn("the process is running, not asleep", awake.stderr)
+
+    def test_the_program_sleeps_itself_and_a_thread_wakes_it(self):
+        self.send("sleep-self")
+        self.assertEqual(self.line(30), "slept: asleep")
+        # The blocked call returns at the unlock, maybe before the waker prints.
+        self.assertEqual({self.line(30), self.line(30)}, {"woke: running", "called after the wake"})
+        self.send("check")
+        self.assertEqual(self.line(10), "weights intact kv usable")
+
+    def test_a_failed_checkpoint_is_undone(self):
+        pid = str(self.child.pid)
+        for step in ("lock", "checkpoint"):
+            failed = self.vmmshim("sleep", pid, SIMCUDA_CHECKPOINT_FAIL=step)
+            self.assertEqual(failed.returncode, 1)
+            self.assertIn("CUDA_ERROR_UNKNOWN; the process was resumed, running as before",
+                          failed.stderr)
+            self.assertEqual(self.state(), "running")
+            self.send("check")
+            self.assertEqual(self.line(10), "weights intact kv usable")
+
+    def test_refusals_pause_nothing(self):
+        pid = str(self.child.pid)
+        unsupported = self.vmmshim("sleep", pid, SIMCUDA_CHECKPOINT="0")
+        self.assertEqual(unsupported.returncode, 1)
+        self.assertIn("CUDA_ERROR_NOT_SUPPORTED; nothing paused", unsupported.stderr)
+        nobody = self.vmmshim("sleep", str(os.getpid()))
+        self.assertEqual(nobody.returncode, 1)
+        self.assertIn("is not running under vmmshim for this user", nobody.stderr)
+        self.send("pause")
+        self.assertEqual(self.line(10), "paused")
+        own = self.vmmshim("sleep", pid)
+        self.assertEqual(own.returncode, 1)
+        self.assertIn("bytes paused of its own; resume them first", own.stderr)
+        self.send("resume")
+        self.assertEqual(self.line(10), "resumed")
+        self.assertEqual(self.state(), "running")
+        self.send("check")
+        self.assertEqual(self.line(10), "weights intact kv usable")
+
+
+if __name__ == "__main__":
+    unittest.main()

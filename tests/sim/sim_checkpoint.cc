@@ -1,0 +1,112 @@
+// The driver's process checkpoint (cuCheckpointProcessGetState / Lock /
+// Checkpoint / Restore / Unlock, cuda.h "CUDA_CHECKPOINT") on the simulated
+// driver, between processes: the state of process PID is a file PID in
+// SIMCUDA_CHECKPOINT_DIR (a state number; no file: running). A process whose
+// environment has SIMCUDA_CHECKPOINT=1 watches its own file: while it says
+// locked or checkpointed, every simulated driver call of the process waits,
+// as the real driver blocks a locked process's CUDA calls. Without
+// SIMCUDA_CHECKPOINT=1 in the caller's environment the calls return
+// CUDA_ERROR_NOT_SUPPORTED (a driver without the feature). The contents of a
+// checkpointed process stay where they are (nothing else can see them here).
+// SIMCUDA_CHECKPOINT_FAIL=lock|checkpoint|restore|unlock makes that call fail
+// with CUDA_ERROR_UNKNOWN, for the undo paths.
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "tests/sim/sim_driver.h"
+
+namespace vmmshim::sim {
+namespace {
+
+bool Supported() {
+  const char* v = std::getenv("SIMCUDA_CHECKPOINT");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+std::string StatePath(int pid) {
+  const char* dir = std::getenv("SIMCUDA_CHECKPOINT_DIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/simcuda-checkpoint-" +
+         std::to_string(pid);
+}
+
+CUprocessState ReadState(int pid) {
+  std::ifstream f(StatePath(pid));
+  int state = CU_PROCESS_STATE_RUNNING;
+  if (f >> state) return static_cast<CUprocessState>(state);
+  return CU_PROCESS_STATE_RUNNING;
+}
+
+void WriteState(int pid, CUprocessState state) {
+  if (state == CU_PROCESS_STATE_RUNNING) {
+    std::remove(StatePath(pid).c_str());
+    return;
+  }
+  const std::string tmp = StatePath(pid) + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << static_cast<int>(state) << "\n";
+  }
+  std::rename(tmp.c_str(), StatePath(pid).c_str());
+}
+
+bool Fails(const char* step) {
+  const char* v = std::getenv("SIMCUDA_CHECKPOINT_FAIL");
+  return v != nullptr && std::strcmp(v, step) == 0;
+}
+
+// A transition of process `pid` from `from` to `to`.
+CUresult Step(int pid, const char* step, CUprocessState from, CUprocessState to) {
+  if (!Supported()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) return CUDA_ERROR_INVALID_VALUE;
+  if (ReadState(pid) != from) return CUDA_ERROR_ILLEGAL_STATE;
+  if (Fails(step)) return CUDA_ERROR_UNKNOWN;
+  WriteState(pid, to);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void WaitWhileCheckpointLocked() {
+  static const bool watched = Supported();
+  if (!watched) return;
+  const int self = getpid();
+  while (ReadState(self) != CU_PROCESS_STATE_RUNNING) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState* state) {
+  if (!Supported()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (state == nullptr || pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *state = ReadState(pid);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs*) {
+  return Step(pid, "lock", CU_PROCESS_STATE_RUNNING, CU_PROCESS_STATE_LOCKED);
+}
+
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs*) {
+  return Step(pid, "checkpoint", CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_CHECKPOINTED);
+}
+
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs*) {
+  return Step(pid, "restore", CU_PROCESS_STATE_CHECKPOINTED, CU_PROCESS_STATE_LOCKED);
+}
+
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs*) {
+  return Step(pid, "unlock", CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_RUNNING);
+}
+
+}  // namespace vmmshim::sim
