@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Deep sleep on a GPU host (after tools/gpu/bundle.sh): examples/deep_sleep_workload.py
+# (1 GiB of weights, a KV cache of KV_GIB, default 16) put to sleep and woken
+# three ways, alternated, ROUNDS rounds (default 2):
+#   driver        natively, the driver's checkpoint alone (tools/gpu/driver_checkpoint.py,
+#                 as cuda-checkpoint calls it);
+#   vmmshim       under the shim, `vmmshim sleep PID` (everything kept), `vmmshim wake PID`;
+#   vmmshim-drop  the same with --drop kv (the KV cache refilled after the wake).
+# Each run: the result before, the sleep's seconds, the device memory the
+# process holds while asleep (nvidia-smi's per-process figure, MiB), the
+# wake's seconds, the result after (identical to before, and to the run that
+# never slept). Writes $OUT/deep-sleep.log.
+# usage: tools/gpu/deep-sleep.sh [ROUNDS]
+set -uo pipefail
+source "$(dirname "$0")/host-env.sh"
+exec > >(tee "$out/deep-sleep.log") 2>&1
+rounds=${1:-2}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
+app=(python3 "$root/examples/deep_sleep_workload.py" --kv-gib "${KV_GIB:-16}")
+held() {  # MiB nvidia-smi lists for PID (0 when it lists none)
+  local m
+  m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+      awk -F', ' -v p="$1" '$1 == p {print $2}')
+  echo "${m:-0}"
+}
+run() {  # MODE ROUND
+  local mode=$1 round=$2 pid before after asleep s w
+  coproc W { if [ "$mode" = driver ]; then exec "${app[@]}"; else
+             LD_PRELOAD=$shim exec "${app[@]}"; fi; }
+  read -r -t 120 line <&"${W[0]}"; pid=${line#ready }
+  echo result >&"${W[1]}"; read -r -t 60 before <&"${W[0]}"
+  local awake; awake=$(held "$pid")
+  case $mode in
+    driver) s=$(python3 "$root/tools/gpu/driver_checkpoint.py" sleep "$pid") ;;
+    vmmshim) s=$("$b/vmmshim" sleep "$pid" 2>&1) ;;
+    vmmshim-drop) s=$("$b/vmmshim" sleep "$pid" --drop kv 2>&1) ;;
+  esac
+  asleep=$(held "$pid")
+  case $mode in
+    driver) w=$(python3 "$root/tools/gpu/driver_checkpoint.py" wake "$pid") ;;
+    *) w=$("$b/vmmshim" wake "$pid" 2>&1) ;;
+  esac
+  if [ "$mode" = vmmshim-drop ]; then echo refill >&"${W[1]}"; read -r -t 60 _ <&"${W[0]}"; fi
+  echo result >&"${W[1]}"; read -r -t 60 after <&"${W[0]}"
+  echo quit >&"${W[1]}"; wait "$W_PID" 2>/dev/null
+  echo "$mode round $round: MiB awake $awake, asleep $asleep; sleep: $s; wake: $w"
+  echo "  before: $before"; echo "  after:  $after"
+  [ "$before" = "$after" ] && echo "  identical" || echo "  DIFFERS"
+}
+for ((i = 1; i <= rounds; i++)); do
+  for mode in driver vmmshim vmmshim-drop; do run "$mode" "$i"; done
+done
