@@ -12,7 +12,9 @@ rows = []
 for entry in re.findall(r'\{("VMMSHIM_[A-Z_]+".*?)&Apply', block, re.S):
     literals = re.findall(r'((?:"(?:[^"\\]|\\.)*"\s*)+),?', entry)
     name, kind, default, accepted, meaning = [
-        "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', lit)) for lit in literals]
+        # C string literals, their escapes undone (\" and \\).
+        re.sub(r'\\(.)', r'\1', "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', lit)))
+        for lit in literals]
     rows.append(f"| `{name}` | {kind} | `{default}` | {accepted} | {meaning} |")
 path = os.path.join(root, "docs/configuration.md")
 doc = open(path).read()
