@@ -74,6 +74,36 @@ nlohmann::json Status(const std::string& path, int pid, std::string* why) {
   return status;
 }
 
+// The driver's side of a wake: restored when checkpointed, unlocked when
+// locked. "" when the process runs again (as far as the driver goes); else
+// the problem.
+std::string BackToRunning(const DriverApi& d, int pid) {
+  CUprocessState state;
+  if (CUresult r = d.cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
+    return std::string("cuCheckpointProcessGetState: ") + CuName(d, r);
+  }
+  if (state == CU_PROCESS_STATE_CHECKPOINTED) {
+    CUcheckpointRestoreArgs args = {};
+    if (CUresult r = d.cuCheckpointProcessRestore(pid, &args); r != CUDA_SUCCESS) {
+      return std::string("cuCheckpointProcessRestore: ") + CuName(d, r) +
+             "; the process stays asleep";
+    }
+    state = CU_PROCESS_STATE_LOCKED;
+  }
+  if (state == CU_PROCESS_STATE_LOCKED) {
+    CUcheckpointUnlockArgs args = {};
+    if (CUresult r = d.cuCheckpointProcessUnlock(pid, &args); r != CUDA_SUCCESS) {
+      return std::string("cuCheckpointProcessUnlock: ") + CuName(d, r) +
+             "; the process stays locked";
+    }
+    return "";
+  }
+  if (state != CU_PROCESS_STATE_RUNNING) {
+    return "the driver says the checkpoint failed (state " + std::to_string(state) + ")";
+  }
+  return "";
+}
+
 std::string ReplyError(const nlohmann::json& reply) {
   return reply.is_object() ? reply.value("error", std::string("no reason given"))
                            : std::string("no answer from the process");
@@ -81,114 +111,121 @@ std::string ReplyError(const nlohmann::json& reply) {
 
 }  // namespace
 
-int SleepCommand(int pid, const std::vector<std::string>& drop, const std::string& dir) {
+int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& drop,
+                 const std::string& dir) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string path = ControlSocketPath(dir, pid);
+  const char* const nothing = pids.size() > 1 ? "; none of the processes paused"
+                                              : "; nothing paused";
+  // 0. Every process checked before any is paused.
   std::string why;
-  const nlohmann::json status = Status(path, pid, &why);
-  if (status.is_null()) return Fail("sleep", pid, why);
-  if (status.value("state", std::string()) != "running") {
-    return Fail("sleep", pid, "the process is " + status.value("state", std::string("?")) +
-                                  " already; nothing done");
-  }
   std::optional<DriverApi> d = CheckpointDriver(&why);
-  if (!d) return Fail("sleep", pid, why + "; nothing paused");
-  CUprocessState state;
-  if (CUresult r = d->cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
-    return Fail("sleep", pid,
-                std::string("cuCheckpointProcessGetState: ") + CuName(*d, r) + "; nothing paused");
-  }
-  if (state != CU_PROCESS_STATE_RUNNING) {
-    return Fail("sleep", pid, "the driver says the process is not running (state " +
-                                  std::to_string(state) + "); nothing paused");
-  }
-  // 1. The process pauses what the shim holds.
-  nlohmann::json request = {{"op", "sleep"}, {"drop", drop}};
-  const nlohmann::json paused = AskProcess(path, request, kPauseSeconds);
-  if (!paused.is_object() || !paused.value("ok", false)) {
-    return Fail("sleep", pid, "the pause was refused: " + ReplyError(paused));
-  }
-  // 2. The driver locks it and checkpoints the rest; undone on failure.
-  const auto checkpoint_start = std::chrono::steady_clock::now();
-  CUcheckpointLockArgs lock_args = {};
-  lock_args.timeoutMs = kLockTimeoutMs;
-  std::string failed;
-  if (CUresult r = d->cuCheckpointProcessLock(pid, &lock_args); r != CUDA_SUCCESS) {
-    failed = std::string("cuCheckpointProcessLock: ") + CuName(*d, r);
-  } else {
-    CUcheckpointCheckpointArgs args = {};
-    if (CUresult c = d->cuCheckpointProcessCheckpoint(pid, &args); c != CUDA_SUCCESS) {
-      failed = std::string("cuCheckpointProcessCheckpoint: ") + CuName(*d, c);
-      CUcheckpointUnlockArgs unlock = {};
-      if (CUresult u = d->cuCheckpointProcessUnlock(pid, &unlock); u != CUDA_SUCCESS) {
-        failed += std::string("; cuCheckpointProcessUnlock: ") + CuName(*d, u) +
-                  " (the process stays locked: `vmmshim wake` tries again)";
-        return Fail("sleep", pid, failed);
-      }
+  if (!d) return Fail("sleep", pids.front(), why + nothing);
+  std::vector<std::string> paths;
+  for (int pid : pids) {
+    paths.push_back(ControlSocketPath(dir, pid));
+    const nlohmann::json status = Status(paths.back(), pid, &why);
+    if (status.is_null()) return Fail("sleep", pid, why + nothing);
+    if (status.value("state", std::string()) != "running") {
+      return Fail("sleep", pid, "the process is " + status.value("state", std::string("?")) +
+                                    " already" + nothing);
+    }
+    CUprocessState state;
+    if (CUresult r = d->cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
+      return Fail("sleep", pid,
+                  std::string("cuCheckpointProcessGetState: ") + CuName(*d, r) + nothing);
+    }
+    if (state != CU_PROCESS_STATE_RUNNING) {
+      return Fail("sleep", pid, "the driver says the process is not running (state " +
+                                    std::to_string(state) + ")" + nothing);
     }
   }
-  if (!failed.empty()) {
-    const nlohmann::json woke = AskProcess(path, {{"op", "wake"}}, kPauseSeconds);
-    const std::string undo = woke.is_object() && woke.value("ok", false)
-                                 ? "resumed, running as before"
-                                 : "its resume failed too: " + ReplyError(woke) +
-                                       " (`vmmshim wake` tries again)";
-    return Fail("sleep", pid, failed + "; the process was " + undo);
+  // Undoes the sleep of processes [0, n): back to running, resumed.
+  auto undo = [&](size_t n) {
+    std::string result;
+    for (size_t i = 0; i < n; ++i) {
+      std::string problem = BackToRunning(*d, pids[i]);
+      if (problem.empty()) {
+        const nlohmann::json woke = AskProcess(paths[i], {{"op", "wake"}}, kPauseSeconds);
+        if (!woke.is_object() || !woke.value("ok", false)) problem = ReplyError(woke);
+      }
+      result += "; process " + std::to_string(pids[i]) +
+                (problem.empty() ? " resumed, running as before"
+                                 : " not restored: " + problem + " (`vmmshim wake` tries again)");
+    }
+    return result;
+  };
+  // 1. Each process pauses what the shim holds.
+  std::vector<nlohmann::json> paused;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    nlohmann::json reply = AskProcess(paths[i], {{"op", "sleep"}, {"drop", drop}}, kPauseSeconds);
+    if (!reply.is_object() || !reply.value("ok", false)) {
+      return Fail("sleep", pids[i], "the pause was refused: " + ReplyError(reply) + undo(i));
+    }
+    paused.push_back(std::move(reply));
+  }
+  // 2. The driver locks each, then checkpoints each; undone on a failure.
+  const auto checkpoint_start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < pids.size(); ++i) {
+    CUcheckpointLockArgs lock_args = {};
+    lock_args.timeoutMs = kLockTimeoutMs;
+    if (CUresult r = d->cuCheckpointProcessLock(pids[i], &lock_args); r != CUDA_SUCCESS) {
+      return Fail("sleep", pids[i],
+                  std::string("cuCheckpointProcessLock: ") + CuName(*d, r) + undo(pids.size()));
+    }
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    CUcheckpointCheckpointArgs args = {};
+    if (CUresult r = d->cuCheckpointProcessCheckpoint(pids[i], &args); r != CUDA_SUCCESS) {
+      return Fail("sleep", pids[i], std::string("cuCheckpointProcessCheckpoint: ") +
+                                        CuName(*d, r) + undo(pids.size()));
+    }
   }
   const double checkpoint_seconds = Since(checkpoint_start);
-  AskProcess(path, {{"op", "slept"}}, kStatusSeconds);
-  std::printf("vmmshim sleep %d: asleep: paused %llu bytes in %.3f s, the driver's checkpoint "
-              "%.3f s; %.3f s in all\n",
-              pid, static_cast<unsigned long long>(paused.value("released_bytes", uint64_t{0})),
-              paused.value("seconds", 0.0), checkpoint_seconds, Since(start));
+  for (size_t i = 0; i < pids.size(); ++i) {
+    AskProcess(paths[i], {{"op", "slept"}}, kStatusSeconds);
+    std::printf("vmmshim sleep %d: asleep: paused %llu bytes in %.3f s, the driver's checkpoint "
+                "%.3f s; %.3f s in all\n",
+                pids[i],
+                static_cast<unsigned long long>(paused[i].value("released_bytes", uint64_t{0})),
+                paused[i].value("seconds", 0.0), checkpoint_seconds, Since(start));
+  }
   return 0;
 }
 
-int WakeCommand(int pid, const std::string& dir) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string path = ControlSocketPath(dir, pid);
+int WakeCommand(const std::vector<int>& pids, const std::string& dir) {
   std::string why;
-  const nlohmann::json status = Status(path, pid, &why);
-  if (status.is_null()) return Fail("wake", pid, why);
-  if (status.value("state", std::string()) == "running") {
-    return Fail("wake", pid, "the process is running, not asleep; nothing done");
-  }
   std::optional<DriverApi> d = CheckpointDriver(&why);
-  if (!d) return Fail("wake", pid, why);
-  CUprocessState state;
-  if (CUresult r = d->cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
-    return Fail("wake", pid, std::string("cuCheckpointProcessGetState: ") + CuName(*d, r));
-  }
-  const auto restore_start = std::chrono::steady_clock::now();
-  if (state == CU_PROCESS_STATE_CHECKPOINTED) {
-    CUcheckpointRestoreArgs args = {};
-    if (CUresult r = d->cuCheckpointProcessRestore(pid, &args); r != CUDA_SUCCESS) {
-      return Fail("wake", pid, std::string("cuCheckpointProcessRestore: ") + CuName(*d, r) +
-                                   "; the process stays asleep");
+  if (!d) return Fail("wake", pids.front(), why);
+  int rc = 0;
+  for (int pid : pids) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string path = ControlSocketPath(dir, pid);
+    const nlohmann::json status = Status(path, pid, &why);
+    if (status.is_null()) {
+      rc = Fail("wake", pid, why);
+      continue;
     }
-    state = CU_PROCESS_STATE_LOCKED;
-  }
-  if (state == CU_PROCESS_STATE_LOCKED) {
-    CUcheckpointUnlockArgs args = {};
-    if (CUresult r = d->cuCheckpointProcessUnlock(pid, &args); r != CUDA_SUCCESS) {
-      return Fail("wake", pid, std::string("cuCheckpointProcessUnlock: ") + CuName(*d, r) +
-                                   "; the process stays locked");
+    if (status.value("state", std::string()) == "running") {
+      rc = Fail("wake", pid, "the process is running, not asleep; nothing done");
+      continue;
     }
-  } else if (state != CU_PROCESS_STATE_RUNNING) {
-    return Fail("wake", pid, "the driver says the checkpoint failed (state " +
-                                 std::to_string(state) + ")");
+    if (std::string problem = BackToRunning(*d, pid); !problem.empty()) {
+      rc = Fail("wake", pid, problem);
+      continue;
+    }
+    const double restore_seconds = Since(start);
+    const nlohmann::json woke = AskProcess(path, {{"op", "wake"}}, kPauseSeconds);
+    if (!woke.is_object() || !woke.value("ok", false)) {
+      rc = Fail("wake", pid, "the resume failed: " + ReplyError(woke));
+      continue;
+    }
+    std::printf("vmmshim wake %d: running: the driver's restore and unlock %.3f s, resumed %llu "
+                "bytes in %.3f s; %.3f s in all\n",
+                pid, restore_seconds,
+                static_cast<unsigned long long>(woke.value("restored_bytes", uint64_t{0})),
+                woke.value("seconds", 0.0), Since(start));
   }
-  const double restore_seconds = Since(restore_start);
-  const nlohmann::json woke = AskProcess(path, {{"op", "wake"}}, kPauseSeconds);
-  if (!woke.is_object() || !woke.value("ok", false)) {
-    return Fail("wake", pid, "the resume failed: " + ReplyError(woke));
-  }
-  std::printf("vmmshim wake %d: running: the driver's restore and unlock %.3f s, resumed %llu "
-              "bytes in %.3f s; %.3f s in all\n",
-              pid, restore_seconds,
-              static_cast<unsigned long long>(woke.value("restored_bytes", uint64_t{0})),
-              woke.value("seconds", 0.0), Since(start));
-  return 0;
+  return rc;
 }
 
 }  // namespace vmmshim::cli

@@ -1,9 +1,12 @@
 #ifndef VMMSHIM_CLI_SLEEP_COMMAND_H_
 #define VMMSHIM_CLI_SLEEP_COMMAND_H_
 
-// `vmmshim sleep PID [--drop TAG]...` and `vmmshim wake PID`: a whole
+// `vmmshim sleep PID... [--drop TAG]...` and `vmmshim wake PID...`: a whole
 // process's deep sleep (docs/deep-sleep.md), this program being the external
-// controller the driver's checkpoint API wants.
+// controller the driver's checkpoint API wants. Several PIDs (a job's ranks)
+// sleep as one step: every process is checked before any is paused, every
+// one pauses before any is locked, and a failure anywhere brings every one
+// back to running.
 //
 // sleep: refused, with nothing paused, when PID has no control socket in DIR
 // (not under the shim, not this user's, or not yet a CUDA process), is not
@@ -28,8 +31,9 @@
 
 namespace vmmshim::cli {
 
-int SleepCommand(int pid, const std::vector<std::string>& drop, const std::string& dir);
-int WakeCommand(int pid, const std::string& dir);
+int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& drop,
+                 const std::string& dir);
+int WakeCommand(const std::vector<int>& pids, const std::string& dir);
 
 }  // namespace vmmshim::cli
 

@@ -294,15 +294,17 @@ int main(int argc, char** argv) {
       "sleep", "give a process's whole GPU back: pause, then the driver's checkpoint "
                "(docs/deep-sleep.md)");
   sleep->allow_extras();
-  int sleep_pid = 0;
+  std::vector<int> sleep_pids;
   std::vector<std::string> sleep_drop;
-  sleep->add_option("PID", sleep_pid, "the process (vmmshim ps lists them)")->required();
+  sleep->add_option("PID", sleep_pids, "the processes, as one step (vmmshim ps lists them)")
+      ->required()
+      ->check(CLI::PositiveNumber);
   sleep->add_option("--drop", sleep_drop, "a tag whose contents are dropped (repeatable)");
   sleep->add_option("--dir", ps_dir, "the control sockets' directory");
   CLI::App* wake = app.add_subcommand("wake", "wake a process that vmmshim sleep put to sleep");
   wake->allow_extras();
-  int wake_pid = 0;
-  wake->add_option("PID", wake_pid, "the process")->required();
+  std::vector<int> wake_pids;
+  wake->add_option("PID", wake_pids, "the processes")->required()->check(CLI::PositiveNumber);
   wake->add_option("--dir", ps_dir, "the control sockets' directory");
 
   const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps, sleep, wake};
@@ -356,8 +358,8 @@ int main(int argc, char** argv) {
     return vmmshim::cli::ReportCommand(report_files, report_wide, report_json);
   }
   if (*ps) return vmmshim::cli::PsCommand(ps_dir, ps_json);
-  if (*sleep) return vmmshim::cli::SleepCommand(sleep_pid, sleep_drop, ps_dir);
-  if (*wake) return vmmshim::cli::WakeCommand(wake_pid, ps_dir);
+  if (*sleep) return vmmshim::cli::SleepCommand(sleep_pids, sleep_drop, ps_dir);
+  if (*wake) return vmmshim::cli::WakeCommand(wake_pids, ps_dir);
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);

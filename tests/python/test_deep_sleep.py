@@ -79,33 +79,42 @@ class DeepSleep(unittest.TestCase):
         os.chmod(self.dir, 0o700)
         self.env = dict(os.environ, SIMCUDA_CHECKPOINT="1", SIMCUDA_CHECKPOINT_DIR=self.dir,
                         VMMSHIM_IPC_DIR=self.dir)
-        child_env = dict(self.env, LD_PRELOAD=SHIM)
-        self.child = subprocess.Popen([sys.executable, "-c", PROGRAM], env=child_env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.assertEqual(self.line(10), "ready")
+        self.children = []
+        self.child = self.spawn()
+
+    def spawn(self):
+        child = subprocess.Popen([sys.executable, "-c", PROGRAM], env=dict(self.env, LD_PRELOAD=SHIM),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.children.append(child)
+        self.assertEqual(self.line(10, child), "ready")
+        return child
 
     def tearDown(self):
-        self.vmmshim("wake", str(self.child.pid))  # whatever state a failure left
-        self.child.stdin.close()
-        self.child.wait(timeout=30)
+        for child in self.children:
+            self.vmmshim("wake", str(child.pid))  # whatever state a failure left
+            child.stdin.close()
+            child.wait(timeout=30)
 
-    def line(self, seconds):
-        """The child's next output line, or None when it says nothing in time."""
-        ready, _, _ = select.select([self.child.stdout], [], [], seconds)
-        return self.child.stdout.readline().strip() if ready else None
+    def line(self, seconds, child=None):
+        """A child's next output line, or None when it says nothing in time."""
+        child = child or self.child
+        ready, _, _ = select.select([child.stdout], [], [], seconds)
+        return child.stdout.readline().strip() if ready else None
 
-    def send(self, command):
-        self.child.stdin.write(command + "\n")
-        self.child.stdin.flush()
+    def send(self, command, child=None):
+        child = child or self.child
+        child.stdin.write(command + "\n")
+        child.stdin.flush()
 
     def vmmshim(self, *args, **env):
         return subprocess.run([CLI, *args, "--dir", self.dir], capture_output=True, text=True,
                               env=dict(self.env, **env), timeout=60)
 
-    def state(self):
+    def state(self, child=None):
+        child = child or self.child
         out = subprocess.run([CLI, "ps", "--json", "--dir", self.dir], capture_output=True,
                              text=True, env=self.env, timeout=30)
-        entry = [p for p in json.loads(out.stdout) if p["pid"] == self.child.pid]
+        entry = [p for p in json.loads(out.stdout) if p["pid"] == child.pid]
         return entry[0]["state"] if entry else None
 
     def test_sleep_blocks_cuda_calls_and_wake_brings_everything_back(self):
@@ -116,7 +125,7 @@ class DeepSleep(unittest.TestCase):
         self.assertEqual(self.state(), "asleep")
         again = self.vmmshim("sleep", pid)
         self.assertEqual(again.returncode, 1)
-        self.assertIn("the process is asleep already; nothing done", again.stderr)
+        self.assertIn("the process is asleep already; nothing paused", again.stderr)
         self.send("call")
         self.assertIsNone(self.line(1.0))  # the driver's lock holds it
         woke = self.vmmshim("wake", pid)
@@ -143,11 +152,35 @@ class DeepSleep(unittest.TestCase):
         for step in ("lock", "checkpoint"):
             failed = self.vmmshim("sleep", pid, SIMCUDA_CHECKPOINT_FAIL=step)
             self.assertEqual(failed.returncode, 1)
-            self.assertIn("CUDA_ERROR_UNKNOWN; the process was resumed, running as before",
+            self.assertIn(f"CUDA_ERROR_UNKNOWN; process {pid} resumed, running as before",
                           failed.stderr)
             self.assertEqual(self.state(), "running")
             self.send("check")
             self.assertEqual(self.line(10), "weights intact kv usable")
+
+    def test_a_job_sleeps_and_wakes_as_one_step(self):
+        other = self.spawn()
+        pids = [str(self.child.pid), str(other.pid)]
+        slept = self.vmmshim("sleep", *pids, "--drop", "kv")
+        self.assertEqual(slept.returncode, 0, slept.stderr)
+        self.assertEqual(len(slept.stdout.splitlines()), 2, slept.stdout)
+        self.assertEqual([self.state(c) for c in self.children], ["asleep", "asleep"])
+        woke = self.vmmshim("wake", *pids)
+        self.assertEqual(woke.returncode, 0, woke.stderr)
+        for child in self.children:
+            self.send("check", child)
+            self.assertEqual(self.line(10, child), "weights intact kv usable")
+        # One that cannot sleep: the other is not paused either.
+        refused = self.vmmshim("sleep", pids[0], str(os.getpid()))
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("none of the processes paused", refused.stderr)
+        self.assertEqual([self.state(c) for c in self.children], ["running", "running"])
+        # A checkpoint that fails for one brings both back.
+        failed = self.vmmshim("sleep", *pids, SIMCUDA_CHECKPOINT_FAIL="checkpoint")
+        self.assertEqual(failed.returncode, 1)
+        for pid in pids:
+            self.assertIn(f"process {pid} resumed, running as before", failed.stderr)
+        self.assertEqual([self.state(c) for c in self.children], ["running", "running"])
 
     def test_refusals_pause_nothing(self):
         pid = str(self.child.pid)
