@@ -129,11 +129,41 @@ std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
                               "everything)"),
                  CUDA_ERROR_ILLEGAL_STATE);
   }
+  // Memory another process maps (other libraries' VMM memory exported or
+  // imported: a multi-process NCCL group's buffers) is left alone by a pause,
+  // and the driver's checkpoint cannot take it (NVIDIA/cuda-checkpoint #30:
+  // such jobs hang): refused before anything is paused.
+  if (handlers_.residency_json) {
+    const nlohmann::json r = nlohmann::json::parse(handlers_.residency_json(), nullptr, false);
+    uint64_t exported = 0, imported = 0;
+    if (r.is_object() && r.contains("devices") && r.at("devices").is_array()) {
+      for (const nlohmann::json& d : r.at("devices")) {
+        const nlohmann::json alone = d.is_object() ? d.value("other_libraries_vmm", nlohmann::json::object())
+                                                         .value("left_alone", nlohmann::json::object())
+                                                   : nlohmann::json::object();
+        exported += alone.value("exported_bytes", uint64_t{0});
+        imported += alone.value("imported_bytes", uint64_t{0});
+      }
+    }
+    if (exported + imported > 0) {
+      return Error(absl::StrCat("the process shares device memory with other processes (",
+                                exported, " bytes exported, ", imported,
+                                " imported, by another library: a multi-process NCCL group's "
+                                "buffers, say); the driver's checkpoint cannot take it; nothing "
+                                "is paused"),
+                   CUDA_ERROR_NOT_PERMITTED);
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
   size_t released = 0;
   if (int rc = handlers_.sleep(drop, &released); rc != 0) {
-    return Error(absl::StrCat("the pause before the sleep failed (CUDA error ", rc,
-                              "); nothing is paused"),
+    const std::string why =
+        rc == CUDA_ERROR_NOT_PERMITTED
+            ? "memory of the shim is exported to another process (cudaIpcGetMemHandle): the "
+              "driver's checkpoint cannot take it"
+        : rc == CUDA_ERROR_OUT_OF_MEMORY ? "host memory is short for the kept contents"
+                                         : absl::StrCat("CUDA error ", rc);
+    return Error(absl::StrCat("the pause before the sleep failed: ", why, "; nothing is paused"),
                  rc);
   }
   const double seconds =

@@ -57,6 +57,10 @@ PROGRAM = textwrap.dedent(f"""
         elif command == "resume":
             vmmshim.resume("kv")
             print("resumed", flush=True)
+        elif command == "export":
+            handle = (ctypes.c_char * 64)()
+            rc = cu.cuIpcGetMemHandle(handle, ctypes.c_uint64(weights))
+            print("exported", rc, flush=True)
         elif command == "sleep-self":
             # From the program: sleep, then a thread wakes it while this one
             # waits in a driver call.
@@ -197,6 +201,16 @@ class DeepSleep(unittest.TestCase):
         self.assertIn("bytes paused of its own; resume them first", own.stderr)
         self.send("resume")
         self.assertEqual(self.line(10), "resumed")
+        self.assertEqual(self.state(), "running")
+        self.send("check")
+        self.assertEqual(self.line(10), "weights intact kv usable")
+        # Memory exported to another process: the checkpoint cannot take it.
+        self.send("export")
+        self.assertEqual(self.line(10), "exported 0")
+        shared = self.vmmshim("sleep", pid)
+        self.assertEqual(shared.returncode, 1)
+        self.assertIn("exported to another process (cudaIpcGetMemHandle): the driver's "
+                      "checkpoint cannot take it; nothing is paused", shared.stderr)
         self.assertEqual(self.state(), "running")
         self.send("check")
         self.assertEqual(self.line(10), "weights intact kv usable")

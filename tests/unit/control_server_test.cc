@@ -1,0 +1,93 @@
+// The control socket's requests (ControlServer::Answer,
+// core/control/control_server.h) with handlers of the test's own: the
+// sleep's state machine, a status while asleep that makes no driver call,
+// and the refusals that come before anything is paused.
+#include "core/control/control_server.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr char kResidency[] =
+    R"({"devices":[{"device":0,"other_libraries_vmm":{"left_alone":)"
+    R"({"exported_bytes":EXPORTED,"imported_bytes":0}}}]})";
+
+struct Calls {
+  int residency = 0, sleeps = 0, wakes = 0;
+  size_t paused = 0;
+  int sleep_code = 0;
+  std::string exported = "0";
+};
+
+ControlServer Server(Calls& calls) {
+  ControlServer::Handlers h;
+  h.residency_json = [&calls] {
+    ++calls.residency;
+    std::string r = kResidency;
+    r.replace(r.find("EXPORTED"), 8, calls.exported);
+    return r;
+  };
+  h.sleep = [&calls](const std::vector<std::string>& drop, size_t* released) {
+    ++calls.sleeps;
+    *released = 100 + drop.size();
+    return calls.sleep_code;
+  };
+  h.wake = [&calls](size_t* restored) {
+    ++calls.wakes;
+    *restored = 100;
+    return 0;
+  };
+  h.paused_bytes = [&calls] { return calls.paused; };
+  return ControlServer("/tmp/unused", std::move(h));
+}
+
+bool Has(const std::string& reply, const std::string& part) {
+  return reply.find(part) != std::string::npos;
+}
+
+TEST(ControlServerTest, ASleepGoesRunningSleepingAsleepRunning) {
+  Calls calls;
+  const ControlServer server = Server(calls);
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"status"})"), R"("state":"running")"));
+  const std::string slept = server.Answer(R"({"op":"sleep","drop":["kv"]})");
+  EXPECT_TRUE(Has(slept, R"("ok":true)")) << slept;
+  EXPECT_TRUE(Has(slept, R"("released_bytes":101)")) << slept;
+  EXPECT_EQ(calls.sleeps, 1);
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "the process is sleeping already"));
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"slept"})"), R"("ok":true)"));
+  // Asleep: the residency recorded at the sleep, no new driver call.
+  const int before = calls.residency;
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"status"})"), R"("state":"asleep")"));
+  EXPECT_EQ(calls.residency, before);
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"wake"})"), R"("restored_bytes":100)"));
+  EXPECT_EQ(calls.wakes, 1);
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"wake"})"), "the process is running, not asleep"));
+}
+
+TEST(ControlServerTest, RefusalsComeBeforeAnythingIsPaused) {
+  Calls calls;
+  const ControlServer server = Server(calls);
+  calls.paused = 4096;
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "4096 bytes paused of its own"));
+  calls.paused = 0;
+  calls.exported = "8192";
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"),
+                  "shares device memory with other processes (8192 bytes exported"));
+  EXPECT_EQ(calls.sleeps, 0);
+  calls.exported = "0";
+  calls.sleep_code = 800;  // CUDA_ERROR_NOT_PERMITTED: the shim's memory is exported
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "exported to another process"));
+  calls.sleep_code = 2;
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "host memory is short"));
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"status"})"), R"("state":"running")"));
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep","drop":[1]})"),
+                  "must hold tags: strings of at most 255 bytes"));
+  EXPECT_TRUE(Has(server.Answer("[1,2]"), "not a JSON object"));
+}
+
+}  // namespace
+}  // namespace vmmshim
