@@ -9,7 +9,11 @@
 # Each run: the result before, the sleep's seconds, the device memory the
 # process holds while asleep (nvidia-smi's per-process figure, MiB), the
 # wake's seconds, the result after (identical to before, and to the run that
-# never slept). Writes $OUT/deep-sleep.log.
+# never slept). Then time-sharing (TIMESHARE=0 skips it): two processes of
+# about 100 GiB each (8 GiB of weights, a 92 GiB KV cache) on one GPU, started
+# in turn and alternated by `vmmshim sleep --drop kv` and `vmmshim wake`
+# CYCLES times (default 3), each one's result after every wake equal to its
+# result before the first sleep. Writes $OUT/deep-sleep.log.
 # usage: tools/gpu/deep-sleep.sh [ROUNDS]
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
@@ -51,3 +55,33 @@ run() {  # MODE ROUND
 for ((i = 1; i <= rounds; i++)); do
   for mode in driver vmmshim vmmshim-drop; do run "$mode" "$i"; done
 done
+
+[ "${TIMESHARE:-1}" = 1 ] || exit 0
+echo "== time-sharing: two processes of about 100 GiB, ${CYCLES:-3} cycles"
+big=(python3 "$root/examples/deep_sleep_workload.py" --weights-gib 8 --kv-gib 92)
+coproc A { LD_PRELOAD=$shim exec "${big[@]}"; }
+read -r -t 300 line <&"${A[0]}"; a=${line#ready }
+echo result >&"${A[1]}"; read -r -t 120 a_ref <&"${A[0]}"
+"$b/vmmshim" sleep "$a" --drop kv
+# A second coprocess: bash allows one at a time by name, so B talks through fifos.
+fifo=$(mktemp -d); mkfifo "$fifo/in" "$fifo/out"
+LD_PRELOAD=$shim "${big[@]}" < "$fifo/in" > "$fifo/out" & bpid=$!
+exec {b_in}>"$fifo/in" {b_out}<"$fifo/out"
+read -r -t 300 line <&"$b_out"; bp=${line#ready }
+echo result >&"$b_in"; read -r -t 120 b_ref <&"$b_out"
+for ((c = 1; c <= ${CYCLES:-3}; c++)); do
+  "$b/vmmshim" sleep "$bp" --drop kv
+  "$b/vmmshim" wake "$a"
+  echo refill >&"${A[1]}"; read -r -t 120 _ <&"${A[0]}"
+  echo result >&"${A[1]}"; read -r -t 120 got <&"${A[0]}"
+  [ "$got" = "$a_ref" ] && echo "cycle $c: A identical" || echo "cycle $c: A DIFFERS: $got"
+  "$b/vmmshim" sleep "$a" --drop kv
+  "$b/vmmshim" wake "$bp"
+  echo refill >&"$b_in"; read -r -t 120 _ <&"$b_out"
+  echo result >&"$b_in"; read -r -t 120 got <&"$b_out"
+  [ "$got" = "$b_ref" ] && echo "cycle $c: B identical" || echo "cycle $c: B DIFFERS: $got"
+done
+"$b/vmmshim" wake "$a"
+echo quit >&"${A[1]}"; echo quit >&"$b_in"
+wait "$bpid" "$A_PID" 2>/dev/null
+rm -rf "$fifo"
