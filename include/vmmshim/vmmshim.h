@@ -131,6 +131,22 @@ int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
  * it, or the allocation is freed; as torch_memory_saver's
  * retain_cpu_backup. Other libraries' VMM memory drops its copy. */
 int vmmshim_resume_memory_retaining_contents(const char* tag, size_t* restored_bytes);
+/* Deep sleep (docs/deep-sleep.md): gives this process's whole GPU back, by
+ * running `vmmshim sleep PID` on itself (the command next to this library;
+ * the driver's checkpoint calls are for an external controller): everything
+ * the shim holds is paused (the `count` tags of `drop_tags` without their
+ * contents), then the driver checkpoints the rest, context included. After
+ * it the process's CUDA calls block until vmmshim_wake (from another thread,
+ * or `vmmshim wake PID` from outside). Returns 0; 1 (INVALID_VALUE) for a
+ * NULL `drop_tags` with count > 0 or a tag that is NULL or over 255 bytes;
+ * 801 when the shim is disabled or the command is missing; 304
+ * (OPERATING_SYSTEM) when it cannot be started; 401 (ILLEGAL_STATE) when the
+ * sleep was refused or failed: the command's reason is on stderr, and
+ * nothing is left half asleep. */
+int vmmshim_sleep(const char* const* drop_tags, size_t count);
+/* Restores, unlocks and resumes this process (`vmmshim wake PID`); codes as
+ * vmmshim_sleep's, 401 when it is not asleep or the wake failed. */
+int vmmshim_wake(void);
 /* The directory of VMMSHIM_PAUSE_TO_DISK's files (NULL: none). 1
  * (CUDA_ERROR_INVALID_VALUE), logged, when it is not a directory this
  * process can write to. */

@@ -6,11 +6,12 @@ calls wait until the wake, its weights are intact after; a failed checkpoint
 is undone; each refusal names its reason and pauses nothing."""
 import json
 import os
-import select
+import queue
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
 
@@ -61,6 +62,20 @@ PROGRAM = textwrap.dedent(f"""
             handle = (ctypes.c_char * 64)()
             rc = cu.cuIpcGetMemHandle(handle, ctypes.c_uint64(weights))
             print("exported", rc, flush=True)
+        elif command == "sleep-c":
+            # The C API, the same way.
+            import threading, time
+            lib = ctypes.CDLL(None)
+            print("c-wake while running:", lib.vmmshim_wake(), flush=True)
+            print("c-slept:", lib.vmmshim_sleep((ctypes.c_char_p * 1)(b"kv"), 1), flush=True)
+            def wake_later():
+                time.sleep(0.5)
+                print("c-woke:", lib.vmmshim_wake(), flush=True)
+            t = threading.Thread(target=wake_later); t.start()
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+            print("called after the wake", flush=True)
+            t.join()
         elif command == "sleep-self":
             # From the program: sleep, then a thread wakes it while this one
             # waits in a driver call.
@@ -89,6 +104,10 @@ class DeepSleep(unittest.TestCase):
     def spawn(self):
         child = subprocess.Popen([sys.executable, "-c", PROGRAM], env=dict(self.env, LD_PRELOAD=SHIM),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # A reader thread: select() cannot see lines the pipe's buffer already holds.
+        child.lines = queue.Queue()
+        threading.Thread(target=lambda: [child.lines.put(l.strip()) for l in child.stdout],
+                         daemon=True).start()
         self.children.append(child)
         self.assertEqual(self.line(10, child), "ready")
         return child
@@ -100,10 +119,17 @@ class DeepSleep(unittest.TestCase):
             child.wait(timeout=30)
 
     def line(self, seconds, child=None):
-        """A child's next output line, or None when it says nothing in time."""
+        """A child's next output line, or None when it says nothing in time;
+        the lines of the vmmshim command the C API runs (inherited stdout)
+        are skipped."""
         child = child or self.child
-        ready, _, _ = select.select([child.stdout], [], [], seconds)
-        return child.stdout.readline().strip() if ready else None
+        while True:
+            try:
+                line = child.lines.get(timeout=seconds)
+            except queue.Empty:
+                return None
+            if not line.startswith("vmmshim "):
+                return line
 
     def send(self, command, child=None):
         child = child or self.child
@@ -148,6 +174,14 @@ class DeepSleep(unittest.TestCase):
         self.assertEqual(self.line(30), "slept: asleep")
         # The blocked call returns at the unlock, maybe before the waker prints.
         self.assertEqual({self.line(30), self.line(30)}, {"woke: running", "called after the wake"})
+        self.send("check")
+        self.assertEqual(self.line(10), "weights intact kv usable")
+
+    def test_the_c_api_sleeps_and_wakes_the_program(self):
+        self.send("sleep-c")
+        self.assertEqual(self.line(30), "c-wake while running: 401")  # ILLEGAL_STATE
+        self.assertEqual(self.line(30), "c-slept: 0")
+        self.assertEqual({self.line(30), self.line(30)}, {"c-woke: 0", "called after the wake"})
         self.send("check")
         self.assertEqual(self.line(10), "weights intact kv usable")
 
