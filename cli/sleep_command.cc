@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -77,13 +79,18 @@ nlohmann::json Status(const std::string& path, int pid, std::string* why) {
 // The driver's side of a wake: restored when checkpointed, unlocked when
 // locked. "" when the process runs again (as far as the driver goes); else
 // the problem.
-std::string BackToRunning(const DriverApi& d, int pid) {
+std::string BackToRunning(const DriverApi& d, int pid,
+                          std::vector<CUcheckpointGpuPair>* onto = nullptr) {
   CUprocessState state;
   if (CUresult r = d.cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
     return std::string("cuCheckpointProcessGetState: ") + CuName(d, r);
   }
   if (state == CU_PROCESS_STATE_CHECKPOINTED) {
     CUcheckpointRestoreArgs args = {};
+    if (onto != nullptr && !onto->empty()) {
+      args.gpuPairs = onto->data();
+      args.gpuPairsCount = static_cast<unsigned>(onto->size());
+    }
     if (CUresult r = d.cuCheckpointProcessRestore(pid, &args); r != CUDA_SUCCESS) {
       return std::string("cuCheckpointProcessRestore: ") + CuName(d, r) +
              "; the process stays asleep";
@@ -192,7 +199,38 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
   return 0;
 }
 
-int WakeCommand(const std::vector<int>& pids, const std::string& dir) {
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (nvidia-smi -L's form) as a CUuuid.
+static bool ParseUuid(std::string text, CUuuid* out) {
+  if (text.rfind("GPU-", 0) == 0) text = text.substr(4);
+  text.erase(std::remove(text.begin(), text.end(), '-'), text.end());
+  if (text.size() != 32) return false;
+  for (int i = 0; i < 16; ++i) {
+    unsigned v = 0;
+    if (std::sscanf(text.c_str() + 2 * i, "%2x", &v) != 1 ||
+        !std::isxdigit(static_cast<unsigned char>(text[2 * i])) ||
+        !std::isxdigit(static_cast<unsigned char>(text[2 * i + 1]))) {
+      return false;
+    }
+    out->bytes[i] = static_cast<char>(v);
+  }
+  return true;
+}
+
+int WakeCommand(const std::vector<int>& pids, const std::vector<std::string>& onto_pairs,
+                const std::string& dir) {
+  // OLD=NEW GPU pairs for the driver's restore, checked before anything is done.
+  std::vector<CUcheckpointGpuPair> onto;
+  for (const std::string& pair : onto_pairs) {
+    const size_t eq = pair.find('=');
+    CUcheckpointGpuPair p = {};
+    if (eq == std::string::npos || !ParseUuid(pair.substr(0, eq), &p.oldUuid) ||
+        !ParseUuid(pair.substr(eq + 1), &p.newUuid)) {
+      return Fail("wake", pids.front(), "--onto " + pair + ": not OLD=NEW GPU UUIDs (as "
+                                        "nvidia-smi -L prints them: GPU-xxxxxxxx-xxxx-...); "
+                                        "nothing done");
+    }
+    onto.push_back(p);
+  }
   std::string why;
   std::optional<DriverApi> d = CheckpointDriver(&why);
   if (!d) return Fail("wake", pids.front(), why);
@@ -209,7 +247,7 @@ int WakeCommand(const std::vector<int>& pids, const std::string& dir) {
       rc = Fail("wake", pid, "the process is running, not asleep; nothing done");
       continue;
     }
-    if (std::string problem = BackToRunning(*d, pid); !problem.empty()) {
+    if (std::string problem = BackToRunning(*d, pid, &onto); !problem.empty()) {
       rc = Fail("wake", pid, problem);
       continue;
     }

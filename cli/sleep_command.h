@@ -18,7 +18,10 @@
 // left, context included. A failure after the pause is undone (unlock if
 // locked, then resume): the process is never left half asleep.
 //
-// wake: the driver restores the process (when checkpointed) and unlocks it
+// wake [--onto OLD=NEW]...: the driver restores the process (when
+// checkpointed; onto other GPUs of the same chip by UUID pairs, which must
+// name every GPU the process had, as the driver's restore requires; checked
+// for form before anything is done) and unlocks it
 // (when locked), then the process resumes everything. A helper killed while
 // the process slept leaves it checkpointed or locked: wake finishes the job.
 // Refused when the process is running.
@@ -33,7 +36,8 @@ namespace vmmshim::cli {
 
 int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& drop,
                  const std::string& dir);
-int WakeCommand(const std::vector<int>& pids, const std::string& dir);
+int WakeCommand(const std::vector<int>& pids, const std::vector<std::string>& onto,
+                const std::string& dir);
 
 }  // namespace vmmshim::cli
 

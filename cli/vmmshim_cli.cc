@@ -305,6 +305,9 @@ int main(int argc, char** argv) {
   wake->allow_extras();
   std::vector<int> wake_pids;
   wake->add_option("PID", wake_pids, "the processes")->required()->check(CLI::PositiveNumber);
+  std::vector<std::string> wake_onto;
+  wake->add_option("--onto", wake_onto,
+                   "OLD=NEW GPU UUIDs (nvidia-smi -L): restore onto other GPUs (repeatable)");
   wake->add_option("--dir", ps_dir, "the control sockets' directory");
 
   const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps, sleep, wake};
@@ -359,7 +362,7 @@ int main(int argc, char** argv) {
   }
   if (*ps) return vmmshim::cli::PsCommand(ps_dir, ps_json);
   if (*sleep) return vmmshim::cli::SleepCommand(sleep_pids, sleep_drop, ps_dir);
-  if (*wake) return vmmshim::cli::WakeCommand(wake_pids, ps_dir);
+  if (*wake) return vmmshim::cli::WakeCommand(wake_pids, wake_onto, ps_dir);
   if (*compare) {
     std::string error;
     auto parsed = vmmshim::compare::ParsePolicies(policies, &error);

@@ -158,7 +158,12 @@ class DeepSleep(unittest.TestCase):
         self.assertIn("the process is asleep already; nothing paused", again.stderr)
         self.send("call")
         self.assertIsNone(self.line(1.0))  # the driver's lock holds it
-        woke = self.vmmshim("wake", pid)
+        bad = self.vmmshim("wake", pid, "--onto", "GPU-0=GPU-1")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("not OLD=NEW GPU UUIDs", bad.stderr)
+        self.assertEqual(self.state(), "asleep")
+        gpu = "GPU-12345678-1234-1234-1234-123456789abc"
+        woke = self.vmmshim("wake", pid, "--onto", f"{gpu}={gpu}")
         self.assertEqual(woke.returncode, 0, woke.stderr)
         self.assertRegex(woke.stdout, rf"^vmmshim wake {pid}: running: .* resumed [1-9]")
         self.assertEqual(self.line(10), "called")

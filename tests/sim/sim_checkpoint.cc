@@ -101,7 +101,11 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs*) {
   return Step(pid, "checkpoint", CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_CHECKPOINTED);
 }
 
-CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs*) {
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
+  // GPU pairs: one device here, restored onto itself whatever they say.
+  if (args != nullptr && args->gpuPairsCount > 0 && args->gpuPairs == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   return Step(pid, "restore", CU_PROCESS_STATE_CHECKPOINTED, CU_PROCESS_STATE_LOCKED);
 }
 
