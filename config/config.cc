@@ -90,6 +90,13 @@ bool ApplyCacheLimit(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyPinnedPool(absl::string_view value, int, Config* config) {
+  std::optional<size_t> bytes = ParseBytes(absl::StripAsciiWhitespace(value));
+  if (!bytes) return false;
+  config->pinned_pool_bytes = *bytes;
+  return true;
+}
+
 bool ApplyTraceFile(absl::string_view value, int pid, Config* config) {
   return ApplyPidPath(value, pid, &config->trace_file);
 }
@@ -292,6 +299,13 @@ constexpr OptionInfo kOptions[] = {
      "(VMMSHIM_IPC_DIR/ctl-PID.sock, this user only; one listener thread from the first CUDA "
      "call); 0: no socket and no thread.",
      &ApplyControl, false, OptionKey::kControl},
+    {"VMMSHIM_PINNED_POOL", "bytes", "0", "a byte count (K, M, G, T[iB]); 0: none",
+     "Page-locked host memory made in the background from the first device allocation and "
+     "kept to the end of the process, into which pauses that keep contents (and deep "
+     "sleep) copy at the copy engine's speed (about 50 GiB/s on an H200) from their first "
+     "cycle; contents beyond it go to new host memory as without it. Costs that much host "
+     "memory, pinned, for the process's life (docs/pause-resume.md, \"The pinned pool\").",
+     &ApplyPinnedPool, false, OptionKey::kPinnedPool},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
      "Set by `vmmshim run --stats FILE` and `--snapshot FILE`: the process that writes "
      "VMMSHIM_STATS_FILE and VMMSHIM_SNAPSHOT_FILE as named. Any other process under the same "

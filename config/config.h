@@ -74,6 +74,9 @@ struct Config {
   // VMMSHIM_CONTROL: the control socket `vmmshim ps` asks
   // (core/control/control_server.h).
   bool control = true;
+  // VMMSHIM_PINNED_POOL: page-locked host memory made ahead for pauses that
+  // keep contents (core/heap/pinned_pool.h); 0 = none.
+  size_t pinned_pool_bytes = 0;
 };
 
 // The prefix of every option's variable name; Options() knows all of them.
@@ -103,6 +106,7 @@ enum class OptionKey {
   kSnapshotStacks,
   kAttribution,
   kControl,
+  kPinnedPool,
   kStatsPid,  // the last: config.cc checks that the table has a row for each
 };
 

@@ -63,7 +63,15 @@ Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
       captures_(driver),
       free_syncs_([this](CUcontext c) { return SynchronizeContext(driver_, c); }),
       heaps_(driver, mapper_, options_.peer_policy, HeapOptions(options_),
-             [this](int device) { stream_ordered_.CreateCache(device); }),
+             [this](int device) {
+               stream_ordered_.CreateCache(device);
+               // A context is current here (the first allocation on the
+               // device); the pool starts once, in the first one.
+               CUcontext context = nullptr;
+               if (options_.pinned_pool_bytes > 0 && driver_.cuCtxGetCurrent(&context) == CUDA_SUCCESS) {
+                 pause_.StartPinnedPool(options_.pinned_pool_bytes, context);
+               }
+             }),
       stream_ordered_(driver, heaps_, captures_, options_.peer_policy,
                       options_.stream_query_interval_ns, [this] { return ReclaimDeferred(); }),
       peers_(driver, heaps_, options_.history),

@@ -119,6 +119,10 @@ struct AllocatorOptions {
   // most 16 (bench/backup_bandwidth on an H200 host with 16 CPUs: 8 threads
   // 14 GiB/s out and 23 back, 16 threads 19-20 out and 28-30 back).
   int copy_threads = 0;
+  // Page-locked host memory made ahead for kept contents, from the first
+  // device allocation, kept to the end of the process (core/heap/pinned_pool.h;
+  // VMMSHIM_PINNED_POOL); 0: none.
+  size_t pinned_pool_bytes = 0;
   // Where segment events (mapped, released, paused, resumed) and peer
   // decisions are recorded (core/history/memory_history.h), while it is
   // enabled; null: nowhere. Must outlive the allocator.

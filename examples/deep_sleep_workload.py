@@ -41,8 +41,13 @@ def main():
         kv = torch.empty(kv_elems, dtype=torch.bfloat16, device="cuda")
 
     def refill():
-        kv.copy_(torch.arange(kv_elems, device="cuda", dtype=torch.int32)
-                 .remainder(977).to(torch.bfloat16))
+        # In parts: one arange of the whole cache would overflow int32 and
+        # need twice the cache in temporaries.
+        part = 1 << 26
+        for i in range(0, kv_elems, part):
+            j = min(kv_elems, i + part)
+            kv[i:j].copy_(torch.arange(i, j, device="cuda", dtype=torch.int64)
+                          .remainder(977).to(torch.bfloat16))
 
     refill()
     x = torch.randn(4096, 64, device="cuda", generator=g)

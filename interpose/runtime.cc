@@ -180,6 +180,7 @@ const Runtime* Initialize() {
     options.exportable = rt->config.ipc;
     options.compression = rt->config.compression;
     options.arenas = rt->config.arenas;
+    options.pinned_pool_bytes = rt->config.pinned_pool_bytes;
     rt->history = new MemoryHistory;
     options.history = rt->history;
     if (rt->config.attribution) rt->callers = new CallerLibraries;

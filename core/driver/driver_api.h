@@ -160,6 +160,10 @@ namespace vmmshim {
   X(cuMemHostGetFlags, "cuMemHostGetFlags", PFN_cuMemHostGetFlags_v2030, false)        \
   X(cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2", PFN_cuMemcpyDtoH_v3020, false)                 \
   X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)                 \
+  /* page-locked backups, copied on the copier's own stream (host_backup.h) */        \
+  X(cuStreamCreate, "cuStreamCreate", PFN_cuStreamCreate_v2000, false)                 \
+  X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync_v2", PFN_cuMemcpyDtoHAsync_v3020, false)  \
+  X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync_v2", PFN_cuMemcpyHtoDAsync_v3020, false)  \
   /* the residency report (core/report/residency.h) */                                  \
   X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute",                      \
     PFN_cuDeviceGetGraphMemAttribute_v11040, false)                                    \

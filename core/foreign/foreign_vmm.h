@@ -218,12 +218,14 @@ class ForeignVmm final : public PausableMemory {
   // The driver's checks of access descriptors (cuMemSetAccess), for those
   // recorded while paused: CUDA_SUCCESS or the code it would return.
   CUresult CheckAccess(const CUmemAccessDesc* desc, size_t count) const;
-  // Calls fn(base) with the whole of the library's handle `value` (driver
-  // handle `real`) mapped at `base`, accessible to its device: through its
-  // mapping when one shows it whole with that access, else through a
-  // reservation of the shim's, mapped and made accessible for the call.
+  // Calls fn(base, temporary) with the whole of the library's handle `value`
+  // (driver handle `real`) mapped at `base`, accessible to its device:
+  // through its mapping when one shows it whole with that access, else
+  // (`temporary`) through a reservation of the shim's, mapped and made
+  // accessible for the call and unmapped at its return (so a copy started
+  // there must be complete before fn returns).
   absl::Status WithWholeHandleLocked(HandleValue value, HandleValue real,
-                                     const std::function<absl::Status(CUdeviceptr)>& fn)
+                                     const std::function<absl::Status(CUdeviceptr, bool)>& fn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back handles whose release failed at a pause or an undone resume.
   void ReleaseOrphansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

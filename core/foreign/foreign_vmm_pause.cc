@@ -74,15 +74,18 @@ absl::Status ForeignVmm::UnmapAllLocked(HandleValue value) {
   return first;
 }
 
-absl::Status ForeignVmm::WithWholeHandleLocked(HandleValue value, HandleValue real,
-                                               const std::function<absl::Status(CUdeviceptr)>& fn) {
+absl::Status ForeignVmm::WithWholeHandleLocked(
+    HandleValue value, HandleValue real,
+    const std::function<absl::Status(CUdeviceptr, bool)>& fn) {
   const Handle& h = handles_.at(value);
   for (auto m : MappingsOfLocked(value)) {
     const bool readable = std::any_of(
         m->second.access.begin(), m->second.access.end(), [&](const CUmemAccessDesc& d) {
           return d.location.id == h.device && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
         });
-    if (m->second.offset == 0 && m->second.size == h.size && readable) return fn(m->first);
+    if (m->second.offset == 0 && m->second.size == h.size && readable) {
+      return fn(m->first, /*temporary=*/false);
+    }
   }
   // No mapping shows it whole: a reservation of the shim's for the call,
   // accessible to the handle's device (CUDA Programming Guide 4.16).
@@ -99,7 +102,7 @@ absl::Status ForeignVmm::WithWholeHandleLocked(HandleValue value, HandleValue re
     owner.location = {CU_MEM_LOCATION_TYPE_DEVICE, h.device};
     owner.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     r = driver_.cuMemSetAccess(va, h.size, &owner, 1);
-    status = r == CUDA_SUCCESS ? fn(va) : DriverError(r, "cuMemSetAccess");
+    status = r == CUDA_SUCCESS ? fn(va, /*temporary=*/true) : DriverError(r, "cuMemSetAccess");
     if (CUresult u = driver_.cuMemUnmap(va, h.size); u != CUDA_SUCCESS) {
       // Still mapped: the reservation stays with it (its handle's memory
       // lives on through the mapping); reported with the copy's status.
@@ -150,7 +153,8 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
   if (copier != nullptr) {
     const auto start = std::chrono::steady_clock::now();
     for (HandleValue value : chosen) {
-      absl::StatusOr<HostBackup> backup = HostBackup::Create(handles_.at(value).size);
+      // Never a file: this memory is the library's, kept in host memory.
+      absl::StatusOr<HostBackup> backup = copier->NewBackup(handles_.at(value).size, "");
       if (!backup.ok()) {
         Log().error("vmmshim_pause_memory({}): other libraries' VMM memory: {}; nothing paused",
                     tag.Describe(), backup.status().ToString());
@@ -163,13 +167,17 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
     for (size_t i = 0; i < chosen.size(); ++i) {
       const Handle& h = handles_.at(chosen[i]);
       ContextScope scope(driver_, ContextForLocked(h));
-      absl::Status copied = WithWholeHandleLocked(chosen[i], h.real, [&](CUdeviceptr base) {
-        return copier->ToHost(backups[i].data(), base, h.size);
-      });
+      absl::Status copied =
+          WithWholeHandleLocked(chosen[i], h.real, [&](CUdeviceptr base, bool temporary) {
+            absl::Status s = copier->ToHost(backups[i], base);
+            // A mapping made for the copy goes at return: the copy first.
+            return s.ok() && temporary ? copier->Finish() : s;
+          });
       if (!copied.ok()) {
         Log().error("vmmshim_pause_memory({}): copying handle {:#x} ({} bytes, another "
                     "library's VMM memory) to host memory: {}; nothing paused",
                     tag.Describe(), chosen[i], h.size, copied.ToString());
+        copier->Finish().IgnoreError();  // copies under way into `backups`, which go now
         return copied;
       }
       times->copied_bytes += h.size;
@@ -297,13 +305,16 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
     const Handle& h = handles_.at(value);
     if (!h.backup) continue;
     ContextScope scope(driver_, ContextForLocked(h));
-    absl::Status copied = WithWholeHandleLocked(value, h.real, [&](CUdeviceptr base) {
-      return copier.ToDevice(base, h.backup->data(), h.size);
-    });
+    absl::Status copied =
+        WithWholeHandleLocked(value, h.real, [&](CUdeviceptr base, bool temporary) {
+          absl::Status s = copier.ToDevice(base, *h.backup);
+          return s.ok() && temporary ? copier.Finish() : s;
+        });
     if (!copied.ok()) {
       Log().warn("vmmshim_resume_memory({}): restoring handle {:#x} ({} bytes): {}; everything "
                  "stays paused",
                  tag.Describe(), value, h.size, copied.ToString());
+      copier.Finish().IgnoreError();  // copies under way into memory unmapped now
       ResumeAbort(tag);
       return copied;
     }

@@ -95,11 +95,11 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
       absl::StatusOr<HostBackup> backup =
           b.backup.has_value()
               ? std::move(*b.backup)
-              : HostBackup::Create(b.size, copier->kind(),
-                                   absl::StrFormat("vmmshim-%d-device%d-%#x.backup", getpid(),
-                                                   options_.device, base));
+              : copier->NewBackup(b.size, absl::StrFormat("vmmshim-%d-device%d-%#x.backup",
+                                                          getpid(), options_.device, base));
       b.backup.reset();
-      if (backup.ok() && copier->kind().page_locked && !backup->in_file()) {
+      if (backup.ok() && copier->kind().page_locked && !backup->in_file() &&
+          !backup->page_locked()) {
         // Pinning is for speed: a refusal (a memlock limit) leaves it pageable.
         ScopedContext ctx(driver_, b.placement.context);
         if (absl::Status s = backup->PageLock(driver_); !s.ok()) {
@@ -125,6 +125,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
         Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} to host memory: {}; "
                     "nothing paused",
                     tag.Describe(), b.size, live[i], copied.ToString());
+        copier->Finish().IgnoreError();  // copies under way into `backups`, which go now
         return copied;
       }
       times->copied_bytes += b.size;
@@ -307,6 +308,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
       Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything stays "
                  "paused",
                  tag.Describe(), b.size, base, copied.ToString());
+      copier.Finish().IgnoreError();  // copies under way into memory unmapped now
       undo();
       return copied;
     }

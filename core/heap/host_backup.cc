@@ -133,6 +133,15 @@ absl::StatusOr<HostBackup> HostBackup::Create(size_t bytes, const BackupKind& ki
   return Create(bytes);
 }
 
+HostBackup HostBackup::FromPool(PinnedPool& pool, size_t bytes) {
+  HostBackup b;
+  b.data_ = pool.Take(bytes);
+  if (b.data_ == nullptr) return b;
+  b.size_ = bytes;
+  b.pool_ = &pool;
+  return b;
+}
+
 HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
   if (this != &o) {
     Reset();
@@ -142,12 +151,20 @@ HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
     o.path_.clear();
     driver_ = std::exchange(o.driver_, nullptr);
     context_ = std::exchange(o.context_, nullptr);
+    pool_ = std::exchange(o.pool_, nullptr);
   }
   return *this;
 }
 
 void HostBackup::Reset() {
   if (data_ == nullptr) return;
+  if (pool_ != nullptr) {
+    pool_->Give(data_, size_);
+    data_ = nullptr;
+    size_ = 0;
+    pool_ = nullptr;
+    return;
+  }
   unsigned int flags = 0;
   // A context's destruction drops its registrations: only a live one is undone.
   if (driver_ != nullptr && driver_->cuMemHostGetFlags(&flags, data_) == CUDA_SUCCESS) {
@@ -166,7 +183,7 @@ void HostBackup::Reset() {
 }
 
 absl::Status HostBackup::PageLock(const DriverApi& driver) {
-  if (driver_ != nullptr || data_ == nullptr) return absl::OkStatus();
+  if (page_locked() || data_ == nullptr) return absl::OkStatus();
   if (driver.cuMemHostRegister_v2 == nullptr || driver.cuMemHostUnregister == nullptr) {
     return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemHostRegister");
   }
@@ -239,14 +256,86 @@ absl::Status StagingRing::Ready() {
   return absl::OkStatus();
 }
 
-BackupCopier::BackupCopier(const DriverApi& driver, StagingRing& ring, int threads)
-    : driver_(driver), ring_(ring), threads_(std::max(1, threads)) {}
+BackupCopier::BackupCopier(const DriverApi& driver, StagingRing& ring, int threads,
+                           PinnedPool* pool)
+    : driver_(driver), ring_(ring), threads_(std::max(1, threads)), pool_(pool) {}
+
+BackupCopier::~BackupCopier() {
+  if (absl::Status s = Finish(); !s.ok()) {
+    Log().warn("pause copies left when the copier went: {}", s.ToString());
+  }
+}
+
+absl::StatusOr<HostBackup> BackupCopier::NewBackup(size_t bytes, const std::string& file_name) {
+  const bool in_file = !kind_.directory.empty() && !file_name.empty();
+  if (pool_ != nullptr && !in_file) {
+    if (pool_usable_ < 0) pool_usable_ = pool_->EnsureRegistered() ? 1 : 0;
+    if (pool_usable_ == 1) {
+      HostBackup b = HostBackup::FromPool(*pool_, bytes);
+      if (b.data() != nullptr) return b;
+    }
+  }
+  return in_file ? HostBackup::CreateInFile(bytes, kind_.directory, file_name)
+                 : HostBackup::Create(bytes);
+}
+
+absl::StatusOr<CUstream> BackupCopier::StreamForCurrentContext() {
+  if (driver_.cuStreamCreate == nullptr || driver_.cuStreamSynchronize == nullptr ||
+      driver_.cuStreamDestroy_v2 == nullptr || driver_.cuMemcpyDtoHAsync_v2 == nullptr ||
+      driver_.cuMemcpyHtoDAsync_v2 == nullptr) {
+    return nullptr;
+  }
+  CUcontext current = nullptr;
+  if (CUresult r = driver_.cuCtxGetCurrent(&current); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuCtxGetCurrent");
+  }
+  for (const auto& [context, stream] : streams_) {
+    if (context == current) return stream;
+  }
+  CUstream stream = nullptr;
+  if (CUresult r = driver_.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuStreamCreate (pause copies)");
+  }
+  streams_.push_back({current, stream});
+  return stream;
+}
+
+absl::Status BackupCopier::CopyPageLocked(char* host, CUdeviceptr device, size_t bytes,
+                                          bool to_host) {
+  absl::StatusOr<CUstream> stream = StreamForCurrentContext();
+  if (!stream.ok()) return stream.status();
+  for (size_t off = 0; off < bytes; off += kCopyPartBytes) {
+    const size_t n = std::min(kCopyPartBytes, bytes - off);
+    CUresult r;
+    if (*stream == nullptr) {
+      r = to_host ? driver_.cuMemcpyDtoH_v2(host + off, device + off, n)
+                  : driver_.cuMemcpyHtoD_v2(device + off, host + off, n);
+    } else {
+      r = to_host ? driver_.cuMemcpyDtoHAsync_v2(host + off, device + off, n, *stream)
+                  : driver_.cuMemcpyHtoDAsync_v2(device + off, host + off, n, *stream);
+    }
+    if (r != CUDA_SUCCESS) {
+      return DriverError(r, to_host ? "cuMemcpyDtoHAsync (backup)" : "cuMemcpyHtoDAsync (restore)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BackupCopier::Finish() {
+  absl::Status first;
+  for (const auto& [context, stream] : streams_) {
+    if (CUresult r = driver_.cuStreamSynchronize(stream); r != CUDA_SUCCESS) {
+      first.Update(DriverError(r, "cuStreamSynchronize (pause copies)"));
+    }
+    driver_.cuStreamDestroy_v2(stream);
+  }
+  streams_.clear();
+  return first;
+}
 
 absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
   if (dst.page_locked()) {
-    if (CUresult r = driver_.cuMemcpyDtoH_v2(dst.data(), src, dst.size()); r != CUDA_SUCCESS) {
-      return DriverError(r, "cuMemcpyDtoH (backup)");
-    }
+    if (absl::Status s = CopyPageLocked(dst.data(), src, dst.size(), true); !s.ok()) return s;
   } else if (absl::Status s = ToHost(dst.data(), src, dst.size()); !s.ok()) {
     return s;
   }
@@ -255,10 +344,7 @@ absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
 
 absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const HostBackup& src) {
   if (!src.page_locked()) return ToDevice(dst, src.data(), src.size());
-  if (CUresult r = driver_.cuMemcpyHtoD_v2(dst, src.data(), src.size()); r != CUDA_SUCCESS) {
-    return DriverError(r, "cuMemcpyHtoD (restore)");
-  }
-  return absl::OkStatus();
+  return CopyPageLocked(src.data(), dst, src.size(), false);
 }
 
 absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {

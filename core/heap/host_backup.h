@@ -29,10 +29,13 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/driver/driver_api.h"
+#include "core/heap/pinned_pool.h"
 
 namespace vmmshim {
 
@@ -72,6 +75,9 @@ class HostBackup {
   // The kind's backup of `bytes` (`name`: its file's, when in a file).
   static absl::StatusOr<HostBackup> Create(size_t bytes, const BackupKind& kind,
                                            const std::string& name);
+  // A range of `pool` (page-locked already), or an empty backup (data()
+  // null) when the pool has none that large. Given back at destruction.
+  static HostBackup FromPool(PinnedPool& pool, size_t bytes);
   HostBackup() = default;
   HostBackup(HostBackup&& o) noexcept { *this = std::move(o); }
   HostBackup& operator=(HostBackup&& o) noexcept;
@@ -90,7 +96,8 @@ class HostBackup {
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
-  bool page_locked() const { return driver_ != nullptr; }
+  bool page_locked() const { return driver_ != nullptr || pool_ != nullptr; }
+  bool from_pool() const { return pool_ != nullptr; }
   bool in_file() const { return !path_.empty(); }
   const std::string& path() const { return path_; }
 
@@ -100,8 +107,9 @@ class HostBackup {
   char* data_ = nullptr;
   size_t size_ = 0;
   std::string path_;                    // a file's backup: removed with it
-  const DriverApi* driver_ = nullptr;   // set while page-locked
+  const DriverApi* driver_ = nullptr;   // set while page-locked by PageLock
   CUcontext context_ = nullptr;         // current at the registration
+  PinnedPool* pool_ = nullptr;          // set for a range of the pinned pool
 };
 
 // The host memory available for backups now (MemAvailable of
@@ -147,37 +155,70 @@ class StagingRing {
   CUcontext context_ = nullptr;  // current at the registration
 };
 
+// Copies between device memory and backups. Page-locked backups (the
+// pinned pool's, or PageLock'ed) are copied by the copy engine
+// asynchronously, on a stream of the copier's own per context (non-blocking,
+// so it waits for nothing of the program's: a pause synchronizes the
+// program's work first), in parts of at most kCopyPartBytes; Finish waits
+// for them. Pageable ones go through the staging ring, synchronously.
 class BackupCopier {
  public:
   static constexpr size_t kChunkBytes = StagingRing::kSlotBytes;
+  // One copy call of 16 GiB between the H200 and registered memory fails
+  // with CUDA_ERROR_INVALID_VALUE (driver 580; 4 GiB parts pass:
+  // bench/page_lock_speed); parts of 1 GiB cost nothing measurable.
+  static constexpr size_t kCopyPartBytes = size_t{1} << 30;
 
   // `threads` >= 1 copy threads (the CPUs the process may use, at most 16,
-  // is what the measurement above used). `driver` and `ring` must outlive
-  // the copier.
-  BackupCopier(const DriverApi& driver, StagingRing& ring, int threads);
+  // is what the measurement above used). `driver`, `ring` and `pool`
+  // (nullable: no pool) must outlive the copier.
+  BackupCopier(const DriverApi& driver, StagingRing& ring, int threads,
+               PinnedPool* pool = nullptr);
+  // Waits for copies still under way (their errors logged).
+  ~BackupCopier();
   BackupCopier(const BackupCopier&) = delete;
   BackupCopier& operator=(const BackupCopier&) = delete;
 
+  // A backup of `bytes` for this pause: a range of the pinned pool when it
+  // has one that large (and the kind is not a file), else
+  // HostBackup::Create of the kind (in a file named `file_name` when the
+  // kind is a directory and `file_name` is not empty; anonymous memory
+  // otherwise).
+  absl::StatusOr<HostBackup> NewBackup(size_t bytes, const std::string& file_name);
+
   // Device memory [src, src + dst.size()) -> `dst`, in the current
-  // context: one copy-engine transfer into a page-locked backup, else
-  // through the staging ring; a file's backup is persisted after it.
+  // context: page-locked, started on the copy engine (complete at Finish);
+  // else through the staging ring, complete at return; a file's backup is
+  // persisted after it.
   absl::Status ToHost(HostBackup& dst, CUdeviceptr src);
-  // `src` -> device memory [dst, dst + src.size()).
+  // `src` -> device memory [dst, dst + src.size()), likewise.
   absl::Status ToDevice(CUdeviceptr dst, const HostBackup& src);
   // Device memory [src, src + bytes) -> host `dst`, through the staging ring.
   absl::Status ToHost(char* dst, CUdeviceptr src, size_t bytes);
   // Host `src` -> device memory [dst, dst + bytes), through the staging ring.
   absl::Status ToDevice(CUdeviceptr dst, const char* src, size_t bytes);
+  // Waits for every copy started and releases the copier's streams; the
+  // first error of a copy or of the wait. Before device memory that was
+  // copied from is unmapped, and before resumed memory is handed back.
+  absl::Status Finish();
 
   // The backups this pause makes (PauseCoordinator sets it per pause).
   void set_kind(BackupKind kind) { kind_ = std::move(kind); }
   const BackupKind& kind() const { return kind_; }
 
  private:
+  // The copier's stream in the current context (made at the first use);
+  // nullptr where the driver lacks async copies (the copies then wait).
+  absl::StatusOr<CUstream> StreamForCurrentContext();
+  absl::Status CopyPageLocked(char* host, CUdeviceptr device, size_t bytes, bool to_host);
+
   const DriverApi& driver_;
   StagingRing& ring_;
   const int threads_;
+  PinnedPool* const pool_;
+  int pool_usable_ = -1;  // -1: not asked yet
   BackupKind kind_;
+  std::vector<std::pair<CUcontext, CUstream>> streams_;
 };
 
 }  // namespace vmmshim

@@ -88,7 +88,8 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       captures_(captures),
       copy_threads_(copy_threads),
       hooks_(std::move(hooks)),
-      ring_(driver) {}
+      ring_(driver),
+      pool_(driver) {}
 
 std::vector<HeapArena*> PauseCoordinator::Arenas() const {
   std::vector<HeapArena*> arenas;
@@ -140,10 +141,15 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     OtherLock candidates(other);
     live += other->PauseCandidates(tag, &contexts);
   }
-  if (keep_contents && kind.directory.empty() && live > AvailableHostMemory()) {
-    Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed, {} "
-                "available (MemAvailable); nothing paused",
-                live, AvailableHostMemory());
+  // The pinned pool's free part holds that much without new host memory
+  // (a fill under way is waited for: the copies would wait for it anyway).
+  if (keep_contents) pool_.AwaitFill();
+  const size_t in_pool = pool_.stats().free_bytes;
+  if (keep_contents && kind.directory.empty() && live > in_pool &&
+      live - in_pool > AvailableHostMemory()) {
+    Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed ({} of "
+                "them in the pinned pool), {} available (MemAvailable); nothing paused",
+                live, in_pool, AvailableHostMemory());
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "vmmshim_pause_memory (host memory)");
   }
   // The program's work on the memory must be done before it goes.
@@ -157,7 +163,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   OtherLock other_lock(other);
   std::optional<BackupCopier> copier;
   if (keep_contents) {
-    copier.emplace(driver_, ring_, copy_threads_);
+    copier.emplace(driver_, ring_, copy_threads_, &pool_);
     copier->set_kind(kind);
   }
   // All or nothing: every arena copies and marks first; only then is memory
@@ -167,6 +173,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     absl::StatusOr<size_t> r =
         arena->PausePrepare(tag, copier ? &*copier : nullptr, &times);
     if (!r.ok()) {
+      if (copier) copier->Finish().IgnoreError();  // before the backups go
       for (HeapArena* a : arenas) a->PauseAbort(tag);
       return r.status();
     }
@@ -174,9 +181,23 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   if (other != nullptr) {
     absl::StatusOr<size_t> r = other->PausePrepare(tag, copier ? &*copier : nullptr, &times);
     if (!r.ok()) {
+      if (copier) copier->Finish().IgnoreError();  // before the backups go
       for (HeapArena* a : arenas) a->PauseAbort(tag);
       other->PauseAbort(tag);
       return r.status();
+    }
+  }
+  // The copy engine's copies are complete before any memory goes.
+  if (copier) {
+    step = std::chrono::steady_clock::now();
+    absl::Status copied = copier->Finish();
+    times.copy += PauseTimes::Since(step);
+    if (!copied.ok()) {
+      Log().error("vmmshim_pause_memory({}): copying to host memory: {}; nothing paused",
+                  tag.Describe(), copied.ToString());
+      for (HeapArena* a : arenas) a->PauseAbort(tag);
+      if (other != nullptr) other->PauseAbort(tag);
+      return copied;
     }
   }
   absl::StatusOr<size_t> released =
@@ -204,7 +225,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
   MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
-  BackupCopier copier(driver_, ring_, copy_threads_);  // the ring readied only for a copy
+  BackupCopier copier(driver_, ring_, copy_threads_, &pool_);  // the ring readied only for a copy
   const std::vector<HeapArena*> arenas = Arenas();
   PausableMemory* const other = hooks_.other;
   OtherLock other_lock(other);
@@ -229,6 +250,16 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
       }
     }
     if (status.ok()) {
+      // The copy engine's copies are complete before the memory is the program's again.
+      const auto step = std::chrono::steady_clock::now();
+      status = copier.Finish();
+      times.copy += PauseTimes::Since(step);
+      if (!status.ok()) {
+        Log().warn("vmmshim_resume_memory({}): restoring contents: {}; everything stays paused",
+                   tag.Describe(), status.ToString());
+      }
+    }
+    if (status.ok()) {
       for (HeapArena* arena : arenas) arena->ResumeCommit(tag, retain_contents);
       if (other != nullptr) other->ResumeCommit(tag);
       if (restored > 0) {
@@ -236,7 +267,9 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
       }
       return restored;
     }
-    // All or nothing: what other arenas prepared goes again, once.
+    // All or nothing: what other arenas prepared goes again, once (after
+    // the copies into it).
+    copier.Finish().IgnoreError();
     for (HeapArena* arena : arenas) arena->ResumeAbort(tag);
     if (other != nullptr) other->ResumeAbort(tag);
     if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY || !hooks_.release_caches) break;

@@ -62,6 +62,7 @@
 #include "core/driver/driver_api.h"
 #include "core/heap/heap_table.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/pinned_pool.h"
 #include "core/heap/tag_selection.h"
 #include "core/sync/capture.h"
 #include "core/sync/mutex.h"
@@ -137,11 +138,23 @@ class PauseCoordinator {
   absl::StatusOr<size_t> Resume(const TagSelection& tag, bool retain_contents = false)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Starts making the pinned pool (VMMSHIM_PINNED_POOL bytes; 0: none) in
+  // the background, registered in `context`; once per process.
+  void StartPinnedPool(size_t bytes, CUcontext context) {
+    pool_.Start(bytes, context, copy_threads_);
+  }
+  // After any fill under way.
+  PinnedPool::Stats pinned_pool_stats() {
+    pool_.AwaitFill();
+    return pool_.stats();
+  }
+
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     new (&mu_) Mutex;
     ring_.AfterForkChild();
+    pool_.AfterForkChild();
   }
 
  private:
@@ -160,6 +173,8 @@ class PauseCoordinator {
   const Hooks hooks_;
   // Kept from the first pause with contents on (core/heap/host_backup.h).
   StagingRing ring_ ABSL_GUARDED_BY(mu_);
+  // Page-locked memory made ahead for kept contents (core/heap/pinned_pool.h).
+  PinnedPool pool_;
   Mutex mu_;  // lock order: "pause mutex"
 };
 

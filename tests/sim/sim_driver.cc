@@ -1863,6 +1863,23 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
   return AccessLocked(s, CurrentDevice(), src, static_cast<char*>(dst), bytes, false);
 }
 
+// The copies are done at the call (the simulation has no copy engine); the
+// stream must be one cuStreamCreate made, or 0.
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  SIM_ENTER("cuMemcpyDtoHAsync_v2");
+  if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return AccessLocked(s, CurrentDevice(), src, static_cast<char*>(dst), bytes, false);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
+  SIM_ENTER("cuMemcpyHtoDAsync_v2");
+  if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return AccessLocked(s, CurrentDevice(), dst, static_cast<char*>(const_cast<void*>(src)),
+                      bytes, true);
+}
+
 // Page-locked host memory: ordinary host memory here (the simulation's
 // copies are memcpy); counted and fault-injectable like every entry.
 CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
@@ -2010,6 +2027,8 @@ constexpr ProcEntry kProcTable[] = {
     {"cuIpcCloseMemHandle", 4010, "cuIpcCloseMemHandle", nullptr},
     {"cuMemcpyHtoD", 3020, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"},
     {"cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2", nullptr},
+    {"cuMemcpyDtoHAsync", 3020, "cuMemcpyDtoHAsync_v2", nullptr},
+    {"cuMemcpyHtoDAsync", 3020, "cuMemcpyHtoDAsync_v2", nullptr},
     {"cuMemsetD8", 3020, "cuMemsetD8_v2", nullptr},
     {"cuMemHostAlloc", 2020, "cuMemHostAlloc", nullptr},
     {"cuMemHostRegister", 6050, "cuMemHostRegister_v2", nullptr},

@@ -211,6 +211,10 @@ void WaitWhileCheckpointLocked();
   X(cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void* src, size_t bytes),          \
     (dst, src, bytes))                                                               \
   X(cuMemcpyDtoH_v2, (void* dst, CUdeviceptr src, size_t bytes), (dst, src, bytes))  \
+  X(cuMemcpyDtoHAsync_v2, (void* dst, CUdeviceptr src, size_t bytes, CUstream stream), \
+    (dst, src, bytes, stream))                                                       \
+  X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream), \
+    (dst, src, bytes, stream))                                                       \
   X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t count),             \
     (dst, value, count))                                                             \
   X(cuMemHostAlloc, (void** pp, size_t bytes, unsigned int flags), (pp, bytes, flags)) \

@@ -9,7 +9,9 @@
 # Each run: the result before, the sleep's seconds, the device memory the
 # process holds while asleep (nvidia-smi's per-process figure, MiB), the
 # wake's seconds, the result after (identical to before, and to the run that
-# never slept). Then time-sharing (TIMESHARE=0 skips it): two processes of
+# never slept). The processes under the shim have a pinned pool (POOL,
+# default 20G; TIMESHARE_POOL, default 10G, for time-sharing). Then
+# time-sharing (TIMESHARE=0 skips it): two processes of
 # about 100 GiB each (8 GiB of weights, a 92 GiB KV cache) on one GPU, started
 # in turn and alternated by `vmmshim sleep --drop kv` and `vmmshim wake`
 # CYCLES times (default 3), each one's result after every wake equal to its
@@ -19,6 +21,10 @@ set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 exec > >(tee "$out/deep-sleep.log") 2>&1
 rounds=${1:-2}
+# The pinned pool of the processes under the shim (VMMSHIM_PINNED_POOL): room
+# for what a sleep keeps (POOL=0: none).
+pool=${POOL:-20G}
+echo "VMMSHIM_PINNED_POOL=$pool (time-sharing: ${TIMESHARE_POOL:-10G})"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 app=(python3 "$root/examples/deep_sleep_workload.py" --kv-gib "${KV_GIB:-16}")
@@ -31,7 +37,7 @@ held() {  # MiB nvidia-smi lists for PID (0 when it lists none)
 run() {  # MODE ROUND
   local mode=$1 round=$2 pid before after asleep s w
   coproc W { if [ "$mode" = driver ]; then exec "${app[@]}"; else
-             LD_PRELOAD=$shim exec "${app[@]}"; fi; }
+             LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool exec "${app[@]}"; fi; }
   read -r -t 120 line <&"${W[0]}"; pid=${line#ready }
   echo result >&"${W[1]}"; read -r -t 60 before <&"${W[0]}"
   local awake; awake=$(held "$pid")
@@ -59,13 +65,14 @@ done
 [ "${TIMESHARE:-1}" = 1 ] || exit 0
 echo "== time-sharing: two processes of about 100 GiB, ${CYCLES:-3} cycles"
 big=(python3 "$root/examples/deep_sleep_workload.py" --weights-gib 8 --kv-gib 92)
-coproc A { LD_PRELOAD=$shim exec "${big[@]}"; }
+pool=${TIMESHARE_POOL:-10G}
+coproc A { LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool exec "${big[@]}"; }
 read -r -t 300 line <&"${A[0]}"; a=${line#ready }
 echo result >&"${A[1]}"; read -r -t 120 a_ref <&"${A[0]}"
 "$b/vmmshim" sleep "$a" --drop kv
 # A second coprocess: bash allows one at a time by name, so B talks through fifos.
 fifo=$(mktemp -d); mkfifo "$fifo/in" "$fifo/out"
-LD_PRELOAD=$shim "${big[@]}" < "$fifo/in" > "$fifo/out" & bpid=$!
+LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool "${big[@]}" < "$fifo/in" > "$fifo/out" & bpid=$!
 exec {b_in}>"$fifo/in" {b_out}<"$fifo/out"
 read -r -t 300 line <&"$b_out"; bp=${line#ready }
 echo result >&"$b_in"; read -r -t 120 b_ref <&"$b_out"
@@ -81,7 +88,8 @@ for ((c = 1; c <= ${CYCLES:-3}; c++)); do
   echo result >&"$b_in"; read -r -t 120 got <&"$b_out"
   [ "$got" = "$b_ref" ] && echo "cycle $c: B identical" || echo "cycle $c: B DIFFERS: $got"
 done
+# B ends first: A's memory needs the GPU B holds.
+echo quit >&"$b_in"; wait "$bpid" 2>/dev/null
 "$b/vmmshim" wake "$a"
-echo quit >&"${A[1]}"; echo quit >&"$b_in"
-wait "$bpid" "$A_PID" 2>/dev/null
+echo quit >&"${A[1]}"; wait "$A_PID" 2>/dev/null
 rm -rf "$fifo"

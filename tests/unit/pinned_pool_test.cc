@@ -1,0 +1,138 @@
+// The pinned pool (core/heap/pinned_pool.h) and pauses that copy into it, on
+// the simulated driver: ranges are handed out and coalesced back; a pause
+// with contents copies into the pool on the copier's own stream, with no
+// pinning of its own, and the data comes back whole; contents beyond the
+// pool go to new host memory; a pool that failed to fill, or a copy that
+// failed, leaves pauses working or refused with nothing paused.
+#include <cstring>
+
+#include "core/allocator.h"
+#include "core/driver/cu_status.h"
+#include "core/heap/pinned_pool.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+class PinnedPoolTest : public SimTest {
+ protected:
+  void SetUp() override {
+    StartSim(1, 512 * kMiB);
+    MakeCurrent(0);
+  }
+  CUcontext Current() {
+    CUcontext c = nullptr;
+    api_.cuCtxGetCurrent(&c);
+    return c;
+  }
+  AllocatorOptions WithPool(size_t bytes) {
+    AllocatorOptions o;
+    o.pinned_pool_bytes = bytes;
+    return o;
+  }
+  CUdeviceptr Alloc(Allocator& a, size_t bytes, const std::string& tag) {
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes, tag);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+};
+
+TEST_F(PinnedPoolTest, RangesAreHandedOutWholeAndCoalescedBack) {
+  PinnedPool pool(api_);
+  EXPECT_EQ(pool.Take(kMiB), nullptr);  // never started
+  pool.Start(8 * kMiB, Current(), 2);
+  char* a = pool.Take(3 * kMiB);  // rounded up to 4 MiB
+  char* b = pool.Take(2 * kMiB);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b, a + 4 * kMiB);
+  EXPECT_EQ(pool.Take(4 * kMiB), nullptr);  // 2 MiB left
+  std::memset(a, 1, 3 * kMiB);  // the memory is the taker's
+  EXPECT_EQ(pool.stats().bytes, 8 * kMiB);
+  EXPECT_EQ(pool.stats().free_bytes, 2 * kMiB);
+  pool.Give(a, 3 * kMiB);
+  pool.Give(b, 2 * kMiB);
+  EXPECT_EQ(pool.stats().free_bytes, 8 * kMiB);
+  EXPECT_EQ(pool.Take(8 * kMiB), a);  // whole again
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 1u);  // one registration
+}
+
+TEST_F(PinnedPoolTest, APauseCopiesIntoThePoolOnItsOwnStreamAndBackWhole) {
+  Allocator a(api_, WithPool(64 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 24 * kMiB, "kv");
+  const CUdeviceptr w = Alloc(a, 6 * kMiB, "weights");
+  Fill(kv, 24 * kMiB, 3);
+  Fill(w, 6 * kMiB, 4);
+  // The pool was started at the first allocation; Take waits for its fill.
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 0u);  // nothing pinned at the pause
+  EXPECT_GE(sim::CallCount("cuMemcpyDtoHAsync_v2"), 2u);
+  EXPECT_EQ(sim::CallCount("cuMemcpyDtoH_v2"), 0u);  // no staging ring
+  EXPECT_EQ(a.pause().pinned_pool_stats().free_bytes, 64 * kMiB - 30 * kMiB);
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_GE(sim::CallCount("cuMemcpyHtoDAsync_v2"), 2u);
+  EXPECT_TRUE(Holds(kv, 24 * kMiB, 3));
+  EXPECT_TRUE(Holds(w, 6 * kMiB, 4));
+  EXPECT_EQ(a.pause().pinned_pool_stats().free_bytes, 64 * kMiB);  // all given back
+  EXPECT_EQ(sim::CallCount("cuStreamCreate"), sim::CallCount("cuStreamDestroy_v2"));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, ContentsBeyondThePoolGoToNewHostMemory) {
+  Allocator a(api_, WithPool(8 * kMiB));
+  const CUdeviceptr big = Alloc(a, 32 * kMiB, "kv");
+  const CUdeviceptr small = Alloc(a, 4 * kMiB, "weights");
+  Fill(big, 32 * kMiB, 5);
+  Fill(small, 4 * kMiB, 6);
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  EXPECT_GE(sim::CallCount("cuMemcpyDtoHAsync_v2"), 1u);  // the small one, in the pool
+  EXPECT_GE(sim::CallCount("cuMemcpyDtoH_v2"), 1u);       // the big one, by the ring
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(big, 32 * kMiB, 5));
+  EXPECT_TRUE(Holds(small, 4 * kMiB, 6));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, APoolThatCouldNotBePinnedLeavesPausesAsWithoutIt) {
+  sim::FailCall("cuMemHostRegister_v2", 1, CUDA_ERROR_OUT_OF_MEMORY);  // the pool's
+  Allocator a(api_, WithPool(16 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  Fill(kv, 4 * kMiB, 7);
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  EXPECT_EQ(a.pause().pinned_pool_stats().bytes, 0u);
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 7));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, AFailedCopyIntoThePoolPausesNothing) {
+  Allocator a(api_, WithPool(32 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  const CUdeviceptr w = Alloc(a, 4 * kMiB, "weights");
+  Fill(kv, 4 * kMiB, 8);
+  Fill(w, 4 * kMiB, 9);
+  ASSERT_EQ(a.pause().pinned_pool_stats().bytes, 32 * kMiB);  // waits for nothing: filled
+  sim::FailCall("cuMemcpyDtoHAsync_v2", 2, CUDA_ERROR_LAUNCH_FAILED);
+  absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::All(), true);
+  EXPECT_EQ(ToCuResult(paused.status()), CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_EQ(a.pause().pinned_pool_stats().free_bytes, 32 * kMiB);  // backups given back
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 8));  // live, untouched
+  EXPECT_TRUE(Holds(w, 4 * kMiB, 9));
+  sim::ClearFailures();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  sim::FailCall("cuMemcpyHtoDAsync_v2", 1, CUDA_ERROR_UNKNOWN);
+  EXPECT_FALSE(a.pause().Resume(TagSelection::All()).ok());  // stays paused, copies kept
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 8));
+  EXPECT_TRUE(Holds(w, 4 * kMiB, 9));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+}  // namespace
+}  // namespace vmmshim
