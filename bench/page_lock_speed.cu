@@ -19,18 +19,23 @@
 //                        then registered from one thread (step "lock")
 //   register_thp_T       MADV_HUGEPAGE memory, T threads each touching and
 //                        registering 1/T of it (T registrations)
+//   chunks_thp_T         MADV_HUGEPAGE memory written by T threads, then
+//                        registered as 1 GiB chunks by T threads at once; its
+//                        free step also times dropping every registration
+//                        (T threads), making them again, and dropping them again
 //   host_alloc           cuMemHostAlloc (portable)
 //   vmm_host             cuMemCreate of host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA,
 //                        node 0) + reserve + map + cuMemSetAccess for the device
 // Steps: lock (making it page-locked: the whole way's cost to have it),
 // to_host, to_device, free.
-// usage: page_lock_speed [SIZE_GIB] [ROUNDS]
+// usage: page_lock_speed [SIZE_GIB] [ROUNDS] [WAY,...]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +104,7 @@ struct Locked {
   char* host = nullptr;
   std::function<void()> release;
   bool device_address = false;  // vmm_host: copied with cuMemcpy (unified addressing)
+  size_t part = size_t{4} << 30;  // the largest copy that stays in one registration
 };
 
 // One copy between `locked` and `device` in parts of at most 4 GiB: one call
@@ -106,7 +112,7 @@ struct Locked {
 // H200's driver 580 (8 GiB passes).
 bool Copy(const std::string& way, const Locked& locked, CUdeviceptr device, size_t bytes,
           bool to_host) {
-  constexpr size_t kPart = size_t{4} << 30;
+  const size_t kPart = locked.part;
   for (size_t off = 0; off < bytes; off += kPart) {
     const size_t n = std::min(kPart, bytes - off);
     char* host = locked.host + off;
@@ -205,6 +211,54 @@ int main(int argc, char** argv) {
          Row(name, "lock", round, Since(t), bytes);
          return Locked{p, unmap_after_unregister(p, parts)};
        }},
+      {"chunks_thp_T",
+       // Registrations of 1 GiB made and dropped by T threads at once: what
+       // giving the pinning back before a process checkpoint, and taking it
+       // again after, would cost (the free step's rows).
+       [&](const std::string& name, int round) {
+         constexpr size_t kChunk = size_t{1} << 30;
+         const auto t = Clock::now();
+         char* p = Map(bytes, true);
+         Parallel(bytes, threads, [&](size_t from, size_t to) { std::memset(p + from, 0, to - from); });
+         Row(name, "touch", round, Since(t), bytes);
+         auto each_chunk = [=](const std::function<void(char*)>& f) {
+           std::atomic<size_t> next{0};
+           std::vector<std::thread> pool;
+           for (int i = 0; i < threads; ++i) {
+             pool.emplace_back([&] {
+               Check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+               for (size_t c; (c = next.fetch_add(1)) * kChunk < bytes;) f(p + c * kChunk);
+             });
+           }
+           for (std::thread& th : pool) th.join();
+         };
+         auto reg = [=](char* c) {
+           Check(cuMemHostRegister(c, std::min(kChunk, size_t(p + bytes - c)),
+                                   CU_MEMHOSTREGISTER_PORTABLE),
+                 "cuMemHostRegister");
+         };
+         auto unreg = [](char* c) { Check(cuMemHostUnregister(c), "cuMemHostUnregister"); };
+         const auto t2 = Clock::now();
+         each_chunk(reg);
+         Row(name, "register", round, Since(t2), bytes);
+         Row(name, "lock", round, Since(t), bytes);
+         Locked l{p, [=] {
+                    auto t3 = Clock::now();
+                    each_chunk(unreg);
+                    Row(name, "unregister", round, Since(t3), bytes);
+                    t3 = Clock::now();
+                    each_chunk(reg);
+                    Row(name, "register_again", round, Since(t3), bytes);
+                    t3 = Clock::now();
+                    each_chunk(unreg);
+                    Row(name, "unregister_again", round, Since(t3), bytes);
+                    t3 = Clock::now();
+                    munmap(p, bytes);
+                    Row(name, "munmap", round, Since(t3), bytes);
+                  }};
+         l.part = kChunk;
+         return l;
+       }},
       {"host_alloc",
        [&](const std::string& name, int round) {
          const auto t = Clock::now();
@@ -247,6 +301,14 @@ int main(int argc, char** argv) {
                        true};
        }},
   };
+  if (argc > 3) {  // only the ways named (comma-separated)
+    const std::string keep = std::string(",") + argv[3] + ",";
+    ways.erase(std::remove_if(ways.begin(), ways.end(),
+                              [&](const auto& w) {
+                                return keep.find("," + w.first + ",") == std::string::npos;
+                              }),
+               ways.end());
+  }
   for (int round = -1; round < rounds; ++round) {
     for (size_t i = 0; i < ways.size(); ++i) {
       // Rotated each round, so that no way always follows the same one.

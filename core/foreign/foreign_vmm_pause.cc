@@ -154,6 +154,7 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
     const auto start = std::chrono::steady_clock::now();
     for (HandleValue value : chosen) {
       // Never a file: this memory is the library's, kept in host memory.
+      ContextScope scope(driver_, ContextForLocked(handles_.at(value)));
       absl::StatusOr<HostBackup> backup = copier->NewBackup(handles_.at(value).size, "");
       if (!backup.ok()) {
         Log().error("vmmshim_pause_memory({}): other libraries' VMM memory: {}; nothing paused",

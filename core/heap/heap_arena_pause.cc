@@ -92,6 +92,8 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
   if (copier != nullptr) {
     for (CUdeviceptr base : live) {
       Block& b = *blocks_.at(base);
+      // The block's context: the pool's check and a pinning need one.
+      ScopedContext ctx(driver_, b.placement.context);
       absl::StatusOr<HostBackup> backup =
           b.backup.has_value()
               ? std::move(*b.backup)
@@ -101,7 +103,6 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
       if (backup.ok() && copier->kind().page_locked && !backup->in_file() &&
           !backup->page_locked()) {
         // Pinning is for speed: a refusal (a memlock limit) leaves it pageable.
-        ScopedContext ctx(driver_, b.placement.context);
         if (absl::Status s = backup->PageLock(driver_); !s.ok()) {
           Log().warn("vmmshim_pause_memory({}): page-locking the copy of {:#x}: {}; kept "
                      "pageable",

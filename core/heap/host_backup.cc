@@ -324,6 +324,7 @@ absl::Status BackupCopier::CopyPageLocked(char* host, CUdeviceptr device, size_t
 absl::Status BackupCopier::Finish() {
   absl::Status first;
   for (const auto& [context, stream] : streams_) {
+    ContextScope scope(driver_, context);  // the caller may have none current
     if (CUresult r = driver_.cuStreamSynchronize(stream); r != CUDA_SUCCESS) {
       first.Update(DriverError(r, "cuStreamSynchronize (pause copies)"));
     }

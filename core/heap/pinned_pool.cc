@@ -152,8 +152,13 @@ bool PinnedPool::EnsureRegistered() {
   mu_.Await(absl::Condition(
       +[](State* s) { return *s != State::kFilling; }, &state_));
   if (state_ != State::kReady) return false;
-  unsigned int flags = 0;
-  if (registered_ && driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) return true;
+  if (registered_) {
+    // Asked in the registration's context: the driver answers nothing
+    // without a current one (a control-socket thread has none).
+    ContextScope scope(driver_, context_);
+    unsigned int flags = 0;
+    if (driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) return true;
+  }
   // Dropped with its context: pinned again in the current one.
   registered_ = false;
   CUcontext current = nullptr;

@@ -1923,6 +1923,8 @@ CUresult cuMemHostUnregister(void* p) {
 CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
   SIM_ENTER("cuMemHostGetFlags");
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // As the H200's driver 580: nothing is answered without a current context.
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (s.host_allocations.count(p) == 0 && s.host_registrations.count(p) == 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }

@@ -5,6 +5,7 @@
 // pool go to new host memory; a pool that failed to fill, or a copy that
 // failed, leaves pauses working or refused with nothing paused.
 #include <cstring>
+#include <thread>
 
 #include "core/allocator.h"
 #include "core/driver/cu_status.h"
@@ -67,7 +68,8 @@ TEST_F(PinnedPoolTest, APauseCopiesIntoThePoolOnItsOwnStreamAndBackWhole) {
   const CUdeviceptr w = Alloc(a, 6 * kMiB, "weights");
   Fill(kv, 24 * kMiB, 3);
   Fill(w, 6 * kMiB, 4);
-  // The pool was started at the first allocation; Take waits for its fill.
+  // The pool was started at the first allocation, in the background.
+  EXPECT_EQ(a.pause().pinned_pool_stats().bytes, 64 * kMiB);  // waits for the fill
   sim::ResetCallCounts();
   ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
   EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 0u);  // nothing pinned at the pause
@@ -80,6 +82,26 @@ TEST_F(PinnedPoolTest, APauseCopiesIntoThePoolOnItsOwnStreamAndBackWhole) {
   EXPECT_TRUE(Holds(w, 6 * kMiB, 4));
   EXPECT_EQ(a.pause().pinned_pool_stats().free_bytes, 64 * kMiB);  // all given back
   EXPECT_EQ(sim::CallCount("cuStreamCreate"), sim::CallCount("cuStreamDestroy_v2"));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, APauseFromAThreadWithoutAContextUsesThePool) {
+  // The control socket's thread (a deep sleep) has no current context.
+  Allocator a(api_, WithPool(16 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  Fill(kv, 4 * kMiB, 11);
+  a.pause().pinned_pool_stats();  // filled
+  sim::ResetCallCounts();
+  absl::Status paused, resumed;
+  std::thread([&] {
+    paused = a.pause().Pause(TagSelection::All(), true).status();
+    resumed = a.pause().Resume(TagSelection::All()).status();
+  }).join();
+  ASSERT_TRUE(paused.ok()) << paused;
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_GE(sim::CallCount("cuMemcpyDtoHAsync_v2"), 1u);
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 0u);  // the pool's, not pinned again
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 11));
   ASSERT_TRUE(a.ReleaseAll().ok());
 }
 
