@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Deep sleep on a GPU host (after tools/gpu/bundle.sh): examples/deep_sleep_workload.py
 # (1 GiB of weights, a KV cache of KV_GIB, default 16) put to sleep and woken
-# three ways, alternated, ROUNDS rounds (default 2):
-#   driver        natively, the driver's checkpoint alone (tools/gpu/driver_checkpoint.py,
-#                 as cuda-checkpoint calls it);
-#   vmmshim       under the shim, `vmmshim sleep PID` (everything kept), `vmmshim wake PID`;
-#   vmmshim-drop  the same with --drop kv (the KV cache refilled after the wake).
+# five ways, alternated, ROUNDS rounds (default 2):
+#   driver             natively, the driver's checkpoint alone (tools/gpu/driver_checkpoint.py,
+#                      as cuda-checkpoint calls it);
+#   vmmshim            under the shim, `vmmshim sleep PID` (everything kept), `vmmshim wake PID`;
+#   vmmshim-pool       the same with a pinned pool of POOL (default 20G) for the copies;
+#   vmmshim-drop       `vmmshim sleep PID --drop kv` (the KV cache refilled after the wake);
+#   vmmshim-drop-pool  the same with a pinned pool of DROP_POOL (default 3G: the weights).
+# A process with a pool is given 3 s after it is ready before its sleep: the
+# pool is made in the background from its first allocation (about 1.2 s for
+# 20 GiB), which a real program's start covers.
 # Each run: the result before, the sleep's seconds, the device memory the
 # process holds while asleep (nvidia-smi's per-process figure, MiB), the
 # wake's seconds, the result after (identical to before, and to the run that
-# never slept). The processes under the shim have a pinned pool (POOL,
-# default 20G; TIMESHARE_POOL, default 10G, for time-sharing). Then
-# time-sharing (TIMESHARE=0 skips it): two processes of
+# never slept). Then time-sharing (TIMESHARE=0 skips it): two processes of
 # about 100 GiB each (8 GiB of weights, a 92 GiB KV cache) on one GPU, started
 # in turn and alternated by `vmmshim sleep --drop kv` and `vmmshim wake`
 # CYCLES times (default 3), each one's result after every wake equal to its
@@ -21,10 +24,6 @@ set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 exec > >(tee "$out/deep-sleep.log") 2>&1
 rounds=${1:-2}
-# The pinned pool of the processes under the shim (VMMSHIM_PINNED_POOL): room
-# for what a sleep keeps (POOL=0: none).
-pool=${POOL:-20G}
-echo "VMMSHIM_PINNED_POOL=$pool (time-sharing: ${TIMESHARE_POOL:-10G})"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 app=(python3 "$root/examples/deep_sleep_workload.py" --kv-gib "${KV_GIB:-16}")
@@ -35,37 +34,40 @@ held() {  # MiB nvidia-smi lists for PID (0 when it lists none)
   echo "${m:-0}"
 }
 run() {  # MODE ROUND
-  local mode=$1 round=$2 pid before after asleep s w
+  local mode=$1 round=$2 pid before after asleep s w pool=0 drop=()
+  case $mode in
+    vmmshim-pool) pool=${POOL:-20G} ;;
+    vmmshim-drop) drop=(--drop kv) ;;
+    vmmshim-drop-pool) pool=${DROP_POOL:-3G}; drop=(--drop kv) ;;
+  esac
   coproc W { if [ "$mode" = driver ]; then exec "${app[@]}"; else
              LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool exec "${app[@]}"; fi; }
   read -r -t 120 line <&"${W[0]}"; pid=${line#ready }
+  [ "$pool" = 0 ] || sleep 3
   echo result >&"${W[1]}"; read -r -t 60 before <&"${W[0]}"
   local awake; awake=$(held "$pid")
-  case $mode in
-    driver) s=$(python3 "$root/tools/gpu/driver_checkpoint.py" sleep "$pid") ;;
-    vmmshim) s=$("$b/vmmshim" sleep "$pid" 2>&1) ;;
-    vmmshim-drop) s=$("$b/vmmshim" sleep "$pid" --drop kv 2>&1) ;;
-  esac
+  if [ "$mode" = driver ]; then s=$(python3 "$root/tools/gpu/driver_checkpoint.py" sleep "$pid")
+  else s=$("$b/vmmshim" sleep "$pid" "${drop[@]}" 2>&1); fi
   asleep=$(held "$pid")
   case $mode in
     driver) w=$(python3 "$root/tools/gpu/driver_checkpoint.py" wake "$pid") ;;
     *) w=$("$b/vmmshim" wake "$pid" 2>&1) ;;
   esac
-  if [ "$mode" = vmmshim-drop ]; then echo refill >&"${W[1]}"; read -r -t 60 _ <&"${W[0]}"; fi
+  if [ ${#drop[@]} -gt 0 ]; then echo refill >&"${W[1]}"; read -r -t 60 _ <&"${W[0]}"; fi
   echo result >&"${W[1]}"; read -r -t 60 after <&"${W[0]}"
   echo quit >&"${W[1]}"; wait "$W_PID" 2>/dev/null
-  echo "$mode round $round: MiB awake $awake, asleep $asleep; sleep: $s; wake: $w"
+  echo "$mode (pool $pool) round $round: MiB awake $awake, asleep $asleep; sleep: $s; wake: $w"
   echo "  before: $before"; echo "  after:  $after"
   [ "$before" = "$after" ] && echo "  identical" || echo "  DIFFERS"
 }
 for ((i = 1; i <= rounds; i++)); do
-  for mode in driver vmmshim vmmshim-drop; do run "$mode" "$i"; done
+  for mode in driver vmmshim vmmshim-pool vmmshim-drop vmmshim-drop-pool; do run "$mode" "$i"; done
 done
 
 [ "${TIMESHARE:-1}" = 1 ] || exit 0
-echo "== time-sharing: two processes of about 100 GiB, ${CYCLES:-3} cycles"
+echo "== time-sharing: two processes of about 100 GiB, ${CYCLES:-3} cycles, pinned pools of ${TIMESHARE_POOL:-0}"
 big=(python3 "$root/examples/deep_sleep_workload.py" --weights-gib 8 --kv-gib 92)
-pool=${TIMESHARE_POOL:-10G}
+pool=${TIMESHARE_POOL:-0}
 coproc A { LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool exec "${big[@]}"; }
 read -r -t 300 line <&"${A[0]}"; a=${line#ready }
 echo result >&"${A[1]}"; read -r -t 120 a_ref <&"${A[0]}"
