@@ -63,6 +63,7 @@ void PinnedPool::Start(size_t bytes, CUcontext context, int threads) {
     Log().warn("pinned pool of {} bytes: no thread to make it ({}); pauses copy without it",
                bytes, e.what());
     state_ = State::kFailed;
+    filled_.SignalAll();
   }
 }
 
@@ -72,6 +73,7 @@ void PinnedPool::Fill(size_t bytes, CUcontext context, int threads) {
     Log().warn("pinned pool of {} bytes: {}; pauses copy without it", bytes, why);
     MutexLock lock(&mu_);
     state_ = State::kFailed;
+    filled_.SignalAll();
   };
   if (driver_.cuMemHostRegister_v2 == nullptr || driver_.cuMemHostUnregister == nullptr ||
       driver_.cuMemHostGetFlags == nullptr) {
@@ -105,14 +107,14 @@ void PinnedPool::Fill(size_t bytes, CUcontext context, int threads) {
   free_.clear();
   free_[0] = bytes;
   state_ = State::kReady;
+  filled_.SignalAll();
 }
 
 char* PinnedPool::Take(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t want = RoundUp(bytes, kAlignment);
   MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](State* s) { return *s != State::kFilling; }, &state_));
+  AwaitFillLocked();
   if (state_ != State::kReady) return nullptr;
   // Best fit: the smallest free range that holds it, so that a large
   // backup later still finds room.
@@ -149,8 +151,7 @@ void PinnedPool::Give(char* range, size_t bytes) {
 
 bool PinnedPool::EnsureRegistered() {
   MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](State* s) { return *s != State::kFilling; }, &state_));
+  AwaitFillLocked();
   if (state_ != State::kReady) return false;
   if (registered_) {
     // Asked in the registration's context: the driver answers nothing
@@ -177,8 +178,7 @@ bool PinnedPool::EnsureRegistered() {
 
 void PinnedPool::AwaitFill() {
   MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](State* s) { return *s != State::kFilling; }, &state_));
+  AwaitFillLocked();
 }
 
 PinnedPool::Stats PinnedPool::stats() const {
@@ -196,6 +196,7 @@ void PinnedPool::AfterForkChild() {
   // without a join, and the memory was not inherited.
   new (&filler_) std::thread();
   new (&mu_) Mutex;
+  new (&filled_) CondVar;
   state_ = State::kNone;
   memory_ = nullptr;
   bytes_ = 0;

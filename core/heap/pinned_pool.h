@@ -95,9 +95,13 @@ class PinnedPool {
  private:
   enum class State { kNone, kFilling, kReady, kFailed };
   void Fill(size_t bytes, CUcontext context, int threads);
+  void AwaitFillLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (state_ == State::kFilling) filled_.Wait(&mu_);
+  }
 
   const DriverApi& driver_;
   mutable Mutex mu_;
+  CondVar filled_;  // signalled when a fill ends
   State state_ ABSL_GUARDED_BY(mu_) = State::kNone;
   char* memory_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;

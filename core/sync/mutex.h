@@ -1,7 +1,8 @@
 // The mutex type of vmmshim's own locks: absl::Mutex, except in
 // ThreadSanitizer builds (VMMSHIM_TSAN, set by -DVMMSHIM_SANITIZE=thread),
 // where it is a std::shared_mutex with the same interface subset and the
-// same thread-safety annotations.
+// same thread-safety annotations; CondVar likewise (absl::CondVar, or a
+// std::condition_variable_any over that mutex).
 //
 // Why: the project's abseil (tools/build/build-abseil.sh) is not built with
 // -fsanitize=thread, so TSan cannot
@@ -20,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 
 #if defined(VMMSHIM_TSAN)
+#include <condition_variable>
 #include <shared_mutex>
 #endif
 
@@ -66,11 +68,29 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
   Mutex* const mu_;
 };
 
+// absl::CondVar's subset: Wait(mu) with `mu` held exclusively, SignalAll.
+class CondVar {
+ public:
+  void Wait(Mutex* mu) {
+    struct Adapter {  // BasicLockable over our Mutex
+      Mutex* mu;
+      void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Lock(); }
+      void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
+    } lockable{mu};
+    cv_.wait(lockable);
+  }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable_any cv_;
+};
+
 #else
 
 using Mutex = absl::Mutex;
 using MutexLock = absl::MutexLock;
 using ReaderMutexLock = absl::ReaderMutexLock;
+using CondVar = absl::CondVar;
 
 #endif
 
