@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
+#include "core/driver/host_registration.h"
 #include "core/base/log.h"
 
 namespace vmmshim {
@@ -165,14 +166,7 @@ void HostBackup::Reset() {
     pool_ = nullptr;
     return;
   }
-  unsigned int flags = 0;
-  // A context's destruction drops its registrations: only a live one is undone.
-  if (driver_ != nullptr && driver_->cuMemHostGetFlags(&flags, data_) == CUDA_SUCCESS) {
-    ContextScope scope(*driver_, context_);
-    if (CUresult r = driver_->cuMemHostUnregister(data_); r != CUDA_SUCCESS) {
-      Log().warn("cuMemHostUnregister of a pause backup: {}", CuResultName(r));
-    }
-  }
+  if (driver_ != nullptr) UnregisterHostMemory(*driver_, data_, context_, "a pause backup");
   munmap(data_, size_);
   if (!path_.empty()) unlink(path_.c_str());
   data_ = nullptr;
@@ -214,13 +208,7 @@ absl::Status HostBackup::Persist() {
 
 StagingRing::~StagingRing() {
   if (memory_ == nullptr) return;
-  unsigned int flags = 0;
-  if (registered_ && driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) {
-    ContextScope scope(driver_, context_);
-    if (CUresult r = driver_.cuMemHostUnregister(memory_); r != CUDA_SUCCESS) {
-      Log().warn("cuMemHostUnregister of the pause staging ring: {}", CuResultName(r));
-    }
-  }
+  if (registered_) UnregisterHostMemory(driver_, memory_, context_, "the pause staging ring");
   munmap(memory_, kSlots * kSlotBytes);
 }
 
@@ -241,10 +229,7 @@ absl::Status StagingRing::Ready() {
     }
     memory_ = static_cast<char*>(p);
   }
-  unsigned int flags = 0;
-  if (registered_ && driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) {
-    return absl::OkStatus();
-  }
+  if (registered_ && HostRegistrationAlive(driver_, memory_, context_)) return absl::OkStatus();
   registered_ = false;  // never, or dropped with its context
   if (CUresult r = driver_.cuMemHostRegister_v2(memory_, kSlots * kSlotBytes,
                                                 CU_MEMHOSTREGISTER_PORTABLE);

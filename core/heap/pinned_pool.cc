@@ -13,6 +13,7 @@
 #include "core/base/round_up.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
+#include "core/driver/host_registration.h"
 
 namespace vmmshim {
 namespace {
@@ -41,13 +42,7 @@ PinnedPool::~PinnedPool() {
   if (filler_.joinable()) filler_.join();
   MutexLock lock(&mu_);
   if (memory_ == nullptr) return;
-  unsigned int flags = 0;
-  if (registered_ && driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) {
-    ContextScope scope(driver_, context_);
-    if (CUresult r = driver_.cuMemHostUnregister(memory_); r != CUDA_SUCCESS) {
-      Log().warn("cuMemHostUnregister of the pinned pool: {}", CuResultName(r));
-    }
-  }
+  if (registered_) UnregisterHostMemory(driver_, memory_, context_, "the pinned pool");
   munmap(memory_, bytes_);
 }
 
@@ -153,13 +148,7 @@ bool PinnedPool::EnsureRegistered() {
   MutexLock lock(&mu_);
   AwaitFillLocked();
   if (state_ != State::kReady) return false;
-  if (registered_) {
-    // Asked in the registration's context: the driver answers nothing
-    // without a current one (a control-socket thread has none).
-    ContextScope scope(driver_, context_);
-    unsigned int flags = 0;
-    if (driver_.cuMemHostGetFlags(&flags, memory_) == CUDA_SUCCESS) return true;
-  }
+  if (registered_ && HostRegistrationAlive(driver_, memory_, context_)) return true;
   // Dropped with its context: pinned again in the current one.
   registered_ = false;
   CUcontext current = nullptr;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "core/allocator.h"
@@ -113,6 +114,30 @@ TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
     EXPECT_EQ(sim::LiveHostRegistrations(), 0u);
     ASSERT_TRUE(a.ReleaseAll().ok());
   }
+}
+
+// A deep sleep pauses and resumes from the control socket's thread, which
+// has no current context: the page-locked copy is still made, and dropped
+// at the resume (asked about in its own context), not leaked.
+TEST_F(KeptContentsTest, APageLockedCopyIsDroppedFromAThreadWithoutAContext) {
+  Allocator a(api_);
+  const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
+  Fill(kv, 4 * kMiB, 5);
+  BackupKind pinned;
+  pinned.page_locked = true;
+  absl::Status paused, resumed;
+  size_t registered_while_paused = 0;
+  std::thread([&] {
+    paused = a.pause().Pause(TagSelection::Only("kv"), true, pinned).status();
+    registered_while_paused = sim::LiveHostRegistrations();
+    resumed = a.pause().Resume(TagSelection::Only("kv")).status();
+  }).join();
+  ASSERT_TRUE(paused.ok()) << paused;
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_EQ(registered_while_paused, 1u);
+  EXPECT_EQ(sim::LiveHostRegistrations(), 0u);
+  EXPECT_TRUE(Holds(kv, 4 * kMiB, 5));
+  ASSERT_TRUE(a.ReleaseAll().ok());
 }
 
 // Pinning is for speed: a driver that refuses it (a memlock limit) still
