@@ -190,6 +190,7 @@ class Allocator {
   StreamOrderedFrontEnd& stream_ordered() { return stream_ordered_; }
   // Pause and resume by tag.
   PauseCoordinator& pause() { return pause_; }
+  const PauseCoordinator& pause() const { return pause_; }
 
   // The live allocation containing `ptr`: NotShimMemory() outside the
   // shim's VA, CUDA_ERROR_NOT_FOUND inside it but not in a live allocation.

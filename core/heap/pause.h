@@ -148,6 +148,8 @@ class PauseCoordinator {
     pool_.AwaitFill();
     return pool_.stats();
   }
+  // Now, without waiting (a report: 0 while the pool is being made).
+  PinnedPool::Stats pinned_pool_stats_now() const { return pool_.stats(); }
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }

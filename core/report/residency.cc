@@ -112,7 +112,13 @@ nlohmann::json ResidencyDevices(const Allocator& allocator, const DriverApi* dri
 }
 
 std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
-  return nlohmann::json{{"devices", ResidencyDevices(allocator, driver)}}.dump(2);
+  const PinnedPool::Stats pool = allocator.pause().pinned_pool_stats_now();
+  return nlohmann::json{{"devices", ResidencyDevices(allocator, driver)},
+                        {"pinned_pool",
+                         {{"bytes", pool.bytes},
+                          {"free_bytes", pool.free_bytes},
+                          {"fill_seconds", pool.fill_seconds}}}}
+      .dump(2);
 }
 
 std::string ResidencySummary(const Allocator& allocator) {

@@ -27,6 +27,11 @@
 //   unattributed_bytes: device_used_bytes less everything above: the CUDA
 //     context, module images, pools the program created (null when
 //     device_used_bytes is).
+// and, for the process, host memory:
+//   pinned_pool: {bytes, free_bytes, fill_seconds}: the pinned pool
+//     (VMMSHIM_PINNED_POOL, core/heap/pinned_pool.h) as made so far (0 while
+//     it is being made, when it failed or when there is none); bytes less
+//     free_bytes hold paused contents.
 //
 // Thread safety: any thread; the figures are a snapshot per arena, not one
 // instant across the process. Driver calls: only with a driver table (below);

@@ -10,7 +10,9 @@
 #include "core/allocator.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/pinned_pool.h"
+#include "core/report/residency.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"
 
@@ -76,6 +78,10 @@ TEST_F(PinnedPoolTest, APauseCopiesIntoThePoolOnItsOwnStreamAndBackWhole) {
   EXPECT_GE(sim::CallCount("cuMemcpyDtoHAsync_v2"), 2u);
   EXPECT_EQ(sim::CallCount("cuMemcpyDtoH_v2"), 0u);  // no staging ring
   EXPECT_EQ(a.pause().pinned_pool_stats().free_bytes, 64 * kMiB - 30 * kMiB);
+  // The residency report says so too.
+  const nlohmann::json pool = nlohmann::json::parse(ResidencyJson(a, nullptr)).at("pinned_pool");
+  EXPECT_EQ(pool.at("bytes").get<size_t>(), 64 * kMiB);
+  EXPECT_EQ(pool.at("free_bytes").get<size_t>(), 34 * kMiB);
   ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
   EXPECT_GE(sim::CallCount("cuMemcpyHtoDAsync_v2"), 2u);
   EXPECT_TRUE(Holds(kv, 24 * kMiB, 3));
