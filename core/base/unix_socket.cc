@@ -92,4 +92,20 @@ int ConnectTo(const std::string& path, int seconds) {
   return fd;
 }
 
+int AcceptConnection(int listen_fd, int seconds) {
+  for (;;) {
+    const int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn >= 0) {
+      SetTimeouts(conn, seconds);
+      return conn;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      usleep(10000);
+      continue;
+    }
+    return -1;
+  }
+}
+
 }  // namespace vmmshim

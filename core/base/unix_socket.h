@@ -39,6 +39,12 @@ bool WriteAll(int fd, const void* buf, size_t n);
 // set) when nobody listens there.
 int ConnectTo(const std::string& path, int seconds);
 
+// The next connection on `listen_fd` (close-on-exec) with `seconds`
+// timeouts, retried on interruption and aborted connections, and after
+// 10 ms when descriptors or memory run out (the application may free
+// some); -1 (errno set) on any other error, after which a server stops.
+int AcceptConnection(int listen_fd, int seconds);
+
 }  // namespace vmmshim
 
 #endif  // VMMSHIM_CORE_BASE_UNIX_SOCKET_H_

@@ -244,17 +244,11 @@ absl::Status ControlServer::Start() {
 
 void ControlServer::Serve(int listen_fd) const {
   for (;;) {
-    const int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    const int conn = AcceptConnection(listen_fd, kRequestTimeoutSeconds);
     if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        usleep(10000);  // out of descriptors: let the application free some
-        continue;
-      }
       Log().error("control socket stops: accept: {}", std::strerror(errno));
       return;
     }
-    SetTimeouts(conn, kRequestTimeoutSeconds);
     ucred peer = {};
     socklen_t len = sizeof peer;
     std::string reply;

@@ -201,17 +201,11 @@ absl::Status Ipc::StartListenerLocked() {
 
 void Ipc::Serve(int listen_fd) {
   for (;;) {
-    int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    const int conn = AcceptConnection(listen_fd, kServerTimeoutSeconds);
     if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        usleep(10000);  // out of descriptors: let the application free some
-        continue;
-      }
       Log().error("IPC listener stops: accept: {}", std::strerror(errno));
       return;
     }
-    SetTimeouts(conn, kServerTimeoutSeconds);
     HandleRequest(conn);
     close(conn);
   }
