@@ -69,7 +69,8 @@ Allocator::Allocator(const DriverApi& driver, AllocatorOptions options)
                // device); the pool starts once, in the first one.
                CUcontext context = nullptr;
                if (options_.pinned_pool_bytes > 0 && driver_.cuCtxGetCurrent(&context) == CUDA_SUCCESS) {
-                 pause_.StartPinnedPool(options_.pinned_pool_bytes, context);
+                 pause_.StartPinnedPool(options_.pinned_pool_bytes, context,
+                                        options_.pinned_pool_chunk_bytes);
                }
              }),
       stream_ordered_(driver, heaps_, captures_, options_.peer_policy,

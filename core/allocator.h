@@ -123,6 +123,9 @@ struct AllocatorOptions {
   // device allocation, kept to the end of the process (core/heap/pinned_pool.h;
   // VMMSHIM_PINNED_POOL); 0: none.
   size_t pinned_pool_bytes = 0;
+  // What one registration of the pinned pool covers (PinnedPool; not a
+  // VMMSHIM_* setting: tests make it small to cut copies at its ends).
+  size_t pinned_pool_chunk_bytes = size_t{1} << 30;
   // Where segment events (mapped, released, paused, resumed) and peer
   // decisions are recorded (core/history/memory_history.h), while it is
   // enabled; null: nowhere. Must outlive the allocator.

@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 
 #include <fcntl.h>
@@ -198,7 +199,7 @@ const Runtime* Initialize() {
       ControlServer::Handlers handlers;
       handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
       // The C API's own pause and resume (interpose/api.cc), history included.
-      handlers.sleep = [](const std::vector<std::string>& drop, size_t* released) {
+      handlers.sleep = [rt](const std::vector<std::string>& drop, size_t* released) {
         *released = 0;
         for (const std::string& tag : drop) {
           size_t n = 0;
@@ -214,6 +215,15 @@ const Runtime* Initialize() {
           return rc;
         }
         *released += n;
+        // The driver's checkpoint would unpin the pinned pool and its
+        // restore pin it again: given back here, pinned again by the
+        // wake's copies as they go (core/heap/pinned_pool.h).
+        const auto start = std::chrono::steady_clock::now();
+        if (size_t unpinned = rt->allocator->pause().UnpinPinnedPool(); unpinned > 0) {
+          Log().info("pinned pool: {} bytes unpinned for the checkpoint in {:.3f} s", unpinned,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                         .count());
+        }
         return 0;
       };
       handlers.wake = [](size_t* restored) { return vmmshim_resume_memory(nullptr, restored); };

@@ -254,7 +254,7 @@ BackupCopier::~BackupCopier() {
 absl::StatusOr<HostBackup> BackupCopier::NewBackup(size_t bytes, const std::string& file_name) {
   const bool in_file = !kind_.directory.empty() && !file_name.empty();
   if (pool_ != nullptr && !in_file) {
-    if (pool_usable_ < 0) pool_usable_ = pool_->EnsureRegistered() ? 1 : 0;
+    if (pool_usable_ < 0) pool_usable_ = pool_->Usable() ? 1 : 0;
     if (pool_usable_ == 1) {
       HostBackup b = HostBackup::FromPool(*pool_, bytes);
       if (b.data() != nullptr) return b;
@@ -286,11 +286,16 @@ absl::StatusOr<CUstream> BackupCopier::StreamForCurrentContext() {
 }
 
 absl::Status BackupCopier::CopyPageLocked(char* host, CUdeviceptr device, size_t bytes,
-                                          bool to_host) {
+                                          bool to_host, bool in_pool) {
   absl::StatusOr<CUstream> stream = StreamForCurrentContext();
   if (!stream.ok()) return stream.status();
-  for (size_t off = 0; off < bytes; off += kCopyPartBytes) {
-    const size_t n = std::min(kCopyPartBytes, bytes - off);
+  for (size_t off = 0, n; off < bytes; off += n) {
+    n = std::min(kCopyPartBytes, bytes - off);
+    if (in_pool) {  // one registration per copy, pinned again if it was given back
+      absl::StatusOr<size_t> span = pool_->PinForCopy(host + off, n);
+      if (!span.ok()) return span.status();
+      n = *span;
+    }
     CUresult r;
     if (*stream == nullptr) {
       r = to_host ? driver_.cuMemcpyDtoH_v2(host + off, device + off, n)
@@ -321,7 +326,7 @@ absl::Status BackupCopier::Finish() {
 
 absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
   if (dst.page_locked()) {
-    if (absl::Status s = CopyPageLocked(dst.data(), src, dst.size(), true); !s.ok()) return s;
+    if (absl::Status s = CopyPageLocked(dst.data(), src, dst.size(), true, dst.from_pool()); !s.ok()) return s;
   } else if (absl::Status s = ToHost(dst.data(), src, dst.size()); !s.ok()) {
     return s;
   }
@@ -330,7 +335,7 @@ absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
 
 absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const HostBackup& src) {
   if (!src.page_locked()) return ToDevice(dst, src.data(), src.size());
-  return CopyPageLocked(src.data(), dst, src.size(), false);
+  return CopyPageLocked(src.data(), dst, src.size(), false, src.from_pool());
 }
 
 absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {

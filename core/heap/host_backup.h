@@ -210,7 +210,10 @@ class BackupCopier {
   // The copier's stream in the current context (made at the first use);
   // nullptr where the driver lacks async copies (the copies then wait).
   absl::StatusOr<CUstream> StreamForCurrentContext();
-  absl::Status CopyPageLocked(char* host, CUdeviceptr device, size_t bytes, bool to_host);
+  // `in_pool`: `host` is a range of the pinned pool, copied in parts that
+  // each lie in one of its registrations (PinnedPool::PinForCopy).
+  absl::Status CopyPageLocked(char* host, CUdeviceptr device, size_t bytes, bool to_host,
+                              bool in_pool);
 
   const DriverApi& driver_;
   StagingRing& ring_;

@@ -91,6 +91,11 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       ring_(driver),
       pool_(driver) {}
 
+size_t PauseCoordinator::UnpinPinnedPool() {
+  MutexLock lock(&mu_);
+  return pool_.Unpin();
+}
+
 std::vector<HeapArena*> PauseCoordinator::Arenas() const {
   std::vector<HeapArena*> arenas;
   heaps_.ForEach([&](DeviceHeap* heap) {

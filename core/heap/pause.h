@@ -139,10 +139,18 @@ class PauseCoordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts making the pinned pool (VMMSHIM_PINNED_POOL bytes; 0: none) in
-  // the background, registered in `context`; once per process.
-  void StartPinnedPool(size_t bytes, CUcontext context) {
-    pool_.Start(bytes, context, copy_threads_);
+  // the background, registered in `context` as chunks of `chunk_bytes`;
+  // once per process.
+  void StartPinnedPool(size_t bytes, CUcontext context,
+                       size_t chunk_bytes = PinnedPool::kDefaultChunkBytes) {
+    pool_.Start(bytes, context, copy_threads_, chunk_bytes);
   }
+  // Before the driver's process checkpoint (a deep sleep, after its pause):
+  // the pinned pool drops its registrations, which the checkpoint would
+  // otherwise unpin and the restore pin again (PinnedPool::Unpin); the next
+  // copies register what they use. The bytes unpinned. Takes the pause
+  // mutex: no pause or resume runs meanwhile.
+  size_t UnpinPinnedPool() ABSL_LOCKS_EXCLUDED(mu_);
   // After any fill under way.
   PinnedPool::Stats pinned_pool_stats() {
     pool_.AwaitFill();

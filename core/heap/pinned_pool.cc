@@ -40,20 +40,21 @@ void TouchInParallel(char* p, size_t bytes, int threads) {
 
 PinnedPool::~PinnedPool() {
   if (filler_.joinable()) filler_.join();
+  Unpin();
   MutexLock lock(&mu_);
-  if (memory_ == nullptr) return;
-  if (registered_) UnregisterHostMemory(driver_, memory_, context_, "the pinned pool");
-  munmap(memory_, bytes_);
+  if (memory_ != nullptr) munmap(memory_, bytes_);
 }
 
-void PinnedPool::Start(size_t bytes, CUcontext context, int threads) {
+void PinnedPool::Start(size_t bytes, CUcontext context, int threads, size_t chunk_bytes) {
   if (bytes == 0 || context == nullptr) return;
   MutexLock lock(&mu_);
   if (state_ != State::kNone) return;
   state_ = State::kFilling;
   bytes = RoundUp(bytes, kAlignment);
+  chunk_bytes = RoundUp(std::max<size_t>(chunk_bytes, 1), kAlignment);
   try {
-    filler_ = std::thread([this, bytes, context, threads] { Fill(bytes, context, threads); });
+    filler_ = std::thread(
+        [this, bytes, context, threads, chunk_bytes] { Fill(bytes, context, threads, chunk_bytes); });
   } catch (const std::system_error& e) {
     Log().warn("pinned pool of {} bytes: no thread to make it ({}); pauses copy without it",
                bytes, e.what());
@@ -62,7 +63,7 @@ void PinnedPool::Start(size_t bytes, CUcontext context, int threads) {
   }
 }
 
-void PinnedPool::Fill(size_t bytes, CUcontext context, int threads) {
+void PinnedPool::Fill(size_t bytes, CUcontext context, int threads, size_t chunk_bytes) {
   const auto start = std::chrono::steady_clock::now();
   auto fail = [&](const std::string& why) {
     Log().warn("pinned pool of {} bytes: {}; pauses copy without it", bytes, why);
@@ -80,14 +81,18 @@ void PinnedPool::Fill(size_t bytes, CUcontext context, int threads) {
   madvise(memory, bytes, MADV_HUGEPAGE);
   madvise(memory, bytes, MADV_DONTFORK);
   TouchInParallel(memory, bytes, threads);
-  CUresult r;
   {
     ContextScope scope(driver_, context);  // this thread has none of its own
-    r = driver_.cuMemHostRegister_v2(memory, bytes, CU_MEMHOSTREGISTER_PORTABLE);
-  }
-  if (r != CUDA_SUCCESS) {
-    munmap(memory, bytes);
-    return fail("cuMemHostRegister: " + CuResultName(r) + " (a memlock limit? ulimit -l)");
+    for (size_t from = 0; from < bytes; from += chunk_bytes) {
+      const CUresult r = driver_.cuMemHostRegister_v2(
+          memory + from, std::min(chunk_bytes, bytes - from), CU_MEMHOSTREGISTER_PORTABLE);
+      if (r == CUDA_SUCCESS) continue;
+      for (size_t done = 0; done < from; done += chunk_bytes) {
+        driver_.cuMemHostUnregister(memory + done);
+      }
+      munmap(memory, bytes);
+      return fail("cuMemHostRegister: " + CuResultName(r) + " (a memlock limit? ulimit -l)");
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -96,8 +101,8 @@ void PinnedPool::Fill(size_t bytes, CUcontext context, int threads) {
   MutexLock lock(&mu_);
   memory_ = memory;
   bytes_ = bytes;
-  registered_ = true;
-  context_ = context;
+  chunk_bytes_ = chunk_bytes;
+  registered_in_.assign((bytes + chunk_bytes - 1) / chunk_bytes, context);
   fill_seconds_ = seconds;
   free_.clear();
   free_[0] = bytes;
@@ -144,25 +149,50 @@ void PinnedPool::Give(char* range, size_t bytes) {
   free_[offset] = size;
 }
 
-bool PinnedPool::EnsureRegistered() {
+bool PinnedPool::Usable() {
   MutexLock lock(&mu_);
   AwaitFillLocked();
   if (state_ != State::kReady) return false;
-  if (registered_ && HostRegistrationAlive(driver_, memory_, context_)) return true;
-  // Dropped with its context: pinned again in the current one.
-  registered_ = false;
-  CUcontext current = nullptr;
-  driver_.cuCtxGetCurrent(&current);
-  if (CUresult r = driver_.cuMemHostRegister_v2(memory_, bytes_, CU_MEMHOSTREGISTER_PORTABLE);
-      r != CUDA_SUCCESS) {
-    Log().warn("pinned pool: registering again after its context went: {}; pauses copy "
-               "without it",
-               CuResultName(r));
-    return false;
+  for (size_t k = 0; k < registered_in_.size(); ++k) {
+    // Dropped with its context: registered again when a copy needs it.
+    if (registered_in_[k] != nullptr &&
+        !HostRegistrationAlive(driver_, memory_ + k * chunk_bytes_, registered_in_[k])) {
+      registered_in_[k] = nullptr;
+    }
   }
-  registered_ = true;
-  context_ = current;
   return true;
+}
+
+absl::StatusOr<size_t> PinnedPool::PinForCopy(const char* p, size_t bytes) {
+  MutexLock lock(&mu_);
+  if (state_ != State::kReady || p < memory_ || p >= memory_ + bytes_) {
+    return DriverError(CUDA_ERROR_INVALID_VALUE, "a copy outside the pinned pool");
+  }
+  const size_t offset = static_cast<size_t>(p - memory_), k = offset / chunk_bytes_;
+  if (registered_in_[k] == nullptr) {
+    CUcontext current = nullptr;
+    driver_.cuCtxGetCurrent(&current);
+    if (CUresult r = driver_.cuMemHostRegister_v2(memory_ + k * chunk_bytes_, ChunkSize(k),
+                                                  CU_MEMHOSTREGISTER_PORTABLE);
+        r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemHostRegister (a chunk of the pinned pool)");
+    }
+    registered_in_[k] = current;
+  }
+  return std::min(bytes, k * chunk_bytes_ + ChunkSize(k) - offset);
+}
+
+size_t PinnedPool::Unpin() {
+  MutexLock lock(&mu_);
+  AwaitFillLocked();
+  size_t unpinned = 0;
+  for (size_t k = 0; k < registered_in_.size(); ++k) {
+    if (registered_in_[k] == nullptr) continue;
+    UnregisterHostMemory(driver_, memory_ + k * chunk_bytes_, registered_in_[k], "the pinned pool");
+    registered_in_[k] = nullptr;
+    unpinned += ChunkSize(k);
+  }
+  return unpinned;
 }
 
 void PinnedPool::AwaitFill() {
@@ -176,6 +206,9 @@ PinnedPool::Stats PinnedPool::stats() const {
   if (state_ != State::kReady) return s;
   s.bytes = bytes_;
   for (const auto& [offset, size] : free_) s.free_bytes += size;
+  for (size_t k = 0; k < registered_in_.size(); ++k) {
+    if (registered_in_[k] != nullptr) s.pinned_bytes += ChunkSize(k);
+  }
   s.fill_seconds = fill_seconds_;
   return s;
 }
@@ -189,8 +222,7 @@ void PinnedPool::AfterForkChild() {
   state_ = State::kNone;
   memory_ = nullptr;
   bytes_ = 0;
-  registered_ = false;
-  context_ = nullptr;
+  registered_in_.clear();
   free_.clear();
 }
 

@@ -12,10 +12,28 @@
 // before it is needed (the fastest way above, in the background from the
 // first device allocation) and reused by every pause.
 //
-// Units: bytes. The pool is one registration (a copy may not span two
-// registrations: the driver rejects it with CUDA_ERROR_INVALID_VALUE), cut
-// into ranges of kAlignment; a range is handed out whole or not at all.
+// Units: bytes. The pool is cut into ranges of kAlignment, handed out whole
+// or not at all, and registered as chunks of `chunk_bytes` (1 GiB), each
+// its own cuMemHostRegister: a copy may not span two registrations (the
+// driver rejects it with CUDA_ERROR_INVALID_VALUE), so copies are cut at
+// chunk ends (PinForCopy).
 //
+// Pinning given back across a deep sleep: the driver's process checkpoint
+// unpins every registered range at the checkpoint and pins it again at the
+// restore, whether a pause used it or not: 20 GiB registered made the
+// checkpoint 0.93 s against 0.40 s and the restore 0.77 s against 0.22 s;
+// the same memory unregistered first, 0.50 s and 0.24 s
+// (tools/gpu/checkpoint_host_memory.py, docs/data/checkpoint-host-memory-h200.log).
+// Unpin drops every chunk's registration (memory and contents stay) before
+// the checkpoint; a chunk is registered again when a copy next needs it,
+// just before that copy is queued, so that the registration of one chunk
+// runs beside the copy of the one before (16 GiB back in 0.41-0.44 s,
+// against 0.31 s registered and 0.67 s registering first:
+// bench/registration_behind_copies). Unregistering does not hide so: each
+// chunk dropped as soon as its copy was done took as long as copying all
+// and then dropping all (0.62 s against 0.59-0.63 s for 16 GiB), so Unpin
+// drops them after the pause.
+
 // Cost (documented for the user): `bytes` of host memory, page-locked (not
 // swappable, counted in the process's resident set) from the fill to the
 // end of the process; the fill's threads (the copy threads' number) exist
@@ -32,17 +50,21 @@
 // pause waiting at most about 2 s).
 //
 // At process exit the fill thread is joined by the destructor; the memory
-// is unregistered (when the registration is still alive) and unmapped.
+// is unregistered (each chunk whose registration is still alive) and
+// unmapped.
 #ifndef VMMSHIM_CORE_HEAP_PINNED_POOL_H_
 #define VMMSHIM_CORE_HEAP_PINNED_POOL_H_
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "core/driver/driver_api.h"
 #include "core/sync/mutex.h"
 
@@ -51,6 +73,10 @@ namespace vmmshim {
 class PinnedPool {
  public:
   static constexpr size_t kAlignment = size_t{2} << 20;  // a huge page
+  // What one cuMemHostRegister covers: the copies' parts are 1 GiB anyway
+  // (BackupCopier::kCopyPartBytes), and 1 GiB registrations cost what one
+  // registration of the whole does (bench/page_lock_speed, chunks_thp_T).
+  static constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
 
   // `driver` must outlive the pool.
   explicit PinnedPool(const DriverApi& driver) : driver_(driver) {}
@@ -59,10 +85,12 @@ class PinnedPool {
   PinnedPool& operator=(const PinnedPool&) = delete;
 
   // Makes the pool of `bytes` (rounded up to kAlignment) in the background,
-  // registered (portable: usable from every context) in `context`, filled
-  // by `threads` threads. Once per pool: later calls, `bytes` == 0 or a null
-  // context do nothing.
-  void Start(size_t bytes, CUcontext context, int threads);
+  // filled by `threads` threads and registered (portable: usable from every
+  // context) in `context` as chunks of `chunk_bytes` (rounded up to
+  // kAlignment). Once per pool: later calls, `bytes` == 0 or a null context
+  // do nothing.
+  void Start(size_t bytes, CUcontext context, int threads,
+             size_t chunk_bytes = kDefaultChunkBytes);
 
   // A range of at least `bytes` (rounded up to kAlignment) of page-locked
   // memory, or nullptr when the pool was never started, failed, or has no
@@ -72,19 +100,32 @@ class PinnedPool {
   // Gives back a range Take returned (`bytes` as asked of Take).
   void Give(char* range, size_t bytes);
 
-  // Whether the registration is alive: a context's destruction (a
-  // cudaDeviceReset) drops it; then it is made again in the current
-  // context, once per call (the cost of pinning once more). false: no
-  // usable pool (none, failed, or the registration could not be made again).
-  bool EnsureRegistered();
+  // Whether the pool can be used (made, not failed). Registrations that a
+  // context's destruction (a cudaDeviceReset) dropped are marked so, to be
+  // made again by PinForCopy.
+  bool Usable();
+
+  // Before a copy between the copy engine and [p, p + bytes) of a range
+  // Take returned: registers the chunk that holds `p` when it is not (in
+  // the current context), and returns how many bytes from `p` lie in that
+  // one registration (at most `bytes`): the most one copy call may move.
+  // The driver's error of the registration (nothing registered then).
+  absl::StatusOr<size_t> PinForCopy(const char* p, size_t bytes);
+
+  // Drops the registration of every chunk; the memory and what it holds
+  // stay, and PinForCopy registers a chunk again when a copy needs it. For
+  // the driver's process checkpoint (a deep sleep), with no copy to or
+  // from the pool under way. The bytes that were registered.
+  size_t Unpin();
 
   // Returns once no fill is under way (a program or test that wants the
   // pool made before its first pause).
   void AwaitFill();
 
   struct Stats {
-    size_t bytes = 0;        // page-locked and usable (0 while filling or failed)
+    size_t bytes = 0;        // made and usable (0 while filling or failed)
     size_t free_bytes = 0;   // of it, not taken
+    size_t pinned_bytes = 0;  // of it, registered now (Unpin gives it back)
     double fill_seconds = 0;
   };
   Stats stats() const;
@@ -94,7 +135,10 @@ class PinnedPool {
 
  private:
   enum class State { kNone, kFilling, kReady, kFailed };
-  void Fill(size_t bytes, CUcontext context, int threads);
+  void Fill(size_t bytes, CUcontext context, int threads, size_t chunk_bytes);
+  size_t ChunkSize(size_t k) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::min(chunk_bytes_, bytes_ - k * chunk_bytes_);
+  }
   void AwaitFillLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (state_ == State::kFilling) filled_.Wait(&mu_);
   }
@@ -105,8 +149,10 @@ class PinnedPool {
   State state_ ABSL_GUARDED_BY(mu_) = State::kNone;
   char* memory_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool registered_ ABSL_GUARDED_BY(mu_) = false;
-  CUcontext context_ ABSL_GUARDED_BY(mu_) = nullptr;  // of the registration
+  size_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = kDefaultChunkBytes;
+  // Per chunk: the context its registration was made in; null: not
+  // registered.
+  std::vector<CUcontext> registered_in_ ABSL_GUARDED_BY(mu_);
   double fill_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   // Free ranges: offset -> bytes, coalesced on Give.
   std::map<size_t, size_t> free_ ABSL_GUARDED_BY(mu_);

@@ -117,6 +117,7 @@ std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
                         {"pinned_pool",
                          {{"bytes", pool.bytes},
                           {"free_bytes", pool.free_bytes},
+                          {"pinned_bytes", pool.pinned_bytes},
                           {"fill_seconds", pool.fill_seconds}}}}
       .dump(2);
 }

@@ -28,10 +28,11 @@
 //     context, module images, pools the program created (null when
 //     device_used_bytes is).
 // and, for the process, host memory:
-//   pinned_pool: {bytes, free_bytes, fill_seconds}: the pinned pool
-//     (VMMSHIM_PINNED_POOL, core/heap/pinned_pool.h) as made so far (0 while
-//     it is being made, when it failed or when there is none); bytes less
-//     free_bytes hold paused contents.
+//   pinned_pool: {bytes, free_bytes, pinned_bytes, fill_seconds}: the pinned
+//     pool (VMMSHIM_PINNED_POOL, core/heap/pinned_pool.h) as made so far (0
+//     while it is being made, when it failed or when there is none); bytes
+//     less free_bytes hold paused contents; pinned_bytes are page-locked now
+//     (a deep sleep gives the pinning back, and copies take it again).
 //
 // Thread safety: any thread; the figures are a snapshot per arena, not one
 // instant across the process. Driver calls: only with a driver table (below);

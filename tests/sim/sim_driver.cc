@@ -1863,12 +1863,27 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
   return AccessLocked(s, CurrentDevice(), src, static_cast<char*>(dst), bytes, false);
 }
 
+namespace {
+// As the H200's driver 580: a copy whose host memory spans two
+// registrations is refused (CUDA_ERROR_INVALID_VALUE).
+bool SpansRegistrations(const State& s, const void* host, size_t bytes) {
+  const char* begin = static_cast<const char*>(host);
+  int overlapped = 0;
+  for (const auto& [start, reg] : s.host_registrations) {
+    const char* at = static_cast<const char*>(start);
+    overlapped += begin < at + reg.first && at < begin + bytes;
+  }
+  return overlapped > 1;
+}
+}  // namespace
+
 // The copies are done at the call (the simulation has no copy engine); the
 // stream must be one cuStreamCreate made, or 0.
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   SIM_ENTER("cuMemcpyDtoHAsync_v2");
   if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (SpansRegistrations(s, dst, bytes)) return CUDA_ERROR_INVALID_VALUE;
   return AccessLocked(s, CurrentDevice(), src, static_cast<char*>(dst), bytes, false);
 }
 
@@ -1876,6 +1891,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CU
   SIM_ENTER("cuMemcpyHtoDAsync_v2");
   if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (SpansRegistrations(s, src, bytes)) return CUDA_ERROR_INVALID_VALUE;
   return AccessLocked(s, CurrentDevice(), dst, static_cast<char*>(const_cast<void*>(src)),
                       bytes, true);
 }

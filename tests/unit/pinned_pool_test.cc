@@ -3,7 +3,11 @@
 // with contents copies into the pool on the copier's own stream, with no
 // pinning of its own, and the data comes back whole; contents beyond the
 // pool go to new host memory; a pool that failed to fill, or a copy that
-// failed, leaves pauses working or refused with nothing paused.
+// failed, leaves pauses working or refused with nothing paused. The pool is
+// registered in chunks, copies are cut at their ends (the simulated driver
+// refuses a copy across two registrations, as the H200's does), and a deep
+// sleep's Unpin gives every registration back, which the next copies take
+// again as they go.
 #include <cstring>
 #include <thread>
 
@@ -32,9 +36,10 @@ class PinnedPoolTest : public SimTest {
     api_.cuCtxGetCurrent(&c);
     return c;
   }
-  AllocatorOptions WithPool(size_t bytes) {
+  AllocatorOptions WithPool(size_t bytes, size_t chunk_bytes = size_t{1} << 30) {
     AllocatorOptions o;
     o.pinned_pool_bytes = bytes;
+    o.pinned_pool_chunk_bytes = chunk_bytes;
     return o;
   }
   CUdeviceptr Alloc(Allocator& a, size_t bytes, const std::string& tag) {
@@ -162,6 +167,77 @@ TEST_F(PinnedPoolTest, AFailedCopyIntoThePoolPausesNothing) {
   ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 8));
   EXPECT_TRUE(Holds(w, 4 * kMiB, 9));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, CopiesAreCutWhereTheRegistrationsEnd) {
+  Allocator a(api_, WithPool(64 * kMiB, 4 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 26 * kMiB, "kv");  // ranges across several chunks
+  const CUdeviceptr w = Alloc(a, 6 * kMiB, "weights");
+  Fill(kv, 26 * kMiB, 12);
+  Fill(w, 6 * kMiB, 13);
+  EXPECT_EQ(a.pause().pinned_pool_stats().pinned_bytes, 64 * kMiB);
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 16u);  // one per 4 MiB chunk
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 0u);
+  EXPECT_GE(sim::CallCount("cuMemcpyDtoHAsync_v2"), 8u);  // 32 MiB in parts of one chunk
+  EXPECT_EQ(sim::CallCount("cuMemcpyDtoH_v2"), 0u);
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 26 * kMiB, 12));
+  EXPECT_TRUE(Holds(w, 6 * kMiB, 13));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, UnpinGivesThePinningBackAndTheCopiesTakeWhatTheyUse) {
+  Allocator a(api_, WithPool(64 * kMiB, 4 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 24 * kMiB, "kv");
+  const CUdeviceptr w = Alloc(a, 6 * kMiB, "weights");
+  Fill(kv, 24 * kMiB, 14);
+  Fill(w, 6 * kMiB, 15);
+  a.pause().pinned_pool_stats();  // filled
+  const size_t registrations = sim::LiveHostRegistrations();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  // A deep sleep's step before the driver's checkpoint, from the control
+  // socket's thread (no context of its own).
+  size_t unpinned = 0;
+  std::thread([&] { unpinned = a.pause().UnpinPinnedPool(); }).join();
+  EXPECT_EQ(unpinned, 64 * kMiB);
+  EXPECT_EQ(sim::LiveHostRegistrations(), registrations - 16);
+  EXPECT_EQ(a.pause().pinned_pool_stats().pinned_bytes, 0u);
+  EXPECT_EQ(a.pause().UnpinPinnedPool(), 0u);  // nothing left to give back
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  // 30 MiB of ranges (rounded to 2 MiB) lie in the first 8 chunks: only
+  // those were pinned again, each before its copies.
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 8u);
+  EXPECT_EQ(a.pause().pinned_pool_stats().pinned_bytes, 32 * kMiB);
+  EXPECT_TRUE(Holds(kv, 24 * kMiB, 14));
+  EXPECT_TRUE(Holds(w, 6 * kMiB, 15));
+  // The next pause finds them pinned.
+  sim::ResetCallCounts();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 0u);
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 24 * kMiB, 14));
+  ASSERT_TRUE(a.ReleaseAll().ok());
+}
+
+TEST_F(PinnedPoolTest, AChunkThatCannotBePinnedAgainLeavesTheResumeToBeRetried) {
+  Allocator a(api_, WithPool(32 * kMiB, 4 * kMiB));
+  const CUdeviceptr kv = Alloc(a, 12 * kMiB, "kv");
+  Fill(kv, 12 * kMiB, 16);
+  a.pause().pinned_pool_stats();
+  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  ASSERT_EQ(a.pause().UnpinPinnedPool(), 32 * kMiB);
+  // (Not OUT_OF_MEMORY: that one is retried once after the caches go.)
+  sim::FailCall("cuMemHostRegister_v2", 2, CUDA_ERROR_NOT_PERMITTED);
+  absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::All());
+  EXPECT_EQ(ToCuResult(resumed.status()), CUDA_ERROR_NOT_PERMITTED);  // the driver's code
+  EXPECT_GT(a.GetStats().paused_bytes, 0u);  // still paused, its copy kept
+  sim::ClearFailures();
+  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 12 * kMiB, 16));
   ASSERT_TRUE(a.ReleaseAll().ok());
 }
 
