@@ -11,6 +11,8 @@ Natively (no shim), one process per run holding a 256 MiB device buffer and
   none        no page-locked memory (the floor)
   register    MADV_HUGEPAGE memory written, then cuMemHostRegister (portable):
               how the pinned pool is made
+  dropped     the same, then cuMemHostUnregister before the checkpoint: plain
+              memory that was page-locked (a pool that gives its pinning back)
   host_alloc  cuMemHostAlloc (portable)
   vmm_host    cuMemCreate of host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA, node
               0), reserved, mapped and made accessible to the device
@@ -18,7 +20,7 @@ Each run: the driver's lock + checkpoint, then restore + unlock
 (tools/gpu/driver_checkpoint.py), timed; the device buffer's and host memory's
 contents checked after the wake. The ways alternate, ROUNDS rounds.
 usage: python3 tools/gpu/checkpoint_host_memory.py [--gib 20] [--rounds 2]
-       [--ways none,register,host_alloc,vmm_host]"""
+       [--ways none,register,dropped,host_alloc,vmm_host]"""
 import argparse
 import ctypes
 import os
@@ -66,7 +68,7 @@ def child(way, gib):
     check(cu.cuMemsetD8_v2(device, ctypes.c_ubyte(0x5a), ctypes.c_size_t(256 << 20)), "cuMemsetD8")
     n = int(gib * (1 << 30))
     host = None
-    if way == "register":
+    if way in ("register", "dropped"):
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_long]
@@ -75,6 +77,8 @@ def child(way, gib):
         ctypes.memset(host, 0x33, n)
         check(cu.cuMemHostRegister_v2(ctypes.c_void_p(host), ctypes.c_size_t(n), 1),
               "cuMemHostRegister")
+        if way == "dropped":
+            check(cu.cuMemHostUnregister(ctypes.c_void_p(host)), "cuMemHostUnregister")
     elif way == "host_alloc":
         p = ctypes.c_void_p()
         check(cu.cuMemHostAlloc(ctypes.byref(p), ctypes.c_size_t(n), 1), "cuMemHostAlloc")
@@ -113,10 +117,11 @@ def child(way, gib):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--child", choices=["none", "register", "host_alloc", "vmm_host"])
+    parser.add_argument("--child", choices=["none", "register", "dropped", "host_alloc",
+                                                 "vmm_host"])
     parser.add_argument("--gib", type=float, default=20)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--ways", default="none,register,host_alloc,vmm_host")
+    parser.add_argument("--ways", default="none,register,dropped,host_alloc,vmm_host")
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.gib)
