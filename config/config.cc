@@ -304,7 +304,9 @@ constexpr OptionInfo kOptions[] = {
      "kept to the end of the process, into which pauses that keep contents (and deep "
      "sleep) copy at the copy engine's speed (about 50 GiB/s on an H200) from their first "
      "cycle; contents beyond it go to new host memory as without it. Costs that much host "
-     "memory, pinned, for the process's life (docs/pause-resume.md, \"The pinned pool\").",
+     "memory, pinned, for the process's life (docs/pause-resume.md, \"The pinned pool\"); "
+     "a deep sleep unpins it for the driver's checkpoint, and the wake's copies pin again "
+     "what they use.",
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
      "Set by `vmmshim run --stats FILE` and `--snapshot FILE`: the process that writes "
