@@ -166,7 +166,10 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
   for (size_t i = 0; i < pids.size(); ++i) {
     nlohmann::json reply = AskProcess(paths[i], {{"op", "sleep"}, {"drop", drop}}, kPauseSeconds);
     if (!reply.is_object() || !reply.value("ok", false)) {
-      return Fail("sleep", pids[i], "the pause was refused: " + ReplyError(reply) + undo(i));
+      // The first one refused: nothing was paused (its reply says so for itself).
+      return Fail("sleep", pids[i],
+                  "the pause was refused: " + ReplyError(reply) +
+                      (i == 0 ? std::string(pids.size() > 1 ? nothing : "") : undo(i)));
     }
     paused.push_back(std::move(reply));
   }

@@ -16,6 +16,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "core/driver/cu_status.h"
 #include "core/driver/driver_stats.h"
@@ -228,6 +229,16 @@ const Runtime* Initialize() {
       };
       handlers.wake = [](size_t* restored) { return vmmshim_resume_memory(nullptr, restored); };
       handlers.paused_bytes = [rt] { return rt->allocator->GetStats().paused_bytes; };
+      handlers.shared_memory = [rt]() -> std::string {
+        if (rt->ipc == nullptr) return "";
+        const Ipc::OpenImports open = rt->ipc->open_imports();
+        if (open.bytes == 0) return "";
+        return absl::StrCat("the process maps ", open.bytes, " bytes of device memory that ",
+                            open.exporters.size() == 1 ? "process " : "processes ",
+                            absl::StrJoin(open.exporters, ", "),
+                            " exported (cudaIpcOpenMemHandle); close it (cudaIpcCloseMemHandle) "
+                            "before the sleep");
+      };
       rt->control = new ControlServer(rt->config.ipc_dir, std::move(handlers));
       rt->control->Start().IgnoreError();  // logged; the program runs on without it
     }

@@ -154,6 +154,12 @@ std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
                    CUDA_ERROR_NOT_PERMITTED);
     }
   }
+  if (const std::string shared = handlers_.shared_memory ? handlers_.shared_memory() : "";
+      !shared.empty()) {
+    return Error(absl::StrCat(shared, "; the driver's checkpoint cannot take memory shared "
+                              "between processes; nothing is paused"),
+                 CUDA_ERROR_NOT_PERMITTED);
+  }
   const auto start = std::chrono::steady_clock::now();
   size_t released = 0;
   if (int rc = handlers_.sleep(drop, &released); rc != 0) {

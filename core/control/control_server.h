@@ -16,7 +16,9 @@
 //       "seconds": T}: everything the shim holds paused, the tags of "drop"
 //       without their contents, the rest with; running -> sleeping. Refused
 //       while memory is paused already (the wake resumes everything: it would
-//       resume what the program paused itself).
+//       resume what the program paused itself), and while the process
+//       shares device memory with another (exported by it or mapped from
+//       another: the driver's checkpoint cannot take it), naming which.
 //   {"op": "slept"}   ->  {"ok": true}: sleeping -> asleep (the helper's
 //       checkpoint succeeded).
 //   {"op": "wake"}    ->  {"ok": true, "restored_bytes": N, "seconds": T}:
@@ -69,6 +71,10 @@ class ControlServer {
     // The bytes paused now. A sleep is refused while the program has paused
     // memory of its own, since the wake resumes everything.
     std::function<size_t()> paused_bytes;
+    // Why the process shares device memory with another process in a way
+    // a sleep cannot take (memory of another process's shim it maps:
+    // cudaIpcOpenMemHandle), or empty. Checked before anything is paused.
+    std::function<std::string()> shared_memory;
   };
   // `dir`: empty for the default directory.
   ControlServer(std::string dir, Handlers handlers);

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -385,7 +386,7 @@ absl::StatusOr<CUdeviceptr> Ipc::Open(const IpcHandleFields& fields, unsigned in
     ++it->second.references;
     return it->second.ptr;
   }
-  it->second = Import{*base, mapped, *base + fields.offset, context, 1};
+  it->second = Import{*base, mapped, *base + fields.offset, context, 1, fields.pid};
   by_pointer_[it->second.ptr] = key;
   return it->second.ptr;
 }
@@ -421,6 +422,19 @@ void Ipc::ReleaseContext(CUcontext context) {
     }
   }
   for (const Import& i : gone) Unmap(i.base, i.size);
+}
+
+Ipc::OpenImports Ipc::open_imports() const {
+  OpenImports open;
+  MutexLock lock(&mu_);
+  for (const auto& [key, import] : imports_) {
+    open.bytes += import.size;
+    open.exporters.push_back(import.exporter_pid);
+  }
+  std::sort(open.exporters.begin(), open.exporters.end());
+  open.exporters.erase(std::unique(open.exporters.begin(), open.exporters.end()),
+                       open.exporters.end());
+  return open;
 }
 
 void Ipc::PrepareFork() { mu_.Lock(); }

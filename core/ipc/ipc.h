@@ -63,6 +63,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -100,6 +101,17 @@ class Ipc {
   // Unmaps every import opened in `context` (the context is going away).
   void ReleaseContext(CUcontext context);
 
+  // What this process maps now of memory other processes exported (opened
+  // and not yet closed): the bytes mapped (whole exported allocations) and
+  // the exporters' process ids, ascending, each once. A deep sleep is
+  // refused while any is open: the driver's process checkpoint cannot take
+  // memory shared between processes (docs/deep-sleep.md).
+  struct OpenImports {
+    size_t bytes = 0;
+    std::vector<uint32_t> exporters;
+  };
+  OpenImports open_imports() const;
+
   // After fork(), in the child: the listener thread does not exist there and
   // the socket is the parent's; a later export starts afresh.
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -116,6 +128,7 @@ class Ipc {
     CUdeviceptr ptr = 0;  // returned: base + offset
     CUcontext context = nullptr;
     int references = 0;
+    uint32_t exporter_pid = 0;
   };
   using ImportKey = std::tuple<uint64_t, std::string, CUcontext>;  // instance, token, context
 
@@ -135,7 +148,7 @@ class Ipc {
   const VmmMapper mapper_;  // maps and unmaps imports
   const std::string dir_;
 
-  Mutex mu_;
+  mutable Mutex mu_;
   uint64_t instance_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no listener
   uint32_t listener_pid_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<ImportKey, Import> imports_ ABSL_GUARDED_BY(mu_);

@@ -61,7 +61,17 @@ PROGRAM = textwrap.dedent(f"""
         elif command == "export":
             handle = (ctypes.c_char * 64)()
             rc = cu.cuIpcGetMemHandle(handle, ctypes.c_uint64(weights))
-            print("exported", rc, flush=True)
+            print("exported", rc, handle.raw.hex(), flush=True)
+        elif command.startswith("import "):
+            # Another process's export, opened (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS).
+            class Handle(ctypes.Structure):
+                _fields_ = [("reserved", ctypes.c_char * 64)]
+            opened = ctypes.c_uint64()
+            rc = cu.cuIpcOpenMemHandle_v2(ctypes.byref(opened),
+                                          Handle.from_buffer_copy(bytes.fromhex(command.split()[1])), 1)
+            print("imported", rc, flush=True)
+        elif command == "close":
+            print("closed", cu.cuIpcCloseMemHandle(ctypes.c_uint64(opened.value)), flush=True)
         elif command == "sleep-c":
             # The C API, the same way.
             import threading, time
@@ -245,7 +255,7 @@ class DeepSleep(unittest.TestCase):
         self.assertEqual(self.line(10), "weights intact kv usable")
         # Memory exported to another process: the checkpoint cannot take it.
         self.send("export")
-        self.assertEqual(self.line(10), "exported 0")
+        self.assertRegex(self.line(10), "^exported 0 [0-9a-f]{128}$")
         shared = self.vmmshim("sleep", pid)
         self.assertEqual(shared.returncode, 1)
         self.assertIn("exported to another process (cudaIpcGetMemHandle): the driver's "
@@ -253,6 +263,39 @@ class DeepSleep(unittest.TestCase):
         self.assertEqual(self.state(), "running")
         self.send("check")
         self.assertEqual(self.line(10), "weights intact kv usable")
+
+    def test_a_process_that_maps_another_ones_memory_is_refused(self):
+        # Two processes of one job: one exports its weights, the other maps
+        # them (what torch.multiprocessing does with a CUDA tensor).
+        importer = self.spawn()
+        self.send("export")
+        exported = self.line(10).split()
+        self.assertEqual(exported[:2], ["exported", "0"])
+        self.send("import " + exported[2], importer)
+        self.assertEqual(self.line(10, importer), "imported 0")
+        pid = str(importer.pid)
+        refused = self.vmmshim("sleep", pid)
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn(f"bytes of device memory that process {self.child.pid} exported "
+                      "(cudaIpcOpenMemHandle); close it (cudaIpcCloseMemHandle) before the "
+                      "sleep; the driver's checkpoint cannot take memory shared between "
+                      "processes; nothing is paused", refused.stderr)
+        job = self.vmmshim("sleep", str(self.child.pid), pid)
+        self.assertEqual(job.returncode, 1)
+        self.assertIn("none of the processes paused", job.stderr)
+        self.assertEqual([self.state(c) for c in self.children], ["running", "running"])
+        for child in self.children:
+            self.send("check", child)
+            self.assertEqual(self.line(10, child), "weights intact kv usable")
+        # Closed, it sleeps and wakes.
+        self.send("close", importer)
+        self.assertEqual(self.line(10, importer), "closed 0")
+        slept = self.vmmshim("sleep", pid, "--drop", "kv")
+        self.assertEqual(slept.returncode, 0, slept.stderr)
+        woke = self.vmmshim("wake", pid)
+        self.assertEqual(woke.returncode, 0, woke.stderr)
+        self.send("check", importer)
+        self.assertEqual(self.line(10, importer), "weights intact kv usable")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ struct Calls {
   size_t paused = 0;
   int sleep_code = 0;
   std::string exported = "0";
+  std::string shared;  // the shared_memory handler's answer
 };
 
 ControlServer Server(Calls& calls) {
@@ -42,6 +43,7 @@ ControlServer Server(Calls& calls) {
     return 0;
   };
   h.paused_bytes = [&calls] { return calls.paused; };
+  h.shared_memory = [&calls] { return calls.shared; };
   return ControlServer("/tmp/unused", std::move(h));
 }
 
@@ -79,6 +81,14 @@ TEST(ControlServerTest, RefusalsComeBeforeAnythingIsPaused) {
                   "shares device memory with other processes (8192 bytes exported"));
   EXPECT_EQ(calls.sleeps, 0);
   calls.exported = "0";
+  calls.shared = "the process maps 4096 bytes of device memory that process 7 exported";
+  const std::string mapped = server.Answer(R"({"op":"sleep"})");
+  EXPECT_TRUE(Has(mapped, "4096 bytes of device memory that process 7 exported; the driver's "
+                          "checkpoint cannot take memory shared between processes; nothing is "
+                          "paused")) << mapped;
+  EXPECT_TRUE(Has(mapped, R"("code":800)")) << mapped;
+  EXPECT_EQ(calls.sleeps, 0);
+  calls.shared.clear();
   calls.sleep_code = 800;  // CUDA_ERROR_NOT_PERMITTED: the shim's memory is exported
   EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "exported to another process"));
   calls.sleep_code = 2;

@@ -7,7 +7,11 @@
 # that is refused must say why, leave nothing paused (the result after equal,
 # the process still running) and the process's memory where it was. The
 # one-rank NCCL process is also put to sleep by the driver's checkpoint alone
-# (tools/gpu/driver_checkpoint.py), natively, for comparison.
+# (tools/gpu/driver_checkpoint.py), natively, for comparison. Then two
+# processes of one job (--holds pair: a parent that shared a tensor with a
+# child that maps it): `vmmshim sleep CHILD`, then `vmmshim sleep PARENT
+# CHILD` (the job as one step), each to be refused naming why, neither
+# process paused, both results equal before and after.
 # Writes $OUT/deep-sleep-holders.log.
 # usage: tools/gpu/deep-sleep-holders.sh
 set -uo pipefail
@@ -46,6 +50,25 @@ run() {  # HOLDS native|shim
   echo "  before: $before"; echo "  after:  $after"
   [ -n "$before" ] && [ "$before" = "$after" ] && echo "  identical" || echo "  DIFFERS"
 }
+pair() {
+  local line pid cpid before after tries
+  coproc P { LD_PRELOAD=$shim exec python3 "$root/examples/deep_sleep_holders.py" --holds pair; }
+  read -r -t 300 line <&"${P[0]}"; read -r pid cpid <<< "${line#ready }"
+  echo result >&"${P[1]}"; read -r -t 60 before <&"${P[0]}"
+  echo "pair (shim): parent $pid MiB $(held "$pid"), child $cpid MiB $(held "$cpid")"
+  for tries in "$cpid" "$pid $cpid"; do
+    # shellcheck disable=SC2086
+    s=$("$b/vmmshim" sleep $tries 2>&1); rc=$?
+    echo "  vmmshim sleep $tries (rc $rc): $s"
+  done
+  echo "  after the refusals: parent MiB $(held "$pid"), child MiB $(held "$cpid"); vmmshim ps:"
+  "$b/vmmshim" ps 2>&1 | grep -wE "PID|$pid|$cpid" | sed 's/^/    /'
+  echo result >&"${P[1]}"; read -r -t 60 after <&"${P[0]}"
+  echo quit >&"${P[1]}"; wait "$P_PID" 2>/dev/null
+  echo "  before: $before"; echo "  after:  $after"
+  [ -n "$before" ] && [ "$before" = "$after" ] && echo "  identical" || echo "  DIFFERS"
+}
 run nccl native
 run nccl shim
 run exported shim
+pair
