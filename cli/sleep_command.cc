@@ -136,6 +136,13 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
       return Fail("sleep", pid, "the process is " + status.value("state", std::string("?")) +
                                     " already" + nothing);
     }
+    // What its own sleep would refuse (memory shared with another process,
+    // memory paused of its own), asked before any process pauses.
+    if (const auto refusal = status.find("sleep_refusal");
+        refusal != status.end() && refusal->is_string()) {
+      return Fail("sleep", pid, "the pause was refused: " + refusal->get<std::string>() +
+                                    (pids.size() > 1 ? nothing : ""));
+    }
     CUprocessState state;
     if (CUresult r = d->cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
       return Fail("sleep", pid,

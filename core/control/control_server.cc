@@ -116,49 +116,63 @@ std::string ControlServer::Status() const {
   nlohmann::json reply = {{"ok", true}, {"pid", getpid()}, {"state", state}};
   reply["residency"] = nlohmann::json::parse(residency, nullptr, false);
   if (reply["residency"].is_discarded()) reply["residency"] = nullptr;
+  // What a sleep would be refused for now, so that a job's sleep is refused
+  // before any of its processes pauses.
+  if (state == "running") {
+    if (const Refusal refused = SleepRefusal(residency); refused.code != 0) {
+      reply["sleep_refusal"] = refused.why;
+    }
+  }
   return Dump(reply);
+}
+
+ControlServer::Refusal ControlServer::SleepRefusal(const std::string& residency) const {
+  if (const size_t paused = handlers_.paused_bytes ? handlers_.paused_bytes() : 0; paused > 0) {
+    return {absl::StrCat("the process has ", paused,
+                         " bytes paused of its own; resume them first (a wake resumes "
+                         "everything)"),
+            CUDA_ERROR_ILLEGAL_STATE};
+  }
+  // Memory another process maps (other libraries' VMM memory exported or
+  // imported: a multi-process NCCL group's buffers) is left alone by a pause,
+  // and the driver's checkpoint cannot take it (NVIDIA/cuda-checkpoint #30:
+  // such jobs hang): refused before anything is paused.
+  const nlohmann::json r = nlohmann::json::parse(residency, nullptr, false);
+  uint64_t exported = 0, imported = 0;
+  if (r.is_object() && r.contains("devices") && r.at("devices").is_array()) {
+    for (const nlohmann::json& d : r.at("devices")) {
+      const nlohmann::json alone = d.is_object() ? d.value("other_libraries_vmm", nlohmann::json::object())
+                                                       .value("left_alone", nlohmann::json::object())
+                                                 : nlohmann::json::object();
+      exported += alone.value("exported_bytes", uint64_t{0});
+      imported += alone.value("imported_bytes", uint64_t{0});
+    }
+  }
+  if (exported + imported > 0) {
+    return {absl::StrCat("the process shares device memory with other processes (", exported,
+                         " bytes exported, ", imported,
+                         " imported, by another library: a multi-process NCCL group's "
+                         "buffers, say); the driver's checkpoint cannot take it; nothing "
+                         "is paused"),
+            CUDA_ERROR_NOT_PERMITTED};
+  }
+  if (const std::string shared = handlers_.shared_memory ? handlers_.shared_memory() : "";
+      !shared.empty()) {
+    return {absl::StrCat(shared, "; the driver's checkpoint cannot take memory shared "
+                                 "between processes; nothing is paused"),
+            CUDA_ERROR_NOT_PERMITTED};
+  }
+  return {};
 }
 
 std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
   MutexLock lock(&mu_);
   if (state_ != "running") return Error(absl::StrCat("the process is ", state_, " already"));
   if (!handlers_.sleep) return Error("this process cannot sleep (no handler)");
-  if (const size_t paused = handlers_.paused_bytes ? handlers_.paused_bytes() : 0; paused > 0) {
-    return Error(absl::StrCat("the process has ", paused,
-                              " bytes paused of its own; resume them first (a wake resumes "
-                              "everything)"),
-                 CUDA_ERROR_ILLEGAL_STATE);
-  }
-  // Memory another process maps (other libraries' VMM memory exported or
-  // imported: a multi-process NCCL group's buffers) is left alone by a pause,
-  // and the driver's checkpoint cannot take it (NVIDIA/cuda-checkpoint #30:
-  // such jobs hang): refused before anything is paused.
-  if (handlers_.residency_json) {
-    const nlohmann::json r = nlohmann::json::parse(handlers_.residency_json(), nullptr, false);
-    uint64_t exported = 0, imported = 0;
-    if (r.is_object() && r.contains("devices") && r.at("devices").is_array()) {
-      for (const nlohmann::json& d : r.at("devices")) {
-        const nlohmann::json alone = d.is_object() ? d.value("other_libraries_vmm", nlohmann::json::object())
-                                                         .value("left_alone", nlohmann::json::object())
-                                                   : nlohmann::json::object();
-        exported += alone.value("exported_bytes", uint64_t{0});
-        imported += alone.value("imported_bytes", uint64_t{0});
-      }
-    }
-    if (exported + imported > 0) {
-      return Error(absl::StrCat("the process shares device memory with other processes (",
-                                exported, " bytes exported, ", imported,
-                                " imported, by another library: a multi-process NCCL group's "
-                                "buffers, say); the driver's checkpoint cannot take it; nothing "
-                                "is paused"),
-                   CUDA_ERROR_NOT_PERMITTED);
-    }
-  }
-  if (const std::string shared = handlers_.shared_memory ? handlers_.shared_memory() : "";
-      !shared.empty()) {
-    return Error(absl::StrCat(shared, "; the driver's checkpoint cannot take memory shared "
-                              "between processes; nothing is paused"),
-                 CUDA_ERROR_NOT_PERMITTED);
+  if (const Refusal refused =
+          SleepRefusal(handlers_.residency_json ? handlers_.residency_json() : "");
+      refused.code != 0) {
+    return Error(refused.why, refused.code);
   }
   const auto start = std::chrono::steady_clock::now();
   size_t released = 0;

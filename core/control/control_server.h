@@ -7,7 +7,9 @@
 // Protocol: the client connects, sends one JSON object on one line, and
 // reads one JSON object on one line; then the connection closes.
 //   {"op": "status"}  ->  {"ok": true, "pid": P, "state": S,
-//                          "residency": <vmmshim_get_residency's document>}
+//                          "residency": <vmmshim_get_residency's document>,
+//                          "sleep_refusal": "..." (only when a sleep would be
+//                          refused now, before pausing: why)}
 //       S: "running"; "sleeping" (paused for a sleep, the driver's checkpoint
 //       not yet done or undone); "asleep" (checkpointed). Not running, the
 //       residency is the one taken at the sleep: no driver call is made, since
@@ -92,6 +94,13 @@ class ControlServer {
  private:
   void Serve(int listen_fd) const;
 
+  // Why a sleep would be refused now (what it checks before pausing), with
+  // its CUresult; code 0: it would not be. `residency`: the residency JSON.
+  struct Refusal {
+    std::string why;
+    int code = 0;
+  };
+  Refusal SleepRefusal(const std::string& residency) const;
   std::string Status() const;
   std::string Sleep(const std::vector<std::string>& drop) const;
   std::string Slept() const;

@@ -280,8 +280,14 @@ class DeepSleep(unittest.TestCase):
                       "(cudaIpcOpenMemHandle); close it (cudaIpcCloseMemHandle) before the "
                       "sleep; the driver's checkpoint cannot take memory shared between "
                       "processes; nothing is paused", refused.stderr)
+        # A job's sleep: refused before either pauses (the exporter, which
+        # comes first, pauses nothing either).
         job = self.vmmshim("sleep", str(self.child.pid), pid)
         self.assertEqual(job.returncode, 1)
+        self.assertIn("none of the processes paused", job.stderr)
+        job = self.vmmshim("sleep", pid, str(self.child.pid))
+        self.assertEqual(job.returncode, 1)
+        self.assertIn(f"vmmshim sleep {pid}: the pause was refused: the process maps", job.stderr)
         self.assertIn("none of the processes paused", job.stderr)
         self.assertEqual([self.state(c) for c in self.children], ["running", "running"])
         for child in self.children:

@@ -87,8 +87,12 @@ TEST(ControlServerTest, RefusalsComeBeforeAnythingIsPaused) {
                           "checkpoint cannot take memory shared between processes; nothing is "
                           "paused")) << mapped;
   EXPECT_TRUE(Has(mapped, R"("code":800)")) << mapped;
+  // The status says so too, for a job's sleep to refuse before any pauses.
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"status"})"),
+                  R"("sleep_refusal":"the process maps 4096 bytes)"));
   EXPECT_EQ(calls.sleeps, 0);
   calls.shared.clear();
+  EXPECT_FALSE(Has(server.Answer(R"({"op":"status"})"), "sleep_refusal"));
   calls.sleep_code = 800;  // CUDA_ERROR_NOT_PERMITTED: the shim's memory is exported
   EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "exported to another process"));
   calls.sleep_code = 2;
