@@ -88,8 +88,8 @@ TEST(ControlServerTest, RefusalsComeBeforeAnythingIsPaused) {
                           "paused")) << mapped;
   EXPECT_TRUE(Has(mapped, R"("code":800)")) << mapped;
   // The status says so too, for a job's sleep to refuse before any pauses.
-  EXPECT_TRUE(Has(server.Answer(R"({"op":"status"})"),
-                  R"("sleep_refusal":"the process maps 4096 bytes)"));
+  const std::string status = server.Answer(R"({"op":"status"})");
+  EXPECT_TRUE(Has(status, R"("sleep_refusal":"the process maps 4096 bytes)")) << status;
   EXPECT_EQ(calls.sleeps, 0);
   calls.shared.clear();
   EXPECT_FALSE(Has(server.Answer(R"({"op":"status"})"), "sleep_refusal"));
