@@ -46,37 +46,14 @@
 #include <thread>
 #include <vector>
 
+#include "host_copy_setup.h"
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-void Check(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    const char* name = nullptr;
-    cuGetErrorName(r, &name);
-    std::fprintf(stderr, "page_lock_speed: %s: %s\n", what, name ? name : "?");
-    std::exit(1);
-  }
-}
-
-int Threads() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 8;
-  return std::clamp(CPU_COUNT(&set), 1, 16);
-}
-
-char* Map(size_t bytes, bool huge) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    std::fprintf(stderr, "page_lock_speed: mmap of %zu bytes failed\n", bytes);
-    std::exit(1);
-  }
-  if (huge) madvise(p, bytes, MADV_HUGEPAGE);
-  return static_cast<char*>(p);
-}
+using host_copy_setup::Check;
+using host_copy_setup::Clock;
+using host_copy_setup::Map;
+using host_copy_setup::Since;
 
 // `f(from, to)` on `threads` threads over [0, bytes), in 2 MiB-aligned parts.
 void Parallel(size_t bytes, int threads, const std::function<void(size_t, size_t)>& f) {
@@ -139,17 +116,8 @@ bool Copy(const std::string& way, const Locked& locked, CUdeviceptr device, size
 int main(int argc, char** argv) {
   const size_t bytes = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16) << 30;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 2;
-  const int threads = Threads();
-  Check(cuInit(0), "cuInit");
-  CUdevice dev;
-  Check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CUcontext ctx;
-  Check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  Check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  std::vector<CUdeviceptr> resident(1000);
-  for (size_t i = 0; i < resident.size(); ++i) {
-    Check(cuMemAlloc(&resident[i], 256 + (i % 64) * 4096), "cuMemAlloc (resident set)");
-  }
+  const int threads = host_copy_setup::CopyThreads();
+  const CUcontext ctx = host_copy_setup::PrimaryContextWithResidentSet();
   CUdeviceptr buffer;
   Check(cuMemAlloc(&buffer, bytes), "cuMemAlloc (buffer)");
   Check(cuMemsetD8(buffer, 0x5a, bytes), "cuMemsetD8");

@@ -22,33 +22,20 @@
 // device). Every round checks the device buffer's contents after "in".
 // usage: registration_behind_copies [SIZE_GIB] [ROUNDS] [CHUNK_MIB]
 #include <cuda.h>
-#include <sched.h>
-#include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "host_copy_setup.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-void Check(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    const char* name = nullptr;
-    cuGetErrorName(r, &name);
-    std::fprintf(stderr, "registration_behind_copies: %s: %s\n", what, name ? name : "?");
-    std::exit(1);
-  }
-}
+using host_copy_setup::Check;
+using host_copy_setup::Clock;
+using host_copy_setup::Since;
 
 void Row(const char* way, const char* step, int round, double seconds, size_t bytes) {
   if (round < 0) return;  // warm-up
@@ -64,16 +51,7 @@ int main(int argc, char** argv) {
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 2;
   const size_t chunk = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1024) << 20;
   const size_t chunks = (bytes + chunk - 1) / chunk;
-  Check(cuInit(0), "cuInit");
-  CUdevice dev;
-  Check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CUcontext ctx;
-  Check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  Check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  std::vector<CUdeviceptr> resident(1000);
-  for (size_t i = 0; i < resident.size(); ++i) {
-    Check(cuMemAlloc(&resident[i], 256 + (i % 64) * 4096), "cuMemAlloc (resident set)");
-  }
+  host_copy_setup::PrimaryContextWithResidentSet();
   CUdeviceptr buffer;
   Check(cuMemAlloc(&buffer, bytes), "cuMemAlloc (buffer)");
   CUstream stream;
@@ -81,25 +59,8 @@ int main(int argc, char** argv) {
   std::vector<CUevent> done(chunks);
   for (CUevent& e : done) Check(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 
-  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) {
-    std::fprintf(stderr, "registration_behind_copies: mmap of %zu bytes failed\n", bytes);
-    return 1;
-  }
-  char* host = static_cast<char*>(mapped);
-  madvise(host, bytes, MADV_HUGEPAGE);
-  {
-    cpu_set_t set;
-    const int threads =
-        sched_getaffinity(0, sizeof set, &set) == 0 ? std::clamp(CPU_COUNT(&set), 1, 16) : 8;
-    std::vector<std::thread> touch;
-    const size_t part = (bytes / threads + (2 << 20) - 1) / (2 << 20) * (2 << 20);
-    for (int t = 0; t < threads; ++t) {
-      const size_t from = std::min(bytes, part * t), to = std::min(bytes, from + part);
-      touch.emplace_back([=] { std::memset(host + from, 0, to - from); });
-    }
-    for (std::thread& t : touch) t.join();
-  }
+  char* host = host_copy_setup::Map(bytes, /*huge=*/true);
+  host_copy_setup::Touch(host, bytes, host_copy_setup::CopyThreads());
   auto span = [&](size_t k) { return std::min(chunk, bytes - k * chunk); };
   auto reg = [&](size_t k) {
     Check(cuMemHostRegister(host + k * chunk, span(k), CU_MEMHOSTREGISTER_PORTABLE),

@@ -24,41 +24,24 @@
 // after "in". Rows: way,step,round,seconds,gib_per_s
 // usage: ring_beside_copy_engine [SIZE_GIB] [ROUNDS]
 #include <cuda.h>
-#include <sched.h>
-#include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <thread>
 #include <vector>
 
+#include "host_copy_setup.h"
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-void Check(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    const char* name = nullptr;
-    cuGetErrorName(r, &name);
-    std::fprintf(stderr, "ring_beside_copy_engine: %s: %s\n", what, name ? name : "?");
-    std::exit(1);
-  }
-}
+using host_copy_setup::Check;
+using host_copy_setup::Clock;
+using host_copy_setup::Since;
 
 constexpr size_t kGiB = size_t{1} << 30;
 constexpr size_t kSlot = size_t{64} << 20;
-
-int Cpus() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? std::clamp(CPU_COUNT(&set), 1, 16) : 8;
-}
 
 // memcpy of [src, src + n) to dst by `threads` threads, joined on return.
 void ParallelCopy(char* dst, const char* src, size_t n, int threads) {
@@ -72,20 +55,8 @@ void ParallelCopy(char* dst, const char* src, size_t n, int threads) {
 }
 
 char* HostMemory(size_t bytes, int threads) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    std::fprintf(stderr, "ring_beside_copy_engine: mmap of %zu bytes failed\n", bytes);
-    std::exit(1);
-  }
-  char* host = static_cast<char*>(p);
-  madvise(host, bytes, MADV_HUGEPAGE);
-  std::vector<std::thread> touch;
-  const size_t part = (bytes / threads + (2 << 20) - 1) / (2 << 20) * (2 << 20);
-  for (int t = 0; t < threads; ++t) {
-    const size_t from = std::min(bytes, part * t), to = std::min(bytes, from + part);
-    touch.emplace_back([=] { std::memset(host + from, 0, to - from); });
-  }
-  for (std::thread& t : touch) t.join();
+  char* host = host_copy_setup::Map(bytes, /*huge=*/true);
+  host_copy_setup::Touch(host, bytes, threads);
   return host;
 }
 
@@ -100,17 +71,8 @@ void Row(const char* way, const char* step, int round, double seconds, size_t by
 int main(int argc, char** argv) {
   const size_t bytes = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16) * kGiB;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 2;
-  const int threads = Cpus();
-  Check(cuInit(0), "cuInit");
-  CUdevice dev;
-  Check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CUcontext ctx;
-  Check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  Check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  std::vector<CUdeviceptr> resident(1000);
-  for (size_t i = 0; i < resident.size(); ++i) {
-    Check(cuMemAlloc(&resident[i], 256 + (i % 64) * 4096), "cuMemAlloc (resident set)");
-  }
+  const int threads = host_copy_setup::CopyThreads();
+  const CUcontext ctx = host_copy_setup::PrimaryContextWithResidentSet();
   CUdeviceptr buffer;
   Check(cuMemAlloc(&buffer, bytes), "cuMemAlloc (buffer)");
   CUstream stream;
