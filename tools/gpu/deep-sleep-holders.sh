@@ -19,12 +19,6 @@ source "$(dirname "$0")/host-env.sh"
 exec > >(tee "$out/deep-sleep-holders.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
-held() {
-  local m
-  m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-      awk -F', ' -v p="$1" '$1 == p {print $2}')
-  echo "${m:-0}"
-}
 run() {  # HOLDS native|shim
   local holds=$1 how=$2 pid before after awake asleep s w rc
   coproc H { if [ "$how" = native ]; then exec python3 "$root/examples/deep_sleep_holders.py" --holds "$holds";

@@ -27,12 +27,6 @@ rounds=${1:-2}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 app=(python3 "$root/examples/deep_sleep_workload.py" --kv-gib "${KV_GIB:-16}")
-held() {  # MiB nvidia-smi lists for PID (0 when it lists none)
-  local m
-  m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-      awk -F', ' -v p="$1" '$1 == p {print $2}')
-  echo "${m:-0}"
-}
 run() {  # MODE ROUND
   local mode=$1 round=$2 pid before after asleep s w pool=0 drop=()
   case $mode in
