@@ -197,6 +197,7 @@ const Runtime* Initialize() {
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
     if (rt->config.control) {
+      rt->stack_reservation = new StackReservation(rt->allocator_driver);
       ControlServer::Handlers handlers;
       handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
       // The C API's own pause and resume (interpose/api.cc), history included.
@@ -225,9 +226,26 @@ const Runtime* Initialize() {
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
                          .count());
         }
+        // The contexts' stack reservation, which the checkpoint would copy
+        // (core/lifecycle/stack_reservation.h); the sleep goes on without.
+        int lowered = 0;
+        if (absl::Status s = rt->stack_reservation->Release(&lowered); !s.ok()) {
+          Log().warn("the contexts' stack reservation stays for the checkpoint: {}",
+                     std::string(s.message()));
+        } else if (lowered > 0) {
+          Log().info("stack limit of {} context(s) lowered for the checkpoint", lowered);
+        }
         return 0;
       };
-      handlers.wake = [](size_t* restored) { return vmmshim_resume_memory(nullptr, restored); };
+      handlers.wake = [rt](size_t* restored) {
+        // Before the memory: a kernel meets the low limit only where it would
+        // meet paused memory.
+        if (absl::Status s = rt->stack_reservation->Restore(); !s.ok()) {
+          Log().warn("the contexts' stack limit is not set back yet (the next wake tries "
+                     "again): {}", std::string(s.message()));
+        }
+        return vmmshim_resume_memory(nullptr, restored);
+      };
       handlers.paused_bytes = [rt] { return rt->allocator->GetStats().paused_bytes; };
       handlers.shared_memory = [rt]() -> std::string {
         if (rt->ipc == nullptr) return "";

@@ -17,6 +17,7 @@
 #include "core/driver/driver_api.h"
 #include "core/control/control_server.h"
 #include "core/ipc/ipc.h"
+#include "core/lifecycle/stack_reservation.h"
 #include "core/peer_contexts.h"
 #include "core/history/caller_library.h"
 #include "core/history/memory_history.h"
@@ -41,6 +42,8 @@ struct Runtime {
   TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
   Ipc* ipc = nullptr;                  // VMMSHIM_IPC=1, else nullptr
   ControlServer* control = nullptr;    // VMMSHIM_CONTROL=1, else nullptr
+  // The contexts' stack reservation, lowered by a deep sleep (with control).
+  StackReservation* stack_reservation = nullptr;
   // VMMSHIM_ATTRIBUTION=1: who allocated (core/history/caller_library.h), else nullptr.
   CallerLibraries* callers = nullptr;
   // The memory history (core/history/memory_history.h), whenever the shim

@@ -105,6 +105,8 @@ namespace vmmshim {
     PFN_cuDevicePrimaryCtxReset_v11000, false)                                         \
   X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState",                          \
     PFN_cuDevicePrimaryCtxGetState_v7000, false)                                       \
+  X(cuCtxGetLimit, "cuCtxGetLimit", PFN_cuCtxGetLimit_v3010, false)                   \
+  X(cuCtxSetLimit, "cuCtxSetLimit", PFN_cuCtxSetLimit_v3010, false)                   \
   X(cuCtxDestroy_v2, "cuCtxDestroy_v2", PFN_cuCtxDestroy_v4000, false)                 \
   X(cuCtxDestroy, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, false)                       \
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease",                            \

@@ -21,13 +21,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The sleeping process: weights (kept) and a KV cache (dropped) under tags;
 # then one command per stdin line: "call" makes a driver call, "check"
-# compares the weights, "pause" pauses a tag of its own, "resume" resumes it.
+# compares the weights, "stack" prints the context's stack limit (set to 4 KiB
+# at the start; a sleep lowers it for the checkpoint, the wake sets it back),
+# "pause" pauses a tag of its own, "resume" resumes it.
 PROGRAM = textwrap.dedent(f"""
     import ctypes, hashlib, sys
     sys.path.insert(0, {HERE!r})
     from sim_cuda import driver
     import vmmshim
     cu = driver()
+    assert cu.cuCtxSetLimit(0, ctypes.c_size_t(4096)) == 0  # CU_LIMIT_STACK_SIZE, not the default
     def alloc(n):
         p = ctypes.c_uint64()
         assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)) == 0
@@ -52,6 +55,10 @@ PROGRAM = textwrap.dedent(f"""
             kv_ok = cu.cuMemcpyHtoD_v2(kv, data, 4096) == 0
             print("weights", "intact" if ok else "differ", "kv", "usable" if kv_ok else "faults",
                   flush=True)
+        elif command == "stack":
+            limit = ctypes.c_size_t()
+            rc = cu.cuCtxGetLimit(ctypes.byref(limit), 0)
+            print("stack", rc, limit.value, flush=True)
         elif command == "pause":
             vmmshim.pause("kv", keep_contents=False)
             print("paused", flush=True)
@@ -112,8 +119,12 @@ class DeepSleep(unittest.TestCase):
         self.child = self.spawn()
 
     def spawn(self):
-        child = subprocess.Popen([sys.executable, "-c", PROGRAM], env=dict(self.env, LD_PRELOAD=SHIM),
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", PROGRAM],
+                                 env=dict(self.env, LD_PRELOAD=SHIM, VMMSHIM_LOG_LEVEL="info"),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 stderr=open(os.path.join(self.dir, f"log-{len(self.children)}"),
+                                             "w"))
+        child.log = os.path.join(self.dir, f"log-{len(self.children)}")
         # A reader thread: select() cannot see lines the pipe's buffer already holds.
         child.lines = queue.Queue()
         threading.Thread(target=lambda: [child.lines.put(l.strip()) for l in child.stdout],
@@ -179,6 +190,10 @@ class DeepSleep(unittest.TestCase):
         self.assertEqual(self.line(10), "called")
         self.send("check")
         self.assertEqual(self.line(10), "weights intact kv usable")
+        self.send("stack")
+        self.assertEqual(self.line(10), "stack 0 4096")
+        with open(self.child.log) as log:
+            self.assertIn("stack limit of 1 context(s) lowered for the checkpoint", log.read())
         self.assertEqual(self.state(), "running")
         awake = self.vmmshim("wake", pid)
         self.assertEqual(awake.returncode, 1)
@@ -210,6 +225,8 @@ class DeepSleep(unittest.TestCase):
             self.assertEqual(self.state(), "running")
             self.send("check")
             self.assertEqual(self.line(10), "weights intact kv usable")
+            self.send("stack")
+            self.assertEqual(self.line(10), "stack 0 4096")
 
     def test_a_job_sleeps_and_wakes_as_one_step(self):
         other = self.spawn()

@@ -47,6 +47,10 @@ char* MapHostMemory(size_t bytes) {
 struct Context {
   int device;
   bool primary = true;
+  // CU_LIMIT_STACK_SIZE (bytes per thread): the driver's default is 1 KiB;
+  // the local memory it reserves for all resident threads scales with it
+  // (measured on H200: 1 KiB reserves 264 MiB, 0 none; docs/deep-sleep.md).
+  size_t stack_limit = kSimDefaultStackBytes;
 };
 
 struct PhysicalHandle {
@@ -909,6 +913,7 @@ void DropRegistrationsLocked(State& s, CUcontext ctx) {
 
 void DropContextLocked(State& s, int device) {
   DropRegistrationsLocked(s, reinterpret_cast<CUcontext>(s.devices[device].primary.get()));
+  s.devices[device].primary->stack_limit = kSimDefaultStackBytes;  // a new context's default
   for (auto it = s.legacy.begin(); it != s.legacy.end();) {
     if (it->second.device != device) {
       ++it;
@@ -960,6 +965,38 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* a
   *flags = 0;
   *active = s.devices[device].primary_refs > 0 ? 1 : 0;
   return CUDA_SUCCESS;
+}
+
+namespace {
+Context* CurrentContextLocked() {
+  return reinterpret_cast<Context*>(Current());
+}
+}  // namespace
+
+CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
+  SIM_ENTER("cuCtxGetLimit");
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = CurrentContextLocked();
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (limit != CU_LIMIT_STACK_SIZE) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+  *value = c->stack_limit;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  SIM_ENTER("cuCtxSetLimit");
+  Context* c = CurrentContextLocked();
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (limit != CU_LIMIT_STACK_SIZE) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+  c->stack_limit = value;
+  return CUDA_SUCCESS;
+}
+
+size_t PrimaryStackLimit(int device) {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!ValidDevice(s, device)) return 0;
+  return s.devices[device].primary->stack_limit;
 }
 
 CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
@@ -2012,6 +2049,8 @@ constexpr ProcEntry kProcTable[] = {
     {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2", nullptr},
     {"cuDevicePrimaryCtxGetState", 7000, "cuDevicePrimaryCtxGetState", nullptr},
     {"cuCtxDestroy", 4000, "cuCtxDestroy_v2", nullptr},
+    {"cuCtxGetLimit", 3010, "cuCtxGetLimit", nullptr},
+    {"cuCtxSetLimit", 3010, "cuCtxSetLimit", nullptr},
     {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
     {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
     {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},

@@ -130,6 +130,12 @@ size_t DeviceBytesInUse(int device);
 size_t LiveHostRegistrations();
 // cuMemHostAlloc allocations not yet given back with cuMemFreeHost.
 size_t LiveHostAllocations();
+// CU_LIMIT_STACK_SIZE of device `device`'s primary context (cuCtxGetLimit,
+// cuCtxSetLimit; the only limit simulated: others are
+// CUDA_ERROR_UNSUPPORTED_LIMIT); back to the default when the primary context
+// is destroyed (last release) or reset, as a new context starts with it.
+inline constexpr size_t kSimDefaultStackBytes = 1024;
+size_t PrimaryStackLimit(int device);
 // cuCtxSynchronize calls that reached device `device`'s contexts.
 uint64_t SyncCount(int device);
 
@@ -236,6 +242,8 @@ void WaitWhileCheckpointLocked();
     (device, flags, active))                                                         \
   X(cuCtxCreate_v2, (CUcontext * ctx, unsigned int flags, CUdevice device), (ctx, flags, device)) \
   X(cuCtxDestroy_v2, (CUcontext ctx), (ctx))                                         \
+  X(cuCtxGetLimit, (size_t * value, CUlimit limit), (value, limit))                  \
+  X(cuCtxSetLimit, (CUlimit limit, size_t value), (limit, value))                    \
   X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream))             \
   X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream))        \
   X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus * status), (stream, status)) \
