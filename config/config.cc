@@ -160,6 +160,10 @@ bool ApplyControl(absl::string_view value, int, Config* config) {
   return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->control);
 }
 
+bool ApplySleepLowersStack(absl::string_view value, int, Config* config) {
+  return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->sleep_lowers_stack);
+}
+
 bool ApplyAttribution(absl::string_view value, int, Config* config) {
   return absl::SimpleAtob(absl::StripAsciiWhitespace(value), &config->attribution);
 }
@@ -308,6 +312,12 @@ constexpr OptionInfo kOptions[] = {
      "a deep sleep unpins it for the driver's checkpoint, and the wake's copies pin again "
      "what they use.",
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
+    {"VMMSHIM_SLEEP_LOWERS_STACK", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
+     "1: a deep sleep lowers each active primary context's stack limit (CU_LIMIT_STACK_SIZE) "
+     "to 0 before the driver's checkpoint and the wake sets it back, so that the checkpoint "
+     "does not copy the stack reservation (264 MiB on an H200; docs/deep-sleep.md, \"The "
+     "context's stack reservation\"); 0: the limit stays as the program set it.",
+     &ApplySleepLowersStack, false, OptionKey::kSleepLowersStack},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
      "Set by `vmmshim run --stats FILE` and `--snapshot FILE`: the process that writes "
      "VMMSHIM_STATS_FILE and VMMSHIM_SNAPSHOT_FILE as named. Any other process under the same "

@@ -77,6 +77,9 @@ struct Config {
   // VMMSHIM_PINNED_POOL: page-locked host memory made ahead for pauses that
   // keep contents (core/heap/pinned_pool.h); 0 = none.
   size_t pinned_pool_bytes = 0;
+  // VMMSHIM_SLEEP_LOWERS_STACK: a deep sleep lowers the contexts' stack
+  // limit for the driver's checkpoint (core/lifecycle/stack_reservation.h).
+  bool sleep_lowers_stack = true;
 };
 
 // The prefix of every option's variable name; Options() knows all of them.
@@ -107,6 +110,7 @@ enum class OptionKey {
   kAttribution,
   kControl,
   kPinnedPool,
+  kSleepLowersStack,
   kStatsPid,  // the last: config.cc checks that the table has a row for each
 };
 

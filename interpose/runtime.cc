@@ -197,7 +197,9 @@ const Runtime* Initialize() {
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
     if (rt->config.control) {
-      rt->stack_reservation = new StackReservation(rt->allocator_driver);
+      if (rt->config.sleep_lowers_stack) {
+        rt->stack_reservation = new StackReservation(rt->allocator_driver);
+      }
       ControlServer::Handlers handlers;
       handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
       // The C API's own pause and resume (interpose/api.cc), history included.
@@ -227,11 +229,15 @@ const Runtime* Initialize() {
                          .count());
         }
         // The contexts' stack reservation, which the checkpoint would copy
-        // (core/lifecycle/stack_reservation.h); the sleep goes on without.
+        // (core/lifecycle/stack_reservation.h; VMMSHIM_SLEEP_LOWERS_STACK=0:
+        // none). The sleep goes on without it.
         int lowered = 0;
-        if (absl::Status s = rt->stack_reservation->Release(&lowered); !s.ok()) {
+        absl::Status stack = rt->stack_reservation == nullptr
+                                 ? absl::OkStatus()
+                                 : rt->stack_reservation->Release(&lowered);
+        if (!stack.ok()) {
           Log().warn("the contexts' stack reservation stays for the checkpoint: {}",
-                     std::string(s.message()));
+                     std::string(stack.message()));
         } else if (lowered > 0) {
           Log().info("stack limit of {} context(s) lowered for the checkpoint", lowered);
         }
@@ -240,9 +246,12 @@ const Runtime* Initialize() {
       handlers.wake = [rt](size_t* restored) {
         // Before the memory: a kernel meets the low limit only where it would
         // meet paused memory.
-        if (absl::Status s = rt->stack_reservation->Restore(); !s.ok()) {
+        absl::Status stack = rt->stack_reservation == nullptr
+                                 ? absl::OkStatus()
+                                 : rt->stack_reservation->Restore();
+        if (!stack.ok()) {
           Log().warn("the contexts' stack limit is not set back yet (the next wake tries "
-                     "again): {}", std::string(s.message()));
+                     "again): {}", std::string(stack.message()));
         }
         return vmmshim_resume_memory(nullptr, restored);
       };

@@ -42,7 +42,8 @@ struct Runtime {
   TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
   Ipc* ipc = nullptr;                  // VMMSHIM_IPC=1, else nullptr
   ControlServer* control = nullptr;    // VMMSHIM_CONTROL=1, else nullptr
-  // The contexts' stack reservation, lowered by a deep sleep (with control).
+  // The contexts' stack reservation, lowered by a deep sleep (with control
+  // and VMMSHIM_SLEEP_LOWERS_STACK=1, else nullptr).
   StackReservation* stack_reservation = nullptr;
   // VMMSHIM_ATTRIBUTION=1: who allocated (core/history/caller_library.h), else nullptr.
   CallerLibraries* callers = nullptr;

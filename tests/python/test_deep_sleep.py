@@ -118,9 +118,10 @@ class DeepSleep(unittest.TestCase):
         self.children = []
         self.child = self.spawn()
 
-    def spawn(self):
+    def spawn(self, **env):
         child = subprocess.Popen([sys.executable, "-c", PROGRAM],
-                                 env=dict(self.env, LD_PRELOAD=SHIM, VMMSHIM_LOG_LEVEL="info"),
+                                 env=dict(self.env, LD_PRELOAD=SHIM, VMMSHIM_LOG_LEVEL="info",
+                                          **env),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  stderr=open(os.path.join(self.dir, f"log-{len(self.children)}"),
                                              "w"))
@@ -198,6 +199,16 @@ class DeepSleep(unittest.TestCase):
         awake = self.vmmshim("wake", pid)
         self.assertEqual(awake.returncode, 1)
         self.assertIn("the process is running, not asleep", awake.stderr)
+
+    def test_the_stack_limit_stays_when_asked(self):
+        child = self.spawn(VMMSHIM_SLEEP_LOWERS_STACK="0")
+        self.assertEqual(self.vmmshim("sleep", str(child.pid)).returncode, 0)
+        self.assertEqual(self.state(child), "asleep")
+        self.assertEqual(self.vmmshim("wake", str(child.pid)).returncode, 0)
+        self.send("stack", child)
+        self.assertEqual(self.line(10, child), "stack 0 4096")
+        with open(child.log) as log:
+            self.assertNotIn("lowered for the checkpoint", log.read())
 
     def test_the_program_sleeps_itself_and_a_thread_wakes_it(self):
         self.send("sleep-self")

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Deep sleep on a GPU host (after tools/gpu/bundle.sh): examples/deep_sleep_workload.py
 # (1 GiB of weights, a KV cache of KV_GIB, default 16) put to sleep and woken
-# five ways, alternated, ROUNDS rounds (default 2):
+# six ways, alternated, ROUNDS rounds (default 2):
 #   driver             natively, the driver's checkpoint alone (tools/gpu/driver_checkpoint.py,
 #                      as cuda-checkpoint calls it);
 #   vmmshim            under the shim, `vmmshim sleep PID` (everything kept), `vmmshim wake PID`;
 #   vmmshim-pool       the same with a pinned pool of POOL (default 20G) for the copies;
+#   vmmshim-pool-stack the same with VMMSHIM_SLEEP_LOWERS_STACK=0: the contexts' stack
+#                      reservation left for the checkpoint to copy;
 #   vmmshim-drop       `vmmshim sleep PID --drop kv` (the KV cache refilled after the wake);
 #   vmmshim-drop-pool  the same with a pinned pool of DROP_POOL (default 3G: the weights).
 # A process with a pool is given 3 s after it is ready before its sleep: the
@@ -28,14 +30,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 app=(python3 "$root/examples/deep_sleep_workload.py" --kv-gib "${KV_GIB:-16}")
 run() {  # MODE ROUND
-  local mode=$1 round=$2 pid before after asleep s w pool=0 drop=()
+  local mode=$1 round=$2 pid before after asleep s w pool=0 drop=() stack=1
   case $mode in
     vmmshim-pool) pool=${POOL:-20G} ;;
+    vmmshim-pool-stack) pool=${POOL:-20G}; stack=0 ;;
     vmmshim-drop) drop=(--drop kv) ;;
     vmmshim-drop-pool) pool=${DROP_POOL:-3G}; drop=(--drop kv) ;;
   esac
   coproc W { if [ "$mode" = driver ]; then exec "${app[@]}"; else
-             LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool exec "${app[@]}"; fi; }
+             LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool VMMSHIM_SLEEP_LOWERS_STACK=$stack \
+               exec "${app[@]}"; fi; }
   read -r -t 120 line <&"${W[0]}"; pid=${line#ready }
   [ "$pool" = 0 ] || sleep 3
   echo result >&"${W[1]}"; read -r -t 60 before <&"${W[0]}"
@@ -55,7 +59,9 @@ run() {  # MODE ROUND
   [ "$before" = "$after" ] && echo "  identical" || echo "  DIFFERS"
 }
 for ((i = 1; i <= rounds; i++)); do
-  for mode in driver vmmshim vmmshim-pool vmmshim-drop vmmshim-drop-pool; do run "$mode" "$i"; done
+  for mode in driver vmmshim vmmshim-pool vmmshim-pool-stack vmmshim-drop vmmshim-drop-pool; do
+    run "$mode" "$i"
+  done
 done
 
 [ "${TIMESHARE:-1}" = 1 ] || exit 0
