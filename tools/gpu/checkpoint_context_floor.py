@@ -34,6 +34,9 @@ import sys
 import time
 
 CU_LIMIT_STACK_SIZE = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_host_memory import page_locked_huge_pages, primary_context  # noqa: E402
+from driver_checkpoint import LockArgs  # noqa: E402
 
 
 def check(rc, what):
@@ -67,11 +70,7 @@ def child(way, keep_mib):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     else:
-        check(cu.cuInit(0), "cuInit")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-        check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        primary_context(cu)
         device, size = ctypes.c_uint64(), ctypes.c_size_t(max(keep_mib, 2) << 20)
         check(cu.cuMemAlloc_v2(ctypes.byref(device), size), "cuMemAlloc")
         check(cu.cuMemsetD8_v2(device, ctypes.c_ubyte(0x5a), size), "cuMemsetD8")
@@ -104,21 +103,8 @@ def child(way, keep_mib):
 def holder(gib):
     """Page-locks gib GiB, then unpins it when told and prints the seconds."""
     cu = ctypes.CDLL("libcuda.so.1")
-    libc = ctypes.CDLL(None)
-    check(cu.cuInit(0), "cuInit")
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    n = int(gib * (1 << 30))
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    host = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
-    libc.madvise(ctypes.c_void_p(host), ctypes.c_size_t(n), 14)  # MADV_HUGEPAGE
-    ctypes.memset(host, 0x33, n)
-    check(cu.cuMemHostRegister_v2(ctypes.c_void_p(host), ctypes.c_size_t(n), 1),
-          "cuMemHostRegister")
+    primary_context(cu)
+    host = page_locked_huge_pages(cu, ctypes.CDLL(None), int(gib * (1 << 30)))
     print("ready", flush=True)
     sys.stdin.readline()
     start = time.perf_counter()
@@ -156,11 +142,6 @@ def held(pid):
         if fields and fields[0] == str(pid):
             return fields[1]
     return "0"
-
-
-class LockArgs(ctypes.Structure):  # CUcheckpointLockArgs
-    _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
-                ("reserved1", ctypes.c_uint64 * 7)]
 
 
 def driver_calls(cu, pid, *names):

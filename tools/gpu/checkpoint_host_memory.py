@@ -55,28 +55,40 @@ def check(rc, what):
         sys.exit(f"checkpoint_host_memory: {what} failed: CUDA error {rc}")
 
 
-def child(way, gib):
-    cu = ctypes.CDLL("libcuda.so.1")
-    libc = ctypes.CDLL(None, use_errno=True)
+def primary_context(cu):
+    """cuInit, and device 0's primary context made current."""
     check(cu.cuInit(0), "cuInit")
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
     check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def page_locked_huge_pages(cu, libc, n):
+    """n bytes of MADV_HUGEPAGE memory, written (0x33), then cuMemHostRegister
+    (portable): how the pinned pool is made. Returns the address."""
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    host = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    libc.madvise(ctypes.c_void_p(host), ctypes.c_size_t(n), 14)  # MADV_HUGEPAGE
+    ctypes.memset(host, 0x33, n)
+    check(cu.cuMemHostRegister_v2(ctypes.c_void_p(host), ctypes.c_size_t(n), 1),
+          "cuMemHostRegister")
+    return host
+
+
+def child(way, gib):
+    cu = ctypes.CDLL("libcuda.so.1")
+    libc = ctypes.CDLL(None, use_errno=True)
+    primary_context(cu)
     device = ctypes.c_uint64()
     check(cu.cuMemAlloc_v2(ctypes.byref(device), ctypes.c_size_t(256 << 20)), "cuMemAlloc")
     check(cu.cuMemsetD8_v2(device, ctypes.c_ubyte(0x5a), ctypes.c_size_t(256 << 20)), "cuMemsetD8")
     n = int(gib * (1 << 30))
     host = None
     if way in ("register", "dropped"):
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long]
-        host = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
-        libc.madvise(ctypes.c_void_p(host), ctypes.c_size_t(n), 14)  # MADV_HUGEPAGE
-        ctypes.memset(host, 0x33, n)
-        check(cu.cuMemHostRegister_v2(ctypes.c_void_p(host), ctypes.c_size_t(n), 1),
-              "cuMemHostRegister")
+        host = page_locked_huge_pages(cu, libc, n)
         if way == "dropped":
             check(cu.cuMemHostUnregister(ctypes.c_void_p(host)), "cuMemHostUnregister")
     elif way == "host_alloc":
