@@ -239,6 +239,39 @@ class DeepSleep(unittest.TestCase):
             self.send("stack")
             self.assertEqual(self.line(10), "stack 0 4096")
 
+    def test_a_controller_killed_mid_sleep_leaves_a_process_the_next_wake_wakes(self):
+        # `vmmshim sleep` killed after the driver's lock, then after its
+        # checkpoint: the process is paused and locked (or checkpointed), not
+        # yet told it is asleep; a later `vmmshim wake` restores as the
+        # driver's state says and resumes it.
+        pid = str(self.child.pid)
+        state_file = os.path.join(self.dir, f"simcuda-checkpoint-{pid}")
+        for step, driver_state in (("lock", "1"), ("checkpoint", "2")):
+            controller = subprocess.Popen([CLI, "sleep", pid, "--drop", "kv", "--dir", self.dir],
+                                          env=dict(self.env, SIMCUDA_CHECKPOINT_STALL=step),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if os.path.exists(state_file) and open(state_file).read().strip() == driver_state:
+                    break
+                time.sleep(0.01)
+            controller.kill()
+            controller.wait(timeout=10)
+            self.assertEqual(open(state_file).read().strip(), driver_state)
+            self.assertEqual(self.state(), "sleeping")
+            self.send("call")
+            self.assertIsNone(self.line(0.5))  # the driver's lock holds it
+            woke = self.vmmshim("wake", pid)
+            self.assertEqual(woke.returncode, 0, woke.stderr)
+            self.assertRegex(woke.stdout, rf"^vmmshim wake {pid}: running: .* resumed [1-9]")
+            self.assertFalse(os.path.exists(state_file))
+            self.assertEqual(self.line(10), "called")
+            self.send("check")
+            self.assertEqual(self.line(10), "weights intact kv usable")
+            self.send("stack")
+            self.assertEqual(self.line(10), "stack 0 4096")
+            self.assertEqual(self.state(), "running")
+
     def test_a_job_sleeps_and_wakes_as_one_step(self):
         other = self.spawn()
         pids = [str(self.child.pid), str(other.pid)]

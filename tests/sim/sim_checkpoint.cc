@@ -10,6 +10,9 @@
 // checkpointed process stay where they are (nothing else can see them here).
 // SIMCUDA_CHECKPOINT_FAIL=lock|checkpoint|restore|unlock makes that call fail
 // with CUDA_ERROR_UNKNOWN, for the undo paths.
+// SIMCUDA_CHECKPOINT_STALL=lock|checkpoint makes the caller wait 120 s after
+// that step succeeds, for tests that kill the controller (vmmshim sleep)
+// with its target left locked or checkpointed.
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>
@@ -63,6 +66,11 @@ bool Fails(const char* step) {
   return v != nullptr && std::strcmp(v, step) == 0;
 }
 
+bool Stalls(const char* step) {
+  const char* v = std::getenv("SIMCUDA_CHECKPOINT_STALL");
+  return v != nullptr && std::strcmp(v, step) == 0;
+}
+
 // A transition of process `pid` from `from` to `to`.
 CUresult Step(int pid, const char* step, CUprocessState from, CUprocessState to) {
   if (!Supported()) return CUDA_ERROR_NOT_SUPPORTED;
@@ -70,6 +78,7 @@ CUresult Step(int pid, const char* step, CUprocessState from, CUprocessState to)
   if (ReadState(pid) != from) return CUDA_ERROR_ILLEGAL_STATE;
   if (Fails(step)) return CUDA_ERROR_UNKNOWN;
   WriteState(pid, to);
+  if (Stalls(step)) std::this_thread::sleep_for(std::chrono::seconds(120));
   return CUDA_SUCCESS;
 }
 
