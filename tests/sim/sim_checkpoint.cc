@@ -61,13 +61,9 @@ void WriteState(int pid, CUprocessState state) {
   std::rename(tmp.c_str(), StatePath(pid).c_str());
 }
 
-bool Fails(const char* step) {
-  const char* v = std::getenv("SIMCUDA_CHECKPOINT_FAIL");
-  return v != nullptr && std::strcmp(v, step) == 0;
-}
-
-bool Stalls(const char* step) {
-  const char* v = std::getenv("SIMCUDA_CHECKPOINT_STALL");
+// Whether the environment's `variable` names `step`.
+bool Names(const char* variable, const char* step) {
+  const char* v = std::getenv(variable);
   return v != nullptr && std::strcmp(v, step) == 0;
 }
 
@@ -76,9 +72,11 @@ CUresult Step(int pid, const char* step, CUprocessState from, CUprocessState to)
   if (!Supported()) return CUDA_ERROR_NOT_SUPPORTED;
   if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) return CUDA_ERROR_INVALID_VALUE;
   if (ReadState(pid) != from) return CUDA_ERROR_ILLEGAL_STATE;
-  if (Fails(step)) return CUDA_ERROR_UNKNOWN;
+  if (Names("SIMCUDA_CHECKPOINT_FAIL", step)) return CUDA_ERROR_UNKNOWN;
   WriteState(pid, to);
-  if (Stalls(step)) std::this_thread::sleep_for(std::chrono::seconds(120));
+  if (Names("SIMCUDA_CHECKPOINT_STALL", step)) {
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+  }
   return CUDA_SUCCESS;
 }
 
