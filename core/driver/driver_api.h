@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "core/driver/work_submission.h"
 
 // cuda.h maps cuGetProcAddress to cuGetProcAddress_v2, but the driver exports
 // both, with different ABIs (4 and 5 arguments); in vmmshim every driver name
@@ -153,19 +154,14 @@ namespace vmmshim {
   X(cuStreamGetCtx, "cuStreamGetCtx", PFN_cuStreamGetCtx_v9020, false)                 \
   X(cuStreamDestroy_v2, "cuStreamDestroy_v2", PFN_cuStreamDestroy_v4000, false)        \
   X(cuEventCreate, "cuEventCreate", PFN_cuEventCreate_v2000, false)                    \
-  X(cuEventRecord, "cuEventRecord", PFN_cuEventRecord_v2000, false)                    \
   X(cuEventQuery, "cuEventQuery", PFN_cuEventQuery_v2000, false)                       \
   X(cuEventDestroy_v2, "cuEventDestroy_v2", PFN_cuEventDestroy_v4000, false)            \
   /* pause and resume: contents to host memory and back (core/heap/host_backup.h) */          \
   X(cuMemHostRegister_v2, "cuMemHostRegister_v2", PFN_cuMemHostRegister_v6050, false)  \
   X(cuMemHostUnregister, "cuMemHostUnregister", PFN_cuMemHostUnregister_v4000, false)  \
   X(cuMemHostGetFlags, "cuMemHostGetFlags", PFN_cuMemHostGetFlags_v2030, false)        \
-  X(cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2", PFN_cuMemcpyDtoH_v3020, false)                 \
-  X(cuMemcpyHtoD_v2, "cuMemcpyHtoD_v2", PFN_cuMemcpyHtoD_v3020, false)                 \
   /* page-locked backups, copied on the copier's own stream (host_backup.h) */        \
   X(cuStreamCreate, "cuStreamCreate", PFN_cuStreamCreate_v2000, false)                 \
-  X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync_v2", PFN_cuMemcpyDtoHAsync_v3020, false)  \
-  X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync_v2", PFN_cuMemcpyHtoDAsync_v3020, false)  \
   /* the residency report (core/report/residency.h) */                                  \
   X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute",                      \
     PFN_cuDeviceGetGraphMemAttribute_v11040, false)                                    \
@@ -180,7 +176,10 @@ namespace vmmshim {
   X(cuCheckpointProcessRestore, "cuCheckpointProcessRestore",                          \
     PFN_cuCheckpointProcessRestore_v12080, false)                                      \
   X(cuCheckpointProcessUnlock, "cuCheckpointProcessUnlock",                            \
-    PFN_cuCheckpointProcessUnlock_v12080, false)
+    PFN_cuCheckpointProcessUnlock_v12080, false)                                       \
+  /* work submission: copies and event records the shim makes itself, and the */        \
+  /* entry points the submission gate holds back (core/driver/work_submission.h) */     \
+  VMMSHIM_WORK_SUBMISSION_ENTRY_POINTS(X)
 
 struct DriverApi {
 #define VMMSHIM_DECLARE_ENTRY(member, symbol, type, required) type member = nullptr;
