@@ -80,6 +80,9 @@ struct Config {
   // VMMSHIM_SLEEP_LOWERS_STACK: a deep sleep lowers the contexts' stack
   // limit for the driver's checkpoint (core/lifecycle/stack_reservation.h).
   bool sleep_lowers_stack = true;
+  // VMMSHIM_QUIESCE_TIMEOUT: how long a quiesce of the program's GPU work may
+  // take before it is undone (core/sleep/work_quiescer.h); milliseconds.
+  int quiesce_timeout_ms = 10000;
 };
 
 // The prefix of every option's variable name; Options() knows all of them.
@@ -111,6 +114,7 @@ enum class OptionKey {
   kControl,
   kPinnedPool,
   kSleepLowersStack,
+  kQuiesceTimeout,
   kStatsPid,  // the last: config.cc checks that the table has a row for each
 };
 

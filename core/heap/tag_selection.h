@@ -48,6 +48,9 @@ class TagSelection {
     return false;
   }
 
+  // Whether it takes every allocation.
+  bool all() const { return kind_ == Kind::kAll || (kind_ == Kind::kAllExcept && tags_.empty()); }
+
   // For log lines: "tag 'kv'", "every allocation", "every allocation but tags 'w', ''".
   std::string Describe() const;
 

@@ -27,7 +27,9 @@ struct LockRank {
 };
 
 // Highest first: rank 0 is taken first.
-inline constexpr std::array<LockRank, 10> kLockOrder = {{
+inline constexpr std::array<LockRank, 11> kLockOrder = {{
+    {"sleep coordinator mutex", "SleepCoordinator::mu_ (core/sleep/sleep_coordinator.h)",
+     "serializes quiesced pauses, resumes, sleeps and wakes; held across the quiesce"},
     {"capture gate", "CaptureTracker::gate_ (core/sync/capture.h)",
      "shared by frees across their synchronize, exclusive across cuStreamBeginCapture"},
     {"pause mutex", "PauseCoordinator::mu_ (core/heap/pause.h)",

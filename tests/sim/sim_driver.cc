@@ -325,6 +325,16 @@ void PassGate(const char* entry) {
   --g.parked;
 }
 
+// Host functions the driver's threads run now (cuLaunchHostFunc); a
+// synchronize waits for them, before it takes the driver's lock (they may
+// call the driver themselves).
+std::atomic<int> g_host_functions_running{0};
+void WaitForHostFunctions() {
+  while (g_host_functions_running.load() > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 #define SIM_ENTER(entry)                            \
   PassGate(entry);                                  \
   State& s = S();                                   \
@@ -1077,6 +1087,7 @@ void CompleteAllStreamsLocked(State& s) {
 }
 
 CUresult cuCtxSynchronize() {
+  WaitForHostFunctions();  // the work before the synchronize: host functions too
   SIM_ENTER("cuCtxSynchronize");
   if (CUresult r = CheckSyncLocked(s, nullptr); r != CUDA_SUCCESS) return r;
   CompleteAllStreamsLocked(s);
@@ -1084,6 +1095,7 @@ CUresult cuCtxSynchronize() {
 }
 
 CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  WaitForHostFunctions();  // the work before the synchronize: host functions too
   SIM_ENTER("cuCtxSynchronize_v2");
   if (CUresult r = CheckSyncLocked(s, nullptr); r != CUDA_SUCCESS) return r;
   CompleteAllStreamsLocked(s);
@@ -1218,6 +1230,7 @@ CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status
 }
 
 CUresult cuStreamSynchronize(CUstream stream) {
+  WaitForHostFunctions();  // the work before the synchronize: host functions too
   SIM_ENTER("cuStreamSynchronize");
   if (CUresult r = CheckSyncLocked(s, stream); r != CUDA_SUCCESS) return r;
   CompleteStreamLocked(s, stream, /*synchronized=*/true);
@@ -1993,6 +2006,53 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
   return AccessLocked(s, d, dst, fill.data(), count, true);
 }
 
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+  SIM_ENTER("cuMemsetD8Async");
+  int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  std::vector<char> fill(count, static_cast<char>(value));
+  return AccessLocked(s, d, dst, fill.data(), count, true);
+}
+
+CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                        unsigned int, unsigned int, unsigned int, CUstream stream, void** params,
+                        void**) {
+  SIM_ENTER("cuLaunchKernel");
+  int d = CurrentDevice();
+  if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (params == nullptr || params[0] == nullptr || params[1] == nullptr || params[2] == nullptr) {
+    return CUDA_SUCCESS;
+  }
+  const CUdeviceptr dst = *static_cast<CUdeviceptr*>(params[0]);
+  const size_t bytes = *static_cast<size_t*>(params[1]);
+  std::vector<char> fill(bytes, *static_cast<char*>(params[2]));
+  return AccessLocked(s, d, dst, fill.data(), bytes, true);
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz,
+                             unsigned int shared, CUstream stream, void** params, void** extra) {
+  return vmmshim::sim::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
+  {
+    SIM_ENTER("cuLaunchHostFunc");
+    if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    g_host_functions_running.fetch_add(1);
+  }
+  std::thread([fn, data] {
+    fn(data);
+    g_host_functions_running.fetch_sub(1);
+  }).detach();
+  return CUDA_SUCCESS;
+}
+
+
 // ---- Resolver ----
 
 namespace {
@@ -2087,6 +2147,9 @@ constexpr ProcEntry kProcTable[] = {
     {"cuMemcpyDtoHAsync", 3020, "cuMemcpyDtoHAsync_v2", nullptr},
     {"cuMemcpyHtoDAsync", 3020, "cuMemcpyHtoDAsync_v2", nullptr},
     {"cuMemsetD8", 3020, "cuMemsetD8_v2", nullptr},
+    {"cuMemsetD8Async", 3020, "cuMemsetD8Async", nullptr},
+    {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
+    {"cuLaunchHostFunc", 10000, "cuLaunchHostFunc", nullptr},
     {"cuMemHostAlloc", 2020, "cuMemHostAlloc", nullptr},
     {"cuMemHostRegister", 6050, "cuMemHostRegister_v2", nullptr},
     {"cuMemHostUnregister", 4000, "cuMemHostUnregister", nullptr},

@@ -76,6 +76,15 @@ struct SimOptions {
 void HoldStream(CUstream stream);
 void ReleaseStream(CUstream stream);
 
+// Work: cuLaunchKernel runs a simulated kernel at once, whatever the
+// function: with kernelParams {CUdeviceptr* dst, size_t* bytes, unsigned
+// char* value} it writes `value` over the `bytes` at `dst`, as a device
+// access of the current context's device (a fault is
+// CUDA_ERROR_ILLEGAL_ADDRESS), and does nothing without them.
+// cuLaunchHostFunc runs the function on a thread of the driver's, as the real
+// driver does; cuCtxSynchronize and cuStreamSynchronize wait for the host
+// functions running.
+
 // The simulation's settings (docs/configuration.md, "The simulated driver"):
 // SIMCUDA_DEVICES (device count, 1 to kMaxSimDevices; default 2),
 // SIMCUDA_MEMORY_MIB (memory per device, MiB), SIMCUDA_COMPRESSION=1 (generic
@@ -223,6 +232,19 @@ void WaitWhileCheckpointLocked();
     (dst, src, bytes, stream))                                                       \
   X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t count),             \
     (dst, value, count))                                                             \
+  X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t count, CUstream stream), \
+    (dst, value, count, stream))                                                     \
+  X(cuLaunchKernel,                                                                  \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void** params, \
+     void** extra),                                                                  \
+    (f, gx, gy, gz, bx, by, bz, shared, stream, params, extra))                      \
+  X(cuLaunchKernel_ptsz,                                                             \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void** params, \
+     void** extra),                                                                  \
+    (f, gx, gy, gz, bx, by, bz, shared, stream, params, extra))                      \
+  X(cuLaunchHostFunc, (CUstream stream, CUhostFn fn, void* data), (stream, fn, data)) \
   X(cuMemHostAlloc, (void** pp, size_t bytes, unsigned int flags), (pp, bytes, flags)) \
   X(cuMemFreeHost, (void* p), (p))                                                   \
   X(cuMemHostRegister_v2, (void* p, size_t bytes, unsigned int flags), (p, bytes, flags)) \
