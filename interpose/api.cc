@@ -126,23 +126,11 @@ VMMSHIM_EXPORT int vmmshim_set_backup_directory(const char* path) {
 
 namespace {
 
-// A pause or resume of `selection` into the history, when it records.
-void RecordPause(const Runtime& rt, vmmshim::HistoryAction action,
-                 const vmmshim::TagSelection& selection, size_t bytes) {
-  if (!vmmshim::Recording(rt)) return;
-  vmmshim::HistoryRecord r;
-  r.action = action;
-  const std::string described = selection.Describe();
-  r.tag = described;
-  r.size = bytes;
-  rt.history->Record(r);
-}
-
 // The pause behind vmmshim_pause_memory and vmmshim_pause_memory_except,
 // after their own argument checks.
 int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* released_bytes) {
-  constexpr unsigned kKnown =
-      VMMSHIM_PAUSE_KEEP_CONTENTS | VMMSHIM_PAUSE_PAGE_LOCKED | VMMSHIM_PAUSE_TO_DISK;
+  constexpr unsigned kKnown = VMMSHIM_PAUSE_KEEP_CONTENTS | VMMSHIM_PAUSE_PAGE_LOCKED |
+                              VMMSHIM_PAUSE_TO_DISK | VMMSHIM_PAUSE_SOLE_SUBMITTER;
   if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   vmmshim::BackupKind kind;
   kind.page_locked = (flags & VMMSHIM_PAUSE_PAGE_LOCKED) != 0;
@@ -158,11 +146,17 @@ int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* releas
   }
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  RecordPause(*rt, vmmshim::HistoryAction::kPauseBegin, selection, 0);
-  absl::StatusOr<size_t> released = rt->allocator->pause().Pause(
-      selection, (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0, kind);
-  RecordPause(*rt, vmmshim::HistoryAction::kPauseEnd, selection, released.ok() ? *released : 0);
-  if (!released.ok()) return ToCuResult(released.status());
+  absl::StatusOr<size_t> released =
+      rt->sleeper->Pause(selection, (flags & VMMSHIM_PAUSE_KEEP_CONTENTS) != 0, kind,
+                         (flags & VMMSHIM_PAUSE_SOLE_SUBMITTER) != 0);
+  if (!released.ok()) {
+    // The quiesce's refusals say what did not finish; the pause's own are
+    // logged where they happen.
+    if (ToCuResult(released.status()) == CUDA_ERROR_TIMEOUT) {
+      vmmshim::Log().warn("vmmshim_pause_memory: {}", std::string(released.status().message()));
+    }
+    return ToCuResult(released.status());
+  }
   if (released_bytes != nullptr) *released_bytes = *released;
   return CUDA_SUCCESS;
 }
@@ -208,9 +202,7 @@ int Resume(const char* tag, bool retain_contents, size_t* restored_bytes) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   const vmmshim::TagSelection selection = vmmshim::TagSelection::FromNullable(tag);
-  RecordPause(*rt, vmmshim::HistoryAction::kResumeBegin, selection, 0);
-  absl::StatusOr<size_t> restored = rt->allocator->pause().Resume(selection, retain_contents);
-  RecordPause(*rt, vmmshim::HistoryAction::kResumeEnd, selection, restored.ok() ? *restored : 0);
+  absl::StatusOr<size_t> restored = rt->sleeper->Resume(selection, retain_contents);
   if (!restored.ok()) return ToCuResult(restored.status());
   if (restored_bytes != nullptr) *restored_bytes = *restored;
   return CUDA_SUCCESS;

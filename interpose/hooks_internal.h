@@ -29,6 +29,13 @@
 #define VMMSHIM_DECLARE_HOOK(name, pfn) VMMSHIM_EXPORT std::remove_pointer_t<pfn> name;
 VMMSHIM_HOOKED_DRIVER_EXPORTS(VMMSHIM_DECLARE_HOOK)
 #undef VMMSHIM_DECLARE_HOOK
+// The gated hooks (interpose/hooks_submission.cc), one per entry point of
+// core/driver/work_submission.h. A declaration of cuda.h with another type
+// fails to compile here.
+#define VMMSHIM_DECLARE_GATED_HOOK(member, symbol, type, required) \
+  VMMSHIM_EXPORT std::remove_pointer_t<type> member;
+VMMSHIM_WORK_SUBMISSION_ENTRY_POINTS(VMMSHIM_DECLARE_GATED_HOOK)
+#undef VMMSHIM_DECLARE_GATED_HOOK
 
 namespace vmmshim {
 

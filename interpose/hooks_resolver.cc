@@ -1,11 +1,13 @@
 // The resolvers (cuGetProcAddress, cuGetProcAddress_v2) and HookFor, the
-// routing table generated from interpose/hook_list.h. The real resolver
+// routing table generated from interpose/hook_list.h and the gated entry
+// points of core/driver/work_submission.h. The real resolver
 // answers first; only an answer that is exactly the address of a hooked
 // export is replaced (route by address identity, never by name prefix:
 // docs/architecture.md, "Measured driver facts").
 #include <cstring>
 
 #include "core/base/log.h"
+#include "core/driver/work_submission.h"
 #include "interpose/hooks.h"
 #include "interpose/hooks_internal.h"
 
@@ -15,15 +17,30 @@ using vmmshim::Runtime;
 
 namespace {
 
-void* Substitute(const Runtime& rt, void* real_fn) {
+bool Gated(const char* name) {
+  for (const char* gated : vmmshim::kWorkSubmissionNames) {
+    if (std::strcmp(gated, name) == 0) return true;
+  }
+  return false;
+}
+
+// The answer for the real resolver's `real_fn`: the hook of the same export,
+// or `real_fn`. Logged at debug, one line per lookup, so that a run shows
+// which entry points a program resolves and which of them the submission
+// gate holds (tools/gpu/resolved-entry-points.py reads these lines).
+void* Substitute(const Runtime& rt, const char* symbol, int cuda_version, cuuint64_t flags,
+                 void* real_fn) {
   if (!rt.enabled()) {
     // Pass-through still answers the resolver self-lookup with the real
     // resolver, so later lookups bypass the shim entirely.
     return real_fn;
   }
   const char* name = rt.driver.NameOf(real_fn);
-  if (name == nullptr) return real_fn;
-  void* hook = vmmshim::HookFor(name);
+  void* hook = name != nullptr ? vmmshim::HookFor(name) : nullptr;
+  Log().debug("resolved {} (cudaVersion {}, flags {:#x}) -> {}: {}",
+              symbol != nullptr ? symbol : "?", cuda_version, flags,
+              name != nullptr ? name : "?",
+              hook == nullptr ? "driver" : Gated(name) ? "gated" : "hooked");
   return hook != nullptr ? hook : real_fn;
 }
 
@@ -41,10 +58,7 @@ VMMSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int 
   // exactly the address of a hooked export is replaced.
   CUresult r = rt->driver.cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, symbol_status);
   if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
-    void* real = *pfn;
-    *pfn = Substitute(*rt, *pfn);
-    Log().trace("cuGetProcAddress_v2({}, {}, {:#x}) -> {}", symbol != nullptr ? symbol : "?",
-                cuda_version, flags, *pfn != real ? "hooked" : "driver");
+    *pfn = Substitute(*rt, symbol, cuda_version, flags, *pfn);
   }
   return r;
 }
@@ -56,7 +70,9 @@ VMMSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cud
     return CUDA_ERROR_NOT_INITIALIZED;
   }
   CUresult r = rt->driver.cuGetProcAddress(symbol, pfn, cuda_version, flags);
-  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) *pfn = Substitute(*rt, *pfn);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
+    *pfn = Substitute(*rt, symbol, cuda_version, flags, *pfn);
+  }
   return r;
 }
 
@@ -68,11 +84,20 @@ struct HookEntry {
   void* hook;
 };
 
+// The gated hooks carry the driver's names, deprecated ones (cuLaunch,
+// cuLaunchGrid, ...) included: taking their address is not a use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 const HookEntry kHooks[] = {
 #define VMMSHIM_HOOK_ENTRY(name, pfn) {#name, reinterpret_cast<void*>(&::name)},
     VMMSHIM_HOOKED_DRIVER_EXPORTS(VMMSHIM_HOOK_ENTRY)
 #undef VMMSHIM_HOOK_ENTRY
+#define VMMSHIM_GATED_ENTRY(member, symbol, type, required) \
+  {symbol, reinterpret_cast<void*>(&::member)},
+    VMMSHIM_WORK_SUBMISSION_ENTRY_POINTS(VMMSHIM_GATED_ENTRY)
+#undef VMMSHIM_GATED_ENTRY
 };
+#pragma GCC diagnostic pop
 
 }  // namespace
 

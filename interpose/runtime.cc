@@ -67,6 +67,8 @@ void AfterForkChild() {
   rt->history->AfterForkChild();
   rt->allocator->AfterFork(true);
   if (rt->ipc != nullptr) rt->ipc->AfterForkChild();
+  // The thread that closed the gate is not in the child: nothing would open it.
+  if (rt->gate != nullptr) rt->gate->AfterForkChild();
   g_forked_child.store(true, std::memory_order_release);
 }
 
@@ -196,65 +198,21 @@ const Runtime* Initialize() {
     }
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
+    rt->gate = new SubmissionGate;
+    rt->quiescer = new WorkQuiescer(rt->allocator_driver, *rt->gate, rt->allocator->captures(),
+                                    std::chrono::milliseconds(rt->config.quiesce_timeout_ms));
+    if (rt->config.control && rt->config.sleep_lowers_stack) {
+      rt->stack_reservation = new StackReservation(rt->allocator_driver);
+    }
+    rt->sleeper = new SleepCoordinator(rt->allocator->pause(), *rt->quiescer,
+                                       rt->stack_reservation, rt->history);
     if (rt->config.control) {
-      if (rt->config.sleep_lowers_stack) {
-        rt->stack_reservation = new StackReservation(rt->allocator_driver);
-      }
       ControlServer::Handlers handlers;
       handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
-      // The C API's own pause and resume (interpose/api.cc), history included.
-      handlers.sleep = [rt](const std::vector<std::string>& drop, size_t* released) {
-        *released = 0;
-        for (const std::string& tag : drop) {
-          size_t n = 0;
-          if (int rc = vmmshim_pause_memory(tag.c_str(), 0, &n); rc != 0) {
-            vmmshim_resume_memory(nullptr, nullptr);  // all or nothing: it was all the sleep's
-            return rc;
-          }
-          *released += n;
-        }
-        size_t n = 0;
-        if (int rc = vmmshim_pause_memory(nullptr, VMMSHIM_PAUSE_KEEP_CONTENTS, &n); rc != 0) {
-          vmmshim_resume_memory(nullptr, nullptr);
-          return rc;
-        }
-        *released += n;
-        // The driver's checkpoint would unpin the pinned pool and its
-        // restore pin it again: given back here, pinned again by the
-        // wake's copies as they go (core/heap/pinned_pool.h).
-        const auto start = std::chrono::steady_clock::now();
-        if (size_t unpinned = rt->allocator->pause().UnpinPinnedPool(); unpinned > 0) {
-          Log().info("pinned pool: {} bytes unpinned for the checkpoint in {:.3f} s", unpinned,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                         .count());
-        }
-        // The contexts' stack reservation, which the checkpoint would copy
-        // (core/lifecycle/stack_reservation.h; VMMSHIM_SLEEP_LOWERS_STACK=0:
-        // none). The sleep goes on without it.
-        int lowered = 0;
-        absl::Status stack = rt->stack_reservation == nullptr
-                                 ? absl::OkStatus()
-                                 : rt->stack_reservation->Release(&lowered);
-        if (!stack.ok()) {
-          Log().warn("the contexts' stack reservation stays for the checkpoint: {}",
-                     std::string(stack.message()));
-        } else if (lowered > 0) {
-          Log().info("stack limit of {} context(s) lowered for the checkpoint", lowered);
-        }
-        return 0;
+      handlers.sleep = [rt](const std::vector<std::string>& drop) {
+        return rt->sleeper->Sleep(drop);
       };
-      handlers.wake = [rt](size_t* restored) {
-        // Before the memory: a kernel meets the low limit only where it would
-        // meet paused memory.
-        absl::Status stack = rt->stack_reservation == nullptr
-                                 ? absl::OkStatus()
-                                 : rt->stack_reservation->Restore();
-        if (!stack.ok()) {
-          Log().warn("the contexts' stack limit is not set back yet (the next wake tries "
-                     "again): {}", std::string(stack.message()));
-        }
-        return vmmshim_resume_memory(nullptr, restored);
-      };
+      handlers.wake = [rt] { return rt->sleeper->Wake(); };
       handlers.paused_bytes = [rt] { return rt->allocator->GetStats().paused_bytes; };
       handlers.shared_memory = [rt]() -> std::string {
         if (rt->ipc == nullptr) return "";

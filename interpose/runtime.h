@@ -22,6 +22,9 @@
 #include "core/history/caller_library.h"
 #include "core/history/memory_history.h"
 #include "core/report/trace.h"
+#include "core/sleep/sleep_coordinator.h"
+#include "core/sleep/work_quiescer.h"
+#include "core/sync/submission_gate.h"
 
 namespace vmmshim {
 
@@ -51,6 +54,12 @@ struct Runtime {
   // serves; it records from the start with VMMSHIM_SNAPSHOT_FILE, or from
   // vmmshim_record_memory_history.
   MemoryHistory* history = nullptr;
+  // The gate every work-submitting entry point passes (interpose/
+  // hooks_submission.cc), what closes it, and the owner of the pauses and
+  // sleeps that quiesce first; whenever the shim serves, else nullptr.
+  SubmissionGate* gate = nullptr;
+  WorkQuiescer* quiescer = nullptr;
+  SleepCoordinator* sleeper = nullptr;
   int pid = 0;
   // In a child after fork() the inherited state names the parent's driver
   // objects, which the child cannot use: every call passes through, and the

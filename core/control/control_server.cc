@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/log.h"
+#include "core/driver/cu_status.h"
 #include "core/base/unix_socket.h"
 #include "nlohmann/json.hpp"
 
@@ -175,17 +176,19 @@ std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
     return Error(refused.why, refused.code);
   }
   const auto start = std::chrono::steady_clock::now();
-  size_t released = 0;
-  if (int rc = handlers_.sleep(drop, &released); rc != 0) {
+  absl::StatusOr<size_t> paused = handlers_.sleep(drop);
+  if (!paused.ok()) {
+    const int rc = ToCuResult(paused.status());
     const std::string why =
         rc == CUDA_ERROR_NOT_PERMITTED
             ? "memory of the shim is exported to another process (cudaIpcGetMemHandle): the "
               "driver's checkpoint cannot take it"
         : rc == CUDA_ERROR_OUT_OF_MEMORY ? "host memory is short for the kept contents"
-                                         : absl::StrCat("CUDA error ", rc);
+                                         : std::string(paused.status().message());
     return Error(absl::StrCat("the pause before the sleep failed: ", why, "; nothing is paused"),
                  rc);
   }
+  const size_t released = *paused;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   residency_at_sleep_ = handlers_.residency_json ? handlers_.residency_json() : "";
@@ -206,12 +209,13 @@ std::string ControlServer::Wake() const {
   if (state_ == "running") return Error("the process is running, not asleep");
   if (!handlers_.wake) return Error("this process cannot wake (no handler)");
   const auto start = std::chrono::steady_clock::now();
-  size_t restored = 0;
-  if (int rc = handlers_.wake(&restored); rc != 0) {
-    return Error(absl::StrCat("the resume failed (CUDA error ", rc,
+  absl::StatusOr<size_t> resumed = handlers_.wake();
+  if (!resumed.ok()) {
+    return Error(absl::StrCat("the resume failed (", resumed.status().message(),
                               "); everything stays paused, a later wake can succeed"),
-                 rc);
+                 ToCuResult(resumed.status()));
   }
+  const size_t restored = *resumed;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   state_ = "running";

@@ -55,6 +55,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
@@ -64,12 +65,14 @@ class ControlServer {
   struct Handlers {
     // vmmshim_get_residency's JSON document (core/report/residency.h).
     std::function<std::string()> residency_json;
-    // Pauses everything for a sleep (the `drop` tags without contents, the
-    // rest with them): the bytes released, or the CUresult of the refusal
-    // (nothing paused: a pause is all or nothing).
-    std::function<int(const std::vector<std::string>& drop, size_t* released)> sleep;
-    // Resumes everything: the bytes restored, or the CUresult.
-    std::function<int(size_t* restored)> wake;
+    // Quiesces the program's work and pauses everything for a sleep (the
+    // `drop` tags without contents, the rest with them): the bytes
+    // released, or why not, with its CUresult (core/driver/cu_status.h;
+    // nothing paused: SleepCoordinator::Sleep is all or nothing).
+    std::function<absl::StatusOr<size_t>(const std::vector<std::string>& drop)> sleep;
+    // Resumes everything and lets the program's work go on: the bytes
+    // restored, or why not (everything stays paused).
+    std::function<absl::StatusOr<size_t>()> wake;
     // The bytes paused now. A sleep is refused while the program has paused
     // memory of its own, since the wake resumes everything.
     std::function<size_t()> paused_bytes;

@@ -68,8 +68,11 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
 
 /* Pause and resume (docs/pause-resume.md): releases the physical memory of
  * the allocations made under `tag` (vmmshim_set_allocation_tag; NULL: every
- * allocation the shim serves), keeping their addresses: the owning contexts
- * are synchronized, with VMMSHIM_PAUSE_KEEP_CONTENTS the contents are copied
+ * allocation the shim serves), keeping their addresses: the program's GPU
+ * work is quiesced first (unless VMMSHIM_PAUSE_SOLE_SUBMITTER: the other
+ * threads' launches, copies and other work submissions wait, the calls
+ * already inside the driver return, every active context is synchronized;
+ * docs/pause-resume.md, "Quiescing"), the owning contexts are synchronized, with VMMSHIM_PAUSE_KEEP_CONTENTS the contents are copied
  * to host memory, then the memory is unmapped and released. An access to
  * paused memory faults; cudaFree of it works (its contents are dropped).
  * The tag's cached (freed) memory is released too. *released_bytes (may be
@@ -85,6 +88,14 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
  * All or nothing across devices: contents are copied everywhere before any
  * memory is released (a later cuMemUnmap refusal leaves that block live and
  * returns the driver's code). "" selects the untagged allocations.
+ * A pause of every allocation (NULL) keeps the other threads' work waiting
+ * until the resume of every allocation (vmmshim_resume_memory(NULL, ...)),
+ * since any of it could touch the paused memory; the calling thread's own
+ * work passes. A pause of tags lets it go on once the pause is done.
+ * Quiesce errors, nothing paused, the program's work going on:
+ *   909 CUDA_ERROR_TIMEOUT: a call stayed inside the driver, or a context's
+ *       work did not finish, within VMMSHIM_QUIESCE_TIMEOUT (logged, naming
+ *       the thread and entry point, or the device).
  * Stream-ordered (cudaMallocAsync from a device's default pool) memory is
  * paused like cudaMalloc memory, by the tag set on the thread that called
  * cudaMallocAsync; its freed blocks waiting for reuse are released (their
@@ -107,6 +118,11 @@ int vmmshim_release_cached_memory(int device, size_t* released_bytes);
  * (CUDA_ERROR_INVALID_VALUE), nothing paused; a file that cannot be made:
  * 1, logged with the path and the system's reason, nothing paused. */
 #define VMMSHIM_PAUSE_TO_DISK 4u
+/* The caller is the only thread that submits GPU work now (a training
+ * loop's own pause and resume): no quiesce, no thread held, nothing added to
+ * the pause's cost. Another thread's launch on the paused memory then
+ * faults, as it would without the shim's gate. */
+#define VMMSHIM_PAUSE_SOLE_SUBMITTER 8u
 int vmmshim_pause_memory(const char* tag, unsigned flags, size_t* released_bytes);
 /* The same for every allocation whose tag is not one of the `count` tags of
  * `keep_tags` ("" keeps the untagged ones; count 0: every allocation, as
@@ -123,7 +139,8 @@ int vmmshim_pause_memory_except(const char* const* keep_tags, size_t count, unsi
  * *restored_bytes (may be NULL): the bytes mapped again (0: nothing
  * paused). CUDA_ERROR_OUT_OF_MEMORY (2) when the device cannot hold it
  * after releasing the shim's cache: everything stays paused, nothing
- * leaks, a later resume can succeed. */
+ * leaks, a later resume can succeed. A resume of NULL that succeeds lets
+ * the threads a pause of every allocation held go on. */
 int vmmshim_resume_memory(const char* tag, size_t* restored_bytes);
 /* The same, and the resumed allocations keep their host copy (readable with
  * vmmshim_get_paused_contents, at the same address) until a later pause

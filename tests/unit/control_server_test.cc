@@ -3,6 +3,7 @@
 // sleep's state machine, a status while asleep that makes no driver call,
 // and the refusals that come before anything is paused.
 #include "core/control/control_server.h"
+#include "core/driver/cu_status.h"
 
 #include <string>
 #include <vector>
@@ -32,15 +33,16 @@ ControlServer Server(Calls& calls) {
     r.replace(r.find("EXPORTED"), 8, calls.exported);
     return r;
   };
-  h.sleep = [&calls](const std::vector<std::string>& drop, size_t* released) {
+  h.sleep = [&calls](const std::vector<std::string>& drop) -> absl::StatusOr<size_t> {
     ++calls.sleeps;
-    *released = 100 + drop.size();
-    return calls.sleep_code;
+    if (calls.sleep_code != 0) {
+      return DriverError(static_cast<CUresult>(calls.sleep_code), "the test's pause");
+    }
+    return 100 + drop.size();
   };
-  h.wake = [&calls](size_t* restored) {
+  h.wake = [&calls]() -> absl::StatusOr<size_t> {
     ++calls.wakes;
-    *restored = 100;
-    return 0;
+    return size_t{100};
   };
   h.paused_bytes = [&calls] { return calls.paused; };
   h.shared_memory = [&calls] { return calls.shared; };
