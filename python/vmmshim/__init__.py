@@ -108,6 +108,7 @@ def configure_subprocess(**options):
         os.environ.update(saved)
 
 KEEP_CONTENTS = 1  # VMMSHIM_PAUSE_KEEP_CONTENTS
+SOLE_SUBMITTER = 8  # VMMSHIM_PAUSE_SOLE_SUBMITTER
 _NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: the shim is disabled or inactive
 _NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
@@ -296,7 +297,7 @@ def _tag(name):
         _call("vmmshim_set_allocation_tag", previous.encode() if previous is not None else None)
 
 
-def pause(tag=None, keep_contents=True, except_tags=None):
+def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     """Releases the physical memory of the allocations made under `tag` (None:
     all; stream-ordered ones too), keeping their addresses and, with
     keep_contents, their contents in host memory. `except_tags` (a list; not
@@ -304,9 +305,18 @@ def pause(tag=None, keep_contents=True, except_tags=None):
     Returns the bytes released (0: nothing to pause, or paused already).
     Allocations made while paused, from any thread, get memory that is not
     paused: PyTorch's and CuPy's free blocks inside paused memory are not
-    handed out before the resume (vmmshim/_pools.py)."""
+    handed out before the resume (vmmshim/_pools.py).
+
+    The program's GPU work is quiesced first: other threads' launches and
+    copies wait, the work already submitted finishes. After a pause of
+    everything (no tag, no except_tags) the other threads' GPU work waits
+    until resume() of everything (the calling thread's own passes); after a
+    pause of tags it goes on at once. `sole_submitter=True`: the caller
+    promises no other thread submits GPU work now (a training loop's own
+    pause), and nothing is quiesced or held (docs/pause-resume.md,
+    "Quiescing")."""
     n = ctypes.c_size_t(0)
-    flags = KEEP_CONTENTS if keep_contents else 0
+    flags = (KEEP_CONTENTS if keep_contents else 0) | (SOLE_SUBMITTER if sole_submitter else 0)
     _check_tag("pause", tag)
     if except_tags is not None:
         if tag is not None:

@@ -61,11 +61,15 @@ int main(int argc, char** argv) {
   CHECK(self("cuMemAlloc", (void**)&alloc, 13000, 0, &st) == CUDA_SUCCESS);
   CHECK(v1("cuMemFree", (void**)&mfree, 13000, 0) == CUDA_SUCCESS);
   CHECK(self("cuMemcpyDtoH", (void**)&dtoh, 13000, 0, &st) == CUDA_SUCCESS);
-  /* The per-thread-default-stream flag is honoured: the driver's _ptds
-   * function comes back, untouched (not hooked). */
+  /* The per-thread-default-stream flag is honoured: the _ptds function
+   * comes back, the driver's (pass-through) or the shim's gated hook of that
+   * name (interpose/hooks_submission.cc), as a dlsym of the name answers. */
   CHECK(self("cuMemcpyHtoD", (void**)&htod_ptds, 13000,
              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS);
-  CHECK((void*)htod_ptds == dlsym(h, "cuMemcpyHtoD_v2_ptds"));
+  Dl_info where;
+  CHECK(dladdr((void*)htod_ptds, &where) != 0 && where.dli_sname != NULL &&
+        strcmp(where.dli_sname, "cuMemcpyHtoD_v2_ptds") == 0);
+  CHECK(InShim((void*)htod_ptds) == vmm);
   CHECK(InShim((void*)alloc) == vmm);
   CHECK(InShim((void*)mfree) == vmm);
   CHECK(!InShim((void*)init));
