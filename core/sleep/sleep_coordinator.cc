@@ -105,25 +105,24 @@ absl::StatusOr<size_t> SleepCoordinator::Sleep(const std::vector<std::string>& d
   if (quiesce) {
     if (absl::Status quiet = quiescer_.Quiesce(); !quiet.ok()) return quiet;
   }
-  // All or nothing: what this sleep paused is resumed, and the gate opened,
-  // when a step fails.
-  auto undo = [&](absl::Status failed) -> absl::Status {
-    ResumeRecorded(TagSelection::All(), false).IgnoreError();
-    if (quiesce) quiescer_.Release();
-    return failed;
-  };
   size_t released = 0;
   for (const std::string& tag : drop) {
     absl::StatusOr<size_t> n = PauseRecorded(TagSelection::Only(tag), false, BackupKind());
-    if (!n.ok()) return undo(n.status());
+    if (!n.ok()) return UndoSleep(n.status(), quiesce);
     released += *n;
   }
   absl::StatusOr<size_t> n = PauseRecorded(TagSelection::All(), true, BackupKind());
-  if (!n.ok()) return undo(n.status());
+  if (!n.ok()) return UndoSleep(n.status(), quiesce);
   released += *n;
   ReleaseForCheckpoint();
   holding_ = true;
   return released;
+}
+
+absl::Status SleepCoordinator::UndoSleep(absl::Status failed, bool quiesced) {
+  ResumeRecorded(TagSelection::All(), false).IgnoreError();
+  if (quiesced) quiescer_.Release();
+  return failed;
 }
 
 absl::StatusOr<size_t> SleepCoordinator::Wake() {

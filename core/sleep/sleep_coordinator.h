@@ -79,6 +79,9 @@ class SleepCoordinator {
   absl::StatusOr<size_t> ResumeRecorded(const TagSelection& selection, bool retain_contents)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(HistoryAction action, const TagSelection& selection, size_t bytes) const;
+  // All or nothing: what a sleep paused is resumed, and the gate opened when
+  // the sleep closed it; returns `failed`.
+  absl::Status UndoSleep(absl::Status failed, bool quiesced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives the contexts' stack and the pinned pool's pinning back before a
   // checkpoint; each is logged and the sleep goes on without it.
   void ReleaseForCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -513,6 +513,92 @@ print(p['pinned_bytes'], p['bytes'])")
       fi
     done
     ;;
+  busy_sleep)
+    # A process put to sleep while it works: examples/busy_workload.py
+    # (bf16 matmuls on one thread, host <-> device copies on a side stream
+    # on another, a fixed number of steps) slept with `vmmshim sleep PID`
+    # and woken with `vmmshim wake PID` 3 times at random moments, under each
+    # of PyTorch's allocator modes: every sleep and wake succeeds, 0 MiB on
+    # nvidia-smi while asleep, and the result equals a run under the shim
+    # that nobody slept (tools/gpu/busy-sleep.sh does more cycles).
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    held() {
+      local m
+      m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+          awk -F', ' -v p="$1" '$1 == p {print $2}')
+      echo "${m:-0}"
+    }
+    alive() {  # an exited child is a zombie until waited for
+      local s
+      s=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
+      [ -n "$s" ] && [ "$s" != Z ] && [ "$s" != X ]
+    }
+    app=(python3 "$src/examples/busy_workload.py" --steps 2500 --timeout 400)
+    dir=$(mktemp -d); pid=""
+    trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+    for conf in "" expandable_segments:True backend:cudaMallocAsync; do
+      m=${conf:-default}
+      timeout -k 10 450 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" "${app[@]}" \
+        >"$dir/ref" 2>"$dir/ref.err" || fail "$m: the run nobody slept: $(tail -20 "$dir/ref.err")"
+      want=$(grep '^result ' "$dir/ref")
+      [[ $want == *" mismatches 0" ]] || fail "$m: the run nobody slept: ${want:-no result}"
+      rm -f "$dir/out" "$dir/err"  # no earlier mode's "ready" seen before the new file is made
+      env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" "${app[@]}" >"$dir/out" 2>"$dir/err" &
+      pid=$!
+      for ((t = 0; t < 600; t++)); do
+        grep -q '^ready ' "$dir/out" 2>/dev/null && break
+        alive "$pid" || fail "$m: the workload ended before it was ready: $(tail -20 "$dir/err")"
+        sleep 0.2
+      done
+      grep -q '^ready ' "$dir/out" || fail "$m: the workload was not ready after 120 s"
+      for i in 1 2 3; do
+        sleep "0.$((3 + RANDOM % 7))"
+        alive "$pid" || fail "$m: the workload ended before cycle $i (it needs more --steps)"
+        slept=$(timeout 120 "$build/vmmshim" sleep "$pid" 2>&1) || fail "$m cycle $i: sleep: $slept"
+        asleep=$(held "$pid")
+        woke=$(timeout 120 "$build/vmmshim" wake "$pid" 2>&1) || fail "$m cycle $i: wake: $woke"
+        echo "$m cycle $i: $slept; $asleep MiB asleep; $woke"
+        [ "$asleep" = 0 ] || fail "$m cycle $i: $asleep MiB held while asleep"
+      done
+      for ((t = 0; t < 900; t++)); do alive "$pid" || break; sleep 0.5; done
+      alive "$pid" && fail "$m: the slept workload did not end"
+      wait "$pid"; rc=$?; pid=""
+      got=$(grep '^result ' "$dir/out")
+      echo "$m: nobody slept: $want"; echo "$m: slept 3 times: ${got:-no result} (exit $rc)"
+      [ $rc = 0 ] || fail "$m: the slept workload exited with $rc: $(tail -20 "$dir/err")"
+      [ "$got" = "$want" ] || fail "$m: the result differs from the run nobody slept"
+    done
+    ;;
+  busy_pause)
+    # The same workload pausing everything from a thread of its own while
+    # its two other threads launch work (--pause-thread 5: vmmshim.pause(),
+    # held 0.05-0.3 s, vmmshim.resume()), under each of PyTorch's allocator
+    # modes: every pause comes while the work runs, and the result equals a
+    # run that never paused.
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    app=(python3 "$src/examples/busy_workload.py" --steps 3000 --timeout 400)
+    dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+    for conf in "" expandable_segments:True backend:cudaMallocAsync; do
+      m=${conf:-default}
+      timeout -k 10 450 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" "${app[@]}" \
+        >"$dir/ref" 2>"$dir/ref.err" || fail "$m: the run that never paused: $(tail -20 "$dir/ref.err")"
+      want=$(grep '^result ' "$dir/ref")
+      [[ $want == *" mismatches 0" ]] || fail "$m: the run that never paused: ${want:-no result}"
+      timeout -k 10 450 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" "${app[@]}" \
+        --pause-thread 5 --pause-seed "$RANDOM" >"$dir/out" 2>"$dir/err"
+      rc=$?
+      got=$(grep '^result ' "$dir/out")
+      grep -E '^pause cycle' "$dir/out" | sed "s/^/$m: /"
+      echo "$m: never paused: $want"; echo "$m: paused 5 times: ${got:-no result} (exit $rc)"
+      [ $rc = 0 ] || fail "$m: the paused workload exited with $rc: $(tail -30 "$dir/err")"
+      [ "$got" = "$want" ] || fail "$m: the result differs from the run that never paused"
+      grep -qx 'pause cycles 5, 5 during the work' "$dir/out" ||
+        fail "$m: not every pause came while the work ran ($(grep '^pause cycles' "$dir/out"));" \
+             "the workload needs more --steps"
+    done
+    ;;
   *) fail "unknown check $check" ;;
 esac
 echo "PASS: $check"
