@@ -18,14 +18,14 @@ RUNS=3 timeout -k 5 60 "$here/launch-gate-bench.sh" > /dev/null 2>&1
 echo "launch gate bench: exit $?"; tail -6 "$out/launch-gate-bench.log"
 STEPS=${STEPS:-3000} CYCLES=10 PAUSES=20 SLEEP_GAP_MS=150,600 PAUSE_GAP_MS=80,300 \
   PAUSE_HOLD_MS=30,150 REFERENCE=native RUN_TIMEOUT=200 \
-  timeout -k 5 $(( $(left) - 200 )) "$here/busy-sleep.sh" > /dev/null 2>&1
+  timeout -k 5 $(( $(left) - 90 )) "$here/busy-sleep.sh" > /dev/null 2>&1
 echo "busy sleep: exit $?"; sed -n '/== summary/,$p' "$out/busy-sleep.log"
 tar -C "$out" -czf "$out/busy-sleep-runs.tar.gz" busy-sleep 2>/dev/null && rm -rf "$out/busy-sleep"
-timeout -k 5 $(( $(left) - 120 > 60 ? 100 : 30 )) "$here/resolved-entry-points.sh" > /dev/null 2>&1
+timeout -k 5 $(( $(left) - 10 > 120 ? 120 : $(left) - 10 )) "$here/resolved-entry-points.sh" > /dev/null 2>&1
 echo "resolved entry points: exit $?"; grep -E "^== " "$out/resolved-entry-points.log"
 rm -f "$out"/*.stdout
 checks=${CHECKS:-'gpu_(static_cudart|cudart_like|driver_api|torch|torch_async|deep_sleep|sleep_wake|safe_pause|cupy_async)$'}
-if [ "$(left)" -gt 30 ]; then
+if [ "$(left)" -gt 60 ]; then
   (cd "$b" && timeout -k 5 $(( $(left) - 10 )) ctest -L gpu -R "$checks" --output-on-failure) \
     > "$out/ctest-gpu.txt" 2>&1
   echo "ctest -L gpu -R '$checks': exit $?"
