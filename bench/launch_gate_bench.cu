@@ -29,17 +29,10 @@
 #include <cstring>
 #include <vector>
 
+#include "../examples/cuda_check.h"
+
 namespace {
 
-#define CHECK(call)                                                             \
-  do {                                                                          \
-    cudaError_t e_ = (call);                                                    \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call,      \
-                   cudaGetErrorString(e_));                                     \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 __global__ void Empty() {}
 
@@ -64,16 +57,16 @@ struct Result {
 template <typename Op>
 Result Measure(cudaStream_t s, int batches, int batch, Op op) {
   for (int i = 0; i < batch; ++i) op();
-  CHECK(cudaStreamSynchronize(s));
-  CHECK(cudaGetLastError());
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaGetLastError());
   std::vector<double> total, enqueue;
   for (int b = 0; b < batches; ++b) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < batch; ++i) op();
     const auto t1 = std::chrono::steady_clock::now();
-    CHECK(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
     const auto t2 = std::chrono::steady_clock::now();
-    CHECK(cudaGetLastError());
+    CHECK_CUDA(cudaGetLastError());
     total.push_back(Seconds(t0, t2) * 1e9 / batch);
     enqueue.push_back(Seconds(t0, t1) * 1e9 / batch);
   }
@@ -99,13 +92,13 @@ int main(int argc, char** argv) {
                          "[--device D]\n");
     return 2;
   }
-  CHECK(cudaSetDevice(device));
-  CHECK(cudaFree(nullptr));
+  CHECK_CUDA(cudaSetDevice(device));
+  CHECK_CUDA(cudaFree(nullptr));
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, device));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   int driver = 0, runtime = 0;
-  CHECK(cudaDriverGetVersion(&driver));
-  CHECK(cudaRuntimeGetVersion(&runtime));
+  CHECK_CUDA(cudaDriverGetVersion(&driver));
+  CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
 
   // The resident set: mixed sizes from 4 KiB to 16 MiB and some odd ones,
   // from a fixed sequence, every one touched once.
@@ -118,20 +111,20 @@ int main(int argc, char** argv) {
                             12288 + 512};
     const size_t bytes = sizes[(state >> 16) % 8];
     void* p = nullptr;
-    CHECK(cudaMalloc(&p, bytes));
-    CHECK(cudaMemset(p, i & 0xff, bytes));
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    CHECK_CUDA(cudaMemset(p, i & 0xff, bytes));
     live.push_back(p);
     resident_bytes += bytes;
   }
-  CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaDeviceSynchronize());
 
   cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // The copies run between two allocations in the middle of the set.
   void* src = live[resident / 3];
   void* dst = live[(2 * resident) / 3];
   void* host = nullptr;
-  CHECK(cudaMallocHost(&host, kCopyBytes));
+  CHECK_CUDA(cudaMallocHost(&host, kCopyBytes));
   std::memset(host, 7, kCopyBytes);
 
   std::printf("# device %d: %s, driver %d, runtime %d\n", device, prop.name, driver, runtime);
@@ -146,14 +139,14 @@ int main(int argc, char** argv) {
   };
   print("launch", Measure(s, batches, batch, [&] { Empty<<<1, 1, 0, s>>>(); }));
   print("memcpy_d2d_4k", Measure(s, batches, batch, [&] {
-          CHECK(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, s));
+          CHECK_CUDA(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, s));
         }));
   print("memcpy_h2d_pinned_4k", Measure(s, batches, batch, [&] {
-          CHECK(cudaMemcpyAsync(dst, host, kCopyBytes, cudaMemcpyHostToDevice, s));
+          CHECK_CUDA(cudaMemcpyAsync(dst, host, kCopyBytes, cudaMemcpyHostToDevice, s));
         }));
 
-  CHECK(cudaStreamDestroy(s));
-  CHECK(cudaFreeHost(host));
-  for (void* p : live) CHECK(cudaFree(p));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  CHECK_CUDA(cudaFreeHost(host));
+  for (void* p : live) CHECK_CUDA(cudaFree(p));
   return 0;
 }

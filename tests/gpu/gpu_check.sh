@@ -30,6 +30,8 @@ probe_pair() {
 }
 served() { grep -oE 'served [0-9]+ allocations' <<<"$1" | grep -oE '[0-9]+'; }
 passed_through() { grep -oE 'passed [0-9]+ allocations' <<<"$1" | grep -oE '[0-9]+'; }
+# held PID (its MiB on nvidia-smi) and alive PID.
+source "$src/tools/gpu/process-state.sh"
 
 case $check in
   static_cudart)
@@ -480,12 +482,6 @@ print(" ".join(sorted({e["library"] for t in d["device_traces"] for e in t if e[
     # they use: after the wake, some of it is pinned and not all.
     have_torch
     export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
-    held() {
-      local m
-      m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-          awk -F', ' -v p="$1" '$1 == p {print $2}')
-      echo "${m:-0}"
-    }
     for how in keep drop pool; do
       pool=0; drop=(); [ $how = drop ] && drop=(--drop kv); [ $how = pool ] && pool=6G
       coproc W { LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool exec python3 \
@@ -523,17 +519,6 @@ print(p['pinned_bytes'], p['bytes'])")
     # that nobody slept (tools/gpu/busy-sleep.sh does more cycles).
     have_torch
     export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
-    held() {
-      local m
-      m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-          awk -F', ' -v p="$1" '$1 == p {print $2}')
-      echo "${m:-0}"
-    }
-    alive() {  # an exited child is a zombie until waited for
-      local s
-      s=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
-      [ -n "$s" ] && [ "$s" != Z ] && [ "$s" != X ]
-    }
     app=(python3 "$src/examples/busy_workload.py" --steps 2500 --timeout 400)
     dir=$(mktemp -d); pid=""
     trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"' EXIT

@@ -62,12 +62,6 @@ echo "seed $seed (SEED=$seed repeats the moments), steps $steps, cycles $cycles,
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }'; }
 oneline() { tr '\n' ' ' <<<"$1" | sed 's/ *$//'; }
-# Whether process $1 runs (an exited child stays a zombie until waited for).
-alive() {
-  local s
-  s=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
-  [ -n "$s" ] && [ "$s" != Z ] && [ "$s" != X ]
-}
 # The shim's state of process $1: running, sleeping, asleep, not-answering,
 # none (no control socket), gone (exited) or unknown.
 state() {

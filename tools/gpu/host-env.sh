@@ -17,13 +17,8 @@ export LD_LIBRARY_PATH=$root/.gpu/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 b=$built_at/build
 shim=$b/libvmmshim.so
 
-# The MiB nvidia-smi lists for process $1 (0 when it lists none).
-held() {
-  local m
-  m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-      awk -F', ' -v p="$1" '$1 == p {print $2}')
-  echo "${m:-0}"
-}
+# held PID (its MiB on nvidia-smi) and alive PID.
+source "$root/tools/gpu/process-state.sh"
 
 # The GPU's name and driver, then the gpu-labelled checks into
 # $out/ctest-gpu.txt (GPU_CTEST=0 skips them).
