@@ -5,8 +5,9 @@
 # (tools/gpu/busy-sleep.sh), what real programs resolve and which of it the gate
 # holds (tools/gpu/resolved-entry-points.sh), then the gpu-labelled checks
 # CHECKS (a ctest -R pattern; default: the allocation paths and the sleeps) in
-# the time left of BUDGET seconds (default 570). Logs under $OUT; a run's own
-# files packed into busy-sleep-runs.tar.gz.
+# the time left of BUDGET seconds (default 570). RUNS: the launch bench's runs
+# each way (default 10); MODES: busy-sleep.sh's allocator modes (default all
+# three). Logs under $OUT; a run's own files packed into busy-sleep-runs.tar.gz.
 # usage: tools/gpu/quiesce-validation.sh
 set -uo pipefail
 here=$(dirname "$0")
@@ -14,7 +15,7 @@ source "$here/host-env.sh"
 start=$SECONDS
 budget=${BUDGET:-570}
 left() { echo $((budget - (SECONDS - start))); }
-RUNS=3 timeout -k 5 60 "$here/launch-gate-bench.sh" > /dev/null 2>&1
+RUNS=${RUNS:-10} timeout -k 5 $(( ${RUNS:-10} * 12 + 20 )) "$here/launch-gate-bench.sh" > /dev/null 2>&1
 echo "launch gate bench: exit $?"; tail -6 "$out/launch-gate-bench.log"
 STEPS=${STEPS:-3000} CYCLES=10 PAUSES=20 SLEEP_GAP_MS=150,600 PAUSE_GAP_MS=80,300 \
   PAUSE_HOLD_MS=30,150 REFERENCE=native RUN_TIMEOUT=200 \
