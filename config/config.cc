@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <iterator>
 
@@ -166,11 +167,11 @@ bool ApplySleepLowersStack(absl::string_view value, int, Config* config) {
 
 bool ApplyQuiesceTimeout(absl::string_view value, int, Config* config) {
   double seconds = 0;
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(value), &seconds) || !(seconds >= 0.001) ||
-      seconds > 3600) {
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(value), &seconds) || !(seconds >= 0.1) ||
+      seconds > 600) {
     return false;
   }
-  config->quiesce_timeout_ms = static_cast<int>(seconds * 1000);
+  config->quiesce_timeout_ms = static_cast<int>(std::lround(seconds * 1000));
   return true;
 }
 
@@ -328,12 +329,13 @@ constexpr OptionInfo kOptions[] = {
      "does not copy the stack reservation (264 MiB on an H200; docs/deep-sleep.md, \"The "
      "context's stack reservation\"); 0: the limit stays as the program set it.",
      &ApplySleepLowersStack, false, OptionKey::kSleepLowersStack},
-    {"VMMSHIM_QUIESCE_TIMEOUT", "seconds", "10", "0.001 to 3600",
+    {"VMMSHIM_QUIESCE_TIMEOUT", "seconds", "10", "0.1 to 600",
      "How long the quiesce before a deep sleep or a pause called while other threads may "
      "launch may take: the calls inside the driver to return and the contexts' work to "
      "finish. Past it the quiesce is undone (the program goes on, nothing paused) and the "
      "error names the thread and entry point, or the device, that did not finish "
-     "(docs/pause-resume.md, \"Quiescing\").",
+     "(docs/pause-resume.md, \"Quiescing\"). At most 600: `vmmshim sleep` waits 600 s for the "
+     "pause.",
      &ApplyQuiesceTimeout, false, OptionKey::kQuiesceTimeout},
     {"VMMSHIM_STATS_PID", "int", "(none)", "a process id",
      "Set by `vmmshim run --stats FILE` and `--snapshot FILE`: the process that writes "

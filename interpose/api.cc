@@ -153,7 +153,8 @@ int Pause(const vmmshim::TagSelection& selection, unsigned flags, size_t* releas
     // The quiesce's refusals say what did not finish; the pause's own are
     // logged where they happen.
     if (ToCuResult(released.status()) == CUDA_ERROR_TIMEOUT) {
-      vmmshim::Log().warn("vmmshim_pause_memory: {}", std::string(released.status().message()));
+      vmmshim::Log().warn("vmmshim_pause_memory: {}; nothing paused",
+                          std::string(released.status().message()));
     }
     return ToCuResult(released.status());
   }

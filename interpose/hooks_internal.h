@@ -39,6 +39,11 @@ VMMSHIM_WORK_SUBMISSION_ENTRY_POINTS(VMMSHIM_DECLARE_GATED_HOOK)
 
 namespace vmmshim {
 
+// Looks up, once, what a held thread needs to step out of the Python GIL
+// (interpose/hooks_submission.cc); called at start, so that no first wait
+// (in a signal handler, say) does it.
+void PrepareGatedHooks();
+
 // The calling thread's allocation tag (vmmshim_set_allocation_tag; at most
 // 255 bytes, checked there), read on every allocation: a fixed buffer, so
 // that the thread-local needs no constructor guard or destructor. A thread

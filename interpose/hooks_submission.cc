@@ -19,13 +19,17 @@
 // not capturing run inside an ExemptScope: the quiesce's synchronize waits
 // for them, so their own (forbidden, but seen) CUDA calls must pass.
 #include <dlfcn.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <tuple>
 #include <type_traits>
 
 #include "absl/base/optimization.h"
+#include "core/base/log.h"
 #include "core/driver/work_submission.h"
 #include "core/sync/submission_gate.h"
 #include "interpose/hooks.h"
@@ -57,7 +61,7 @@ struct PythonApi {
 };
 
 const PythonApi& Python() {
-  static const PythonApi api = [] {
+  static const PythonApi api = [] {  // made at start: PrepareGatedHooks
     PythonApi p;
     auto find = [](const char* name) { return vmmshim::RealDlsym()(RTLD_DEFAULT, name); };
     p.is_initialized = reinterpret_cast<int (*)()>(find("Py_IsInitialized"));
@@ -77,15 +81,28 @@ const PythonApi& Python() {
   return api;
 }
 
+// How long a held thread waits before the log says so (and again after as
+// long): a program that waits for such a thread before it resumes waits for
+// ever (docs/pause-resume.md, "Quiescing").
+constexpr auto kHeldWarning = std::chrono::seconds(10);
+
 // Waits while the gate is closed to this thread, without the GIL.
-__attribute__((noinline)) void WaitAtGate(SubmissionGate& gate) {
+__attribute__((noinline)) void WaitAtGate(SubmissionGate& gate, uint32_t entry) {
   const PythonApi& py = Python();
   void* saved = nullptr;
   if (py.save_thread != nullptr && py.is_initialized() != 0 && py.current_thread() != nullptr &&
       py.gil_check() == 1) {
     saved = py.save_thread();
   }
-  gate.WaitWhileClosed();
+  for (int waited = 1; !gate.WaitWhileClosed(kHeldWarning); ++waited) {
+    vmmshim::Log().warn(
+        "thread {} has waited {} s in {} for the resume (the program's GPU work is held while "
+        "everything is paused or asleep); if the program waits for this thread before it "
+        "resumes, it never will: pause with sole_submitter=True "
+        "(VMMSHIM_PAUSE_SOLE_SUBMITTER) when other threads must work meanwhile",
+        static_cast<long>(syscall(SYS_gettid)), waited * kHeldWarning.count(),
+        vmmshim::WorkSubmissionName(entry));
+  }
   if (saved != nullptr) py.restore_thread(saved);
 }
 
@@ -157,7 +174,7 @@ struct Gated<kMember, kEntry> {
     SubmissionGate* gate = rt->gate;
     if (gate == nullptr) return fn(args...);
     SubmissionGate::Ticket ticket;
-    while (ABSL_PREDICT_FALSE(!gate->TryEnter(kEntry, &ticket))) WaitAtGate(*gate);
+    while (ABSL_PREDICT_FALSE(!gate->TryEnter(kEntry, &ticket))) WaitAtGate(*gate, kEntry);
     CUresult r;
     if constexpr (kHostFunction<kMember> || kStreamCallback<kMember>) {
       r = SubmitHostFunction(*rt, *gate, fn, args...);
@@ -196,6 +213,10 @@ struct Gated<kMember, kEntry> {
 };
 
 }  // namespace
+
+namespace vmmshim {
+void PrepareGatedHooks() { Python(); }
+}  // namespace vmmshim
 
 // The hooks' pointers, which the exported jumps below go through.
 #define VMMSHIM_GATED_POINTER(member, symbol, type, required)               \

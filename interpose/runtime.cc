@@ -1,5 +1,7 @@
 #include "interpose/runtime.h"
 
+#include "interpose/hooks_internal.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -199,6 +201,7 @@ const Runtime* Initialize() {
     rt->allocator = new Allocator(rt->allocator_driver, options);
     if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
     rt->gate = new SubmissionGate;
+    PrepareGatedHooks();
     rt->quiescer = new WorkQuiescer(rt->allocator_driver, *rt->gate, rt->allocator->captures(),
                                     std::chrono::milliseconds(rt->config.quiesce_timeout_ms));
     if (rt->config.control && rt->config.sleep_lowers_stack) {

@@ -4,9 +4,11 @@
 //
 // The set is the driver's own: each PFN type of <cudaTypedefs.h> whose entry
 // point launches a kernel, a graph or a host function, copies, sets memory,
-// waits on or writes to a stream, records an event, prefetches or discards,
-// decompresses, maps a sparse array or signals or waits on an external
-// semaphore, in every ABI version and _ptsz/_ptds (per-thread default stream)
+// waits on or writes to a stream, records or waits on an event (a stream's,
+// a context's, a green context's), prefetches or discards, decompresses,
+// maps a sparse array, signals or waits on an external semaphore, or
+// instantiates a graph with parameters (which may upload it on a stream),
+// in every ABI version and _ptsz/_ptds (per-thread default stream)
 // form the driver exports with a public type (the exports of the toolkit's
 // stub libcuda.so). Not here: the unsuffixed memcpy and memset exports
 // (cuMemcpyHtoD, cuMemsetD8, ...), the 32-bit-pointer ABI of CUDA 2.x,
@@ -34,6 +36,7 @@
 // vmmshim every name means the export of exactly that name.
 #undef cuEventRecord
 #undef cuEventRecordWithFlags
+#undef cuGraphInstantiateWithParams
 #undef cuGraphLaunch
 #undef cuGraphUpload
 #undef cuLaunchCooperativeKernel
@@ -76,6 +79,9 @@
 // script's generator read the names with a regular expression).
 #define VMMSHIM_WORK_SUBMISSION_ENTRY_POINTS(X)                                                 \
   /* kernel and graph launches, host functions */                                                 \
+  VMMSHIM_SUBMITS(X, cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)     \
+  VMMSHIM_SUBMITS(X, cuGraphInstantiateWithParams_ptsz,                                           \
+                  PFN_cuGraphInstantiateWithParams_v12000_ptsz)                                 \
   VMMSHIM_SUBMITS(X, cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                     \
   VMMSHIM_SUBMITS(X, cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                           \
   VMMSHIM_SUBMITS(X, cuGraphUpload, PFN_cuGraphUpload_v11010)                                     \
@@ -201,6 +207,10 @@
   VMMSHIM_SUBMITS(X, cuStreamWriteValue64_v2, PFN_cuStreamWriteValue64_v11070)                    \
   VMMSHIM_SUBMITS(X, cuStreamWriteValue64_v2_ptsz, PFN_cuStreamWriteValue64_v11070_ptsz)          \
   /* event records */                                                                             \
+  VMMSHIM_SUBMITS(X, cuCtxRecordEvent, PFN_cuCtxRecordEvent_v12050)                             \
+  VMMSHIM_SUBMITS(X, cuCtxWaitEvent, PFN_cuCtxWaitEvent_v12050)                                 \
+  VMMSHIM_SUBMITS(X, cuGreenCtxRecordEvent, PFN_cuGreenCtxRecordEvent_v12040)                   \
+  VMMSHIM_SUBMITS(X, cuGreenCtxWaitEvent, PFN_cuGreenCtxWaitEvent_v12040)                       \
   VMMSHIM_SUBMITS(X, cuEventRecord, PFN_cuEventRecord_v2000)                                      \
   VMMSHIM_SUBMITS(X, cuEventRecordWithFlags, PFN_cuEventRecordWithFlags_v11010)                   \
   VMMSHIM_SUBMITS(X, cuEventRecordWithFlags_ptsz, PFN_cuEventRecordWithFlags_v11010_ptsz)         \
@@ -259,7 +269,8 @@
   X(cuStreamGetDevice, "a query")                                                                \
   X(cuStreamGetFlags, "a query")                                                                 \
   X(cuStreamGetId, "a query")                                                                    \
-  X(cuStreamGetPriority, "a query")
+  X(cuStreamGetPriority, "a query")                                                              \
+  X(cuStreamGetGreenCtx, "a query")
 
 namespace vmmshim {
 

@@ -117,6 +117,10 @@ absl::StatusOr<size_t> PauseCoordinator::Resume(const TagSelection& tag, bool re
   return r;
 }
 
+uint64_t PauseCoordinator::paused_bytes() const {
+  return heaps_.global().paused.load(std::memory_order_acquire);
+}
+
 absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
                                                      bool keep_contents,
                                                      const BackupKind& kind) {

@@ -151,6 +151,9 @@ class PauseCoordinator {
   // copies register what they use. The bytes unpinned. Takes the pause
   // mutex: no pause or resume runs meanwhile.
   size_t UnpinPinnedPool() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The physical bytes of the shim's memory paused now (one atomic load).
+  uint64_t paused_bytes() const;
   // After any fill under way.
   PinnedPool::Stats pinned_pool_stats() {
     pool_.AwaitFill();

@@ -71,7 +71,9 @@ absl::StatusOr<size_t> SleepCoordinator::Resume(const TagSelection& selection,
                                                 bool retain_contents) {
   MutexLock lock(&mu_);
   absl::StatusOr<size_t> restored = ResumeRecorded(selection, retain_contents);
-  if (restored.ok() && holding_ && selection.all()) {
+  // Everything is back (at once, or tag after tag): nothing a held thread
+  // could touch is paused.
+  if (restored.ok() && holding_ && (selection.all() || pause_.paused_bytes() == 0)) {
     holding_ = false;
     quiescer_.Release();
   }
@@ -101,6 +103,13 @@ void SleepCoordinator::ReleaseForCheckpoint() {
 
 absl::StatusOr<size_t> SleepCoordinator::Sleep(const std::vector<std::string>& drop) {
   MutexLock lock(&mu_);
+  // The program holds its own pause of everything: its thread passes the
+  // gate, and its resume would take back what the sleep paused.
+  if (holding_) {
+    return Reworded(DriverError(CUDA_ERROR_ILLEGAL_STATE, "sleep"),
+                    "the program holds a pause of everything of its own (vmmshim.pause()); "
+                    "resume it before the sleep");
+  }
   const bool quiesce = !quiescer_.quiesced();
   if (quiesce) {
     if (absl::Status quiet = quiescer_.Quiesce(); !quiet.ok()) return quiet;

@@ -8,14 +8,18 @@
 // (`sole_submitter`: the hot RL loop, where the quiesce must cost nothing),
 // the program's GPU work is quiesced first (core/sleep/work_quiescer.h),
 // then the memory is paused (core/heap/pause.h). For a pause of every
-// allocation the gate then stays closed until the resume of every
-// allocation: another thread's launch would otherwise meet unmapped memory
-// and lose the context (the caller's own thread passes). For a pause of
+// allocation the gate then stays closed until a resume brings everything
+// back (of every allocation, or tag after tag until nothing is paused):
+// another thread's launch would otherwise meet unmapped memory and lose the
+// context (the caller's own thread passes). A thread the program waits on
+// and that launches meanwhile waits too: that wait is the program's
+// (docs/pause-resume.md, "Quiescing", says which patterns meet it). For a pause of
 // some tags it opens again once the pause is done: the program's other
 // threads go on, and those that use the paused tags are the program's
 // own race, as without the shim's gate.
 // Sleep (the deep sleep's steps before the driver's checkpoint, which an
-// outside helper runs: cli/sleep_command.h): quiesce, pause the `drop` tags
+// outside helper runs: cli/sleep_command.h): refused while the program
+// holds a pause of everything of its own (CUDA_ERROR_ILLEGAL_STATE); quiesce, pause the `drop` tags
 // without contents and everything else with them, give the pinned pool's
 // pinning back, lower the contexts' stack limit; all or nothing (a failed
 // step resumes what the sleep paused and opens the gate). The gate stays

@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -38,13 +39,19 @@ WorkQuiescer::WorkQuiescer(const DriverApi& driver, SubmissionGate& gate,
     : driver_(driver), gate_(gate), captures_(captures), timeout_(timeout) {}
 
 absl::Status WorkQuiescer::Quiesce() {
+  // No capture begins between this check and the end of the synchronize,
+  // which would invalidate it (core/sync/capture.h; the pause holds the
+  // same gate across its own synchronize).
+  GateReaderLock capture_gate(&captures_.gate());
   if (captures_.any()) {
     return Reworded(DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "quiesce"),
                     "a stream capture is in progress: the program's work cannot be quiesced "
-                    "(its synchronize would invalidate the capture); nothing paused");
+                    "(its synchronize would invalidate the capture)");
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout_;
+  // Host functions that pass the gate from now on need another synchronize.
+  const uint64_t passes = gate_.exempt_passes();
   gate_.Close();
   std::vector<SubmissionGate::Inside> inside = gate_.WaitForCallsInside(deadline);
   if (!inside.empty()) {
@@ -57,10 +64,10 @@ absl::Status WorkQuiescer::Quiesce() {
                     absl::StrCat("the program's GPU work could not be quiesced: after ",
                                  Seconds(timeout_), " (VMMSHIM_QUIESCE_TIMEOUT) still inside "
                                  "the driver: ", absl::StrJoin(named, ", "),
-                                 "; the gate is open again and nothing is paused"));
+                                 "; the program's work goes on"));
   }
   const auto drained = std::chrono::steady_clock::now();
-  if (absl::Status synced = SynchronizeContexts(deadline); !synced.ok()) {
+  if (absl::Status synced = SynchronizeContexts(deadline, passes); !synced.ok()) {
     gate_.Open();
     return synced;
   }
@@ -73,7 +80,8 @@ absl::Status WorkQuiescer::Quiesce() {
   return absl::OkStatus();
 }
 
-absl::Status WorkQuiescer::SynchronizeContexts(std::chrono::steady_clock::time_point deadline) {
+absl::Status WorkQuiescer::SynchronizeContexts(std::chrono::steady_clock::time_point deadline,
+                                               uint64_t passes) {
   int count = 0;
   if (CUresult r = driver_.cuDeviceGetCount(&count); r != CUDA_SUCCESS) {
     return DriverError(r, "cuDeviceGetCount");
@@ -82,10 +90,11 @@ absl::Status WorkQuiescer::SynchronizeContexts(std::chrono::steady_clock::time_p
   // pass the gate; their work needs one more synchronize. Bounded: a
   // program's host functions that keep submitting end at the deadline.
   while (true) {
-    const uint64_t passes = gate_.exempt_passes();
     auto state = std::make_shared<SyncState>();
     // The table is copied: the thread may outlive a caller that gave up.
-    std::thread([state, count, driver = driver_] {
+    std::thread synchronizer;
+    try {
+      synchronizer = std::thread([state, count, driver = driver_] {
       absl::Status status;
       for (int device = 0; device < count && status.ok(); ++device) {
         {
@@ -99,19 +108,29 @@ absl::Status WorkQuiescer::SynchronizeContexts(std::chrono::steady_clock::time_p
       state->status = status;
       state->done = true;
       state->done_cv.notify_all();
-    }).detach();
+      });
+    } catch (const std::system_error& e) {
+      return DriverError(CUDA_ERROR_OPERATING_SYSTEM,
+                         absl::StrCat("quiesce: no thread for the synchronize (", e.what(), ")"));
+    }
+    synchronizer.detach();
     std::unique_lock<std::mutex> lock(state->mu);
     if (!state->done_cv.wait_until(lock, deadline, [&] { return state->done; })) {
+      const std::string what =
+          state->device < 0 ? std::string("the contexts' synchronize did not start")
+                            : absl::StrCat("device ", state->device,
+                                           "'s context did not finish its work");
       return Reworded(DriverError(CUDA_ERROR_TIMEOUT, "quiesce"),
-                      absl::StrCat("the program's GPU work could not be quiesced: device ",
-                                   state->device, "'s context did not finish its work within ",
-                                   Seconds(timeout_),
+                      absl::StrCat("the program's GPU work could not be quiesced: ", what,
+                                   " within ", Seconds(timeout_),
                                    " (VMMSHIM_QUIESCE_TIMEOUT; a kernel waiting for the host, "
                                    "or a host function or graph host node that calls CUDA?); "
-                                   "the gate is open again and nothing is paused"));
+                                   "the program's work goes on"));
     }
     if (!state->status.ok()) return state->status;
-    if (gate_.exempt_passes() == passes) return absl::OkStatus();
+    const uint64_t now_passes = gate_.exempt_passes();
+    if (now_passes == passes) return absl::OkStatus();
+    passes = now_passes;
     if (std::chrono::steady_clock::now() >= deadline) {
       return Reworded(DriverError(CUDA_ERROR_TIMEOUT, "quiesce"),
                       "the program's host functions kept submitting GPU work; nothing paused");

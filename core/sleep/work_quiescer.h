@@ -7,7 +7,8 @@
 // Steps of Quiesce, each bounded by the timeout; a step that runs out opens
 // the gate again (undone, the program goes on) and says why:
 //   1. refuse during a stream capture (the synchronize would invalidate it:
-//      core/sync/capture.h): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+//      core/sync/capture.h): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the
+//      capture gate is held shared to the end, so none begins meanwhile;
 //   2. close the gate;
 //   3. wait for the gated calls still inside the driver (a launch returns in
 //      microseconds; a synchronous copy after the work queued before it):
@@ -21,6 +22,8 @@
 //      context: its sticky code). Host functions that the driver runs
 //      meanwhile pass the gate (interpose/hooks_submission.cc marks them);
 //      when one submitted work, the contexts are synchronized again.
+//      Only primary contexts: the pause then synchronizes the contexts that
+//      own the memory it takes (core/heap/pause.h), created ones included.
 // On success the gate stays closed until Release.
 //
 // Thread safety: Quiesce and Release are serialized by the caller
@@ -30,6 +33,7 @@
 #define VMMSHIM_CORE_SLEEP_WORK_QUIESCER_H_
 
 #include <chrono>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "core/driver/driver_api.h"
@@ -55,8 +59,10 @@ class WorkQuiescer {
   SubmissionGate& gate() { return gate_; }
 
  private:
-  // Step 4: synchronizes every active primary context within `deadline`.
-  absl::Status SynchronizeContexts(std::chrono::steady_clock::time_point deadline);
+  // Step 4: synchronizes every active primary context within `deadline`,
+  // again while host functions passed the gate since `passes` was taken.
+  absl::Status SynchronizeContexts(std::chrono::steady_clock::time_point deadline,
+                                   uint64_t passes);
 
   const DriverApi& driver_;
   SubmissionGate& gate_;

@@ -24,10 +24,12 @@
 // says "not inside") and waits in WaitWhileClosed until Open.
 //
 // Thread records: one per thread that ever called TryEnter, made on its
-// first call, given back at the thread's exit for a later thread and never
-// freed (Close reads them without a lock). A signal handler that submits
-// work on a thread already inside nests (TryEnter returns the previous
-// state in the ticket and Exit puts it back).
+// first call (an allocation: a thread's first gated call from a signal
+// handler is not async-signal-safe, as the driver's is not), given back at
+// the thread's exit for a later thread and never freed (Close reads them
+// without a lock). A signal handler that submits work on a thread already
+// inside nests (TryEnter returns the previous state in the ticket and Exit
+// puts it back); one on a waiting thread waits too.
 //
 // Thread safety: TryEnter, Exit and WaitWhileClosed from any thread;
 // Close/Open/WaitForCallsInside from one closing thread at a time
@@ -39,6 +41,7 @@
 #ifndef VMMSHIM_CORE_SYNC_SUBMISSION_GATE_H_
 #define VMMSHIM_CORE_SYNC_SUBMISSION_GATE_H_
 
+#include <pthread.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -60,6 +63,9 @@ class SubmissionGate {
     std::atomic<int> exempt{0};  // ExemptScope depth
     std::atomic<bool> in_use{false};
     std::atomic<pid_t> tid{0};
+    // This claim's number (0: free): the closer is a claim, not a record, so
+    // that a thread given the record of an exited closer is not the closer.
+    std::atomic<uint64_t> claim{0};
     ThreadRecord* next = nullptr;  // the registry's list; set once
   };
   // What TryEnter saw, for Exit.
@@ -94,9 +100,12 @@ class SubmissionGate {
   ABSL_ATTRIBUTE_ALWAYS_INLINE void Exit(const Ticket& ticket) {
     ticket.record->inside.store(ticket.previous, std::memory_order_release);
   }
-  // Blocks while the gate is closed to this thread, on a futex: no lock is
-  // taken, so it may be called from a signal handler.
-  void WaitWhileClosed();
+  // Blocks while the gate is closed to this thread, at most `limit`: true
+  // once it may pass, false when `limit` ran out first (the caller says so
+  // and waits again). On a futex: no lock is taken, so a signal handler on a
+  // waiting thread may wait too.
+  bool WaitWhileClosed(
+      std::chrono::steady_clock::duration limit = std::chrono::steady_clock::duration::max());
 
   // Closes the gate: from now on every thread but this one (and exempt
   // ones) waits at TryEnter. Returns at once; calls already inside the
@@ -134,7 +143,12 @@ class SubmissionGate {
   static constexpr uint32_t kClosed = 1;
 
   bool EnterClosed(Ticket* ticket);
+  bool IsCloser(const ThreadRecord* record) const;
   static ThreadRecord* ClaimRecord();
+  // A thread's record back to the registry, at the thread's exit.
+  static void ReleaseRecord(ThreadRecord* record);
+  // The key whose destructor calls ReleaseRecord.
+  static pthread_key_t RecordKey();
   static ThreadRecord* ThisThreadRecord();
 
   // Constant-initialized and defined here, so that the open path reads it
@@ -142,7 +156,7 @@ class SubmissionGate {
   VMMSHIM_INITIAL_EXEC_TLS static inline thread_local ThreadRecord* t_record_ = nullptr;
 
   alignas(64) std::atomic<uint32_t> state_{kOpen};
-  std::atomic<ThreadRecord*> closer_{nullptr};
+  std::atomic<uint64_t> closer_{0};  // the closing thread's claim; 0: none
   std::atomic<uint64_t> exempt_passes_{0};
   std::atomic<int> waiting_{0};
 };

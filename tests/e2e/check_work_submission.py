@@ -18,7 +18,9 @@ import sys
 
 FAMILIES = re.compile(r"^cu(Launch|Memcpy|Memset|StreamWait|StreamWrite|StreamBatchMemOp|"
                       r"StreamAddCallback|EventRecord|MemPrefetch|MemDiscard|MemBatchDecompress|"
-                      r"MemMapArrayAsync|SignalExternal|WaitExternal|GraphLaunch|GraphUpload)")
+                      r"MemMapArrayAsync|SignalExternal|WaitExternal|GraphLaunch|GraphUpload|"
+                      r"CtxRecordEvent|CtxWaitEvent|GreenCtxRecordEvent|GreenCtxWaitEvent|"
+                      r"GraphInstantiateWithParams)")
 
 
 def main():
@@ -34,7 +36,7 @@ def main():
         head, rest = typedefs_text.split("#if defined(__CUDA_API_VERSION_INTERNAL)", 1)
         internal, tail = rest.split("#endif", 1)
         typedefs_text = head + tail
-    typedefs = re.findall(r"typedef CUresult \(CUDAAPI \*(PFN_(cu\w+?)_v\d+(?:_pt[sd][sz])?)\)"
+    typedefs = re.findall(r"typedef CUresult\s*\(CUDAAPI\s*\*(PFN_(cu\w+?)_v\d+(?:_pt[sd][sz])?)\)"
                           r"\(([^;]*)\);", typedefs_text)
     internal_types = set(re.findall(r"PFN_\w+", internal))
     errors = []

@@ -122,6 +122,33 @@ TEST(SubmissionGateTest, NoSubmissionRunsBetweenACloseAndItsOpen) {
   EXPECT_GT(submissions.load(), 200);
 }
 
+TEST(SubmissionGateTest, AThreadGivenTheRecordOfAnExitedCloserIsHeld) {
+  // The closer is a claim, not a record: the record an exited closer gave
+  // back makes no later thread the closer.
+  SubmissionGate gate;
+  std::thread closer([&] { gate.Close(); });
+  closer.join();
+  std::atomic<bool> submitted{false};
+  std::thread later([&] { Gated(gate, 4, [&] { submitted = true; }); });
+  ASSERT_TRUE(WaitFor([&] { return gate.waiting() == 1; }));
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(submitted.load());
+  gate.Open();
+  later.join();
+  EXPECT_TRUE(submitted.load());
+}
+
+TEST(SubmissionGateTest, AWaitWithALimitSaysWhetherTheThreadMayPass) {
+  SubmissionGate gate;
+  gate.Close();
+  bool passed = true;
+  std::thread t([&] { passed = gate.WaitWhileClosed(milliseconds(30)); });
+  t.join();
+  EXPECT_FALSE(passed);
+  gate.Open();
+  EXPECT_TRUE(gate.WaitWhileClosed(milliseconds(30)));
+}
+
 TEST(SubmissionGateTest, AnExemptThreadPassesAndIsCounted) {
   SubmissionGate gate;
   gate.Close();
@@ -142,6 +169,7 @@ TEST(SubmissionGateTest, ASignalHandlerThatSubmitsOnAWaitingThreadWaitsToo) {
   static std::atomic<int> handled{0};
   SubmissionGate g;
   gate = &g;
+  handled = 0;
   struct sigaction sa = {};
   sa.sa_handler = [](int) {
     Gated(*gate, 9, [] {});

@@ -151,6 +151,24 @@ TEST_F(WorkQuiescerTest, APauseOfATagLetsTheThreadsGoOnOnceItIsDone) {
   ASSERT_TRUE(sleeper.Resume(TagSelection::Only("kv"), false).ok());
 }
 
+TEST_F(WorkQuiescerTest, AHoldEndsWhenResumesOfTagsLeaveNothingPausedAndRefusesASleep) {
+  Allocator a(api_);
+  absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
+  absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
+  ASSERT_TRUE(kv.ok() && weights.ok());
+  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  ASSERT_TRUE(sleeper.Pause(TagSelection::All(), true, BackupKind(), false).ok());
+  EXPECT_TRUE(sleeper.holding());
+  absl::StatusOr<size_t> slept = sleeper.Sleep({});
+  EXPECT_EQ(ToCuResult(slept.status()), CUDA_ERROR_ILLEGAL_STATE) << slept.status();
+  ASSERT_TRUE(sleeper.Resume(TagSelection::Only("kv"), false).ok());
+  EXPECT_TRUE(sleeper.holding());  // the weights are still paused
+  ASSERT_TRUE(sleeper.Resume(TagSelection::Only("weights"), false).ok());
+  EXPECT_FALSE(sleeper.holding());
+  EXPECT_FALSE(gate_.closed());
+}
+
 TEST_F(WorkQuiescerTest, ASoleSubmittersPauseClosesNothing) {
   Allocator a(api_);
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");

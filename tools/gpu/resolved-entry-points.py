@@ -19,7 +19,9 @@ import sys
 
 FAMILIES = re.compile(r"^cu(Launch|Memcpy|Memset|StreamWait|StreamWrite|StreamBatchMemOp|"
                       r"StreamAddCallback|EventRecord|MemPrefetch|MemDiscard|MemBatchDecompress|"
-                      r"MemMapArrayAsync|SignalExternal|WaitExternal|GraphLaunch|GraphUpload)")
+                      r"MemMapArrayAsync|SignalExternal|WaitExternal|GraphLaunch|GraphUpload|"
+                      r"CtxRecordEvent|CtxWaitEvent|GreenCtxRecordEvent|GreenCtxWaitEvent|"
+                      r"GraphInstantiateWithParams)")
 LINE = re.compile(r"resolved (\S+) \(cudaVersion (\d+), flags (0x[0-9a-f]+)\) -> (\S+): "
                   r"(gated|hooked|driver)")
 
@@ -30,7 +32,7 @@ def main():
     ungated = dict(re.findall(r'^\s*X\((cu\w+), "([^"]+)"\)', text, re.M))
     typedefs = open(f"{include}/cudaTypedefs.h").read()
     takes_stream = {base for base, params in
-                    re.findall(r"typedef CUresult \(CUDAAPI \*PFN_(cu\w+?)_v\d+(?:_pt[sd][sz])?\)"
+                    re.findall(r"typedef CUresult\s*\(CUDAAPI\s*\*PFN_(cu\w+?)_v\d+(?:_pt[sd][sz])?\)"
                                r"\(([^;]*)\);", typedefs) if "CUstream" in params}
     missed_any = False
     union = {}
