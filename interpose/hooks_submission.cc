@@ -109,7 +109,6 @@ __attribute__((noinline)) void WaitAtGate(SubmissionGate& gate, uint32_t entry) 
 // A host function's trip through the driver: run inside an ExemptScope,
 // then freed (it runs once: the stream was not capturing).
 struct HostCall {
-  SubmissionGate* gate;
   CUhostFn fn;
   CUstreamCallback callback;
   void* data;
@@ -118,7 +117,7 @@ struct HostCall {
 void CUDA_CB RunHostFn(void* arg) {
   HostCall* call = static_cast<HostCall*>(arg);
   {
-    SubmissionGate::ExemptScope exempt(*call->gate);
+    SubmissionGate::ExemptScope exempt;
     call->fn(call->data);
   }
   delete call;
@@ -127,7 +126,7 @@ void CUDA_CB RunHostFn(void* arg) {
 void CUDA_CB RunStreamCallback(CUstream stream, CUresult status, void* arg) {
   HostCall* call = static_cast<HostCall*>(arg);
   {
-    SubmissionGate::ExemptScope exempt(*call->gate);
+    SubmissionGate::ExemptScope exempt;
     call->callback(stream, status, call->data);
   }
   delete call;
@@ -177,7 +176,7 @@ struct Gated<kMember, kEntry> {
     while (ABSL_PREDICT_FALSE(!gate->TryEnter(kEntry, &ticket))) WaitAtGate(*gate, kEntry);
     CUresult r;
     if constexpr (kHostFunction<kMember> || kStreamCallback<kMember>) {
-      r = SubmitHostFunction(*rt, *gate, fn, args...);
+      r = SubmitHostFunction(*rt, fn, args...);
     } else {
       r = fn(args...);
     }
@@ -188,14 +187,13 @@ struct Gated<kMember, kEntry> {
   // cuLaunchHostFunc(stream, fn, data) / cuStreamAddCallback(stream, cb,
   // data, flags) with the function wrapped when it runs once.
   template <typename Fn, typename... Rest>
-  static CUresult SubmitHostFunction(const Runtime& rt, SubmissionGate& gate, Fn fn,
-                                     CUstream stream, Rest... rest) {
+  static CUresult SubmitHostFunction(const Runtime& rt, Fn fn, CUstream stream, Rest... rest) {
     if constexpr (kHostFunction<kMember>) {
       auto [host_fn, data] = std::tuple<Rest...>(rest...);
       if (host_fn == nullptr || !RunsOnce(rt, stream, kPerThread<kMember>)) {
         return fn(stream, rest...);
       }
-      auto* call = new HostCall{&gate, host_fn, nullptr, data};
+      auto* call = new HostCall{host_fn, nullptr, data};
       CUresult r = fn(stream, &RunHostFn, call);
       if (r != CUDA_SUCCESS) delete call;
       return r;
@@ -204,7 +202,7 @@ struct Gated<kMember, kEntry> {
       if (callback == nullptr || !RunsOnce(rt, stream, kPerThread<kMember>)) {
         return fn(stream, rest...);
       }
-      auto* call = new HostCall{&gate, nullptr, callback, data};
+      auto* call = new HostCall{nullptr, callback, data};
       CUresult r = fn(stream, &RunStreamCallback, call, flags);
       if (r != CUDA_SUCCESS) delete call;
       return r;

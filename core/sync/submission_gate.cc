@@ -194,8 +194,7 @@ void SubmissionGate::Open() {
           nullptr, 0);
 }
 
-SubmissionGate::ExemptScope::ExemptScope(SubmissionGate& gate) : record_(ThisThreadRecord()) {
-  (void)gate;
+SubmissionGate::ExemptScope::ExemptScope() : record_(ThisThreadRecord()) {
   record_->exempt.fetch_add(1, std::memory_order_acq_rel);
 }
 

@@ -124,10 +124,11 @@ class SubmissionGate {
   // Threads waiting in WaitWhileClosed now.
   int waiting() const { return waiting_.load(std::memory_order_acquire); }
 
-  // While alive, the calling thread passes a closed gate.
+  // While alive, the calling thread passes a closed gate (any gate: the
+  // mark is on the thread's record).
   class ExemptScope {
    public:
-    explicit ExemptScope(SubmissionGate& gate);
+    ExemptScope();
     ~ExemptScope();
     ExemptScope(const ExemptScope&) = delete;
     ExemptScope& operator=(const ExemptScope&) = delete;

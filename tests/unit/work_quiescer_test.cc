@@ -226,7 +226,7 @@ TEST_F(WorkQuiescerTest, AHostFunctionThatSubmitsWhileClosedTimesOutUnlessExempt
     while (!c->start) std::this_thread::sleep_for(milliseconds(1));
     sim::cuCtxSetCurrent(c->test->context());
     if (c->exempt) {
-      SubmissionGate::ExemptScope exempt(c->test->gate());
+      SubmissionGate::ExemptScope exempt;
       c->result = c->test->GatedMemset(c->p, 3);
     } else {
       c->result = c->test->GatedMemset(c->p, 3);
