@@ -13,6 +13,15 @@
 //                              (between two resident allocations)
 //   memcpy_h2d_pinned_4k_ns    cudaMemcpyAsync of 4 KiB from pinned host
 //                              memory (cudaMallocHost) to the device
+//   memcpy_d2d_4k_vmm_ns       cudaMemcpyAsync of 4 KiB, device to device,
+//                              between two buffers the program maps itself
+//                              with the driver's VMM calls (cuMemCreate,
+//                              cuMemMap), natively and under the shim: the
+//                              same kind of memory either way, so its
+//                              shim/native isolates the shim's own cost on a
+//                              copy, and its native figure against
+//                              memcpy_d2d_4k's native one shows what the
+//                              driver charges a copy between VMM mappings
 // Output: "# ..." lines (the setup), then one "NAME VALUE" line per measure,
 // VALUE in nanoseconds per call. Linked with the static cudart (nvcc's
 // default), so the shim sees the calls at the driver boundary.
@@ -20,6 +29,7 @@
 // alternated, and prints the side-by-side table.
 // usage: launch_gate_bench [--batches N (20)] [--batch N (10000)]
 //                          [--resident N (256)] [--device D (0)]
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -80,6 +90,49 @@ int ArgInt(int argc, char** argv, const char* name, int fallback) {
   return fallback;
 }
 
+#define CHECK_CU(call)                                                                 \
+  do {                                                                                 \
+    const CUresult r_ = (call);                                                        \
+    if (r_ != CUDA_SUCCESS) {                                                          \
+      const char* s_ = nullptr;                                                        \
+      cuGetErrorName(r_, &s_);                                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_ ? s_ : "?"); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+// One granularity-sized buffer the program maps itself with the VMM calls
+// (CUDA Programming Guide, "Virtual Memory Management"): create, reserve,
+// map, grant the device read/write.
+struct VmmBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  CUmemGenericAllocationHandle handle = 0;
+};
+
+VmmBuffer MapVmmBuffer(int device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  VmmBuffer b;
+  CHECK_CU(cuMemGetAllocationGranularity(&b.bytes, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CHECK_CU(cuMemCreate(&b.handle, b.bytes, &prop, 0));
+  CHECK_CU(cuMemAddressReserve(&b.ptr, b.bytes, 0, 0, 0));
+  CHECK_CU(cuMemMap(b.ptr, b.bytes, 0, b.handle, 0));
+  CUmemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CHECK_CU(cuMemSetAccess(b.ptr, b.bytes, &access, 1));
+  return b;
+}
+
+void UnmapVmmBuffer(const VmmBuffer& b) {
+  CHECK_CU(cuMemUnmap(b.ptr, b.bytes));
+  CHECK_CU(cuMemAddressFree(b.ptr, b.bytes));
+  CHECK_CU(cuMemRelease(b.handle));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +179,10 @@ int main(int argc, char** argv) {
   void* host = nullptr;
   CHECK_CUDA(cudaMallocHost(&host, kCopyBytes));
   std::memset(host, 7, kCopyBytes);
+  const VmmBuffer vmm_src = MapVmmBuffer(device);
+  const VmmBuffer vmm_dst = MapVmmBuffer(device);
+  CHECK_CUDA(cudaMemset(reinterpret_cast<void*>(vmm_src.ptr), 3, vmm_src.bytes));
+  CHECK_CUDA(cudaDeviceSynchronize());
 
   std::printf("# device %d: %s, driver %d, runtime %d\n", device, prop.name, driver, runtime);
   std::printf("# resident set: %d allocations, %zu bytes; %d batches of %d calls, median "
@@ -144,8 +201,15 @@ int main(int argc, char** argv) {
   print("memcpy_h2d_pinned_4k", Measure(s, batches, batch, [&] {
           CHECK_CUDA(cudaMemcpyAsync(dst, host, kCopyBytes, cudaMemcpyHostToDevice, s));
         }));
+  print("memcpy_d2d_4k_vmm", Measure(s, batches, batch, [&] {
+          CHECK_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(vmm_dst.ptr),
+                                     reinterpret_cast<void*>(vmm_src.ptr), kCopyBytes,
+                                     cudaMemcpyDeviceToDevice, s));
+        }));
 
   CHECK_CUDA(cudaStreamDestroy(s));
+  UnmapVmmBuffer(vmm_src);
+  UnmapVmmBuffer(vmm_dst);
   CHECK_CUDA(cudaFreeHost(host));
   for (void* p : live) CHECK_CUDA(cudaFree(p));
   return 0;
