@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "core/base/safe_file.h"
 #include "core/driver/cu_status.h"
 #include "core/driver/driver_stats.h"
 #include "core/base/log.h"
@@ -105,19 +106,14 @@ void ExitReport() {
   WriteExitSnapshot(*rt);
 }
 
-// Whether a snapshot can be written at `path`: a file beside it is created
-// and removed; the reason when not.
+// Whether a snapshot can be written at `path`: the file that would replace
+// it is begun and dropped (core/base/safe_file.h); the reason when not.
 absl::Status CheckWritable(const std::string& path) {
-  const std::string probe = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::UnavailableError(absl::StrCat("VMMSHIM_SNAPSHOT_FILE: cannot write '", path,
-                                               "' (", std::strerror(err),
-                                               "); no memory snapshot will be written"));
+  absl::StatusOr<FileReplacement> probe = FileReplacement::Begin(path, 0600);
+  if (!probe.ok()) {
+    return absl::UnavailableError(absl::StrCat("VMMSHIM_SNAPSHOT_FILE: ", probe.status().message(),
+                                               "; no memory snapshot will be written"));
   }
-  close(fd);
-  unlink(probe.c_str());
   return absl::OkStatus();
 }
 

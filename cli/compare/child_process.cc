@@ -13,6 +13,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/base/safe_file.h"
+
 namespace vmmshim::compare {
 namespace {
 
@@ -120,8 +122,17 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
   for (const std::string& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
-  const int out_file = open(spec.stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int err_file = open(spec.stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Note [Replacing a file safely] (core/base/safe_file.h): --out may name
+  // a shared directory.
+  std::string file_error;
+  auto create = [&](const std::string& path) {
+    absl::StatusOr<int> fd = CreateReplacing(path, DefaultFileMode());
+    if (fd.ok()) return *fd;
+    if (file_error.empty()) file_error = std::string(fd.status().message());
+    return -1;
+  };
+  const int out_file = create(spec.stdout_file);
+  const int err_file = create(spec.stderr_file);
   const int null_in = open("/dev/null", O_RDONLY | O_CLOEXEC);
   int out_pipe[2] = {-1, -1}, exec_pipe[2] = {-1, -1};
   auto close_all = [&] {
@@ -131,8 +142,8 @@ ChildResult RunChild(const ChildSpec& spec, const std::function<void(pid_t)>& wh
     }
   };
   if (out_file < 0 || err_file < 0 || null_in < 0) {
-    result.error = "cannot create " + (out_file < 0 ? spec.stdout_file : spec.stderr_file) +
-                   ": " + std::strerror(errno);
+    result.error = !file_error.empty() ? file_error
+                                       : std::string("/dev/null: ") + std::strerror(errno);
     close_all();
     return result;
   }

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli/compare/internal.h"
+#include "core/base/safe_file.h"
 
 namespace vmmshim::compare {
 
@@ -91,11 +92,12 @@ std::string ReadFile(const std::string& path) {
 }
 
 bool WriteFile(const std::string& path, const std::string& text, std::string* error) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) {
-    *error = "cannot write " + path + ": " + std::strerror(errno);
+  // Note [Replacing a file safely] (core/base/safe_file.h).
+  absl::StatusOr<FileReplacement> file = FileReplacement::Begin(path, DefaultFileMode());
+  absl::Status s = file.ok() ? file->Write(text) : file.status();
+  if (s.ok()) s = file->Commit(/*sync=*/false);
+  if (!s.ok()) {
+    *error = std::string(s.message());
     return false;
   }
   return true;

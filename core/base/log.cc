@@ -1,12 +1,14 @@
 #include "core/base/log.h"
 
+#include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "spdlog/sinks/basic_file_sink.h"
+#include "core/base/safe_file.h"
+#include "spdlog/sinks/base_sink.h"
 #include "spdlog/sinks/stdout_sinks.h"
 
 namespace vmmshim {
@@ -29,6 +31,33 @@ struct GlobalConsoleMutex {
     static mutex_t m;
     return m;
   }
+};
+
+// The log file's sink: a descriptor opened by OpenForAppend (never through
+// a planted link: core/base/safe_file.h), one write(2) per line, so that
+// lines of several processes appending to one file do not interleave.
+class AppendSink final : public spdlog::sinks::base_sink<GlobalLogMutex> {
+ public:
+  explicit AppendSink(int fd) : fd_(fd) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    const char* p = line.data();
+    size_t left = line.size();
+    while (left > 0) {
+      const ssize_t n = write(fd_, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // a full disk loses log lines, never the program
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+  void flush_() override {}
+
+ private:
+  const int fd_;  // leaked with the logger (see log.h)
 };
 
 std::shared_ptr<spdlog::logger>* MakeLogger(spdlog::sink_ptr sink) {
@@ -65,12 +94,12 @@ absl::Status ConfigureLog(spdlog::level::level_enum level, const std::string& pa
         "VMMSHIM_LOG_FILE: cannot open '", path, "': directory '", dir,
         "' does not exist; logging to stderr"));
   } else if (!path.empty()) {
-    try {
-      Slot() = MakeLogger(std::make_shared<spdlog::sinks::basic_file_sink<GlobalLogMutex>>(path));
-    } catch (const spdlog::spdlog_ex& e) {
-      status = absl::InvalidArgumentError(
-          absl::StrCat("VMMSHIM_LOG_FILE: cannot open '", path, "': ", e.what(),
-                       "; logging to stderr"));
+    absl::StatusOr<int> fd = OpenForAppend(path);
+    if (fd.ok()) {
+      Slot() = MakeLogger(std::make_shared<AppendSink>(*fd));
+    } else {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "VMMSHIM_LOG_FILE: ", fd.status().message(), "; logging to stderr"));
     }
   }
   Log().set_level(level);

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/host_memory.h"
+#include "core/base/safe_file.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 #include "core/driver/host_registration.h"
@@ -58,28 +60,15 @@ class CopyJob {
 
 }  // namespace
 
-size_t AvailableHostMemory() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return SIZE_MAX;
-  char line[256];
-  size_t kib = SIZE_MAX;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long v;
-    if (std::sscanf(line, "MemAvailable: %llu kB", &v) == 1) {
-      kib = static_cast<size_t>(v);
-      break;
-    }
-  }
-  std::fclose(f);
-  return kib == SIZE_MAX ? SIZE_MAX : kib << 10;
-}
+size_t AvailableHostMemory() { return HostMemoryHeadroomNow().bytes; }
 
 absl::StatusOr<HostBackup> HostBackup::Create(size_t bytes) {
   const size_t available = AvailableHostMemory();
   if (bytes > available) {
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY,
                        absl::StrCat("host memory for the backup: ", bytes, " bytes needed, ",
-                                    available, " available (MemAvailable)"));
+                                    available, " available (", HostMemoryHeadroomNow().limited_by,
+                                    ")"));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
@@ -98,12 +87,15 @@ absl::StatusOr<HostBackup> HostBackup::Create(size_t bytes) {
 
 absl::StatusOr<HostBackup> HostBackup::CreateInFile(size_t bytes, const std::string& directory,
                                                     const std::string& name) {
-  const std::string path = absl::StrCat(directory, "/", name);
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  // Never an existing file (Note [Replacing a file safely],
+  // core/base/safe_file.h): the contents are the program's, mode 0600.
+  absl::StatusOr<PrivateFile> file = CreatePrivateFile(directory, name);
+  if (!file.ok()) {
     return DriverError(CUDA_ERROR_INVALID_VALUE,
-                       absl::StrCat("backup file ", path, ": ", std::strerror(errno)));
+                       absl::StrCat("backup file: ", file.status().message()));
   }
+  const std::string path = file->path;
+  const int fd = file->fd;
   void* p = MAP_FAILED;
   int err = 0;
   // Blocks reserved now: a sparse file on a full disk would end the process
@@ -198,7 +190,7 @@ absl::Status HostBackup::Persist() {
   }
   // Written: the pages can go; a resume reads them back from the file.
   madvise(data_, size_, MADV_DONTNEED);
-  const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open(path_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) {
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     close(fd);

@@ -66,9 +66,9 @@ class HostBackup {
   // anonymous mapping succeeds past it and the kernel's OOM killer would
   // end the process at the copy instead).
   static absl::StatusOr<HostBackup> Create(size_t bytes);
-  // A file named `name` in `directory` (made, sized to `bytes` and mapped
-  // shared; an existing file of that name is replaced; its blocks allocated
-  // now). CUDA_ERROR_INVALID_VALUE naming the path and the system's error
+  // A new file `name`.XXXXXX in `directory` (mode 0600, made with
+  // O_EXCL: never an existing file or a planted link; sized to `bytes`, its
+  // blocks allocated now, mapped shared; removed when the backup goes). CUDA_ERROR_INVALID_VALUE naming the path and the system's error
   // when it cannot be made (no such directory, no permission, disk full).
   static absl::StatusOr<HostBackup> CreateInFile(size_t bytes, const std::string& directory,
                                                  const std::string& name);
@@ -112,8 +112,9 @@ class HostBackup {
   PinnedPool* pool_ = nullptr;          // set for a range of the pinned pool
 };
 
-// The host memory available for backups now (MemAvailable of
-// /proc/meminfo), or SIZE_MAX when it cannot be read.
+// The host memory available for backups now (HostMemoryHeadroomNow in
+// core/base/host_memory.h: MemAvailable, or less in a memory cgroup), or
+// SIZE_MAX when it cannot be read.
 size_t AvailableHostMemory();
 
 // The staging ring: two slots of page-locked host memory, the shim's own

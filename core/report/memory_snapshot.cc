@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/safe_file.h"
 #include "core/base/version.h"
 #include "core/report/pickle_writer.h"
 
@@ -265,38 +266,10 @@ std::string MemorySnapshotPickle(const SnapshotSources& sources) {
 
 absl::Status WriteMemorySnapshot(const SnapshotSources& sources, const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("memory snapshot: no path given");
-  const std::string bytes = MemorySnapshotPickle(sources);
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
-  auto failed = [&](const char* what) {
-    const int err = errno;
-    unlink(temporary.c_str());
-    return absl::UnavailableError(absl::StrCat("memory snapshot not written to '", path, "': ",
-                                               what, ": ", std::strerror(err)));
-  };
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::UnavailableError(absl::StrCat("memory snapshot not written to '", path,
-                                               "': cannot create '", temporary,
-                                               "': ", std::strerror(err)));
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      close(fd);
-      return failed("write");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 && errno != EINVAL) {
-    close(fd);
-    return failed("fsync");
-  }
-  if (close(fd) != 0) return failed("close");
-  if (rename(temporary.c_str(), path.c_str()) != 0) return failed("rename");
-  return absl::OkStatus();
+  // Note [Replacing a file safely] (core/base/safe_file.h).
+  const absl::Status written =
+      ReplaceFile(path, MemorySnapshotPickle(sources), absl::StrCat("memory snapshot not written to '", path, "'"));
+  return written;
 }
 
 }  // namespace vmmshim

@@ -2,9 +2,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/safe_file.h"
 #include "core/driver/driver_stats.h"
 #include "core/base/version.h"
 #include "core/report/residency.h"
@@ -106,15 +106,8 @@ std::string StatsJson(const Allocator& allocator, int pid) {
 }
 
 absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("VMMSHIM_STATS_FILE: cannot open '", path, "': ", std::strerror(errno)));
-  }
-  out << StatsJson(allocator, pid) << "\n";
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("VMMSHIM_STATS_FILE: writing '", path, "' failed"));
-  return absl::OkStatus();
+  // Note [Replacing a file safely] (core/base/safe_file.h).
+  return ReplaceFile(path, StatsJson(allocator, pid) + "\n", "VMMSHIM_STATS_FILE");
 }
 
 std::string ExitSummary(const Allocator& allocator) {

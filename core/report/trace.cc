@@ -1,5 +1,6 @@
 #include "core/report/trace.h"
 
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -7,15 +8,26 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/safe_file.h"
 
 namespace vmmshim {
 
 absl::Status TraceWriter::Open(const std::string& path) {
   MutexLock lock(&mu_);
-  file_ = std::fopen(path.c_str(), "w");
+  // Note [Replacing a file safely] (core/base/safe_file.h): in place at
+  // once, then written as a stream.
+  absl::StatusOr<int> created = CreateReplacing(path, DefaultFileMode());
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrCat("VMMSHIM_TRACE_FILE: ", created.status().message()));
+  }
+  const int fd = *created;
+  file_ = fdopen(fd, "w");
   if (file_ == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("VMMSHIM_TRACE_FILE: cannot open '", path,
-                                                   "': ", std::strerror(errno)));
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("VMMSHIM_TRACE_FILE: cannot open '", path,
+                                               "': ", std::strerror(err)));
   }
   start_ = std::chrono::steady_clock::now();
   std::fputs("time_us,thread,device,op,bytes,pointer\n", file_);

@@ -27,7 +27,9 @@ namespace vmmshim {
 
 class TraceWriter {
  public:
-  // Opens (truncates) `path` and writes the header.
+  // Replaces `path` with a new file (refused for a symbolic link, a
+  // device node or another user's file: core/base/safe_file.h) and writes
+  // the header.
   absl::Status Open(const std::string& path);
   void Record(int device, const char* op, size_t bytes, CUdeviceptr ptr);
   void Flush();
