@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@ struct Process {
   int pid = 0;
   std::string command;
   nlohmann::json reply;  // null: not answering
+  std::string problem;   // why there is no reply (an impostor, a refusal)
 };
 
 std::string CommandLine(int pid) {
@@ -80,9 +82,23 @@ Figures Sum(const nlohmann::json& residency) {
 }  // namespace
 
 int PsCommand(const std::string& dir_or_empty, bool json) {
-  const std::string dir = dir_or_empty.empty() ? DefaultSocketDirectory() : dir_or_empty;
+  absl::StatusOr<std::string> chosen = SocketDirectoryFor(dir_or_empty, geteuid());
+  if (!chosen.ok()) {
+    std::fprintf(stderr, "vmmshim ps: %s\n", std::string(chosen.status().message()).c_str());
+    return 2;
+  }
+  const std::string dir = *chosen;
   std::vector<Process> processes;
-  if (DIR* d = opendir(dir.c_str())) {
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 && errno == ENOENT) {
+    // No directory: no process has made a socket yet.
+  } else if (std::string problem = SocketDirectoryProblem(dir, geteuid()); !problem.empty()) {
+    std::fprintf(stderr,
+                 "vmmshim ps: the socket directory %s is %s: not the shim's (another user "
+                 "may have made it); nothing asked\n",
+                 dir.c_str(), problem.c_str());
+    return 1;
+  } else if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
       int pid = 0, end = 0;
       if (std::sscanf(e->d_name, "ctl-%d.sock%n", &pid, &end) != 1 || end == 0 ||
@@ -96,11 +112,20 @@ int PsCommand(const std::string& dir_or_empty, bool json) {
       Process p;
       p.pid = pid;
       p.command = CommandLine(pid);
-      p.reply = AskProcess(dir + "/" + e->d_name, {{"op", "status"}}, kAnswerTimeoutSeconds);
+      absl::StatusOr<ControlTarget> target = FindControlSocket(pid, dir);
+      absl::StatusOr<nlohmann::json> reply =
+          target.ok() ? AskProcess(*target, {{"op", "status"}}, kAnswerTimeoutSeconds)
+                      : absl::StatusOr<nlohmann::json>(target.status());
+      if (reply.ok() && reply->value("ok", false)) {
+        p.reply = *reply;
+      } else {
+        p.problem = reply.ok() ? reply->value("error", std::string("refused"))
+                               : std::string(reply.status().message());
+      }
       processes.push_back(std::move(p));
     }
     closedir(d);
-  } else if (errno != ENOENT) {  // no directory: no process has made a socket yet
+  } else {
     std::fprintf(stderr, "vmmshim ps: cannot read %s: %s\n", dir.c_str(), std::strerror(errno));
     return 1;
   }
@@ -110,7 +135,10 @@ int PsCommand(const std::string& dir_or_empty, bool json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Process& p : processes) {
       nlohmann::json entry = p.reply.is_object() ? p.reply : nlohmann::json::object();
-      if (!p.reply.is_object()) entry["state"] = "not answering";
+      if (!p.reply.is_object()) {
+        entry["state"] = "not answering";
+        entry["problem"] = p.problem;
+      }
       entry["pid"] = p.pid;
       entry["command"] = p.command;
       out.push_back(std::move(entry));
@@ -125,6 +153,7 @@ int PsCommand(const std::string& dir_or_empty, bool json) {
     if (!p.reply.is_object() || !p.reply.value("ok", false)) {
       std::printf("%-8d %-14s %10s %10s %10s  %-20s %s\n", p.pid, "not answering", "-", "-",
                   "-", "-", p.command.c_str());
+      std::fprintf(stderr, "vmmshim ps: %d: %s\n", p.pid, p.problem.c_str());
       continue;
     }
     const Figures f = Sum(p.reply.value("residency", nlohmann::json()));

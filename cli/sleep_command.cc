@@ -2,13 +2,13 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "cli/control_client.h"
@@ -22,6 +22,43 @@ constexpr int kStatusSeconds = 5;
 // A pause or resume of a whole process copies its kept contents.
 constexpr int kPauseSeconds = 600;
 constexpr unsigned kLockTimeoutMs = 10000;
+
+std::string ReplyError(const nlohmann::json& reply) {
+  return reply.is_object() ? reply.value("error", std::string("no reason given"))
+                           : std::string("no answer from the process");
+}
+
+// The reply of an op that must succeed: "" when it did, else why not.
+std::string Ask(const ControlTarget& target, const nlohmann::json& request, int seconds,
+                nlohmann::json* reply = nullptr) {
+  absl::StatusOr<nlohmann::json> got = AskProcess(target, request, seconds);
+  if (!got.ok()) return std::string(got.status().message());
+  if (reply != nullptr) *reply = *got;
+  return got->value("ok", false) ? "" : ReplyError(*got);
+}
+
+// The tags process `status` holds memory under (the shim's and other
+// libraries' VMM memory), from its residency.
+std::set<std::string> HeldTags(const nlohmann::json& status) {
+  std::set<std::string> tags;
+  const nlohmann::json residency = status.value("residency", nlohmann::json::object());
+  if (!residency.is_object() || !residency.contains("devices") ||
+      !residency.at("devices").is_array()) {
+    return tags;
+  }
+  for (const nlohmann::json& d : residency.at("devices")) {
+    if (!d.is_object()) continue;
+    const nlohmann::json shim = d.value("shim", nlohmann::json::object());
+    const nlohmann::json other = d.value("other_libraries_vmm", nlohmann::json::object());
+    for (const nlohmann::json* by_tag :
+         {&shim, &other}) {
+      const nlohmann::json tags_of = by_tag->value("by_tag", nlohmann::json::object());
+      if (!tags_of.is_object()) continue;
+      for (const auto& [tag, unused] : tags_of.items()) tags.insert(tag);
+    }
+  }
+  return tags;
+}
 
 double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -60,20 +97,24 @@ std::optional<DriverApi> CheckpointDriver(std::string* why) {
   return d;
 }
 
-// The process's status reply, or why there is none.
-nlohmann::json Status(const std::string& path, int pid, std::string* why) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    *why = "no control socket " + path + ": the process is not running under vmmshim for " +
-           "this user, has not made a CUDA call yet, or runs with VMMSHIM_CONTROL=0";
+// The process's control socket and its status reply, or why there are none.
+nlohmann::json Status(int pid, const std::string& dir, ControlTarget* target, std::string* why) {
+  absl::StatusOr<ControlTarget> found = FindControlSocket(pid, dir);
+  if (!found.ok()) {
+    *why = std::string(found.status().message());
     return nullptr;
   }
-  nlohmann::json status = AskProcess(path, {{"op", "status"}}, kStatusSeconds);
-  if (!status.is_object() || !status.value("ok", false)) {
-    *why = "the process does not answer on " + path;
+  *target = *found;
+  absl::StatusOr<nlohmann::json> status = AskProcess(*target, {{"op", "status"}}, kStatusSeconds);
+  if (!status.ok()) {
+    *why = std::string(status.status().message());
     return nullptr;
   }
-  return status;
+  if (!status->value("ok", false)) {
+    *why = "the process refused: " + ReplyError(*status);
+    return nullptr;
+  }
+  return *status;
 }
 
 // The driver's side of a wake: restored when checkpointed, unlocked when
@@ -111,10 +152,6 @@ std::string BackToRunning(const DriverApi& d, int pid,
   return "";
 }
 
-std::string ReplyError(const nlohmann::json& reply) {
-  return reply.is_object() ? reply.value("error", std::string("no reason given"))
-                           : std::string("no answer from the process");
-}
 
 }  // namespace
 
@@ -125,12 +162,25 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
                                               : "; nothing paused";
   // 0. Every process checked before any is paused.
   std::string why;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] <= 0) return Fail("sleep", pids[i], std::string("not a process id") + nothing);
+    for (size_t j = 0; j < i; ++j) {
+      if (pids[j] == pids[i]) return Fail("sleep", pids[i], std::string("given twice") + nothing);
+    }
+  }
+  for (const std::string& tag : drop) {
+    if (tag.size() > 255) {
+      return Fail("sleep", pids.front(), "--drop: a tag of " + std::to_string(tag.size()) +
+                                             " bytes; tags are at most 255 bytes" + nothing);
+    }
+  }
+  std::set<std::string> held;
   std::optional<DriverApi> d = CheckpointDriver(&why);
   if (!d) return Fail("sleep", pids.front(), why + nothing);
-  std::vector<std::string> paths;
-  for (int pid : pids) {
-    paths.push_back(ControlSocketPath(dir, pid));
-    const nlohmann::json status = Status(paths.back(), pid, &why);
+  std::vector<ControlTarget> targets(pids.size());
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const int pid = pids[i];
+    const nlohmann::json status = Status(pid, dir, &targets[i], &why);
     if (status.is_null()) return Fail("sleep", pid, why + nothing);
     if (status.value("state", std::string()) != "running") {
       return Fail("sleep", pid, "the process is " + status.value("state", std::string("?")) +
@@ -143,6 +193,8 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
       return Fail("sleep", pid, "the pause was refused: " + refusal->get<std::string>() +
                                     (pids.size() > 1 ? nothing : ""));
     }
+    const std::set<std::string> tags = HeldTags(status);
+    held.insert(tags.begin(), tags.end());
     CUprocessState state;
     if (CUresult r = d->cuCheckpointProcessGetState(pid, &state); r != CUDA_SUCCESS) {
       return Fail("sleep", pid,
@@ -153,15 +205,24 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
                                     std::to_string(state) + ")" + nothing);
     }
   }
+  // A --drop tag nobody holds is a typo, not "drop nothing".
+  for (const std::string& tag : drop) {
+    if (held.count(tag) == 0) {
+      std::string known;
+      for (const std::string& t : held) known += (known.empty() ? "" : ", ") + ("'" + t + "'");
+      return Fail("sleep", pids.front(),
+                  "--drop '" + tag + "': no memory of " +
+                      (pids.size() > 1 ? "these processes" : "the process") +
+                      " has that tag (tags held: " + (known.empty() ? "none" : known) + ")" +
+                      nothing);
+    }
+  }
   // Undoes the sleep of processes [0, n): back to running, resumed.
   auto undo = [&](size_t n) {
     std::string result;
     for (size_t i = 0; i < n; ++i) {
       std::string problem = BackToRunning(*d, pids[i]);
-      if (problem.empty()) {
-        const nlohmann::json woke = AskProcess(paths[i], {{"op", "wake"}}, kPauseSeconds);
-        if (!woke.is_object() || !woke.value("ok", false)) problem = ReplyError(woke);
-      }
+      if (problem.empty()) problem = Ask(targets[i], {{"op", "wake"}}, kPauseSeconds);
       result += "; process " + std::to_string(pids[i]) +
                 (problem.empty() ? " resumed, running as before"
                                  : " not restored: " + problem + " (`vmmshim wake` tries again)");
@@ -171,11 +232,13 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
   // 1. Each process pauses what the shim holds.
   std::vector<nlohmann::json> paused;
   for (size_t i = 0; i < pids.size(); ++i) {
-    nlohmann::json reply = AskProcess(paths[i], {{"op", "sleep"}, {"drop", drop}}, kPauseSeconds);
-    if (!reply.is_object() || !reply.value("ok", false)) {
+    nlohmann::json reply;
+    if (std::string refused = Ask(targets[i], {{"op", "sleep"}, {"drop", drop}}, kPauseSeconds,
+                                  &reply);
+        !refused.empty()) {
       // The first one refused: nothing was paused (its reply says so for itself).
       return Fail("sleep", pids[i],
-                  "the pause was refused: " + ReplyError(reply) +
+                  "the pause was refused: " + refused +
                       (i == 0 ? std::string(pids.size() > 1 ? nothing : "") : undo(i)));
     }
     paused.push_back(std::move(reply));
@@ -199,7 +262,7 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
   }
   const double checkpoint_seconds = Since(checkpoint_start);
   for (size_t i = 0; i < pids.size(); ++i) {
-    AskProcess(paths[i], {{"op", "slept"}}, kStatusSeconds);
+    Ask(targets[i], {{"op", "slept"}}, kStatusSeconds);
     std::printf("vmmshim sleep %d: asleep: paused %llu bytes in %.3f s, the driver's checkpoint "
                 "%.3f s; %.3f s in all\n",
                 pids[i],
@@ -247,13 +310,28 @@ int WakeCommand(const std::vector<int>& pids, const std::vector<std::string>& on
   int rc = 0;
   for (int pid : pids) {
     const auto start = std::chrono::steady_clock::now();
-    const std::string path = ControlSocketPath(dir, pid);
-    const nlohmann::json status = Status(path, pid, &why);
+    ControlTarget target;
+    const nlohmann::json status = Status(pid, dir, &target, &why);
     if (status.is_null()) {
       rc = Fail("wake", pid, why);
       continue;
     }
     if (status.value("state", std::string()) == "running") {
+      // The shim runs, but the driver may still hold the process (a helper
+      // killed between its lock and the process's resume): finish that.
+      CUprocessState state;
+      if (d->cuCheckpointProcessGetState(pid, &state) == CUDA_SUCCESS &&
+          state != CU_PROCESS_STATE_RUNNING) {
+        if (std::string problem = BackToRunning(*d, pid, &onto); !problem.empty()) {
+          rc = Fail("wake", pid, problem);
+        } else {
+          std::printf("vmmshim wake %d: running: the driver had it %s; restored and unlocked "
+                      "in %.3f s (the shim had nothing paused for a sleep)\n",
+                      pid, state == CU_PROCESS_STATE_CHECKPOINTED ? "checkpointed" : "locked",
+                      Since(start));
+        }
+        continue;
+      }
       rc = Fail("wake", pid, "the process is running, not asleep; nothing done");
       continue;
     }
@@ -262,9 +340,10 @@ int WakeCommand(const std::vector<int>& pids, const std::vector<std::string>& on
       continue;
     }
     const double restore_seconds = Since(start);
-    const nlohmann::json woke = AskProcess(path, {{"op", "wake"}}, kPauseSeconds);
-    if (!woke.is_object() || !woke.value("ok", false)) {
-      rc = Fail("wake", pid, "the resume failed: " + ReplyError(woke));
+    nlohmann::json woke;
+    if (std::string failed = Ask(target, {{"op", "wake"}}, kPauseSeconds, &woke);
+        !failed.empty()) {
+      rc = Fail("wake", pid, "the resume failed: " + failed);
       continue;
     }
     std::printf("vmmshim wake %d: running: the driver's restore and unlock %.3f s, resumed %llu "

@@ -8,7 +8,14 @@
 // one pauses before any is locked, and a failure anywhere brings every one
 // back to running.
 //
-// sleep: refused, with nothing paused, when PID has no control socket in DIR
+// The control socket of each PID is found and checked as
+// cli/control_client.h says (the directory and the peer: an impostor is
+// refused before anything is sent); root may sleep and wake another user's
+// process.
+//
+// sleep: refused, with nothing paused, when a PID is given twice, a --drop
+// tag is over 255 bytes or held by none of the processes (naming the tags
+// they hold), PID has no control socket in DIR
 // (not under the shim, not this user's, or not yet a CUDA process), is not
 // running (sleeping or asleep already), has memory paused of its own, or the
 // driver lacks cuCheckpointProcess* (a CUDA 12.8 driver, r570, or later) or
@@ -24,7 +31,9 @@
 // for form before anything is done) and unlocks it
 // (when locked), then the process resumes everything. A helper killed while
 // the process slept leaves it checkpointed or locked: wake finishes the job.
-// Refused when the process is running.
+// Refused when the process is running, unless the driver still holds it
+// (locked or checkpointed: a helper killed between its lock and the
+// process's resume), which is then restored and unlocked.
 //
 // Prints one line of what was done and its times; errors name the problem on
 // stderr. Returns 0 on success, 1 otherwise.

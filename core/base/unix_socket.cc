@@ -1,10 +1,13 @@
 #include "core/base/unix_socket.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,21 +17,30 @@
 namespace vmmshim {
 
 std::string DefaultSocketDirectory() {
-  if (const char* dir = std::getenv("VMMSHIM_IPC_DIR"); dir != nullptr && *dir != '\0') {
+  // A relative path is refused by the configuration (config/config.cc,
+  // which warns): the default then, not the relative path.
+  if (const char* dir = std::getenv("VMMSHIM_IPC_DIR"); dir != nullptr && *dir == '/') {
     return dir;
   }
   return absl::StrCat("/tmp/vmmshim-", geteuid());
 }
 
 std::string PrivateDirectoryProblem(const std::string& dir) {
+  if (dir.empty() || dir.front() != '/') return "not an absolute path";
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::StrCat("cannot create it: ", std::strerror(errno));
   }
+  return SocketDirectoryProblem(dir, geteuid());
+}
+
+std::string SocketDirectoryProblem(const std::string& dir, uid_t uid) {
+  if (dir.empty() || dir.front() != '/') return "not an absolute path";
   struct stat st;
   if (lstat(dir.c_str(), &st) != 0) return std::strerror(errno);
-  if (!S_ISDIR(st.st_mode)) return "not a directory (or a symbolic link)";
-  if (st.st_uid != geteuid()) {
-    return absl::StrCat("owned by uid ", st.st_uid, ", not by this user (uid ", geteuid(), ")");
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return "not a directory";
+  if (st.st_uid != uid) {
+    return absl::StrCat("owned by uid ", st.st_uid, ", not by uid ", uid);
   }
   if ((st.st_mode & 077) != 0) {
     return absl::StrFormat("mode %04o lets other users in; it must be 0700", st.st_mode & 07777);
@@ -70,6 +82,36 @@ bool WriteAll(int fd, const void* buf, size_t n) {
     if (put <= 0) return false;
     p += put;
     n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+ssize_t ReceiveBefore(int fd, void* buf, size_t n, Deadline deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    pollfd p = {fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 60000)));
+    if (ready < 0 && errno != EINTR) return -1;
+    if (ready <= 0) continue;
+    const ssize_t got = recv(fd, buf, n, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    return got;
+  }
+}
+
+bool ReadAllBefore(int fd, void* buf, size_t n, Deadline deadline) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ReceiveBefore(fd, p, n, deadline);
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
   }
   return true;
 }

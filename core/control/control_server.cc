@@ -13,13 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/log.h"
 #include "core/driver/cu_status.h"
+#include "core/base/socket_server.h"
 #include "core/base/unix_socket.h"
 #include "nlohmann/json.hpp"
 
@@ -28,6 +28,9 @@ namespace {
 
 constexpr int kRequestTimeoutSeconds = 2;
 constexpr size_t kMaxRequestBytes = 4096;
+// Requests served at once: a status is quick, a sleep or wake runs for its
+// copy; more than this many at once is a client gone wrong.
+constexpr int kMaxConnections = 16;
 
 std::string* g_socket_to_remove = nullptr;
 pid_t g_socket_owner = 0;
@@ -47,16 +50,26 @@ absl::Status Refused(const std::string& why) {
                                    static_cast<int>(CUDA_ERROR_OPERATING_SYSTEM), "']"));
 }
 
-// One line (without its newline), at most kMaxRequestBytes; false when the
-// peer stalls, closes first or sends more.
-bool ReadLine(int fd, std::string* line) {
-  char c;
-  while (line->size() < kMaxRequestBytes) {
-    if (!ReadAll(fd, &c, 1)) return false;
-    if (c == '\n') return true;
-    line->push_back(c);
+// One line (without its newline) of at most kMaxRequestBytes, read before
+// `deadline`; otherwise why not.
+std::string ReadLine(int fd, Deadline deadline, std::string* line) {
+  char buf[512];
+  for (;;) {
+    const ssize_t got = ReceiveBefore(fd, buf, sizeof buf, deadline);
+    if (got == 0) return "the client closed the connection before a whole request line";
+    if (got < 0) {
+      return errno == ETIMEDOUT
+                 ? absl::StrCat("no request line within ", kRequestTimeoutSeconds, " s")
+                 : absl::StrCat("reading the request: ", std::strerror(errno));
+    }
+    const char* end = static_cast<const char*>(std::memchr(buf, '\n', static_cast<size_t>(got)));
+    line->append(buf, end != nullptr ? static_cast<size_t>(end - buf) : static_cast<size_t>(got));
+    if (line->size() > kMaxRequestBytes) {
+      return absl::StrCat("the request is over ", kMaxRequestBytes,
+                          " bytes (tags are at most 255 bytes each)");
+    }
+    if (end != nullptr) return "";
   }
-  return false;
 }
 
 // Tags are bytes, not always UTF-8: replaced, never thrown.
@@ -167,17 +180,28 @@ ControlServer::Refusal ControlServer::SleepRefusal(const std::string& residency)
 }
 
 std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
-  MutexLock lock(&mu_);
-  if (state_ != "running") return Error(absl::StrCat("the process is ", state_, " already"));
   if (!handlers_.sleep) return Error("this process cannot sleep (no handler)");
+  {
+    MutexLock lock(&mu_);
+    if (state_ != "running") return Error(absl::StrCat("the process is ", state_, " already"));
+    // Taken for the pause: another request sees "pausing" meanwhile instead
+    // of waiting for the copy to end.
+    state_ = "pausing";
+  }
+  auto back_to = [&](const char* state) {
+    MutexLock lock(&mu_);
+    state_ = state;
+  };
   if (const Refusal refused =
           SleepRefusal(handlers_.residency_json ? handlers_.residency_json() : "");
       refused.code != 0) {
+    back_to("running");
     return Error(refused.why, refused.code);
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<size_t> paused = handlers_.sleep(drop);
   if (!paused.ok()) {
+    back_to("running");
     const int rc = ToCuResult(paused.status());
     const std::string why =
         rc == CUDA_ERROR_NOT_PERMITTED
@@ -191,8 +215,12 @@ std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
   const size_t released = *paused;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  residency_at_sleep_ = handlers_.residency_json ? handlers_.residency_json() : "";
-  state_ = "sleeping";
+  std::string residency = handlers_.residency_json ? handlers_.residency_json() : "";
+  {
+    MutexLock lock(&mu_);
+    residency_at_sleep_ = std::move(residency);
+    state_ = "sleeping";
+  }
   Log().info("control socket: paused {} bytes for a sleep in {:.3f} s", released, seconds);
   return Dump({{"ok", true}, {"released_bytes", released}, {"seconds", seconds}});
 }
@@ -205,12 +233,21 @@ std::string ControlServer::Slept() const {
 }
 
 std::string ControlServer::Wake() const {
-  MutexLock lock(&mu_);
-  if (state_ == "running") return Error("the process is running, not asleep");
   if (!handlers_.wake) return Error("this process cannot wake (no handler)");
+  std::string was;
+  {
+    MutexLock lock(&mu_);
+    if (state_ != "sleeping" && state_ != "asleep") {
+      return Error(absl::StrCat("the process is ", state_, ", not asleep"));
+    }
+    was = state_;
+    state_ = "waking";
+  }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<size_t> resumed = handlers_.wake();
   if (!resumed.ok()) {
+    MutexLock lock(&mu_);
+    state_ = was;
     return Error(absl::StrCat("the resume failed (", resumed.status().message(),
                               "); everything stays paused, a later wake can succeed"),
                  ToCuResult(resumed.status()));
@@ -218,8 +255,11 @@ std::string ControlServer::Wake() const {
   const size_t restored = *resumed;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  state_ = "running";
-  residency_at_sleep_.clear();
+  {
+    MutexLock lock(&mu_);
+    state_ = "running";
+    residency_at_sleep_.clear();
+  }
   Log().info("control socket: resumed {} bytes after a sleep in {:.3f} s", restored, seconds);
   return Dump({{"ok", true}, {"restored_bytes", restored}, {"seconds", seconds}});
 }
@@ -251,43 +291,49 @@ absl::Status ControlServer::Start() {
     return Refused(why);
   }
   chmod(path.c_str(), 0600);
+  SocketServer::Options options;
+  options.name = "control socket";
+  options.max_connections = kMaxConnections;
+  options.busy_reply = Error(absl::StrCat("the process is answering ", kMaxConnections,
+                                          " other requests; try again"),
+                             CUDA_ERROR_NOT_READY) +
+                       "\n";
+  options.io_timeout_seconds = kRequestTimeoutSeconds;
+  if (!SocketServer::Start(fd, std::move(options), [this](int conn, const ucred& peer) {
+        ServeConnection(conn, peer);
+      })) {
+    const std::string why = absl::StrCat("no listener thread: ", std::strerror(errno));
+    unlink(path.c_str());
+    return Refused(why);
+  }
   if (g_socket_to_remove == nullptr) {
     g_socket_to_remove = new std::string(path);
     g_socket_owner = getpid();
     std::atexit(&RemoveSocketAtExit);
   }
-  // Signals go to the application's threads, not to the listener.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  std::thread(&ControlServer::Serve, this, fd).detach();
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   Log().debug("control socket {}", path);
   return absl::OkStatus();
 }
 
-void ControlServer::Serve(int listen_fd) const {
-  for (;;) {
-    const int conn = AcceptConnection(listen_fd, kRequestTimeoutSeconds);
-    if (conn < 0) {
-      Log().error("control socket stops: accept: {}", std::strerror(errno));
-      return;
-    }
-    ucred peer = {};
-    socklen_t len = sizeof peer;
-    std::string reply;
-    std::string line;
-    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
-      reply = Error("only the process's own user may ask");
-    } else if (!ReadLine(conn, &line)) {
-      reply = Error("no request line within 2 s (or over 4096 bytes)");
-    } else {
-      reply = Answer(line);
-    }
-    reply.push_back('\n');
-    WriteAll(conn, reply.data(), reply.size());
-    close(conn);
+void ControlServer::ServeConnection(int conn, const ucred& peer) const {
+  std::string reply;
+  std::string line;
+  // The process's own user, or root (who may checkpoint it anyway).
+  if (peer.uid != geteuid() && peer.uid != 0) {
+    reply = Error(absl::StrCat("only uid ", geteuid(), " (the process's user) or root may ask; "
+                               "the client is uid ", peer.uid),
+                  CUDA_ERROR_NOT_PERMITTED);
+  } else if (std::string why = ReadLine(conn,
+                                        std::chrono::steady_clock::now() +
+                                            std::chrono::seconds(kRequestTimeoutSeconds),
+                                        &line);
+             !why.empty()) {
+    reply = Error(why);
+  } else {
+    reply = Answer(line);
   }
+  reply.push_back('\n');
+  WriteAll(conn, reply.data(), reply.size());
 }
 
 }  // namespace vmmshim

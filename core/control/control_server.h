@@ -10,10 +10,12 @@
 //                          "residency": <vmmshim_get_residency's document>,
 //                          "sleep_refusal": "..." (only when a sleep would be
 //                          refused now, before pausing: why)}
-//       S: "running"; "sleeping" (paused for a sleep, the driver's checkpoint
-//       not yet done or undone); "asleep" (checkpointed). Not running, the
-//       residency is the one taken at the sleep: no driver call is made, since
-//       a locked process's calls block.
+//       S: "running"; "pausing" (a sleep's pause is under way); "sleeping"
+//       (paused for a sleep, the driver's checkpoint not yet done or undone);
+//       "asleep" (checkpointed); "waking" (a wake's resume is under way). Not
+//       running, the residency is the one taken at the sleep (null while
+//       pausing): no driver call is made, since a locked process's calls
+//       block.
 //   {"op": "sleep", "drop": [TAG...]}  ->  {"ok": true, "released_bytes": N,
 //       "seconds": T}: everything the shim holds paused, the tags of "drop"
 //       without their contents, the rest with; running -> sleeping. Refused
@@ -28,26 +30,32 @@
 //       driver's restore and unlock).
 //   a failure          ->  {"ok": false, "error": "...", "code": C} naming the
 //       problem (C: the CUresult, when there is one); the state is unchanged.
-// Only processes of the same effective user are answered (SO_PEERCRED);
-// a request is read with a 2-second timeout, so a client that stalls cannot
-// hold the listener.
+// Only processes of the same effective user, and root, are answered
+// (SO_PEERCRED); another gets {"ok": false, "code": 800} naming both uids.
+// Connections are served concurrently (core/base/socket_server.h: at most
+// 16 at once, each request line read within 2 s of the connect), so an idle
+// or slow client delays nobody else; while a sleep or wake runs, other
+// requests see "pausing" or "waking" at once, and a second sleep or wake is
+// refused.
 //
-// The listener is one thread, started by Start() (the shim's runtime starts
-// it when it begins to serve; VMMSHIM_CONTROL=0 turns it off), with every
-// signal blocked, taking no lock of the application: the handlers it calls
-// take the allocator's. The socket is removed at exit; sockets of processes
-// that died are removed by the next process that starts a listener and by
+// The listener is started by Start() (the shim's runtime starts it when it
+// begins to serve; VMMSHIM_CONTROL=0 turns it off); its threads block every
+// signal and take no lock of the application: the handlers they call take
+// the allocator's. The socket is removed at exit; sockets of processes that
+// died are removed by the next process that starts a listener and by
 // `vmmshim ps`.
 //
 // Errors: Start() returns CUDA_ERROR_OPERATING_SYSTEM (logged with the
 // reason) when the directory is not private or the socket cannot be made;
 // the program runs on without the listener.
 //
-// Thread safety: Start() once, from one thread. Process exit: the thread is
-// left blocked in accept() and ends with the process. A fork child has no
+// Thread safety: Start() once, from one thread; Answer() from any thread.
+// Process exit: the threads are left blocked and end with the process. A fork child has no
 // listener (and its parent's socket is not its own).
 #ifndef VMMSHIM_CORE_CONTROL_CONTROL_SERVER_H_
 #define VMMSHIM_CORE_CONTROL_CONTROL_SERVER_H_
+
+#include <sys/socket.h>
 
 #include <functional>
 #include <string>
@@ -95,7 +103,7 @@ class ControlServer {
   const std::string& directory() const { return dir_; }
 
  private:
-  void Serve(int listen_fd) const;
+  void ServeConnection(int conn, const ucred& peer) const;
 
   // Why a sleep would be refused now (what it checks before pausing), with
   // its CUresult; code 0: it would not be. `residency`: the residency JSON.
@@ -111,7 +119,7 @@ class ControlServer {
 
   const std::string dir_;
   const Handlers handlers_;
-  mutable Mutex mu_;  // the state; requests are answered one at a time anyway
+  mutable Mutex mu_;  // the state; held for no handler's call
   mutable std::string state_ ABSL_GUARDED_BY(mu_) = "running";
   mutable std::string residency_at_sleep_ ABSL_GUARDED_BY(mu_);
 };

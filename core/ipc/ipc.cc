@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "core/driver/cu_status.h"
 #include "core/base/log.h"
+#include "core/base/socket_server.h"
 #include "core/base/unix_socket.h"
 
 namespace vmmshim {
@@ -31,6 +32,9 @@ namespace {
 constexpr uint8_t kReplyMagic[4] = {'V', 'M', 'S', 'R'};
 constexpr int kServerTimeoutSeconds = 2;
 constexpr int kClientTimeoutSeconds = 5;
+// Imports served at once (each is one descriptor passed; a rank count of
+// importers at a time is the expected load).
+constexpr int kMaxConnections = 64;
 
 // The listener's answer: status (a CUresult), the physical handle's bytes,
 // and with status 0 one descriptor in SCM_RIGHTS.
@@ -183,47 +187,44 @@ absl::Status Ipc::StartListenerLocked() {
     return DriverError(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle");
   }
   chmod(path.c_str(), 0600);
+  SocketServer::Options options;
+  options.name = "IPC listener";
+  options.max_connections = kMaxConnections;
+  options.io_timeout_seconds = kServerTimeoutSeconds;
+  Reply busy = {};
+  std::memcpy(busy.magic, kReplyMagic, sizeof kReplyMagic);
+  busy.status = CUDA_ERROR_OPERATING_SYSTEM;
+  options.busy_reply.assign(reinterpret_cast<const char*>(&busy), sizeof busy);
+  if (!SocketServer::Start(fd, std::move(options), [this](int conn, const ucred& peer) {
+        HandleRequest(conn, peer);
+      })) {
+    Log().error("IPC listener on {}: no thread: {}", path, std::strerror(errno));
+    unlink(path.c_str());
+    return DriverError(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle");
+  }
   if (g_socket_to_remove == nullptr) {
     g_socket_to_remove = new std::string;
     std::atexit(&RemoveSocketAtExit);
   }
   *g_socket_to_remove = path;
-  // Signals go to the application's threads, not to the listener.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  std::thread(&Ipc::Serve, this, fd).detach();
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   instance_ = instance;
   listener_pid_ = pid;
   Log().info("IPC listener on {}", path);
   return absl::OkStatus();
 }
 
-void Ipc::Serve(int listen_fd) {
-  for (;;) {
-    const int conn = AcceptConnection(listen_fd, kServerTimeoutSeconds);
-    if (conn < 0) {
-      Log().error("IPC listener stops: accept: {}", std::strerror(errno));
-      return;
-    }
-    HandleRequest(conn);
-    close(conn);
-  }
-}
-
-void Ipc::HandleRequest(int conn) {
-  ucred peer = {};
-  socklen_t len = sizeof peer;
-  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
+void Ipc::HandleRequest(int conn, const ucred& peer) {
+  if (peer.uid != geteuid()) {
     Log().warn("IPC: refused a request from pid {} uid {} (only uid {} may import)", peer.pid,
                peer.uid, geteuid());
     SendReply(conn, CUDA_ERROR_INVALID_VALUE, 0, -1);
     return;
   }
   uint8_t request[kIpcHandleBytes];
-  if (!ReadAll(conn, request, sizeof request)) {
-    Log().warn("IPC: pid {} sent a truncated request", peer.pid);
+  if (!ReadAllBefore(conn, request, sizeof request,
+                     std::chrono::steady_clock::now() +
+                         std::chrono::seconds(kServerTimeoutSeconds))) {
+    Log().warn("IPC: pid {} sent no whole request within {} s", peer.pid, kServerTimeoutSeconds);
     return;
   }
   IpcHandleFields fields;
@@ -292,10 +293,11 @@ absl::StatusOr<int> Ipc::RequestFd(const IpcHandleFields& fields, uint64_t* hand
   ucred server = {};
   socklen_t len = sizeof server;
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &server, &len) != 0 ||
-      server.uid != geteuid()) {
+      server.uid != geteuid() || server.pid != static_cast<pid_t>(fields.pid)) {
     close(conn);
-    return Invalid(absl::StrCat("the socket ", path, " belongs to uid ", server.uid,
-                                ", not to this user"));
+    return Invalid(absl::StrCat("the socket ", path, " is served by pid ", server.pid, " uid ",
+                                server.uid, ", not by the exporter (pid ", fields.pid, " uid ",
+                                geteuid(), ")"));
   }
   uint8_t request[kIpcHandleBytes];
   EncodeIpcHandle(fields, request);

@@ -11,9 +11,11 @@
 // Exporter. Export() gives the 64-byte handle of core/ipc/ipc_handle.h (the
 // allocator's random token, the allocation's offset and size, the process id
 // and a random instance) and, on the first export, starts one listener
-// thread on a socket `<dir>/ipc-<pid>-<instance>.sock`. The listener answers
-// one request at a time, never holds a lock of the application while it
-// waits on a socket, and gives up on a peer after a 2-second timeout. It
+// thread on a socket `<dir>/ipc-<pid>-<instance>.sock`. The listener serves
+// requests concurrently (core/base/socket_server.h: at most 64 at once,
+// each read within 2 s of the connect; over the bound the importer gets
+// CUDA_ERROR_OPERATING_SYSTEM), so an idle client delays no other import,
+// and never holds a lock of the application while it waits on a socket. It
 // serves only processes of the same effective user (SO_PEERCRED), only
 // tokens of live exports, and only with the offset and size they were
 // exported with; anything else gets CUDA_ERROR_INVALID_VALUE and one log
@@ -24,8 +26,10 @@
 // with mode 0700; an existing one must be a real directory (not a symbolic
 // link) owned by this user with no access for group or others, so that
 // another user can neither create nor replace a socket in it. The importer
-// also checks that the socket's owner (SO_PEERCRED of the listener) is its
-// own user.
+// also checks that the socket is served by the exporter the handle names
+// (SO_PEERCRED of the listener: its own user and the handle's pid; so
+// importer and exporter must share a pid namespace, as CUDA IPC's users
+// run them anyway).
 //
 // Importer. Open() decodes the handle (a handle without vmmshim's magic is
 // not ours: kForeign, the caller hands it to the driver), asks the exporter
@@ -49,14 +53,15 @@
 // otherwise the driver's code of the failing import, reserve, map or
 // set-access call, after undoing the steps before it.
 //
-// Thread safety: all methods may be called concurrently. The listener
-// thread takes only the allocator's locks (through Allocator::ExportFd).
-// Process exit: nothing is torn down; the listener thread is left blocked in
-// accept() and ends with the process.
+// Thread safety: all methods may be called concurrently. The listener's
+// threads take only the allocator's locks (through Allocator::ExportFd).
+// Process exit: nothing is torn down; the listener's threads are left
+// blocked and end with the process.
 #ifndef VMMSHIM_CORE_IPC_IPC_H_
 #define VMMSHIM_CORE_IPC_IPC_H_
 
 #include <cuda.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <cstdint>
@@ -135,8 +140,7 @@ class Ipc {
   absl::Status StartListenerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckDirectory();
   std::string SocketPath(uint32_t pid, uint64_t instance) const;
-  void Serve(int listen_fd);
-  void HandleRequest(int conn);
+  void HandleRequest(int conn, const ucred& peer);
   // Asks the exporter of `fields` for a descriptor; *handle_size set.
   absl::StatusOr<int> RequestFd(const IpcHandleFields& fields, uint64_t* handle_size);
   absl::StatusOr<CUdeviceptr> MapImport(int fd, uint64_t handle_size, int device,

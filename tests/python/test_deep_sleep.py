@@ -303,7 +303,7 @@ class DeepSleep(unittest.TestCase):
         self.assertIn("CUDA_ERROR_NOT_SUPPORTED; nothing paused", unsupported.stderr)
         nobody = self.vmmshim("sleep", str(os.getpid()))
         self.assertEqual(nobody.returncode, 1)
-        self.assertIn("is not running under vmmshim for this user", nobody.stderr)
+        self.assertIn("the process is not running under vmmshim", nobody.stderr)
         self.send("pause")
         self.assertEqual(self.line(10), "paused")
         own = self.vmmshim("sleep", pid)

@@ -1,13 +1,26 @@
 // The control socket's requests (ControlServer::Answer,
 // core/control/control_server.h) with handlers of the test's own: the
 // sleep's state machine, a status while asleep that makes no driver call,
-// and the refusals that come before anything is paused.
+// and the refusals that come before anything is paused; and its listener:
+// idle and trickling clients delay no other request, a status during a
+// sleep answers at once, a connection over the bound is told busy, a
+// stranger is refused naming both uids.
 #include "core/control/control_server.h"
-#include "core/driver/cu_status.h"
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/base/unix_socket.h"
+#include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 
 namespace vmmshim {
@@ -103,6 +116,150 @@ TEST(ControlServerTest, RefusalsComeBeforeAnythingIsPaused) {
   EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep","drop":[1]})"),
                   "must hold tags: strings of at most 255 bytes"));
   EXPECT_TRUE(Has(server.Answer("[1,2]"), "not a JSON object"));
+}
+
+// A listening server in a directory of its own (leaked with its threads, as
+// in the shim).
+class ControlListenerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/vmmshim-control-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  const ControlServer& Start(ControlServer::Handlers h) {
+    auto* server = new ControlServer(dir_, std::move(h));
+    EXPECT_TRUE(server->Start().ok());
+    path_ = ControlServer::SocketPath(dir_, getpid());
+    return *server;
+  }
+
+  // The reply line to `request` (without the newline), "" when none came.
+  std::string Ask(const std::string& request, int seconds = 5) {
+    const int fd = ConnectTo(path_, seconds);
+    if (fd < 0) return "";
+    const std::string line = request + "\n";
+    WriteAll(fd, line.data(), line.size());
+    std::string reply;
+    char c;
+    while (ReadAll(fd, &c, 1) && c != '\n') reply.push_back(c);
+    close(fd);
+    return reply;
+  }
+
+  static double Since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  std::string dir_, path_;
+};
+
+ControlServer::Handlers Quick() {
+  ControlServer::Handlers h;
+  h.residency_json = [] { return std::string(R"({"devices":[]})"); };
+  h.sleep = [](const std::vector<std::string>&) -> absl::StatusOr<size_t> { return 1; };
+  h.wake = []() -> absl::StatusOr<size_t> { return 1; };
+  return h;
+}
+
+TEST_F(ControlListenerTest, IdleAndTricklingClientsDelayNoOtherRequest) {
+  Start(Quick());
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(ConnectTo(path_, 5));
+  // One that sends a byte every 300 ms and never a newline.
+  const int trickle = ConnectTo(path_, 5);
+  std::atomic<bool> stop{false};
+  std::thread trickler([&] {
+    while (!stop) {
+      WriteAll(trickle, "{", 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  const auto t = std::chrono::steady_clock::now();
+  EXPECT_TRUE(Has(Ask(R"({"op":"status"})"), R"("state":"running")"));
+  EXPECT_LT(Since(t), 0.5) << "a status waited behind idle clients";
+  EXPECT_TRUE(Has(Ask(R"({"op":"sleep"})"), R"("ok":true)"));
+  EXPECT_TRUE(Has(Ask(R"({"op":"wake"})"), R"("ok":true)"));
+  EXPECT_LT(Since(t), 1.0);
+  // Each idle client is cut off at its own deadline, the trickler too.
+  for (int fd : idle) {
+    std::string reply;
+    char c;
+    while (ReadAll(fd, &c, 1) && c != '\n') reply.push_back(c);
+    EXPECT_TRUE(Has(reply, "no request line within 2 s")) << reply;
+    close(fd);
+  }
+  EXPECT_LT(Since(t), 3.0);
+  stop = true;
+  trickler.join();
+  close(trickle);
+}
+
+TEST_F(ControlListenerTest, AStatusDuringASleepAnswersAtOnceAndASecondSleepIsRefused) {
+  std::atomic<bool> release{false}, pausing{false};
+  ControlServer::Handlers h = Quick();
+  h.sleep = [&](const std::vector<std::string>&) -> absl::StatusOr<size_t> {
+    pausing = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return 7;
+  };
+  Start(std::move(h));
+  std::string slept;
+  std::thread sleeper([&] { slept = Ask(R"({"op":"sleep"})", 30); });
+  while (!pausing) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto t = std::chrono::steady_clock::now();
+  EXPECT_TRUE(Has(Ask(R"({"op":"status"})"), R"("state":"pausing")"));
+  EXPECT_TRUE(Has(Ask(R"({"op":"sleep"})"), "the process is pausing already"));
+  EXPECT_TRUE(Has(Ask(R"({"op":"wake"})"), "the process is pausing, not asleep"));
+  EXPECT_LT(Since(t), 0.5);
+  release = true;
+  sleeper.join();
+  EXPECT_TRUE(Has(slept, R"("released_bytes":7)")) << slept;
+  EXPECT_TRUE(Has(Ask(R"({"op":"status"})"), R"("state":"sleeping")"));
+}
+
+TEST_F(ControlListenerTest, AConnectionOverTheBoundIsToldBusyAndLaterOnesAreServed) {
+  Start(Quick());
+  std::vector<int> idle;
+  for (int i = 0; i < 16; ++i) idle.push_back(ConnectTo(path_, 5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all accepted
+  const std::string busy = Ask(R"({"op":"status"})");
+  EXPECT_TRUE(Has(busy, "answering 16 other requests")) << busy;
+  EXPECT_TRUE(Has(busy, R"("code":600)")) << busy;
+  for (int fd : idle) close(fd);  // their handlers notice at once
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(Has(Ask(R"({"op":"status"})"), R"("state":"running")"));
+}
+
+TEST_F(ControlListenerTest, AnotherUserIsRefusedNamingBothUids) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another user (setuid)";
+  Start(Quick());
+  // Let another user reach the socket, to test the listener's own check
+  // (the 0700 directory normally keeps them out).
+  ASSERT_EQ(chmod(dir_.c_str(), 0711), 0);
+  ASSERT_EQ(chmod(path_.c_str(), 0666), 0);
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    if (setuid(65534) != 0) _exit(10);
+    const std::string reply = Ask(R"({"op":"sleep"})");
+    (void)!write(out[1], reply.data(), reply.size());  // a pipe: not WriteAll (send)
+    _exit(0);
+  }
+  close(out[1]);
+  std::string reply;
+  char buf[256];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) reply.append(buf, n);
+  close(out[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(Has(reply, "only uid 0 (the process's user) or root may ask; the client is uid "
+                         "65534")) << reply;
+  EXPECT_TRUE(Has(reply, R"("code":800)")) << reply;
 }
 
 }  // namespace

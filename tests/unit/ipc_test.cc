@@ -11,8 +11,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -329,6 +331,76 @@ TEST_F(IpcTest, SocketDirectoryMustBePrivate) {
   ASSERT_EQ(lstat(fresh.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   ASSERT_TRUE(a.Free(p).ok());
+}
+
+// The socket path of the exporter that made `handle`.
+std::string ExporterSocket(const std::string& dir, const IpcHandleFields& f) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.instance));
+  return dir + "/ipc-" + std::to_string(f.pid) + "-" + hex + ".sock";
+}
+
+int Connect(const std::string& path) {
+  const int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+TEST_F(IpcTest, IdleClientsDelayNoImport) {
+  Allocator a(api_);
+  Shared s = ExportOne(a);
+  const std::string path = ExporterSocket(dir_, Decode(s.handle));
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(Connect(path));
+  const auto t = std::chrono::steady_clock::now();
+  absl::StatusOr<CUdeviceptr> q = s.importer.Open(Decode(s.handle), 0);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 0.5)
+      << "an import waited behind idle clients";
+  EXPECT_TRUE(s.importer.Close(*q).value());
+  for (int fd : idle) close(fd);
+  ASSERT_TRUE(a.Free(s.ptr).ok());
+}
+
+TEST_F(IpcTest, AListenerOfAnotherProcessAtTheExportersPathIsRefused) {
+  Allocator a(api_);
+  Shared s = ExportOne(a);
+  const std::string path = ExporterSocket(dir_, Decode(s.handle));
+  // An impostor of the same user (a forked child) takes the exporter's name.
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    const int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+    if (bind(l, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(l, 4) != 0) {
+      _exit(1);
+    }
+    (void)!write(ready[1], "x", 1);
+    for (;;) {  // accepts and says nothing, until killed
+      const int c = accept(l, nullptr, nullptr);
+      if (c >= 0) sleep(10);
+    }
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  absl::StatusOr<CUdeviceptr> q = s.importer.Open(Decode(s.handle), 0);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_FALSE(q.ok());
+  // (The log line names the impostor's pid: "... is served by pid P uid U,
+  // not by the exporter".)
+  EXPECT_EQ(ToCuResult(q.status()), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_TRUE(a.Free(s.ptr).ok());
 }
 
 TEST_F(IpcTest, AnotherUsersRequestIsRefused) {
