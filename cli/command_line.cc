@@ -1,10 +1,12 @@
 #include "cli/command_line.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
+#include "config/config.h"
 #include "config/rules_file.h"
 
 namespace vmmshim::cli {
@@ -58,11 +60,17 @@ std::string CommandName(const CLI::App* sub) {
 }
 
 std::string Usage(const CLI::App* sub) {
-  if (sub == nullptr) return "vmmshim run|report|compare|trace ... (vmmshim --help)";
+  if (sub == nullptr) {
+    return "vmmshim run|report|compare|trace|ps|sleep|wake ... (vmmshim --help)";
+  }
   const std::string name = CommandName(sub);
-  const std::string args = sub->get_name() == "report"  ? " [OPTIONS] FILE..."
-                           : sub->get_name() == "trace" ? " [-o OUT] SNAPSHOT..."
-                                                        : " [OPTIONS] -- PROGRAM ARGS...";
+  const std::string& n = sub->get_name();
+  const std::string args = n == "report"  ? " [OPTIONS] FILE..."
+                           : n == "trace" ? " [-o OUT] SNAPSHOT..."
+                           : n == "ps"    ? " [--json] [--dir DIR]"
+                           : n == "sleep" ? " PID... [--drop TAG]... [--dir DIR]"
+                           : n == "wake"  ? " PID... [--onto OLD=NEW]... [--dir DIR]"
+                                          : " [OPTIONS] -- PROGRAM ARGS...";
   return name + args + " (" + name + " --help)";
 }
 
@@ -118,6 +126,35 @@ CLI::Validator WholeNumber(int low, int high) {
         return "";
       },
       "INT " + range);
+}
+
+// A validator of a process id: digits, 1 to the kernel's largest pid.
+CLI::Validator ProcessId() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long x = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || end == v.c_str() || *end != '\0' || errno == ERANGE || x < 1 ||
+            x > kMaxPid || !std::isdigit(static_cast<unsigned char>(v[0]))) {
+          return "'" + v + "' is not a process id (a whole number from 1 to " +
+                 std::to_string(kMaxPid) + "; vmmshim ps lists them)";
+        }
+        return "";
+      },
+      "PID");
+}
+
+// A validator of a value of the shim's option `key`, read as the shim reads
+// it (config/config.h's table), naming what it may be when it is not.
+CLI::Validator ShimOptionValue(OptionKey key) {
+  return CLI::Validator(
+      [key](std::string& v) -> std::string {
+        Config scratch;
+        const OptionInfo& o = Option(key);
+        return o.apply(v, 1, &scratch) ? "" : "'" + v + "' is not " + o.accepted;
+      },
+      Option(key).type);
 }
 
 // A validator of a byte count as the shim reads it (config/rules_file.h).

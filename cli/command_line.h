@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "config/config.h"
 
 namespace vmmshim::cli {
 
@@ -38,6 +39,17 @@ std::string LeftOver(const CLI::App& sub, bool takes_program);
 // A validator of a whole number from `low` to `high` inclusive: "'abc' is
 // not a number" rather than a range that says nothing of the value's form.
 CLI::Validator WholeNumber(int low, int high);
+
+// The largest pid Linux gives (PID_MAX_LIMIT, 2^22).
+inline constexpr long kMaxPid = 4194304;
+
+// A validator of a process id: "'abc' is not a process id (...)".
+CLI::Validator ProcessId();
+
+// A validator of a value of the shim's option `key` (VMMSHIM_CACHE_LIMIT,
+// VMMSHIM_LOG_LEVEL...), read as the shim reads it, so that `vmmshim run`
+// refuses before the program starts what the shim would only warn about.
+CLI::Validator ShimOptionValue(OptionKey key);
 
 // A validator of a byte count as the shim reads it (config/rules_file.h,
 // ParseBytes: 1M, 64KiB, 1048576).

@@ -30,6 +30,7 @@
 // and stops on a malformed peer setting (docs/configuration.md). A
 // malformed command line exits 2 with one line naming the option or
 // subcommand and what was expected, and a usage line.
+#include <dlfcn.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -197,8 +198,10 @@ int main(int argc, char** argv) {
   run->add_option("--snapshot", snapshot,
                   "record the memory history and write a memory_viz snapshot here at exit "
                   "(%p: pid; docs/memory-snapshots.md)");
-  run->add_option("--cache-limit", cache_limit, "bytes or percent kept for reuse (e.g. 25%)");
-  run->add_option("--log-level", log_level, "trace, debug, info, warn, error, off");
+  run->add_option("--cache-limit", cache_limit, "bytes or percent kept for reuse (e.g. 25%)")
+      ->check(vmmshim::cli::ShimOptionValue(vmmshim::OptionKey::kCacheLimit));
+  run->add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(vmmshim::cli::ShimOptionValue(vmmshim::OptionKey::kLogLevel));
   run->add_option("--log-file", log_file, "log to this file (%p: pid)");
   run->add_option("--lib", lib, "the libvmmshim.so to preload")->check(CLI::ExistingFile);
   bool torch_memory_saver = false;
@@ -298,13 +301,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> sleep_drop;
   sleep->add_option("PID", sleep_pids, "the processes, as one step (vmmshim ps lists them)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(vmmshim::cli::ProcessId());
   sleep->add_option("--drop", sleep_drop, "a tag whose contents are dropped (repeatable)");
   sleep->add_option("--dir", ps_dir, "the control sockets' directory");
   CLI::App* wake = app.add_subcommand("wake", "wake a process that vmmshim sleep put to sleep");
   wake->allow_extras();
   std::vector<int> wake_pids;
-  wake->add_option("PID", wake_pids, "the processes")->required()->check(CLI::PositiveNumber);
+  wake->add_option("PID", wake_pids, "the processes")->required()->check(vmmshim::cli::ProcessId());
   std::vector<std::string> wake_onto;
   wake->add_option("--onto", wake_onto,
                    "OLD=NEW GPU UUIDs (nvidia-smi -L): restore onto other GPUs (repeatable)");
@@ -466,6 +469,28 @@ int main(int argc, char** argv) {
     preload += std::string(" ") + old;
   }
   setenv("LD_PRELOAD", preload.c_str(), 1);
+  // The loader's own message would not say what to do.
+  if (void* libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL); libcuda != nullptr) {
+    dlclose(libcuda);
+  } else {
+    const std::string sim = SelfDir() + "/simcuda";
+    const std::string how =
+        access((sim + "/libcuda.so.1").c_str(), R_OK) == 0
+            ? "LD_LIBRARY_PATH=" + sim + " vmmshim run -- ..."
+            : std::string("a build from source has it in build/simcuda");
+    std::fprintf(stderr,
+                 "vmmshim run: warning: no libcuda.so.1 here (no NVIDIA driver): a CUDA program "
+                 "will not start. Without a GPU, the simulated driver serves driver-API "
+                 "programs: %s\n",
+                 how.c_str());
+  }
+  // Said once where a person watches: the shim itself logs only warnings
+  // by default.
+  if (log_level.empty() && !InEnvironment(OptionKey::kLogLevel) && isatty(STDERR_FILENO)) {
+    std::fprintf(stderr, "vmmshim run: %s under %s (--log-level info: what it served, at "
+                         "exit)\n",
+                 command.front().c_str(), lib.c_str());
+  }
   std::vector<char*> args;
   for (std::string& a : command) args.push_back(a.data());
   args.push_back(nullptr);

@@ -80,7 +80,8 @@ bool ApplyCacheLimit(absl::string_view value, int, Config* config) {
   absl::string_view v = absl::StripAsciiWhitespace(value);
   if (absl::ConsumeSuffix(&v, "%")) {
     double percent;
-    if (!absl::SimpleAtod(v, &percent) || percent < 0 || percent > 100) return false;
+    // Written so that NaN ("nan%") fails too.
+    if (!absl::SimpleAtod(v, &percent) || !(percent >= 0 && percent <= 100)) return false;
     config->cache_limit_percent = percent;
     return true;
   }
@@ -321,7 +322,9 @@ constexpr OptionInfo kOptions[] = {
      "cycle; contents beyond it go to new host memory as without it. Costs that much host "
      "memory, pinned, for the process's life (docs/pause-resume.md, \"The pinned pool\"); "
      "a deep sleep unpins it for the driver's checkpoint, and the wake's copies pin again "
-     "what they use.",
+     "what they use. Cut to 3/4 of the host memory left when it is made (MemAvailable, or "
+     "the memory cgroup's limit less its use), with a warning naming the limit, so that it "
+     "never gets the process OOM-killed.",
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
     {"VMMSHIM_SLEEP_LOWERS_STACK", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: a deep sleep lowers each active primary context's stack limit (CU_LIMIT_STACK_SIZE) "

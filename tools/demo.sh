@@ -4,13 +4,14 @@
 # 1 GiB, every result checked), natively and under LD_PRELOAD=libvmmshim.so.
 # Without a GPU: a driver-API program under the shim on the SIMULATED driver,
 # then `vmmshim compare` of a ring exchange on 4 simulated GPUs (bytes mapped
-# into peers per policy). With two GPUs or more, the comparison of
+# into peers per policy), then a busy process slept and woken from outside
+# with `vmmshim sleep` and `vmmshim wake`. With two GPUs or more, the comparison of
 # examples/peer_access on the real GPUs follows the nvcc program.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Only what the demo runs (the tests and benchmarks are tools/test.sh's): the
 # shim, the CLI, the simulated driver and the examples below.
-targets=(vmmshim vmmshim_cli cuda_sim driver_api_demo peer_exchange)
+targets=(vmmshim vmmshim_cli cuda_sim driver_api_demo peer_exchange busy_driver_loop)
 gpu=0
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && gpu=1
 [ $gpu = 1 ] && targets+=(alloc_mix peer_access)  # nvcc programs, run only on a GPU
@@ -53,4 +54,21 @@ else
   LD_LIBRARY_PATH=$PWD/build/simcuda SIMCUDA_DEVICES=4 \
     compare --policies all,min-size:1M,none --out build/compare-demo -- \
     build/examples/peer_exchange
+  echo
+  echo "== vmmshim sleep and wake on the SIMULATED driver: examples/busy_driver_loop holds"
+  echo "== 64 MiB and checks it every 20 ms; it is put to sleep from outside mid-loop, listed,"
+  echo "== woken, and checks its memory to the end (the simulated checkpoint keeps host memory)"
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+  LD_LIBRARY_PATH=$PWD/build/simcuda LD_PRELOAD=$shim build/examples/busy_driver_loop 6 \
+    > "$out/loop.out" &
+  loop=$!
+  for _ in $(seq 100); do grep -q '^ready' "$out/loop.out" && break; sleep 0.1; done
+  sleep 1
+  LD_LIBRARY_PATH=$PWD/build/simcuda build/vmmshim sleep $loop
+  build/vmmshim ps
+  sleep 1
+  LD_LIBRARY_PATH=$PWD/build/simcuda build/vmmshim wake $loop
+  wait $loop
+  cat "$out/loop.out"
 fi

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/host_memory.h"
 #include "core/base/log.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
@@ -156,9 +157,10 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   const size_t in_pool = pool_.stats().free_bytes;
   if (keep_contents && kind.directory.empty() && live > in_pool &&
       live - in_pool > AvailableHostMemory()) {
+    const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
     Log().error("vmmshim_pause_memory: host memory for the contents: {} bytes needed ({} of "
-                "them in the pinned pool), {} available (MemAvailable); nothing paused",
-                live, in_pool, AvailableHostMemory());
+                "them in the pinned pool), {} available ({}); nothing paused",
+                live, in_pool, headroom.bytes, headroom.limited_by);
     return DriverError(CUDA_ERROR_OUT_OF_MEMORY, "vmmshim_pause_memory (host memory)");
   }
   // The program's work on the memory must be done before it goes.

@@ -9,6 +9,7 @@
 #include <system_error>
 #include <vector>
 
+#include "core/base/host_memory.h"
 #include "core/base/log.h"
 #include "core/base/round_up.h"
 #include "core/driver/context.h"
@@ -45,10 +46,35 @@ PinnedPool::~PinnedPool() {
   if (memory_ != nullptr) munmap(memory_, bytes_);
 }
 
+size_t PinnedPool::AllowedBytes(size_t bytes, const HostMemoryHeadroom& headroom) {
+  // Whole huge pages, and no request so large that rounding it up wraps.
+  const size_t cap = headroom.bytes == SIZE_MAX ? SIZE_MAX / 2 : headroom.bytes / 4 * 3;
+  if (bytes <= cap) return bytes;
+  return cap / kAlignment * kAlignment;
+}
+
 void PinnedPool::Start(size_t bytes, CUcontext context, int threads, size_t chunk_bytes) {
   if (bytes == 0 || context == nullptr) return;
   MutexLock lock(&mu_);
   if (state_ != State::kNone) return;
+  // Page-locked memory cannot be reclaimed: a pool past what the machine or
+  // the memory cgroup has left would get the process OOM-killed at its fill.
+  const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
+  const size_t allowed = AllowedBytes(bytes, headroom);
+  if (allowed < bytes) {
+    if (allowed == 0) {
+      Log().warn("pinned pool of {} bytes refused: {} bytes of host memory left ({}); pauses "
+                 "copy without it",
+                 bytes, headroom.bytes, headroom.limited_by);
+      state_ = State::kFailed;
+      filled_.SignalAll();
+      return;
+    }
+    Log().warn("pinned pool of {} bytes cut to {} bytes: {} bytes of host memory left ({}), of "
+               "which the pool takes at most 3/4",
+               bytes, allowed, headroom.bytes, headroom.limited_by);
+    bytes = allowed;
+  }
   state_ = State::kFilling;
   bytes = RoundUp(bytes, kAlignment);
   chunk_bytes = RoundUp(std::max<size_t>(chunk_bytes, 1), kAlignment);

@@ -65,6 +65,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "core/base/host_memory.h"
 #include "core/driver/driver_api.h"
 #include "core/sync/mutex.h"
 
@@ -87,10 +88,18 @@ class PinnedPool {
   // Makes the pool of `bytes` (rounded up to kAlignment) in the background,
   // filled by `threads` threads and registered (portable: usable from every
   // context) in `context` as chunks of `chunk_bytes` (rounded up to
-  // kAlignment). Once per pool: later calls, `bytes` == 0 or a null context
-  // do nothing.
+  // kAlignment). At most 3/4 of the host memory left now
+  // (core/base/host_memory.h: MemAvailable or the memory cgroup's
+  // headroom): a larger `bytes` is cut to that, or the pool refused when
+  // nothing is left, with a warning naming the limit. Once per pool: later
+  // calls, `bytes` == 0 or a null context do nothing.
   void Start(size_t bytes, CUcontext context, int threads,
              size_t chunk_bytes = kDefaultChunkBytes);
+
+  // What Start makes of a request of `bytes` with `headroom` left: `bytes`
+  // when it fits in 3/4 of the headroom, else that much in whole
+  // kAlignment units (0: refused).
+  static size_t AllowedBytes(size_t bytes, const HostMemoryHeadroom& headroom);
 
   // A range of at least `bytes` (rounded up to kAlignment) of page-locked
   // memory, or nullptr when the pool was never started, failed, or has no

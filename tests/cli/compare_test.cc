@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <filesystem>
 #include <vector>
 
 #include "cli/compare/child_process.h"
@@ -25,9 +26,31 @@
 namespace vmmshim::compare {
 namespace {
 
+// The directories TempDir made, removed at exit (by the test process, not
+// by a child that forked from it).
+std::vector<std::string>& MadeDirs() {
+  static auto* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+pid_t g_maker = 0;
+
+void RemoveMadeDirs() {
+  if (getpid() != g_maker) return;
+  for (const std::string& dir : MadeDirs()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+}
+
 std::string TempDir() {
   char tmpl[] = "/tmp/vmmshim-compare-test-XXXXXX";
-  return mkdtemp(tmpl);
+  const std::string dir = mkdtemp(tmpl);
+  if (g_maker == 0) {
+    g_maker = getpid();
+    std::atexit(&RemoveMadeDirs);
+  }
+  MadeDirs().push_back(dir);
+  return dir;
 }
 
 bool Has(const std::vector<std::string>& env, const std::string& entry) {

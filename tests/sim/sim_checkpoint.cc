@@ -1,12 +1,13 @@
 // The driver's process checkpoint (cuCheckpointProcessGetState / Lock /
 // Checkpoint / Restore / Unlock, cuda.h "CUDA_CHECKPOINT") on the simulated
 // driver, between processes: the state of process PID is a file PID in
-// SIMCUDA_CHECKPOINT_DIR (a state number; no file: running). A process whose
-// environment has SIMCUDA_CHECKPOINT=1 watches its own file: while it says
-// locked or checkpointed, every simulated driver call of the process waits,
-// as the real driver blocks a locked process's CUDA calls. Without
-// SIMCUDA_CHECKPOINT=1 in the caller's environment the calls return
-// CUDA_ERROR_NOT_SUPPORTED (a driver without the feature). The contents of a
+// SIMCUDA_CHECKPOINT_DIR (a state number; no file: running). On by default,
+// so that `vmmshim sleep` can be tried without a GPU: a process watches its
+// own file (read at most once a millisecond): while it says locked or
+// checkpointed, every simulated driver call of the process waits, as the
+// real driver blocks a locked process's CUDA calls. SIMCUDA_CHECKPOINT=0 in
+// the caller's environment makes the calls return CUDA_ERROR_NOT_SUPPORTED
+// (a driver without the feature). The contents of a
 // checkpointed process stay where they are (nothing else can see them here).
 // SIMCUDA_CHECKPOINT_FAIL=lock|checkpoint|restore|unlock makes that call fail
 // with CUDA_ERROR_UNKNOWN, for the undo paths.
@@ -17,7 +18,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,7 +35,7 @@ namespace {
 
 bool Supported() {
   const char* v = std::getenv("SIMCUDA_CHECKPOINT");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 std::string StatePath(int pid) {
@@ -85,6 +88,14 @@ CUresult Step(int pid, const char* step, CUprocessState from, CUprocessState to)
 void WaitWhileCheckpointLocked() {
   static const bool watched = Supported();
   if (!watched) return;
+  // The state file is read at most once a millisecond, so that a program's
+  // millions of calls stay cheap; a lock is seen within that.
+  static std::atomic<int64_t> next_check_ns{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (now < next_check_ns.load(std::memory_order_relaxed)) return;
+  next_check_ns.store(now + 1000000, std::memory_order_relaxed);
   const int self = getpid();
   while (ReadState(self) != CU_PROCESS_STATE_RUNNING) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -155,7 +155,7 @@ TEST(ConfigTest, CacheLimitInBytesOrPercent) {
   EXPECT_EQ(r.config.cache_limit_bytes, size_t{4} << 30);
   r = Parse({{"VMMSHIM_CACHE_LIMIT", "0"}});
   EXPECT_EQ(r.config.cache_limit_bytes, 0u);
-  for (const char* bad : {"150%", "-1%", "lots", "%"}) {
+  for (const char* bad : {"150%", "-1%", "lots", "%", "nan%", "NaN%", "inf%"}) {
     r = Parse({{"VMMSHIM_CACHE_LIMIT", bad}});
     EXPECT_EQ(r.problems.size(), 1u) << bad;
     EXPECT_EQ(r.config.cache_limit_percent, 10) << bad;

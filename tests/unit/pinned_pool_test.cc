@@ -49,6 +49,28 @@ class PinnedPoolTest : public SimTest {
   }
 };
 
+TEST(PinnedPoolLimits, APoolIsCutToWhatTheHostHasLeft) {
+  constexpr size_t kGiB = size_t{1} << 30;
+  HostMemoryHeadroom plenty;
+  plenty.bytes = 64 * kGiB;
+  EXPECT_EQ(PinnedPool::AllowedBytes(20 * kGiB, plenty), 20 * kGiB);
+  // A 1 GiB memory cgroup with 64 MiB in use: 2 GiB asked, 3/4 of the rest.
+  HostMemoryHeadroom cgroup;
+  cgroup.bytes = kGiB - (size_t{64} << 20);
+  const size_t cut = PinnedPool::AllowedBytes(2 * kGiB, cgroup);
+  EXPECT_LE(cut, cgroup.bytes / 4 * 3);
+  EXPECT_GT(cut, 0u);
+  EXPECT_EQ(cut % PinnedPool::kAlignment, 0u);
+  // The largest byte count a variable can say does not wrap to 0.
+  EXPECT_EQ(PinnedPool::AllowedBytes(SIZE_MAX, plenty), 48 * kGiB);
+  HostMemoryHeadroom unknown;  // nothing could be read
+  EXPECT_GT(PinnedPool::AllowedBytes(SIZE_MAX, unknown), 0u);
+  EXPECT_LT(PinnedPool::AllowedBytes(SIZE_MAX, unknown), SIZE_MAX - PinnedPool::kAlignment);
+  HostMemoryHeadroom none;
+  none.bytes = 1 << 20;  // less than one huge page's 3/4
+  EXPECT_EQ(PinnedPool::AllowedBytes(kGiB, none), 0u);
+}
+
 TEST_F(PinnedPoolTest, RangesAreHandedOutWholeAndCoalescedBack) {
   PinnedPool pool(api_);
   EXPECT_EQ(pool.Take(kMiB), nullptr);  // never started

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 build=${1:-build}
 out=${2:-$build/dist}
 for f in "$build/libvmmshim.so" "$build/libvmmshim_tms.so" "$build/vmmshim"; do
-  [ -x "$f" ] || { echo "build-wheel: no $f (run tools/build/build.sh first)" >&2; exit 1; }
+  [ -x "$f" ] || { echo "build-wheel: no $f (run tools/build/build.sh, or tools/build/build.sh vmmshim vmmshim_cli vmmshim_tms, first)" >&2; exit 1; }
 done
 # `wheel pack` writes the RECORD and names the file; Debian's python3-wheel
 # (tools/build/install-deps.sh) is for the system python3.
