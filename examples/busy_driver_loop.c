@@ -39,7 +39,13 @@ int main(int argc, char** argv) {
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuMemAlloc(&p, words * sizeof(unsigned)));
-  CHECK(cuMemsetD32(p, 0x5eed5eed, words));
+  {
+    static unsigned chunk[1 << 18];  /* 1 MiB of the pattern */
+    for (size_t i = 0; i < sizeof chunk / sizeof chunk[0]; ++i) chunk[i] = 0x5eed5eedu;
+    for (size_t at = 0; at < words * sizeof(unsigned); at += sizeof chunk) {
+      CHECK(cuMemcpyHtoD(p + at, chunk, sizeof chunk));
+    }
+  }
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
   int checks = 0, bad = 0;
