@@ -185,7 +185,12 @@ def main():
         app.sync()
         t0 = time.perf_counter()
         if args.framework == "jax-async":
-            kept = vmmshim.pause(keep_contents=True)
+            # JAX launches on threads of its own: after a pause of everything
+            # that holds the other threads' work until the resume, the next
+            # phase would wait for ever. The work is synchronized (app.sync)
+            # and the next phase uses new memory: nothing to quiesce or hold
+            # (docs/pause-resume.md, "Quiescing").
+            kept = vmmshim.pause(keep_contents=True, sole_submitter=True)
             dropped = 0
         else:
             kept = vmmshim.pause("weights", keep_contents=True)

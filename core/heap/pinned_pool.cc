@@ -117,7 +117,7 @@ void PinnedPool::Fill(size_t bytes, CUcontext context, int threads, size_t chunk
         driver_.cuMemHostUnregister(memory + done);
       }
       munmap(memory, bytes);
-      return fail("cuMemHostRegister: " + CuResultName(r) + " (a memlock limit? ulimit -l)");
+      return fail("cuMemHostRegister: " + CuResultName(r));
     }
   }
   const double seconds =

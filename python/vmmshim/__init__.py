@@ -310,8 +310,10 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     The program's GPU work is quiesced first: other threads' launches and
     copies wait, the work already submitted finishes. After a pause of
     everything (no tag, no except_tags) the other threads' GPU work waits
-    until resume() of everything (the calling thread's own passes); after a
-    pause of tags it goes on at once. `sole_submitter=True`: the caller
+    until resume() of everything (the calling thread's own passes: a JAX
+    program, whose computations run on JAX's own threads, would wait for
+    ever; it synchronizes and passes sole_submitter=True); after a pause of
+    tags it goes on at once. `sole_submitter=True`: the caller
     promises no other thread submits GPU work now (a training loop's own
     pause), and nothing is quiesced or held (docs/pause-resume.md,
     "Quiescing")."""
