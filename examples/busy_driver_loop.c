@@ -13,14 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    CUresult r_ = (call);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %d\n", #call, (int)r_);                      \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
+#include "driver_check.h"
 
 static double Now(void) {
   struct timespec t;

@@ -6,14 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    CUresult r_ = (call);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %d\n", #call, (int)r_);                      \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
+#include "driver_check.h"
 
 int main(void) {
   CUdevice dev;

@@ -66,14 +66,9 @@ class SignalGuard {
   struct sigaction old_[std::size(kInterrupts)] {}, old_chld_ {};
 };
 
+// A full disk loses the copy, not the run.
 void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;  // a full disk loses the copy, not the run
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
+  WriteFully(fd, absl::string_view(data, n)).IgnoreError();
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include "core/base/log.h"
 
-#include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,15 +43,8 @@ class AppendSink final : public spdlog::sinks::base_sink<GlobalLogMutex> {
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t line;
     formatter_->format(msg, line);
-    const char* p = line.data();
-    size_t left = line.size();
-    while (left > 0) {
-      const ssize_t n = write(fd_, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;  // a full disk loses log lines, never the program
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
+    // A full disk loses log lines, never the program.
+    WriteFully(fd_, absl::string_view(line.data(), line.size())).IgnoreError();
   }
   void flush_() override {}
 

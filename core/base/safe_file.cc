@@ -47,16 +47,6 @@ std::string BaseName(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-absl::Status WriteAllTo(int fd, absl::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t n = write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::UnavailableError(absl::StrCat("write: ", Errno(errno)));
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
 // `verb`: "written", "appended to".
 absl::Status Refuse(absl::string_view verb, const std::string& path, absl::string_view why) {
   return absl::PermissionDeniedError(absl::StrCat("'", path, "' ", why, ": not ", verb,
@@ -117,7 +107,7 @@ FileReplacement::~FileReplacement() {
 }
 
 absl::Status FileReplacement::Write(absl::string_view bytes) {
-  if (absl::Status s = WriteAllTo(fd_, bytes); !s.ok()) {
+  if (absl::Status s = WriteFully(fd_, bytes); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot write '", path_, "': ", s.message()));
   }
   return absl::OkStatus();
@@ -184,6 +174,16 @@ absl::StatusOr<int> OpenForAppend(const std::string& path) {
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // blocking writes from here on
   return fd;
+}
+
+absl::Status WriteFully(int fd, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("write: ", Errno(errno)));
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PrivateFile> CreatePrivateFile(const std::string& directory,

@@ -102,6 +102,11 @@ absl::StatusOr<int> CreateReplacing(const std::string& path, mode_t mode);
 // a regular file of this user. The descriptor is the caller's.
 absl::StatusOr<int> OpenForAppend(const std::string& path);
 
+// All of `bytes` written to descriptor `fd` (a file or a pipe) at its
+// offset, EINTR and short writes retried; the error (strerror) of the first
+// write that fails.
+absl::Status WriteFully(int fd, absl::string_view bytes);
+
 // A new private file (mode 0600, O_EXCL: never an existing one) in
 // `directory`, named PREFIX.XXXXXX; its descriptor and path.
 struct PrivateFile {
