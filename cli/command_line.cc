@@ -123,6 +123,7 @@ CLI::Validator WholeNumber(int low, int high) {
           return "'" + v + "' is not a number; expected a whole number from " + range;
         }
         if (x < low || x > high) return "" + v + " is out of range; expected " + range;
+        v = std::to_string(x);  // decimal: CLI11 would read a leading 0 as octal
         return "";
       },
       "INT " + range);
@@ -140,6 +141,7 @@ CLI::Validator ProcessId() {
           return "'" + v + "' is not a process id (a whole number from 1 to " +
                  std::to_string(kMaxPid) + "; vmmshim ps lists them)";
         }
+        v = std::to_string(x);  // decimal: CLI11 would read a leading 0 as octal
         return "";
       },
       "PID");

@@ -14,6 +14,12 @@
 #include "core/base/unix_socket.h"
 
 namespace vmmshim::cli {
+namespace {
+
+// A status with the residency of many devices and tags is tens of KiB.
+constexpr size_t kMaxReplyBytes = size_t{1} << 20;
+
+}  // namespace
 
 absl::StatusOr<std::string> SocketDirectoryFor(const std::string& dir, uid_t uid) {
   std::string chosen = dir;
@@ -56,7 +62,8 @@ absl::StatusOr<ControlTarget> FindControlSocket(int pid, const std::string& dir)
   if (std::string problem = SocketDirectoryProblem(t.dir, t.uid); !problem.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "the socket directory ", t.dir, " is ", problem,
-        ": not the shim's (another user may have made it); nothing sent"));
+        ": not the shim's (another user may have made it: remove it as root, or give the "
+        "program and this command a private VMMSHIM_IPC_DIR); nothing sent"));
   }
   if (lstat(t.path.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat(
@@ -103,6 +110,11 @@ absl::StatusOr<nlohmann::json> AskProcess(const ControlTarget& target,
       if (end != nullptr) {
         whole = true;
         break;
+      }
+      if (reply.size() > kMaxReplyBytes) {
+        close(fd);
+        return absl::DataLossError(absl::StrCat("process ", target.pid, " sent a reply of over ",
+                                                kMaxReplyBytes, " bytes; not read further"));
       }
     }
   }

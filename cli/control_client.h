@@ -41,7 +41,8 @@ absl::StatusOr<ControlTarget> FindControlSocket(int pid, const std::string& dir)
 // The process's reply to `request` (a JSON object; {"ok": false, ...} when
 // it refused), or why there is none: nobody listens, the peer is not
 // target.pid of target.uid (SO_PEERCRED), no whole reply line within
-// `seconds` of the connect, or a reply that is not a JSON object.
+// `seconds` of the connect, a reply over 1 MiB, or one that is not a JSON
+// object.
 absl::StatusOr<nlohmann::json> AskProcess(const ControlTarget& target,
                                           const nlohmann::json& request, int seconds);
 

@@ -95,7 +95,8 @@ int PsCommand(const std::string& dir_or_empty, bool json) {
   } else if (std::string problem = SocketDirectoryProblem(dir, geteuid()); !problem.empty()) {
     std::fprintf(stderr,
                  "vmmshim ps: the socket directory %s is %s: not the shim's (another user "
-                 "may have made it); nothing asked\n",
+                 "may have made it: remove it as root, or give the programs and this command "
+                 "a private VMMSHIM_IPC_DIR); nothing asked\n",
                  dir.c_str(), problem.c_str());
     return 1;
   } else if (DIR* d = opendir(dir.c_str())) {

@@ -8,17 +8,20 @@
 #include "cli/compare/compare.h"
 #include "cli/report.h"
 #include "cli/stats_file.h"
+#include "core/base/safe_file.h"
 #include "nlohmann/json.hpp"
 
 namespace vmmshim::cli {
 
 std::optional<std::string> ReportFile(const std::string& path, bool wide, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot open " + path + ": " + std::strerror(errno);
+  // A shared job directory may hold another user's FIFO or link to a device:
+  // regular files only, at most 256 MiB (core/base/safe_file.h).
+  absl::StatusOr<std::string> read = ReadRegularFile(path, size_t{256} << 20);
+  if (!read.ok()) {
+    *error = std::string(read.status().message());
     return std::nullopt;
   }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string& text = *read;
   // compare.json is told apart by its own keys; everything else is read as
   // a statistics file, whose reader names what a file lacks.
   const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);

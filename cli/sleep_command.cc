@@ -155,7 +155,7 @@ std::string BackToRunning(const DriverApi& d, int pid,
 
 }  // namespace
 
-int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& drop,
+int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& drop_given,
                  const std::string& dir) {
   const auto start = std::chrono::steady_clock::now();
   const char* const nothing = pids.size() > 1 ? "; none of the processes paused"
@@ -168,12 +168,20 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
       if (pids[j] == pids[i]) return Fail("sleep", pids[i], std::string("given twice") + nothing);
     }
   }
-  for (const std::string& tag : drop) {
+  for (const std::string& tag : drop_given) {
+    if (tag.empty()) {
+      return Fail("sleep", pids.front(),
+                  "--drop '': an empty tag (an unset variable?); untagged memory is dropped "
+                  "only as --drop '(untagged)', as vmmshim ps names it" + std::string(nothing));
+    }
     if (tag.size() > 255) {
       return Fail("sleep", pids.front(), "--drop: a tag of " + std::to_string(tag.size()) +
                                              " bytes; tags are at most 255 bytes" + nothing);
     }
   }
+  // The untagged memory, as vmmshim ps names it, is the tag "".
+  std::vector<std::string> drop;
+  for (const std::string& tag : drop_given) drop.push_back(tag == "(untagged)" ? "" : tag);
   std::set<std::string> held;
   std::optional<DriverApi> d = CheckpointDriver(&why);
   if (!d) return Fail("sleep", pids.front(), why + nothing);
@@ -209,7 +217,9 @@ int SleepCommand(const std::vector<int>& pids, const std::vector<std::string>& d
   for (const std::string& tag : drop) {
     if (held.count(tag) == 0) {
       std::string known;
-      for (const std::string& t : held) known += (known.empty() ? "" : ", ") + ("'" + t + "'");
+      for (const std::string& t : held) {
+        known += (known.empty() ? "" : ", ") + (t.empty() ? "'(untagged)'" : "'" + t + "'");
+      }
       return Fail("sleep", pids.front(),
                   "--drop '" + tag + "': no memory of " +
                       (pids.size() > 1 ? "these processes" : "the process") +

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "core/base/safe_file.h"
 #include "core/report/stats_schema.h"
 #include "nlohmann/json.hpp"
 
@@ -208,12 +209,14 @@ std::optional<StatsFile> ParseStatsJson(const std::string& text, const std::stri
 }
 
 std::optional<StatsFile> ReadStatsFile(const std::string& path, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot open " + path + ": " + std::strerror(errno);
+  // A shared job directory may hold another user's FIFO or link to a device:
+  // regular files only, at most 256 MiB (core/base/safe_file.h).
+  absl::StatusOr<std::string> read = ReadRegularFile(path, size_t{256} << 20);
+  if (!read.ok()) {
+    *error = std::string(read.status().message());
     return std::nullopt;
   }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string& text = *read;
   return ParseStatsJson(text, path, error);
 }
 

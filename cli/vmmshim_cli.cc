@@ -234,10 +234,10 @@ int main(int argc, char** argv) {
                       "comma-separated: all, none, min-size:BYTES, rules:FILE")
       ->capture_default_str();
   compare->add_option("--repeat", copt.repeat, "counted runs of each mode")
-      ->check(WholeNumber(1, 1000))
+      ->transform(WholeNumber(1, 1000))
       ->capture_default_str();
   compare->add_option("--warmup", copt.warmup, "uncounted runs of each mode first")
-      ->check(WholeNumber(0, 100))
+      ->transform(WholeNumber(0, 100))
       ->capture_default_str();
   CLI::Option* check_opt = compare->add_option(
       "--check", check, "compare only the output lines matching this regex (POSIX extended, as grep -E)");
@@ -301,13 +301,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> sleep_drop;
   sleep->add_option("PID", sleep_pids, "the processes, as one step (vmmshim ps lists them)")
       ->required()
-      ->check(vmmshim::cli::ProcessId());
+      ->transform(vmmshim::cli::ProcessId());
   sleep->add_option("--drop", sleep_drop, "a tag whose contents are dropped (repeatable)");
   sleep->add_option("--dir", ps_dir, "the control sockets' directory");
   CLI::App* wake = app.add_subcommand("wake", "wake a process that vmmshim sleep put to sleep");
   wake->allow_extras();
   std::vector<int> wake_pids;
-  wake->add_option("PID", wake_pids, "the processes")->required()->check(vmmshim::cli::ProcessId());
+  wake->add_option("PID", wake_pids, "the processes")->required()->transform(vmmshim::cli::ProcessId());
   std::vector<std::string> wake_onto;
   wake->add_option("--onto", wake_onto,
                    "OLD=NEW GPU UUIDs (nvidia-smi -L): restore onto other GPUs (repeatable)");

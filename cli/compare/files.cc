@@ -68,6 +68,12 @@ bool MakeDirs(const std::string& path, std::string* error) {
     *error = path + " is not a directory";
     return false;
   }
+  // Note [Replacing a file safely] (core/base/safe_file.h): an existing
+  // directory of another user, or one reached through their link, is theirs.
+  if (std::string problem = DirectoryProblem(path + "/."); !problem.empty()) {
+    *error = path + " " + problem + "; nothing written there";
+    return false;
+  }
   return true;
 }
 

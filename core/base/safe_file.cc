@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <climits>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -54,10 +56,59 @@ absl::Status Refuse(absl::string_view verb, const std::string& path, absl::strin
                                                   "replaced or appended to)"));
 }
 
+// The prefixes of absolute path `path`: "/a", "/a/b", ... (and "/").
+std::vector<std::string> Prefixes(const std::string& path) {
+  std::vector<std::string> out = {"/"};
+  for (size_t at = 1; at <= path.size(); ++at) {
+    if (at == path.size() || path[at] == '/') {
+      if (at > 1 && path[at - 1] != '/') out.push_back(path.substr(0, at));
+    }
+  }
+  return out;
+}
+
+bool Trusted(uid_t uid) { return uid == geteuid() || uid == 0; }
+
 }  // namespace
+
+std::string DirectoryProblem(const std::string& dir) {
+  std::string absolute = dir.empty() ? "." : dir;
+  if (absolute.front() != '/') {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof cwd) == nullptr) return absl::StrCat("cannot be checked: ", Errno(errno));
+    absolute = absl::StrCat(cwd, "/", absolute);
+  }
+  struct stat st;
+  for (const std::string& p : Prefixes(absolute)) {
+    if (lstat(p.c_str(), &st) != 0) break;  // missing: what follows is reported by its user
+    if (S_ISLNK(st.st_mode) && !Trusted(st.st_uid)) {
+      return absl::StrCat("has '", p, "' on its way, a symbolic link of uid ", st.st_uid,
+                          ", not of this user (uid ", geteuid(), ") or root");
+    }
+  }
+  char real[PATH_MAX];
+  if (realpath(absolute.c_str(), real) == nullptr) return "";  // missing: made or refused later
+  for (const std::string& p : Prefixes(real)) {
+    if (stat(p.c_str(), &st) != 0) break;
+    if (!Trusted(st.st_uid)) {
+      return absl::StrCat("is in '", p, "', a directory of uid ", st.st_uid,
+                          " (who could swap what is in it), not of this user (uid ", geteuid(),
+                          ") or root");
+    }
+    if ((st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
+      return absl::StrFormat("is in '%s', a directory others may write without the sticky bit "
+                             "(mode %04o)",
+                             p, st.st_mode & 07777);
+    }
+  }
+  return "";
+}
 
 std::string TargetProblem(const std::string& path) {
   if (path.empty()) return "is empty";
+  if (std::string problem = DirectoryProblem(DirectoryOf(path)); !problem.empty()) {
+    return problem;
+  }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) {
     return errno == ENOENT ? "" : absl::StrCat("cannot be checked: ", Errno(errno));
@@ -186,8 +237,45 @@ absl::Status WriteFully(int fd, absl::string_view bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) return absl::PermissionDeniedError(absl::StrCat("'", path, "' is a symbolic link: not read"));
+    return absl::NotFoundError(absl::StrCat("cannot open '", path, "': ", Errno(err)));
+  }
+  struct stat st;
+  std::string problem;
+  if (fstat(fd, &st) != 0) {
+    problem = absl::StrCat("cannot be checked: ", Errno(errno));
+  } else if (problem = KindProblem(st.st_mode); problem.empty() &&
+                                                static_cast<uint64_t>(st.st_size) > max_bytes) {
+    problem = absl::StrCat("holds ", st.st_size, " bytes, more than the ", max_bytes,
+                           " such a file may");
+  }
+  if (!problem.empty()) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("'", path, "' ", problem, ": not read"));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;  // the file shrank
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  text.resize(done);
+  return text;
+}
+
 absl::StatusOr<PrivateFile> CreatePrivateFile(const std::string& directory,
                                               const std::string& prefix) {
+  if (std::string problem = DirectoryProblem(directory); !problem.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("'", directory, "' ", problem, ": no file made there"));
+  }
   PrivateFile file;
   file.path = absl::StrCat(directory, "/", prefix, ".XXXXXX");
   file.fd = mkostemp(file.path.data(), O_CLOEXEC);

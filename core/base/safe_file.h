@@ -5,7 +5,8 @@
 // at a path whose name others can guess (it holds the pid).
 //
 // Note [Replacing a file safely]: a file is never opened by its final name
-// for writing. Its contents go to a private temporary file made with
+// for writing, nor written in a directory another user controls
+// (DirectoryProblem). Its contents go to a private temporary file made with
 // mkstemp (O_EXCL: a planted symbolic link or file at the temporary name
 // makes mkstemp pick another) in the target's directory, which is then
 // renamed over the target: rename(2) replaces the directory entry and never
@@ -38,9 +39,23 @@
 
 namespace vmmshim {
 
+// Why a file in directory `dir` could be redirected or swapped by another
+// user, in words naming the culprit, or "" when it could not:
+// - every symbolic link on `dir`'s path as written belongs to this
+//   effective user or root (a link another user planted in /tmp would send
+//   the write anywhere; the kernel's fs.protected_symlinks is not relied
+//   on), and
+// - every directory of its real path (symbolic links resolved) belongs to
+//   this user or root and is not writable by all unless sticky (as /tmp):
+//   no other user can rename an entry on the way. (A group-writable
+//   directory is left to its group, whom the administrator chose.)
+// A relative `dir` is taken from the working directory.
+std::string DirectoryProblem(const std::string& dir);
+
 // Why `path` may not be replaced or appended to, in words naming it (a
-// symbolic link, a device node, another user's file...), or "" when it may:
-// it does not exist, or it is a regular file owned by this effective user.
+// directory on its way another user controls: DirectoryProblem; a symbolic
+// link, a device node, another user's file...), or "" when it may: it does
+// not exist, or it is a regular file owned by this effective user.
 std::string TargetProblem(const std::string& path);
 
 // The mode a file created by open(2) with 0666 would get under this
@@ -107,8 +122,15 @@ absl::StatusOr<int> OpenForAppend(const std::string& path);
 // write that fails.
 absl::Status WriteFully(int fd, absl::string_view bytes);
 
+// The contents of `path`, read only when it is a regular file (opened with
+// O_NOFOLLOW|O_NONBLOCK: a planted link, FIFO or device node is refused,
+// never followed, waited on or read without end) of at most `max_bytes`;
+// otherwise why not, naming the path.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes);
+
 // A new private file (mode 0600, O_EXCL: never an existing one) in
-// `directory`, named PREFIX.XXXXXX; its descriptor and path.
+// `directory` (refused when DirectoryProblem), named PREFIX.XXXXXX; its
+// descriptor and path.
 struct PrivateFile {
   int fd = -1;
   std::string path;

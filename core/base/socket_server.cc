@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -22,26 +23,33 @@ struct Shared {
   SocketServer::Options options;
   SocketServer::Handler handler;
   std::atomic<int> active{0};
+  // The accept loop's own: refusals not yet logged, and when it last logged.
+  uint64_t refused = 0;
+  std::chrono::steady_clock::time_point last_refusal_log;
 };
 
-void CloseAnswered(int conn);
+void CloseAnswered(int conn, std::chrono::milliseconds wait);
 
 void RefuseBusy(const Shared& s, int conn) {
   if (!s.options.busy_reply.empty()) {
     WriteAll(conn, s.options.busy_reply.data(), s.options.busy_reply.size());
   }
-  CloseAnswered(conn);
+  // What the client sent already is read; the accept loop waits for no more.
+  CloseAnswered(conn, std::chrono::milliseconds(0));
 }
 
 // Closes a connection whose reply is written. A Unix socket closed with
 // unread bytes (a request the handler refused without reading) resets the
 // peer, which then loses the reply it has not read yet: the rest of the
-// request is read first (at most 64 KiB, 100 ms).
-void CloseAnswered(int conn) {
+// request is read first (at most 64 KiB, what arrives within `wait`).
+void CloseAnswered(int conn, std::chrono::milliseconds wait) {
   shutdown(conn, SHUT_WR);
-  const Deadline deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  const Deadline deadline = std::chrono::steady_clock::now() + wait;
   char sink[4096];
-  for (int i = 0; i < 16 && ReceiveBefore(conn, sink, sizeof sink, deadline) > 0; ++i) {
+  for (int i = 0; i < 16; ++i) {
+    const ssize_t got = wait.count() > 0 ? ReceiveBefore(conn, sink, sizeof sink, deadline)
+                                         : recv(conn, sink, sizeof sink, MSG_DONTWAIT);
+    if (got <= 0) break;
   }
   close(conn);
 }
@@ -63,8 +71,17 @@ void Serve(std::shared_ptr<Shared> s, int listen_fd) {
     }
     if (s->active.fetch_add(1, std::memory_order_acq_rel) >= s->options.max_connections) {
       s->active.fetch_sub(1, std::memory_order_acq_rel);
-      Log().warn("{}: {} connections are being served; pid {} (uid {}) refused as busy",
-                 s->options.name, s->options.max_connections, peer.pid, peer.uid);
+      // At most one line a second: a client that reconnects in a loop must
+      // not fill the log (or the disk under VMMSHIM_LOG_FILE).
+      ++s->refused;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - s->last_refusal_log >= std::chrono::seconds(1)) {
+        Log().warn("{}: {} connections are being served; {} refused as busy since the last "
+                   "such line (the latest from pid {}, uid {})",
+                   s->options.name, s->options.max_connections, s->refused, peer.pid, peer.uid);
+        s->refused = 0;
+        s->last_refusal_log = now;
+      }
       RefuseBusy(*s, conn);
       continue;
     }
@@ -72,7 +89,7 @@ void Serve(std::shared_ptr<Shared> s, int listen_fd) {
       // The thread inherits this one's mask: every signal blocked.
       std::thread([s, conn, peer] {
         s->handler(conn, peer);
-        CloseAnswered(conn);
+        CloseAnswered(conn, std::chrono::milliseconds(100));
         s->active.fetch_sub(1, std::memory_order_acq_rel);
       }).detach();
     } catch (const std::system_error& e) {

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -77,6 +78,7 @@ class ReportFileTest : public ::testing::Test {
     EXPECT_EQ(error.find("not found"), std::string::npos) << error;
     return error;
   }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string dir_ = [] {
     char tmpl[] = "/tmp/vmmshim-report-file-test-XXXXXX";
     return std::string(mkdtemp(tmpl));
@@ -147,7 +149,7 @@ TEST_F(ReportFileTest, AnythingElseSaysWhatWasExpectedAndWhatIsMissing) {
   error = Refused(Write("text.txt", "time: 12 ms\n"));
   EXPECT_NE(error.find(expected + "it is not JSON"), std::string::npos) << error;
   error = Refused(dir_ + "/missing.json");
-  EXPECT_NE(error.find("cannot open " + dir_ + "/missing.json: No such file"), std::string::npos)
+  EXPECT_NE(error.find("cannot open '" + dir_ + "/missing.json': No such file"), std::string::npos)
       << error;
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -37,9 +38,17 @@ std::set<std::string> KeysOf(const nlohmann::json& object) {
   return keys;
 }
 
+// A path in a directory of its own, removed at the test program's exit.
 std::string TempPath(const std::string& name) {
+  static auto* made = new std::vector<std::string>;
+  if (made->empty()) {
+    std::atexit([] {
+      for (const std::string& dir : *made) std::filesystem::remove_all(dir);
+    });
+  }
   char tmpl[] = "/tmp/vmmshim-stats-file-test-XXXXXX";
-  return std::string(mkdtemp(tmpl)) + "/" + name;
+  made->push_back(mkdtemp(tmpl));
+  return made->back() + "/" + name;
 }
 
 class StatsFileTest : public SimTest {
@@ -307,7 +316,7 @@ TEST(StatsFileParse, RefusesALaterSchemaAndWhatIsNotAStatisticsFile) {
   EXPECT_NE(error.find("it is not JSON"), std::string::npos) << error;
   error.clear();
   EXPECT_FALSE(ReadStatsFile("/nonexistent-vmmshim/stats.json", &error));
-  EXPECT_NE(error.find("cannot open /nonexistent-vmmshim/stats.json"), std::string::npos);
+  EXPECT_NE(error.find("cannot open '/nonexistent-vmmshim/stats.json'"), std::string::npos);
 }
 
 }  // namespace

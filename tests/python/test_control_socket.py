@@ -3,9 +3,11 @@
 this process lists itself with what it holds and what is paused, bad
 requests get an answer naming the problem, sockets of dead processes are
 removed, VMMSHIM_CONTROL=0 makes none."""
+import atexit
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from sim_cuda import DeviceMemory, driver
 MIB = 1 << 20
 CLI = os.environ["CONTROL_TEST_CLI"]
 DIRECTORY = tempfile.mkdtemp(prefix="vmmshim-control-")
+atexit.register(shutil.rmtree, DIRECTORY, True)
 os.chmod(DIRECTORY, 0o700)
 os.environ["VMMSHIM_IPC_DIR"] = DIRECTORY  # read when the shim starts, at cuInit
 

@@ -139,6 +139,7 @@ class DeepSleep(unittest.TestCase):
             self.vmmshim("wake", str(child.pid))  # whatever state a failure left
             child.stdin.close()
             child.wait(timeout=30)
+        subprocess.run(["rm", "-rf", self.dir])
 
     def line(self, seconds, child=None):
         """A child's next output line, or None when it says nothing in time;

@@ -318,6 +318,7 @@ class Surface(unittest.TestCase):
         victim = self.spawn()
         pid = str(victim.pid)
         for args, message in (((pid, pid), "given twice"),
+                              ((pid, "--drop", ""), "--drop '': an empty tag"),
                               ((pid, "--drop", "nosuchtag"),
                                "--drop 'nosuchtag': no memory of the process has that tag (tags "
                                "held: 'kv', 'weights')"),
@@ -329,6 +330,21 @@ class Surface(unittest.TestCase):
             self.assertEqual(self.state(victim), "running")
         r = self.vmmshim("sleep", "1")  # init: not this user's under the shim
         self.assertEqual(r.returncode, 1)
+        # A leading zero is decimal, not octal: the same process.
+        slept = self.vmmshim("sleep", "0" + pid)
+        self.assertEqual(slept.returncode, 0, slept.stderr)
+        self.assertIn(f"vmmshim sleep {pid}: asleep", slept.stdout)
+        self.assertEqual(self.vmmshim("wake", "00" + pid).returncode, 0)
+
+    def test_report_reads_regular_files_only(self):
+        shared = os.path.join(self.dir, "job")
+        os.mkdir(shared)
+        os.mkfifo(os.path.join(shared, "c.json"))
+        os.symlink("/dev/zero", os.path.join(shared, "d.json"))
+        r = subprocess.run([CLI, "report", shared], capture_output=True, text=True, timeout=20)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("is a FIFO: not read", r.stderr)
+        self.assertIn("is a symbolic link: not read", r.stderr)
 
     def test_run_checks_its_values_before_the_program_starts(self):
         marker = os.path.join(self.dir, "started")

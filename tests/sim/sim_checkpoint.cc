@@ -16,6 +16,7 @@
 // with its target left locked or checkpointed.
 #include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +29,7 @@
 #include <string>
 #include <thread>
 
+#include "core/base/safe_file.h"
 #include "tests/sim/sim_driver.h"
 
 namespace vmmshim::sim {
@@ -44,24 +46,30 @@ std::string StatePath(int pid) {
          std::to_string(pid);
 }
 
+// A state file counts only when a controller could have written it: a
+// regular file of this user or root (another user's file planted in /tmp
+// must not freeze the process).
 CUprocessState ReadState(int pid) {
-  std::ifstream f(StatePath(pid));
+  absl::StatusOr<std::string> text = ReadRegularFile(StatePath(pid), 64);
+  struct stat st;
   int state = CU_PROCESS_STATE_RUNNING;
-  if (f >> state) return static_cast<CUprocessState>(state);
-  return CU_PROCESS_STATE_RUNNING;
+  if (!text.ok() || lstat(StatePath(pid).c_str(), &st) != 0 ||
+      (st.st_uid != geteuid() && st.st_uid != 0) || std::sscanf(text->c_str(), "%d", &state) != 1) {
+    return CU_PROCESS_STATE_RUNNING;
+  }
+  return static_cast<CUprocessState>(state);
 }
 
-void WriteState(int pid, CUprocessState state) {
+// Written as the shim writes its files (core/base/safe_file.h): never
+// through a link planted at the name. False when refused.
+bool WriteState(int pid, CUprocessState state) {
   if (state == CU_PROCESS_STATE_RUNNING) {
     std::remove(StatePath(pid).c_str());
-    return;
+    return true;
   }
-  const std::string tmp = StatePath(pid) + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << static_cast<int>(state) << "\n";
-  }
-  std::rename(tmp.c_str(), StatePath(pid).c_str());
+  return ReplaceFile(StatePath(pid), std::to_string(static_cast<int>(state)) + "\n",
+                     "simcuda checkpoint state")
+      .ok();
 }
 
 // Whether the environment's `variable` names `step`.
@@ -76,7 +84,7 @@ CUresult Step(int pid, const char* step, CUprocessState from, CUprocessState to)
   if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) return CUDA_ERROR_INVALID_VALUE;
   if (ReadState(pid) != from) return CUDA_ERROR_ILLEGAL_STATE;
   if (Names("SIMCUDA_CHECKPOINT_FAIL", step)) return CUDA_ERROR_UNKNOWN;
-  WriteState(pid, to);
+  if (!WriteState(pid, to)) return CUDA_ERROR_OPERATING_SYSTEM;
   if (Names("SIMCUDA_CHECKPOINT_STALL", step)) {
     std::this_thread::sleep_for(std::chrono::seconds(120));
   }

@@ -120,6 +120,55 @@ TEST_F(SafeFileTest, AnotherUsersFileIsRefused) {
   EXPECT_EQ(Slurp(victim_), "the victim's 20 bytes");
 }
 
+TEST_F(SafeFileTest, ADirectoryOnTheWayThatAnotherUserControlsIsRefused) {
+  const std::string mine = dir_ + "/mine";
+  ASSERT_EQ(mkdir(mine.c_str(), 0700), 0);
+  std::ofstream(mine + "/run.json") << "mine";
+  // A directory anyone may write without the sticky bit: entries can be
+  // renamed away under the writer.
+  const std::string open_dir = dir_ + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  absl::Status s = ReplaceFile(open_dir + "/run.json", "x", "VMMSHIM_STATS_FILE");
+  EXPECT_NE(s.message().find("others may write without the sticky bit"), absl::string_view::npos)
+      << s;
+  ASSERT_EQ(chmod(open_dir.c_str(), 01777), 0);  // as /tmp: fine
+  EXPECT_TRUE(ReplaceFile(open_dir + "/run.json", "x", "VMMSHIM_STATS_FILE").ok());
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a link and a directory of another user";
+  // Another user's link to my directory (planted in a sticky /tmp), and
+  // another user's directory.
+  const std::string link = open_dir + "/jobs";
+  ASSERT_EQ(symlink(mine.c_str(), link.c_str()), 0);
+  ASSERT_EQ(lchown(link.c_str(), 65534, 65534), 0);
+  s = ReplaceFile(link + "/run.json", "overwritten", "VMMSHIM_STATS_FILE");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("a symbolic link of uid 65534"), absl::string_view::npos) << s;
+  EXPECT_FALSE(OpenForAppend(link + "/shim.log").ok());
+  EXPECT_FALSE(CreatePrivateFile(link, "backup").ok());
+  EXPECT_EQ(Slurp(mine + "/run.json"), "mine");
+  const std::string theirs = dir_ + "/theirs";
+  ASSERT_EQ(mkdir(theirs.c_str(), 0755), 0);
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  s = ReplaceFile(theirs + "/run.json", "x", "VMMSHIM_STATS_FILE");
+  EXPECT_NE(s.message().find("a directory of uid 65534"), absl::string_view::npos) << s;
+}
+
+TEST_F(SafeFileTest, OnlyRegularFilesAreReadAndWithinTheirBound) {
+  EXPECT_EQ(*ReadRegularFile(victim_, 1024), "the victim's 20 bytes");
+  EXPECT_NE(ReadRegularFile(victim_, 4).status().message().find("more than the 4"),
+            absl::string_view::npos);
+  const std::string fifo = dir_ + "/c.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const absl::StatusOr<std::string> from_fifo = ReadRegularFile(fifo, 1024);  // no wait
+  EXPECT_NE(from_fifo.status().message().find("is a FIFO"), absl::string_view::npos);
+  const std::string zero = dir_ + "/d.json";
+  ASSERT_EQ(symlink("/dev/zero", zero.c_str()), 0);
+  EXPECT_NE(ReadRegularFile(zero, 1024).status().message().find("is a symbolic link"),
+            absl::string_view::npos);
+  EXPECT_NE(ReadRegularFile("/dev/zero", 1024).status().message().find("character device"),
+            absl::string_view::npos);
+}
+
 TEST_F(SafeFileTest, AppendingKeepsWhatIsThereAndCreatesWhatIsNot) {
   absl::StatusOr<int> fd = OpenForAppend(victim_);
   ASSERT_TRUE(fd.ok()) << fd.status();
