@@ -24,11 +24,10 @@ import contextlib
 import ctypes
 import json
 import os
-import sys
-import threading
-import warnings
 
-from vmmshim import _pools
+from vmmshim import _library, _pools, _tag_state
+from vmmshim._library import KEEP_CONTENTS, SOLE_SUBMITTER, VmmshimError, loaded  # noqa: F401
+from vmmshim._sleep import SleepError, sleep, wake  # noqa: F401
 
 __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
            "revoke_peer_access", "query_peer_access", "release_cached_memory", "statistics",
@@ -44,24 +43,11 @@ _OPTIONS = {"policy": "VMMSHIM_PEER_POLICY", "min_bytes": "VMMSHIM_PEER_MIN_BYTE
             "log_file": "VMMSHIM_LOG_FILE", "snapshot": "VMMSHIM_SNAPSHOT_FILE"}
 
 
-def _loaded_library():
-    """The path of the libvmmshim.so mapped into this process, or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                if len(fields) == 6 and os.path.basename(fields[5].strip()) == "libvmmshim.so":
-                    return fields[5].strip()
-    except OSError:
-        pass
-    return None
-
-
 def library_path():
     """The libvmmshim.so to preload: the one this process runs under, else the
     wheel's (vmmshim/lib/libvmmshim.so), else $VMMSHIM_LIBRARY. Raises
     FileNotFoundError naming the places it looked."""
-    candidates = [_loaded_library(), os.path.join(_PACKAGE_DIR, "lib", "libvmmshim.so"),
+    candidates = [_library.loaded_library(), os.path.join(_PACKAGE_DIR, "lib", "libvmmshim.so"),
                   os.environ.get("VMMSHIM_LIBRARY")]
     for path in candidates:
         if path and os.path.isfile(path):
@@ -107,152 +93,6 @@ def configure_subprocess(**options):
             del os.environ[key]
         os.environ.update(saved)
 
-KEEP_CONTENTS = 1  # VMMSHIM_PAUSE_KEEP_CONTENTS
-SOLE_SUBMITTER = 8  # VMMSHIM_PAUSE_SOLE_SUBMITTER
-_NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: the shim is disabled or inactive
-_NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
-_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
-class VmmshimError(RuntimeError):
-    """A vmmshim C API call failed; `code` is its CUresult."""
-
-    def __init__(self, call, code):
-        message = f"{call} returned CUresult {code}"
-        if code in _MEANINGS:
-            message += f" ({_MEANINGS[code]}; the log says more)"
-        if code in _CONTEXT_LOST:
-            message += (f" ({_CONTEXT_LOST[code]}): the CUDA context is lost (an earlier kernel "
-                        "or copy failed, and the error is sticky); paused memory cannot be "
-                        "mapped back and its kept contents are lost with the process")
-        super().__init__(message)
-        self.call = call
-        self.code = code
-
-
-# What the C API's codes mean (include/vmmshim/vmmshim.h).
-_MEANINGS = {
-    1: "CUDA_ERROR_INVALID_VALUE: a bad argument",
-    2: "CUDA_ERROR_OUT_OF_MEMORY: host memory for the contents, at a pause; device memory, "
-       "at a resume (everything stays paused; free memory and resume again)",
-    304: "CUDA_ERROR_OPERATING_SYSTEM: a file could not be written",
-    800: "CUDA_ERROR_NOT_PERMITTED: not on this memory (exported to another process, or "
-         "packed with other allocations)",
-    900: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: a stream capture is in progress",
-}
-
-# Sticky errors: after one, every call of the context fails (CUDA Programming
-# Guide, "Error Checking"; the driver API's CUresult list).
-_CONTEXT_LOST = {700: "CUDA_ERROR_ILLEGAL_ADDRESS", 702: "CUDA_ERROR_LAUNCH_TIMEOUT",
-                 710: "CUDA_ERROR_ASSERT", 714: "CUDA_ERROR_HARDWARE_STACK_ERROR",
-                 715: "CUDA_ERROR_ILLEGAL_INSTRUCTION", 716: "CUDA_ERROR_MISALIGNED_ADDRESS",
-                 717: "CUDA_ERROR_INVALID_ADDRESS_SPACE", 718: "CUDA_ERROR_INVALID_PC",
-                 719: "CUDA_ERROR_LAUNCH_FAILED"}
-
-
-_lock = threading.Lock()
-_lib = None
-_absent = None  # why the API is not usable, once known
-_warned = False
-
-
-def _api():
-    """The library handle, or None (after one warning) when the API is absent."""
-    global _lib, _absent
-    with _lock:
-        if _lib is None and _absent is None:
-            lib = ctypes.CDLL(None)
-            if not hasattr(lib, "vmmshim_pause_memory"):
-                _absent = ("libvmmshim.so is not loaded in this process (start it with "
-                           "`vmmshim run -- python3 ...`, or LD_PRELOAD=libvmmshim.so)")
-            else:
-                sigs = {
-                    "vmmshim_set_allocation_tag": [ctypes.c_char_p],
-                    "vmmshim_pause_memory": [ctypes.c_char_p, ctypes.c_uint,
-                                             ctypes.POINTER(ctypes.c_size_t)],
-                    "vmmshim_resume_memory": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)],
-                    "vmmshim_grant_peer_access": [ctypes.c_void_p, ctypes.c_int],
-                    "vmmshim_revoke_peer_access": [ctypes.c_void_p, ctypes.c_int],
-                    "vmmshim_query_peer_access": [ctypes.c_void_p, ctypes.c_int,
-                                                  ctypes.POINTER(ctypes.c_int)],
-                    "vmmshim_release_cached_memory": [ctypes.c_int,
-                                                      ctypes.POINTER(ctypes.c_size_t)],
-                    "vmmshim_get_statistics": [ctypes.c_char_p, ctypes.c_size_t,
-                                               ctypes.POINTER(ctypes.c_size_t)],
-                    # Newer entry points: absent from an older libvmmshim.so.
-                    "vmmshim_pause_memory_except": [ctypes.POINTER(ctypes.c_char_p),
-                                                    ctypes.c_size_t, ctypes.c_uint,
-                                                    ctypes.POINTER(ctypes.c_size_t)],
-                    "vmmshim_get_residency": [ctypes.c_char_p, ctypes.c_size_t,
-                                              ctypes.POINTER(ctypes.c_size_t)],
-                    "vmmshim_get_paused_contents": [ctypes.c_void_p, ctypes.c_size_t,
-                                                    ctypes.POINTER(ctypes.c_void_p)],
-                    "vmmshim_record_memory_history": [ctypes.c_int, ctypes.c_size_t,
-                                                      ctypes.c_int],
-                    "vmmshim_write_snapshot": [ctypes.c_char_p],
-                }
-                for name, args in sigs.items():
-                    if not hasattr(lib, name):
-                        continue
-                    fn = getattr(lib, name)
-                    fn.argtypes = args
-                    fn.restype = ctypes.c_int
-                _lib = lib
-    if _lib is None:
-        _warn(_absent)
-    return _lib
-
-
-def _warn(why):
-    global _warned
-    if not _warned:
-        _warned = True
-        # Attributed to the caller's line: the first frame outside this module
-        # (and outside contextlib, for `with vmmshim.tag(...)`).
-        level, frame = 1, sys._getframe(0)
-        while frame is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
-            level, frame = level + 1, frame.f_back
-        warnings.warn(f"vmmshim: {why}; vmmshim calls do nothing", RuntimeWarning,
-                      stacklevel=level)
-
-
-def _call(name, *args):
-    """Calls C function `name`; None when the shim is absent or inactive."""
-    lib = _api()
-    if lib is None:
-        return None
-    rc = getattr(lib, name)(*args)
-    if rc == _NOT_SUPPORTED:
-        _warn("the shim is loaded but not serving allocations (VMMSHIM_ENABLE=0, no CUDA "
-              "driver yet, or a forked child)")
-        return None
-    if rc != 0:
-        raise VmmshimError(name, rc)
-    return rc
-
-
-def loaded():
-    """Whether libvmmshim.so's API is in this process."""
-    with _lock:
-        if _lib is not None:
-            return True
-        if _absent is not None:
-            return False
-    return hasattr(ctypes.CDLL(None), "vmmshim_pause_memory")
-
-
-def _ptr(obj):
-    """An address from an int, a torch tensor (data_ptr) or a CUDA array
-    (__cuda_array_interface__, CuPy and Numba)."""
-    if isinstance(obj, int):
-        return obj
-    if hasattr(obj, "data_ptr"):
-        return int(obj.data_ptr())
-    if hasattr(obj, "__cuda_array_interface__"):
-        return int(obj.__cuda_array_interface__["data"][0])
-    raise TypeError(f"vmmshim: not a device pointer: {type(obj).__name__}")
-
-
 def _check_tag(call, name, what="the tag"):
     """The tag rules of the C API, checked alike with and without the shim:
     a str (or None) of at most 255 bytes in UTF-8."""
@@ -280,21 +120,19 @@ def tag(name):
 
 @contextlib.contextmanager
 def _tag(name):
-    stack = getattr(_pools._thread, "stack", None)
-    if stack is None:
-        stack = _pools._thread.stack = []
-    _call("vmmshim_set_allocation_tag", name.encode() if name is not None else None)
+    stack = _tag_state.tag_stack()
+    _library.call("vmmshim_set_allocation_tag", name.encode() if name is not None else None)
     stack.append(name)
     routes = []
     try:
-        if _lib is not None:
+        if _library.handle() is not None:
             routes = _pools.enter_tag(name)
         yield
     finally:
         _pools.leave_tag(routes)
         stack.pop()
         previous = stack[-1] if stack else None
-        _call("vmmshim_set_allocation_tag", previous.encode() if previous is not None else None)
+        _library.call("vmmshim_set_allocation_tag", previous.encode() if previous is not None else None)
 
 
 def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
@@ -333,16 +171,16 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
         selected = _pools.Selection(keep=except_tags)
     else:
         selected = _pools.Selection(only=tag)
-    if _api() is None:
+    if _library.api() is None:
         return 0
     undo = _pools.before_pause(selected)
     try:
         if except_tags is not None:
             keep = (ctypes.c_char_p * max(1, len(except_tags)))(*[t.encode() for t in except_tags])
-            rc = _call("vmmshim_pause_memory_except", keep, len(except_tags), flags,
+            rc = _library.call("vmmshim_pause_memory_except", keep, len(except_tags), flags,
                        ctypes.byref(n))
         else:
-            rc = _call("vmmshim_pause_memory", tag.encode() if tag is not None else None, flags,
+            rc = _library.call("vmmshim_pause_memory", tag.encode() if tag is not None else None, flags,
                        ctypes.byref(n))
     except BaseException:
         _pools.pause_failed(undo)
@@ -362,20 +200,20 @@ def resume(tag=None):
     every CuPy pool's free blocks) and the resume is tried once more."""
     n = ctypes.c_size_t(0)
     encoded = _check_tag("resume", tag)
-    if _api() is None:
+    if _library.api() is None:
         return 0
     selected = _pools.Selection(only=tag)
     frameworks = _pools.before_resume(selected)
     ok = False
     try:
         try:
-            rc = _call("vmmshim_resume_memory", encoded, ctypes.byref(n))
+            rc = _library.call("vmmshim_resume_memory", encoded, ctypes.byref(n))
         except VmmshimError as e:
             # The work done while paused may have left its memory in the
             # framework's cache (an unpaused pool); given back, once more.
-            if e.code != _OUT_OF_MEMORY or not _pools.release_cached(frameworks):
+            if e.code != _library.OUT_OF_MEMORY or not _pools.release_cached(frameworks):
                 raise
-            rc = _call("vmmshim_resume_memory", encoded, ctypes.byref(n))
+            rc = _library.call("vmmshim_resume_memory", encoded, ctypes.byref(n))
         ok = rc is not None
     finally:
         _pools.after_resume(frameworks, selected, ok)
@@ -384,19 +222,19 @@ def resume(tag=None):
 
 def grant_peer_access(obj, peer_device):
     """Lets `peer_device` access the allocation containing `obj`."""
-    _call("vmmshim_grant_peer_access", _ptr(obj), peer_device)
+    _library.call("vmmshim_grant_peer_access", _library.ptr(obj), peer_device)
 
 
 def revoke_peer_access(obj, peer_device):
     """Takes `peer_device`'s access to it away, whatever the policy says."""
-    _call("vmmshim_revoke_peer_access", _ptr(obj), peer_device)
+    _library.call("vmmshim_revoke_peer_access", _library.ptr(obj), peer_device)
 
 
 def query_peer_access(obj, peer_device):
     """True or False: whether `peer_device` can access it (paused: after resume);
     None without the shim."""
     has = ctypes.c_int(0)
-    rc = _call("vmmshim_query_peer_access", _ptr(obj), peer_device, ctypes.byref(has))
+    rc = _library.call("vmmshim_query_peer_access", _library.ptr(obj), peer_device, ctypes.byref(has))
     return None if rc is None else bool(has.value)
 
 
@@ -404,7 +242,7 @@ def release_cached_memory(device=-1):
     """Gives the memory the shim keeps for reuse on `device` (-1: all) back to
     the driver. Returns the bytes released."""
     n = ctypes.c_size_t(0)
-    rc = _call("vmmshim_release_cached_memory", device, ctypes.byref(n))
+    rc = _library.call("vmmshim_release_cached_memory", device, ctypes.byref(n))
     return 0 if rc is None else n.value
 
 
@@ -415,37 +253,21 @@ def paused_contents(obj, nbytes):
     keep it). None when the memory is not paused with its contents (or
     without the shim). VmmshimError for memory the shim does not serve or a
     range past the allocation's end."""
-    address = _paused_address(obj, nbytes)
+    address = _library.paused_address(obj, nbytes)
     if address is None:
         return None
     return memoryview((ctypes.c_char * nbytes).from_address(address)).toreadonly()
-
-
-def _paused_address(obj, nbytes):
-    """The host address of paused_contents, or None."""
-    if nbytes < 0:
-        raise ValueError("vmmshim.paused_contents: nbytes must be 0 or more")
-    lib = _api()
-    if lib is None or not hasattr(lib, "vmmshim_get_paused_contents"):
-        return None
-    host = ctypes.c_void_p()
-    rc = lib.vmmshim_get_paused_contents(_ptr(obj), nbytes, ctypes.byref(host))
-    if rc in (_NOT_FOUND, _NOT_SUPPORTED):
-        return None
-    if rc != 0:
-        raise VmmshimError("vmmshim_get_paused_contents", rc)
-    return host.value
 
 
 def _document(name):
     """A JSON document from one of the buffer-filling calls, as a dict; None
     without the shim."""
     needed = ctypes.c_size_t(0)
-    if _call(name, None, 0, ctypes.byref(needed)) is None:
+    if _library.call(name, None, 0, ctypes.byref(needed)) is None:
         return None
     for _ in range(3):  # the document may grow between the two calls
         buf = ctypes.create_string_buffer(needed.value + 4096)
-        rc = getattr(_api(), name)(buf, len(buf), ctypes.byref(needed))
+        rc = getattr(_library.api(), name)(buf, len(buf), ctypes.byref(needed))
         if rc == 0:
             return json.loads(buf.value.decode())
         if rc != 1:
@@ -476,9 +298,9 @@ def record_memory_history(enabled=True, max_entries=0, stacks=0):
     torch.cuda.memory._record_memory_history, for all of the process's
     device memory the shim serves. VMMSHIM_SNAPSHOT_FILE starts it at
     start-up. Nothing without the shim."""
-    if _api() is None or not hasattr(_api(), "vmmshim_record_memory_history"):
+    if _library.api() is None or not hasattr(_library.api(), "vmmshim_record_memory_history"):
         return None
-    _call("vmmshim_record_memory_history", 1 if enabled else 0, max_entries, stacks)
+    _library.call("vmmshim_record_memory_history", 1 if enabled else 0, max_entries, stacks)
     return None
 
 
@@ -489,13 +311,10 @@ def snapshot(path):
     the shim holds with its allocations, tags and caller libraries, and the
     recorded history. Returns the path, or None without the shim.
     VmmshimError (304) when the file cannot be written (the log says why)."""
-    lib = _api()
+    lib = _library.api()
     if lib is None or not hasattr(lib, "vmmshim_write_snapshot"):
         return None
-    if _call("vmmshim_write_snapshot", os.fsencode(os.fspath(path))) is None:
+    if _library.call("vmmshim_write_snapshot", os.fsencode(os.fspath(path))) is None:
         return None
     return os.fspath(path)
 
-
-# A whole process's deep sleep (docs/deep-sleep.md).
-from vmmshim._sleep import SleepError, sleep, wake  # noqa: E402

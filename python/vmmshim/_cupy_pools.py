@@ -1,7 +1,7 @@
 """CuPy's default memory pool kept off paused memory: an allocator in its
 place that picks a pool per tag, and the pause pool (the rules are in
 vmmshim/_pools.py, which calls this under its lock)."""
-from vmmshim._pools import _lock, current_tag
+from vmmshim._tag_state import current_tag, lock
 
 
 class CupyPools:
@@ -44,7 +44,7 @@ class CupyPools:
         return any(p is pool for p in self.paused_pools)
 
     def _pool(self, tag):
-        with _lock:
+        with lock:
             if not tag:
                 if "" not in self.paused:
                     return self.default

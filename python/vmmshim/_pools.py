@@ -49,23 +49,15 @@ Rooms: this module holds the rules' entry points (what vmmshim.tag, pause
 and resume call) and the warning about allocators it cannot help;
 _torch_pools.py and _cupy_pools.py hold each framework's part.
 
-Thread safety: one lock; PyTorch's and CuPy's calls made under it take their
+Thread safety: one lock (vmmshim/_tag_state.py); PyTorch's and CuPy's calls made under it take their
 own locks only. Exactness: a pause is exact for allocations made before the
 call and after it returns; an allocation another thread makes during the
 pause call itself may land in memory being paused, as with any allocator.
 """
 import sys
-import threading
 import warnings
 
-_lock = threading.RLock()
-_thread = threading.local()
-
-
-def current_tag():
-    """The innermost vmmshim.tag of this thread ("" untagged)."""
-    stack = getattr(_thread, "stack", None)
-    return (stack[-1] or "") if stack else ""
+from vmmshim._tag_state import current_tag, lock
 
 
 class Selection:
@@ -116,7 +108,7 @@ def enter_tag(tag):
     """Called by vmmshim.tag on entry, after the thread's tag is set; returns
     the undo for leave_tag."""
     tag = tag or ""
-    with _lock:
+    with lock:
         tokens = []
         for fw in _frameworks():
             if hasattr(fw, "enter"):  # PyTorch's: routes are per thread
@@ -127,22 +119,22 @@ def enter_tag(tag):
 
 
 def leave_tag(tokens):
-    with _lock:
+    with lock:
         for fw, token in reversed(tokens):
             fw.exit(token)
 
 
 def before_pause(selected):
     """Returns the undo for pause_failed."""
-    with _lock:
+    with lock:
         fws = _frameworks()
     warn_unsafe_allocators()
-    with _lock:
+    with lock:
         return [(fw, fw.before_pause(selected)) for fw in fws]
 
 
 def after_pause(undo):
-    with _lock:
+    with lock:
         for fw, u in undo:
             hook = getattr(fw, "after_pause", None)
             if hook is not None:
@@ -150,13 +142,13 @@ def after_pause(undo):
 
 
 def pause_failed(undo):
-    with _lock:
+    with lock:
         for fw, u in undo:
             fw.pause_failed(u)
 
 
 def before_resume(selected):
-    with _lock:
+    with lock:
         fws = _frameworks()
         for fw in fws:
             fw.before_resume(selected)
@@ -164,7 +156,7 @@ def before_resume(selected):
 
 
 def after_resume(fws, selected, ok):
-    with _lock:
+    with lock:
         for fw in fws:
             fw.after_resume(selected, ok)
 
@@ -172,7 +164,7 @@ def after_resume(fws, selected, ok):
 def release_cached(fws):
     """Gives the frameworks' cached free memory back to the driver (for a
     resume that ran short); whether there was a framework to ask."""
-    with _lock:
+    with lock:
         for fw in fws:
             fw.release_cached()
         return bool(fws)

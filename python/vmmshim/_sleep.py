@@ -5,6 +5,8 @@ controller (cli/sleep_command.h says what each does and refuses)."""
 import os
 import subprocess
 
+from vmmshim import _library
+
 
 class SleepError(RuntimeError):
     """`vmmshim sleep` or `vmmshim wake` refused or failed; the message is its
@@ -14,10 +16,9 @@ class SleepError(RuntimeError):
 def _command():
     """bin/vmmshim: the wheel's, else the one next to the loaded library (a
     build tree)."""
-    import vmmshim
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.path.join(here, "bin", "vmmshim")]
-    loaded = vmmshim._loaded_library()
+    loaded = _library.loaded_library()
     if loaded:
         candidates += [os.path.join(os.path.dirname(loaded), "vmmshim"),
                        os.path.join(os.path.dirname(loaded), "..", "bin", "vmmshim")]

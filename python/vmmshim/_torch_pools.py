@@ -3,7 +3,7 @@ device, the pause pool, and the state PyTorch keeps for good (the rules are
 in vmmshim/_pools.py, which calls this under its lock)."""
 import threading
 
-from vmmshim._pools import _thread
+from vmmshim._tag_state import thread
 
 
 class TorchPools:
@@ -117,9 +117,9 @@ class TorchPools:
         torch = self.torch
         if not self.native or torch.cuda.is_current_stream_capturing():
             return None  # the shim's stream-ordered memory; or the capture's pool
-        stack = getattr(_thread, "torch_routes", None)
+        stack = getattr(thread, "torch_routes", None)
         if stack is None:
-            stack = _thread.torch_routes = []
+            stack = thread.torch_routes = []
         self.known.add(tag)
         if not tag and not stack:
             return None  # untagged, outside every tag: the default pool
@@ -160,7 +160,7 @@ class TorchPools:
             stack.append(key)
 
     def exit(self, tokens):
-        stack = _thread.torch_routes
+        stack = thread.torch_routes
         for kind, key, pool_id in reversed(tokens):
             self.end(key[1], pool_id)
             self.release(key[1], pool_id)  # a primary pool keeps its MemPool's count

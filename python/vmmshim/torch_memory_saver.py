@@ -32,6 +32,7 @@ import types
 from typing import Optional
 
 import vmmshim
+from vmmshim import _library
 
 __all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "is_xpu"]
 
@@ -255,7 +256,7 @@ class TorchMemorySaver:
         assert x.is_contiguous(), f"{x.shape=} {x.stride()=} {x.dtype=}"
         self._ensure_initialized()
         nbytes = x.nbytes
-        address = vmmshim._paused_address(x.data_ptr(), nbytes)
+        address = _library.paused_address(x.data_ptr(), nbytes)
         if address is None:
             return None
         if nbytes == 0:
@@ -290,7 +291,7 @@ class TorchMemorySaver:
         if value < 0:
             raise ValueError("memory_margin_bytes must be 0 or more")
         self._ensure_initialized()
-        lib = vmmshim._api()
+        lib = _library.api()
         lib.vmmshim_set_memory_margin.argtypes = [ctypes.c_size_t]
         lib.vmmshim_set_memory_margin.restype = ctypes.c_int
         rc = lib.vmmshim_set_memory_margin(value)

@@ -424,16 +424,18 @@ class PoolsTest(unittest.TestCase):
         return ptrs[1::2]
 
     def call_with(self, name, before):
-        """vmmshim's C calls, with `before()` run just ahead of `name`."""
-        real = vmmshim._call
+        """vmmshim's C calls (vmmshim/_library.py), with `before()` run just
+        ahead of `name`."""
+        from vmmshim import _library
+        real = _library.call
 
         def call(n, *args):
             if n == name:
                 before()
             return real(n, *args)
 
-        vmmshim._call = call
-        self.addCleanup(setattr, vmmshim, "_call", real)
+        _library.call = call
+        self.addCleanup(setattr, _library, "call", real)
 
     def in_tag_on_a_thread(self, tag, first, then):
         """Starts a thread that enters vmmshim.tag(tag) and runs first(); once

@@ -101,15 +101,15 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
         self.saver.retain_cpu_backup = True
         self.assertTrue(self.saver.retain_cpu_backup)
         self.c.tms_pause(b"retained")
-        address = vmmshim._paused_address(p, 4 * MIB)
+        address = vmmshim._library.paused_address(p, 4 * MIB)
         flags = ctypes.c_uint()
         self.assertEqual(self.cu.cuMemHostGetFlags(ctypes.byref(flags), address), 0)  # pinned
         self.c.tms_resume(b"retained")
         self.assertEqual(self.read(p, len(first)), first)
-        self.assertEqual(vmmshim._paused_address(p, 4 * MIB), address)  # kept, same place
+        self.assertEqual(vmmshim._library.paused_address(p, 4 * MIB), address)  # kept, same place
         self.write(p, second)
         self.c.tms_pause(b"retained")
-        self.assertEqual(vmmshim._paused_address(p, 4 * MIB), address)
+        self.assertEqual(vmmshim._library.paused_address(p, 4 * MIB), address)
         self.assertEqual(vmmshim.paused_contents(p, len(second)).tobytes(), second)
         self.saver.retain_cpu_backup = False
         self.c.tms_resume(b"retained")
