@@ -170,17 +170,23 @@ def ptr(obj):
     raise TypeError(f"vmmshim: not a device pointer: {type(obj).__name__}")
 
 
-def loaded_library():
-    """The path of the libvmmshim.so mapped into this process, or None."""
+def mapped_library(basename):
+    """The path of the shared library `basename` mapped into this process
+    (/proc/self/maps), or None."""
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 fields = line.split(None, 5)
-                if len(fields) == 6 and os.path.basename(fields[5].strip()) == "libvmmshim.so":
+                if len(fields) == 6 and os.path.basename(fields[5].strip()) == basename:
                     return fields[5].strip()
     except OSError:
         pass
     return None
+
+
+def loaded_library():
+    """The path of the libvmmshim.so mapped into this process, or None."""
+    return mapped_library("libvmmshim.so")
 
 
 def paused_address(obj, nbytes):

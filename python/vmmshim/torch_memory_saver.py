@@ -64,15 +64,7 @@ def is_xpu() -> bool:
 
 def _loaded_tms_library():
     """The libvmmshim_tms.so mapped into this process (preloaded), or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(None, 5)[-1]
-                if os.path.basename(path) == _TMS_LIBRARY:
-                    return path
-    except OSError:
-        pass
-    return None
+    return _library.mapped_library(_TMS_LIBRARY)
 
 
 def tms_library_path():
