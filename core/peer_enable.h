@@ -6,7 +6,7 @@
 // by VMMSHIM_PEER_ENABLE_DRIVER:
 //   - kDriver (1, default): the real cuCtxEnablePeerAccess decides and its
 //     code is returned unchanged. Only after it succeeded are the policy's
-//     VMM grants made (Allocator::EnablePeer(current device, peer's device));
+//     VMM grants made (PeerGrants::EnablePeer(current device, peer's device));
 //     when they fail, the driver's enable is undone with
 //     cuCtxDisablePeerAccess and the grant's code is returned. When the
 //     devices cannot be read after the driver accepted, CUDA_SUCCESS (no
@@ -23,15 +23,15 @@
 //        cuCtxGetDevice's code, unchanged; likewise cuDeviceCanAccessPeer's)
 //       CUDA_ERROR_PEER_ACCESS_UNSUPPORTED    cuDeviceCanAccessPeer says 0
 //       CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED the pair is enabled already
-//       the grant's code (core/driver/cu_status.h)   Allocator::EnablePeer failed;
+//       the grant's code (core/driver/cu_status.h)   PeerGrants::EnablePeer failed;
 //                                             the pair is not recorded
 //     Disable: CUDA_ERROR_INVALID_CONTEXT (no current context, peer
 //     nullptr), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED (pair not enabled).
 // In both modes a successful disable then revokes the grants
-// (Allocator::DisablePeer); a revoke failure is logged, not returned (the
+// (PeerGrants::DisablePeer); a revoke failure is logged, not returned (the
 // driver's disable has happened). Enables nest per device pair: two
 // contexts of one device that enable the same owner need two disables
-// before its grants go (Allocator::EnablePeer's count).
+// before its grants go (PeerGrants::EnablePeer's count).
 //
 // Thread safety: Enable and Disable may be called concurrently (the
 // allocator and PeerContexts lock; the push/pop of `peer` is on the calling
@@ -70,7 +70,7 @@ class PeerEnable {
       : driver_(driver), allocator_(allocator), contexts_(contexts), mode_(mode) {}
 
   // cuCtxEnablePeerAccess(peer, flags) for the current context. Its
-  // duration (steady clock) goes to Allocator::NotePeerEnable, whatever it
+  // duration (steady clock) goes to CallCounters::PeerEnable (core/allocator_stats.h), whatever it
   // returns: the statistics' time in cuCtxEnablePeerAccess.
   CUresult Enable(CUcontext peer, unsigned int flags) const;
   // cuCtxDisablePeerAccess(peer) for the current context.

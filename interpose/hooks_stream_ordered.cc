@@ -1,6 +1,6 @@
 // Stream-ordered allocation hooks: cudaMallocAsync / cudaMallocFromPoolAsync
 // and the pool calls that must agree with what the shim serves
-// (Allocator::AllocateAsync and the pool methods state the rules;
+// (StreamOrderedFrontEnd::AllocateAsync and the pool methods state the rules;
 // docs/stream-ordered.md). cuMemFreeAsync is in hooks_memory.cc. Arguments
 // the driver would reject (NULL out-pointers, size 0, a NULL pool) and every
 // call the shim does not serve go to the real driver, so the application

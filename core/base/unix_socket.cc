@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,14 +15,7 @@
 
 namespace vmmshim {
 
-std::string DefaultSocketDirectory() {
-  // A relative path is refused by the configuration (config/config.cc,
-  // which warns): the default then, not the relative path.
-  if (const char* dir = std::getenv("VMMSHIM_IPC_DIR"); dir != nullptr && *dir == '/') {
-    return dir;
-  }
-  return absl::StrCat("/tmp/vmmshim-", geteuid());
-}
+std::string DefaultSocketDirectory() { return absl::StrCat("/tmp/vmmshim-", geteuid()); }
 
 std::string PrivateDirectoryProblem(const std::string& dir) {
   if (dir.empty() || dir.front() != '/') return "not an absolute path";

@@ -18,8 +18,9 @@
 
 namespace vmmshim {
 
-// The directory of the shim's sockets: VMMSHIM_IPC_DIR when it is an
-// absolute path, else /tmp/vmmshim-<euid>.
+// The directory of the shim's sockets when VMMSHIM_IPC_DIR does not name
+// one (the configuration reads the variable, once: config/config.h):
+// /tmp/vmmshim-<euid>.
 std::string DefaultSocketDirectory();
 
 // Makes `dir` (mode 0700) if it is missing and checks that it is private

@@ -225,7 +225,7 @@ class HeapArena {
   // denials are counted and logged.
   absl::Status ApplyPeerChange(int peer, bool stream_ordered = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Explicit grant (true) or revoke of `peer` on the allocation containing
-  // `ptr` (Allocator::SetPeerAccess states the rule).
+  // `ptr` (PeerGrants::SetPeerAccess in core/peer_grants.h states the rule).
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
   // The host copy of [ptr, ptr + bytes) while the block holding it is

@@ -449,7 +449,7 @@ void Ipc::AfterForkChild() {
   instance_ = 0;
   listener_pid_ = 0;
   if (g_socket_to_remove != nullptr) g_socket_to_remove->clear();  // the parent's socket
-  new (&mu_) Mutex;  // fresh: see Allocator::AfterForkChild
+  new (&mu_) Mutex;  // fresh: see Allocator::AfterFork
 }
 
 }  // namespace vmmshim

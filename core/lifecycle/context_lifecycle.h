@@ -12,7 +12,8 @@
 // in it) at the point where the driver frees its own:
 //   - PrimaryCtxReset: before the reset, synchronized (the context is still
 //     alive and may have work queued that uses the memory); then
-//     Allocator::ForgetContext, since the handle may come back as a new
+//     the allocator forgets the context (Allocator::ReleaseContext), since
+//     the handle may come back as a new
 //     context.
 //   - PrimaryCtxRelease: after a successful release that left the primary
 //     context inactive (the last reference), unsynchronized (the driver
