@@ -4,15 +4,17 @@ of this process, so that its exit status is the command's."""
 import os
 import sys
 
+from vmmshim import _library
+
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    binary = os.path.join(here, "bin", "vmmshim")
-    if not os.access(binary, os.X_OK):
+    binary = _library.command_path()
+    if binary is None:
         sys.stderr.write(
-            f"vmmshim: no command at {binary}: this copy of the Python package has no built "
-            "library and command (install the wheel that tools/build/build-wheel.sh makes, or "
-            "run build/vmmshim from a CMake build)\n")
+            "vmmshim: no command in this package's bin/ nor next to a loaded libvmmshim.so: "
+            "this copy of the Python package has no built library and command (install the "
+            "wheel that tools/build/build-wheel.sh makes, or run build/vmmshim from a CMake "
+            "build)\n")
         return 127
     os.execv(binary, [binary] + sys.argv[1:])
 

@@ -205,3 +205,18 @@ def paused_address(obj, nbytes):
     if rc != 0:
         raise VmmshimError("vmmshim_get_paused_contents", rc)
     return host.value
+
+
+def command_path():
+    """The `vmmshim` command (cli/vmmshim_cli.cc): the wheel's bin/vmmshim,
+    else the one next to the loaded libvmmshim.so (a build tree) or in its
+    ../bin (an install); None when there is none."""
+    candidates = [os.path.join(_PACKAGE_DIR, "bin", "vmmshim")]
+    loaded = loaded_library()
+    if loaded:
+        candidates += [os.path.join(os.path.dirname(loaded), "vmmshim"),
+                       os.path.join(os.path.dirname(loaded), "..", "bin", "vmmshim")]
+    for c in candidates:
+        if os.access(c, os.X_OK):
+            return c
+    return None

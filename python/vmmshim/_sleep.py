@@ -14,18 +14,11 @@ class SleepError(RuntimeError):
 
 
 def _command():
-    """bin/vmmshim: the wheel's, else the one next to the loaded library (a
-    build tree)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.path.join(here, "bin", "vmmshim")]
-    loaded = _library.loaded_library()
-    if loaded:
-        candidates += [os.path.join(os.path.dirname(loaded), "vmmshim"),
-                       os.path.join(os.path.dirname(loaded), "..", "bin", "vmmshim")]
-    for c in candidates:
-        if os.access(c, os.X_OK):
-            return c
-    raise SleepError("vmmshim: no vmmshim command next to the package or the library")
+    """The vmmshim command (vmmshim/_library.py, command_path)."""
+    path = _library.command_path()
+    if path is None:
+        raise SleepError("vmmshim: no vmmshim command next to the package or the library")
+    return path
 
 
 def _run(*args):
