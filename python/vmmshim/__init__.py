@@ -65,10 +65,7 @@ def environment(env=None, **options):
     log_file, snapshot (values as strings or ints; None leaves the variable as it is).
     For subprocess.run(cmd, env=vmmshim.environment(stats="/tmp/s.%p.json"))."""
     out = dict(os.environ if env is None else env)
-    lib = library_path()
-    rest = [p for p in out.get("LD_PRELOAD", "").replace(":", " ").split()
-            if os.path.basename(p) != "libvmmshim.so"]
-    out["LD_PRELOAD"] = " ".join([lib] + rest)
+    out["LD_PRELOAD"] = _library.preload_with(out.get("LD_PRELOAD", ""), [library_path()])
     for key, value in options.items():
         if key not in _OPTIONS:
             raise TypeError(f"vmmshim.environment: unknown option {key!r}; expected one of "

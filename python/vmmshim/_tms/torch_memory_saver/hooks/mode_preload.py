@@ -18,15 +18,14 @@ def configure_subprocess():
     import the drop-in (PYTHONPATH); both restored after."""
     lib = str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
     saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "PYTHONPATH")}
-    rest = [p for p in (saved["LD_PRELOAD"] or "").replace(" ", ":").split(":") if p and p != lib]
+    first = [lib]
     if os.path.basename(lib) == "libvmmshim_tms.so":
         # Ours needs the shim preloaded too (its hooks, dlsym's among them,
         # must come before the C library's).
         import vmmshim
-        shim = vmmshim.library_path()
-        if not any(os.path.realpath(p) == os.path.realpath(shim) for p in rest):
-            rest.insert(0, shim)
-    os.environ["LD_PRELOAD"] = ":".join([lib] + rest)
+        first.append(vmmshim.library_path())
+    from vmmshim import _library
+    os.environ["LD_PRELOAD"] = _library.preload_with(saved["LD_PRELOAD"], first)
     paths = [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p and p != _TMS_PATH]
     os.environ["PYTHONPATH"] = os.pathsep.join([_TMS_PATH] + paths)
     try:
