@@ -27,6 +27,7 @@
 #include <dlfcn.h>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "tests/sim/sim_driver.h"
 
 namespace {
@@ -102,7 +103,8 @@ int main(int argc, char** argv) {
     }
     api = sim::Api();
   }
-  vmmshim::Allocator a(api);
+  vmmshim::ShimCore shim(api);
+  vmmshim::Allocator& a = shim.allocator();
 
   // The resident set of bench/alloc_bench.cc (log-uniform 256 B .. 8 MiB).
   std::mt19937_64 rng(7);

@@ -1,27 +1,25 @@
-// The VMM allocator: device memory from cuMemCreate physical handles mapped
-// into reserved virtual address ranges (CUDA Programming Guide section 4.16,
-// "Virtual Memory Management"), with per-allocation peer access.
+// The allocation surface of the VMM allocator: device memory from
+// cuMemCreate physical handles mapped into reserved virtual address ranges
+// (CUDA Programming Guide section 4.16, "Virtual Memory Management"), with
+// per-allocation peer access.
 //
-// Allocator is the facade over rooms that each own one thing
-// (docs/architecture.md):
+// Allocator serves the program's allocations and frees and the events that
+// change what it holds (a capture ending, a context going). It finds the
+// device of the current context and the arena of a pointer, decides the
+// placement (policy), and synchronizes before frees; the memory itself comes
+// from the rooms below, which ShimCore (core/shim_core.h) builds and owns:
 //   - HeapTable (core/heap/heap_table.h): every device's heap
 //     (core/heap/device_heap.h: per-thread arenas, core/heap/heap_arena.h:
 //     blocks, packed granules, the cache; shapes, rounding, alignment,
 //     caching and address ranges are specified there) and what they share;
 //   - StreamOrderedFrontEnd (core/stream_ordered/stream_ordered_front_end.h):
-//     cuMemAllocAsync and the default pools, through stream_ordered();
-//   - PauseCoordinator (core/heap/pause.h): pause and resume by tag, through
-//     pause();
+//     which freed stream-ordered blocks a cuMemFree must not free twice;
 //   - SyncCombiner (core/sync/context_sync.h): frees' context synchronizes,
 //     shared by concurrent frees;
-//   - VmmMapper (core/driver/vmm_mapping.h): the only caller of the VMM
-//     entry points, undoing every multi-step sequence on failure;
-//   - PeerGrants (core/peer_grants.h): device-pair peer enables and
-//     per-allocation grants, through peers();
 //   - CaptureTracker (core/sync/capture.h): stream captures in progress, and
 //     the driver's rule for calls made during one.
-// The facade finds the device of the current context, the arena of a
-// pointer, decides the placement (policy), and synchronizes before frees.
+// What asks about or steers the memory (statistics, residency, trim,
+// export, the memory margin) is MemoryControl (core/memory_control.h).
 //
 // Errors: absl::Status carrying the exact CUresult (core/driver/cu_status.h). A
 // pointer outside the shim's VA gets NotShimMemory() from every method that
@@ -36,11 +34,10 @@
 // cannot be synchronized: frees are then deferred (core/sync/capture.h states
 // the driver's codes, which the shim gives exactly).
 //
-// Thread safety: all methods may be called concurrently, except ReleaseAll
-// and destruction, which must not overlap other calls. Lock order: the one
+// Thread safety: all methods may be called concurrently. Lock order: the one
 // table of core/sync/lock_order.h.
 //
-// Process exit: the shim never destroys its Allocator. When the driver is
+// Process exit: the shim never destroys its ShimCore. When the driver is
 // already torn down (CUDA_ERROR_DEINITIALIZED, seen when cudart frees at
 // exit), Free() forgets the allocation without further driver calls and
 // returns that code, as the driver itself would.
@@ -52,26 +49,15 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/allocator_stats.h"
-#include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
-#include "core/driver/vmm_mapping.h"
-#include "core/foreign/foreign_vmm.h"
-#include "core/heap/export_registry.h"
 #include "core/heap/heap_table.h"
-#include "core/heap/pause.h"
 #include "core/heap/types.h"
 #include "core/history/memory_history.h"
-#include "core/peer_grants.h"
 #include "core/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_front_end.h"
 #include "core/sync/capture.h"
@@ -132,25 +118,16 @@ struct AllocatorOptions {
   MemoryHistory* history = nullptr;
 };
 
-// An allocation made shareable by Export.
-struct ExportedAllocation {
-  ExportToken token{};       // 128 random bits naming this export
-  uint64_t offset = 0;       // of the allocation inside its physical handle
-  uint64_t size = 0;         // the allocation's requested bytes
-  uint64_t handle_size = 0;  // the physical handle's bytes (what an importer maps)
-  int device = -1;
-};
-
 class Allocator {
  public:
-  static constexpr int kMaxDevices = vmmshim::kMaxDevices;
   using Allocation = vmmshim::Allocation;
 
-  // `driver` must outlive the allocator.
-  explicit Allocator(const DriverApi& driver, AllocatorOptions options = {});
-  // Releases everything still held (see ReleaseAll).
-  ~Allocator();
-
+  // Everything referenced must outlive the allocator (ShimCore owns it all).
+  // `memory_margin_bytes`: MemoryControl::SetMemoryMarginBytes.
+  Allocator(const DriverApi& driver, const AllocatorOptions& options, HeapTable& heaps,
+            CaptureTracker& captures, SyncCombiner& free_syncs,
+            StreamOrderedFrontEnd& stream_ordered,
+            const std::atomic<uint64_t>& memory_margin_bytes);
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
@@ -164,7 +141,7 @@ class Allocator {
   // Fast path: a cached block or a free run of an open granule of the
   // placement, with no driver call beyond cuCtxGetCurrent.
   // `origin`: who asked (a CallerLibraries id, core/history/caller_library.h),
-  // kept with the allocation for Segments().
+  // kept with the allocation for MemoryControl::Segments().
   absl::StatusOr<Allocation> Allocate(size_t bytes, absl::string_view tag = "",
                                       uint16_t origin = 0);
 
@@ -179,76 +156,20 @@ class Allocator {
   absl::Status Free(CUdeviceptr ptr);
 
   // cuMemFreeAsync of shim memory on `stream` (`per_thread`: the _ptsz entry
-  // point). Stream-ordered memory goes to stream_ordered(). Other shim memory
-  // (cudaMalloc; natively freed in stream order too): the free must not
-  // happen before the work queued on the stream is done, so the stream is
-  // synchronized, then the memory freed as Free does. During captures, the
-  // driver's codes, measured on H200 (core/sync/capture.h): on a capturing
-  // stream CUDA_ERROR_INVALID_VALUE (a graph frees only graph allocations)
-  // and the capture goes on; on another stream the driver's verdict on an
-  // unsafe call, and the free deferred where it is allowed.
+  // point). Stream-ordered memory goes to the stream-ordered front end.
+  // Other shim memory (cudaMalloc; natively freed in stream order too): the
+  // free must not happen before the work queued on the stream is done, so
+  // the stream is synchronized, then the memory freed as Free does. During
+  // captures, the driver's codes, measured on H200 (core/sync/capture.h): on
+  // a capturing stream CUDA_ERROR_INVALID_VALUE (a graph frees only graph
+  // allocations) and the capture goes on; on another stream the driver's
+  // verdict on an unsafe call, and the free deferred where it is allowed.
   absl::Status FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread);
-
-  // Stream-ordered allocation and the default pools.
-  StreamOrderedFrontEnd& stream_ordered() { return stream_ordered_; }
-  // Pause and resume by tag.
-  PauseCoordinator& pause() { return pause_; }
-  const PauseCoordinator& pause() const { return pause_; }
 
   // The live allocation containing `ptr`: NotShimMemory() outside the
   // shim's VA, CUDA_ERROR_NOT_FOUND inside it but not in a live allocation.
   absl::StatusOr<PointerInfo> Find(CUdeviceptr ptr) const;
 
-  // What the shim holds on every device it served now, by tag and kind
-  // (core/heap/types.h: DeviceResidency), with the stream-ordered cache's
-  // part and the live passed-through allocations; device order.
-  std::vector<DeviceResidency> Residency() const;
-
-  // Every block the heaps hold (mapped, cached or paused), each with its
-  // live allocations and free space in address order; device order, then
-  // address order within each arena. The stream-ordered cache's blocks are
-  // live allocations here (the program freed them; they wait for their
-  // stream). Takes each arena's lock in turn: a consistent view per arena,
-  // not across them.
-  std::vector<SegmentInfo> Segments() const;
-
-  // Bytes the shim holds mapped on `device` that serve no allocation (its
-  // cache); these count as free memory.
-  size_t IdleBytes(int device) const;
-
-  // Releases the cache of `device` (-1: every device) to the driver, and
-  // completes frees deferred by captures that have ended; returns the bytes
-  // released. Allocation also does this by itself, once, before reporting
-  // CUDA_ERROR_OUT_OF_MEMORY.
-  size_t Trim(int device = -1);
-
-  // Makes the live allocation containing `ptr` shareable with other
-  // processes: returns a token that ExportFd accepts until the allocation is
-  // freed. Exporting the same allocation again returns the same token.
-  // Exported memory is never cached for reuse, and a packed granule holding
-  // an exported allocation takes no new allocations. The importer can map
-  // the whole physical handle, which for a packed allocation is its granule.
-  // Errors: CUDA_ERROR_INVALID_VALUE when `ptr` is not in a live shim
-  // allocation, or its memory was created without the POSIX-fd handle type.
-  absl::StatusOr<ExportedAllocation> Export(CUdeviceptr ptr);
-
-  // A new POSIX file descriptor for the physical handle behind the export
-  // named by `token`, when `offset` and `size` match it (the caller owns and
-  // closes the descriptor); *handle_size is set to the handle's bytes.
-  // CUDA_ERROR_INVALID_VALUE when no live export has this token or
-  // offset/size differ; otherwise the driver's cuMemExportToShareableHandle
-  // error.
-  absl::StatusOr<int> ExportFd(const ExportToken& token, uint64_t offset, uint64_t size,
-                               uint64_t* handle_size);
-
-  // The devices that should access `bytes` of memory used on `device` that
-  // the shim maps but did not allocate (IPC imports): `device` itself and
-  // the peers that enabled access to it and that the policy allows for an
-  // untagged allocation of this size.
-  DeviceSet AccessTargets(int device, size_t bytes);
-
-  // Stream captures in progress (the hooks begin captures through it).
-  CaptureTracker& captures() { return captures_; }
   // cuStreamEndCapture(stream) returned: the tracker forgets the capture if
   // it is over, and when no capture is left, the frees deferred during the
   // captures complete (their contexts are synchronized once, here, so that
@@ -265,67 +186,18 @@ class Allocator {
   // afterwards (core/driver/context.h).
   size_t ReleaseContext(CUcontext context, bool synchronize);
 
-  // fork(): PrepareFork takes every lock of the allocator in the order of
-  // core/sync/lock_order.h; AfterFork releases them in the parent (in
-  // reverse) and gives the child (a single thread) fresh, unlocked mutexes.
-  // For pthread_atfork.
-  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  void AfterFork(bool in_child) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-
-  // Device-pair peer enables and per-allocation grants
-  // (core/peer_grants.h).
-  PeerGrants& peers() { return peers_; }
-  const PeerGrants& peers() const { return peers_; }
-  // The memory margin (torch_memory_saver's memory_margin_bytes): from now
-  // on a tagged allocation that needs new physical memory fails with
-  // CUDA_ERROR_OUT_OF_MEMORY when, after it, less than `bytes` of the
-  // device's memory would stay free (cuMemGetInfo). 0 (the default) turns
-  // it off. Allocations served from the cache, and untagged ones, are not
-  // checked: they are outside what the margin protects, and the cached
-  // path makes no driver call. Any thread.
-  void SetMemoryMarginBytes(uint64_t bytes) {
-    memory_margin_bytes_.store(bytes, std::memory_order_relaxed);
-  }
-  // The host copy of [ptr, ptr + bytes) of a paused allocation whose
-  // contents were kept (HeapArena::PausedContents states the rule): valid
-  // until the allocation is resumed or freed. CUDA_ERROR_INVALID_VALUE: not
-  // shim memory or past the allocation's end; CUDA_ERROR_NOT_FOUND: not
-  // paused, or paused without its contents.
-  absl::StatusOr<const void*> PausedContents(CUdeviceptr ptr, size_t bytes) const;
-
-  AllocatorStats GetStats() const;
-  // Calls the interposition layer counts (pass-throughs, peer enables).
-  CallCounters& counters() { return counters_; }
-  // Other libraries' own VMM memory, as the hooks observe it (residency).
-  ForeignVmm& foreign() { return foreign_; }
-  const ForeignVmm& foreign() const { return foreign_; }
-  const PeerPolicy& peer_policy() const { return options_.peer_policy; }
-
-  // Unmaps and releases every handle and frees every reservation, in the
-  // guide's order (unmap -> release -> address free). Live allocations become
-  // invalid. Returns the first driver error; continues past errors.
-  absl::Status ReleaseAll();
-
  private:
   // Free, with the capture gate held shared.
   absl::Status FreeGated(HeapArena* arena, CUdeviceptr ptr)
       ABSL_SHARED_LOCKS_REQUIRED(captures_.gate());
-  // HeapTable::ReclaimDeferred with this allocator's synchronize.
-  bool ReclaimDeferred();
 
   const DriverApi& driver_;
-  const AllocatorOptions options_;
-  const VmmMapper mapper_;
-  CaptureTracker captures_;
-  // Frees' synchronizes of their contexts, combined across threads.
-  SyncCombiner free_syncs_;
-  HeapTable heaps_;
-  StreamOrderedFrontEnd stream_ordered_;
-  PeerGrants peers_;
-  ForeignVmm foreign_;  // before pause_, which pauses it too
-  PauseCoordinator pause_;
-  CallCounters counters_;
-  std::atomic<uint64_t> memory_margin_bytes_{0};  // SetMemoryMarginBytes
+  const AllocatorOptions& options_;
+  HeapTable& heaps_;
+  CaptureTracker& captures_;
+  SyncCombiner& free_syncs_;
+  StreamOrderedFrontEnd& stream_ordered_;
+  const std::atomic<uint64_t>& memory_margin_bytes_;
 };
 
 }  // namespace vmmshim

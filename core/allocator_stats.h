@@ -1,4 +1,4 @@
-// The allocator's process-wide figures (Allocator::GetStats) and the
+// The allocator's process-wide figures (MemoryControl::GetStats) and the
 // counters of calls the interposition layer makes to the driver itself
 // (pass-throughs, peer enables), which those figures include. Bytes are
 // requested bytes unless a field says otherwise; seconds are wall time.

@@ -19,7 +19,7 @@ CUresult ContextDevice(const DriverApi& driver, CUcontext ctx, CUdevice* device)
 CUresult PeerEnable::Enable(CUcontext peer, unsigned int flags) const {
   const auto start = std::chrono::steady_clock::now();
   const CUresult r = EnableUntimed(peer, flags);
-  allocator_.counters().PeerEnable(static_cast<uint64_t>(
+  counters_.PeerEnable(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                            start)
           .count()));
@@ -36,7 +36,7 @@ CUresult PeerEnable::EnableUntimed(CUcontext peer, unsigned int flags) const {
         ContextDevice(driver_, peer, &owner) != CUDA_SUCCESS) {
       return CUDA_SUCCESS;  // the driver accepted it; nothing of ours to grant
     }
-    absl::Status granted = allocator_.peers().EnablePeer(me, owner);
+    absl::Status granted = grants_.EnablePeer(me, owner);
     if (!granted.ok()) {
       Log().error("granting peer {} access to device {} failed: {}", me, owner,
                   granted.ToString());
@@ -58,7 +58,7 @@ CUresult PeerEnable::EnableUntimed(CUcontext peer, unsigned int flags) const {
   }
   if (can == 0) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
   if (CUresult r = contexts_.Enable(current, peer); r != CUDA_SUCCESS) return r;
-  absl::Status granted = allocator_.peers().EnablePeer(me, owner);
+  absl::Status granted = grants_.EnablePeer(me, owner);
   if (!granted.ok()) contexts_.Disable(current, peer);
   return ToCuResult(granted);
 }
@@ -79,7 +79,7 @@ CUresult PeerEnable::Disable(CUcontext peer) const {
   }
   if (driver_.cuCtxGetDevice(&me) == CUDA_SUCCESS &&
       ContextDevice(driver_, peer, &owner) == CUDA_SUCCESS) {
-    absl::Status revoked = allocator_.peers().DisablePeer(me, owner);
+    absl::Status revoked = grants_.DisablePeer(me, owner);
     if (!revoked.ok()) {
       Log().warn("revoking peer {} access to device {}: {}", me, owner, revoked.ToString());
     }

@@ -1,6 +1,6 @@
 // cuCtxEnablePeerAccess / cuCtxDisablePeerAccess as the shim performs them:
 // the driver's (or the emulated) per-context-pair decision, then the
-// allocator's VMM grants for the device pair (docs/peer-access.md).
+// VMM grants for the device pair (PeerGrants) (docs/peer-access.md).
 //
 // The current context asks for access to `peer`'s memory. Two modes, chosen
 // by VMMSHIM_PEER_ENABLE_DRIVER:
@@ -34,7 +34,7 @@
 // before its grants go (PeerGrants::EnablePeer's count).
 //
 // Thread safety: Enable and Disable may be called concurrently (the
-// allocator and PeerContexts lock; the push/pop of `peer` is on the calling
+// grants' and PeerContexts' locks; the push/pop of `peer` is on the calling
 // thread's context stack only).
 //
 // Source of the behaviour: measured on an H200 (docs/architecture.md,
@@ -45,9 +45,10 @@
 
 #include <cuda.h>
 
-#include "core/allocator.h"
+#include "core/allocator_stats.h"
 #include "core/driver/driver_api.h"
 #include "core/peer_contexts.h"
+#include "core/peer_grants.h"
 
 namespace vmmshim {
 
@@ -60,14 +61,14 @@ enum class PeerEnableMode {
   kEmulated,  // VMMSHIM_PEER_ENABLE_DRIVER=0: PeerContexts decides
 };
 
-// Holds references only: `driver`, `allocator` and `contexts` must outlive
-// it. Cheap to construct per call; the state lives in `contexts` (used in
-// kEmulated mode only) and in the allocator.
+// Holds references only: `driver`, `grants`, `counters` and `contexts` must
+// outlive it. Cheap to construct per call; the state lives in `contexts`
+// (used in kEmulated mode only) and in `grants`.
 class PeerEnable {
  public:
-  PeerEnable(const DriverApi& driver, Allocator& allocator, PeerContexts& contexts,
-             PeerEnableMode mode)
-      : driver_(driver), allocator_(allocator), contexts_(contexts), mode_(mode) {}
+  PeerEnable(const DriverApi& driver, PeerGrants& grants, CallCounters& counters,
+             PeerContexts& contexts, PeerEnableMode mode)
+      : driver_(driver), grants_(grants), counters_(counters), contexts_(contexts), mode_(mode) {}
 
   // cuCtxEnablePeerAccess(peer, flags) for the current context. Its
   // duration (steady clock) goes to CallCounters::PeerEnable (core/allocator_stats.h), whatever it
@@ -80,7 +81,8 @@ class PeerEnable {
   CUresult EnableUntimed(CUcontext peer, unsigned int flags) const;
 
   const DriverApi& driver_;
-  Allocator& allocator_;
+  PeerGrants& grants_;
+  CallCounters& counters_;
   PeerContexts& contexts_;
   PeerEnableMode mode_;
 };

@@ -28,7 +28,7 @@ CUresult ExplicitAccess(const void* ptr, int peer, bool grant) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  return ToCuResult(rt->allocator->peers().SetPeerAccess(p, peer, grant));
+  return ToCuResult(rt->core->peers().SetPeerAccess(p, peer, grant));
 }
 }  // namespace
 
@@ -46,7 +46,7 @@ VMMSHIM_EXPORT int vmmshim_query_peer_access(const void* ptr, int peer_device,
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   absl::StatusOr<bool> has =
-      rt->allocator->peers().PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
+      rt->core->peers().PeerHasAccess(reinterpret_cast<CUdeviceptr>(ptr), peer_device);
   if (!has.ok()) return ToCuResult(has.status());
   *has_access = *has ? 1 : 0;
   return CUDA_SUCCESS;
@@ -59,7 +59,7 @@ VMMSHIM_EXPORT int vmmshim_get_paused_contents(const void* ptr, size_t bytes,
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   absl::StatusOr<const void*> copy =
-      rt->allocator->PausedContents(reinterpret_cast<CUdeviceptr>(ptr), bytes);
+      rt->core->control().PausedContents(reinterpret_cast<CUdeviceptr>(ptr), bytes);
   if (!copy.ok()) return ToCuResult(copy.status());
   *host = *copy;
   return CUDA_SUCCESS;
@@ -68,15 +68,15 @@ VMMSHIM_EXPORT int vmmshim_get_paused_contents(const void* ptr, size_t bytes,
 VMMSHIM_EXPORT int vmmshim_set_memory_margin(size_t bytes) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  rt->allocator->SetMemoryMarginBytes(bytes);
+  rt->core->control().SetMemoryMarginBytes(bytes);
   return CUDA_SUCCESS;
 }
 
 VMMSHIM_EXPORT int vmmshim_release_cached_memory(int device, size_t* released_bytes) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  if (device < -1 || device >= vmmshim::Allocator::kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
-  const size_t released = rt->allocator->Trim(device);
+  if (device < -1 || device >= vmmshim::kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
+  const size_t released = rt->core->control().Trim(device);
   if (released_bytes != nullptr) *released_bytes = released;
   return CUDA_SUCCESS;
 }
@@ -223,13 +223,13 @@ VMMSHIM_EXPORT int vmmshim_resume_memory_retaining_contents(const char* tag,
 VMMSHIM_EXPORT int vmmshim_get_statistics(char* buffer, size_t size, size_t* needed) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  return CopyOut(vmmshim::StatsJson(*rt->allocator, getpid()), buffer, size, needed);
+  return CopyOut(vmmshim::StatsJson(rt->core->control(), getpid()), buffer, size, needed);
 }
 
 VMMSHIM_EXPORT int vmmshim_get_residency(char* buffer, size_t size, size_t* needed) {
   const Runtime* rt = GetRuntime();
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-  return CopyOut(vmmshim::ResidencyJson(*rt->allocator, &rt->driver), buffer, size, needed);
+  return CopyOut(vmmshim::ResidencyJson(rt->core->control(), &rt->driver), buffer, size, needed);
 }
 
 VMMSHIM_EXPORT int vmmshim_record_memory_history(int enabled, size_t max_entries,

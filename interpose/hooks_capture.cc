@@ -13,7 +13,7 @@ CUresult BeginCapture(const Runtime* rt, Real real, bool per_thread, CUstream st
                       Args... args) {
   if (real == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (!rt->enabled()) return real(stream, args...);
-  return rt->allocator->captures().BeginCapture(stream, per_thread,
+  return rt->core->captures().BeginCapture(stream, per_thread,
                                                [&] { return real(stream, args...); });
 }
 

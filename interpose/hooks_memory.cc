@@ -54,7 +54,7 @@ VMMSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
                "VMM support); further ones are counted in the exit report");
     CUresult r = rt->driver.cuMemAlloc_v2(dptr, bytesize);
     if (r == CUDA_SUCCESS) {
-      rt->allocator->counters().PassThroughLive(*dptr, bytesize, CurrentDevice(*rt));
+      rt->core->counters().PassThroughLive(*dptr, bytesize, CurrentDevice(*rt));
       Trace(*rt, "alloc", bytesize, *dptr);
     }
     return r;
@@ -87,7 +87,7 @@ VMMSHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   if (!a->served) {
     CUresult r = rt->driver.cuMemAllocPitch_v2(dptr, pitch, width, height, element_size);
     if (r == CUDA_SUCCESS) {
-      rt->allocator->counters().PassThroughLive(*dptr, *pitch * height, CurrentDevice(*rt));
+      rt->core->counters().PassThroughLive(*dptr, *pitch * height, CurrentDevice(*rt));
     }
     return r;
   }
@@ -109,7 +109,7 @@ VMMSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
                "before the shim took over, or passed through); further ones are not logged");
     CUresult r = rt->driver.cuMemFree_v2(dptr);
     if (r == CUDA_SUCCESS) {
-      rt->allocator->counters().PassThroughFreed(dptr);
+      rt->core->counters().PassThroughFreed(dptr);
       Trace(*rt, "free", 0, dptr);
     }
     return r;
@@ -131,8 +131,8 @@ VMMSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   // first, as the driver would have at the last synchronize.
   CUdevice device = 0;
   if (rt->driver.cuCtxGetDevice(&device) == CUDA_SUCCESS) {
-    rt->allocator->stream_ordered().SettleStreamOrdered(device);
-    *free += rt->allocator->IdleBytes(device);
+    rt->core->stream_ordered().SettleStreamOrdered(device);
+    *free += rt->core->control().IdleBytes(device);
   }
   return r;
 }
@@ -164,7 +164,7 @@ void PatchAttribute(const Runtime& rt, const vmmshim::PointerInfo& info,
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       if (info.stream_ordered) {
-        *static_cast<CUmemoryPool*>(data) = rt.allocator->stream_ordered().DefaultPool(info.device);
+        *static_cast<CUmemoryPool*>(data) = rt.core->stream_ordered().DefaultPool(info.device);
       }
       break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:

@@ -10,7 +10,7 @@ using vmmshim::Runtime;
 namespace {
 
 vmmshim::PeerEnable PeerEnableOf(const Runtime& rt) {
-  return vmmshim::PeerEnable(rt.driver, *rt.allocator, rt.peer_contexts,
+  return vmmshim::PeerEnable(rt.driver, rt.core->peers(), rt.core->counters(), rt.peer_contexts,
                              rt.config.peer_enable_driver
                                  ? vmmshim::PeerEnableMode::kDriver
                                  : vmmshim::PeerEnableMode::kEmulated);

@@ -23,7 +23,7 @@ template <typename Real>
 CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
                     CUstream stream, bool per_thread, uint16_t library, Real real) {
   absl::StatusOr<vmmshim::Allocator::Allocation> a =
-      rt.allocator->stream_ordered().AllocateAsync(bytes, stream, per_thread, pool,
+      rt.core->stream_ordered().AllocateAsync(bytes, stream, per_thread, pool,
                                                    vmmshim::AllocationTag(), library);
   if (!a.ok()) {
     Log().debug("cuMemAllocAsync({}) -> {}", bytes, a.status().ToString());
@@ -33,7 +33,7 @@ CUresult AllocAsync(const Runtime& rt, CUdeviceptr* dptr, size_t bytes, CUmemory
   }
   if (!a->served) {
     CUresult r = real();
-    if (r == CUDA_SUCCESS) rt.allocator->counters().PassThrough(bytes);
+    if (r == CUDA_SUCCESS) rt.core->counters().PassThrough(bytes);
     return r;
   }
   *dptr = a->ptr;
@@ -103,7 +103,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessD
   // stream-ordered memory of that pool per allocation.
   CUresult r = rt->driver.cuMemPoolSetAccess(pool, map, count);
   if (r != CUDA_SUCCESS || !rt->enabled()) return r;
-  return ToCuResult(rt->allocator->stream_ordered().PoolAccessChanged(pool, map, count));
+  return ToCuResult(rt->core->stream_ordered().PoolAccessChanged(pool, map, count));
 }
 
 VMMSHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
@@ -122,7 +122,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attri
     default:
       return r;
   }
-  std::optional<vmmshim::StreamOrderedFigures> f = rt->allocator->stream_ordered().PoolFigures(pool);
+  std::optional<vmmshim::StreamOrderedFigures> f = rt->core->stream_ordered().PoolFigures(pool);
   if (!f) return r;
   // The driver's part (memory the shim did not serve) plus the shim's. A
   // high mark is the sum of the two high marks: never below the true one.
@@ -142,7 +142,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attri
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuMemPoolSetAttribute == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = rt->driver.cuMemPoolSetAttribute(pool, attr, value);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->stream_ordered().PoolAttributeSet(pool, attr, value);
+  if (r == CUDA_SUCCESS && rt->enabled()) rt->core->stream_ordered().PoolAttributeSet(pool, attr, value);
   return r;
 }
 
@@ -151,7 +151,7 @@ VMMSHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_k
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuMemPoolTrimTo == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = rt->driver.cuMemPoolTrimTo(pool, min_bytes_to_keep);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->stream_ordered().PoolTrimTo(pool, min_bytes_to_keep);
+  if (r == CUDA_SUCCESS && rt->enabled()) rt->core->stream_ordered().PoolTrimTo(pool, min_bytes_to_keep);
   return r;
 }
 
@@ -160,7 +160,7 @@ VMMSHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuDeviceSetMemPool == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = rt->driver.cuDeviceSetMemPool(device, pool);
-  if (r == CUDA_SUCCESS && rt->enabled()) rt->allocator->stream_ordered().CurrentPoolChanged(device, pool);
+  if (r == CUDA_SUCCESS && rt->enabled()) rt->core->stream_ordered().CurrentPoolChanged(device, pool);
   return r;
 }
 
@@ -172,7 +172,7 @@ VMMSHIM_EXPORT CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocation
   CUresult r = rt->driver.cuMemSetMemPool(location, type, pool);
   if (r == CUDA_SUCCESS && rt->enabled() && location != nullptr &&
       location->type == CU_MEM_LOCATION_TYPE_DEVICE && type == CU_MEM_ALLOCATION_TYPE_PINNED) {
-    rt->allocator->stream_ordered().CurrentPoolChanged(location->id, pool);
+    rt->core->stream_ordered().CurrentPoolChanged(location->id, pool);
   }
   return r;
 }
@@ -182,7 +182,7 @@ VMMSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (rt->driver.cuStreamDestroy_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   // Before the handle is gone: blocks freed on it get one last event.
-  if (rt->enabled()) rt->allocator->stream_ordered().StreamDestroyed(stream);
+  if (rt->enabled()) rt->core->stream_ordered().StreamDestroyed(stream);
   return rt->driver.cuStreamDestroy_v2(stream);
 }
 
@@ -195,7 +195,7 @@ template <typename Real>
 CUresult SynchronizeStream(const Runtime& rt, Real real, CUstream stream, bool per_thread) {
   const uint64_t mark = rt.enabled() ? vmmshim::StreamOrderedFrontEnd::SynchronizeMark() : 0;
   const CUresult r = real(stream);
-  if (r == CUDA_SUCCESS && mark != 0) rt.allocator->stream_ordered().StreamSynchronized(stream, per_thread, mark);
+  if (r == CUDA_SUCCESS && mark != 0) rt.core->stream_ordered().StreamSynchronized(stream, per_thread, mark);
   return r;
 }
 
@@ -220,7 +220,7 @@ VMMSHIM_EXPORT CUresult cuCtxSynchronize() {
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const uint64_t mark = rt->enabled() ? vmmshim::StreamOrderedFrontEnd::SynchronizeMark() : 0;
   const CUresult r = rt->driver.cuCtxSynchronize();
-  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->stream_ordered().ContextSynchronized(nullptr, mark);
+  if (r == CUDA_SUCCESS && mark != 0) rt->core->stream_ordered().ContextSynchronized(nullptr, mark);
   return r;
 }
 
@@ -230,6 +230,6 @@ VMMSHIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext context) {
   if (rt->driver.cuCtxSynchronize_v2 == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   const uint64_t mark = rt->enabled() ? vmmshim::StreamOrderedFrontEnd::SynchronizeMark() : 0;
   const CUresult r = rt->driver.cuCtxSynchronize_v2(context);
-  if (r == CUDA_SUCCESS && mark != 0) rt->allocator->stream_ordered().ContextSynchronized(context, mark);
+  if (r == CUDA_SUCCESS && mark != 0) rt->core->stream_ordered().ContextSynchronized(context, mark);
   return r;
 }

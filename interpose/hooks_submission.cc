@@ -136,7 +136,7 @@ void CUDA_CB RunStreamCallback(CUstream stream, CUresult status, void* arg) {
 // the stream is capturing (a graph may run it many times, or never).
 bool RunsOnce(const Runtime& rt, CUstream stream, bool per_thread) {
   if (!rt.enabled()) return false;
-  std::optional<bool> capturing = rt.allocator->captures().IsCapturing(stream, per_thread);
+  std::optional<bool> capturing = rt.core->captures().IsCapturing(stream, per_thread);
   return capturing.has_value() && !*capturing;
 }
 

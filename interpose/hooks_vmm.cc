@@ -16,7 +16,7 @@ namespace {
 // The registry when the shim serves this process, else nullptr (then the
 // call is only passed on).
 vmmshim::ForeignVmm* Registry(const Runtime& rt) {
-  return rt.enabled() ? &rt.allocator->foreign() : nullptr;
+  return rt.enabled() ? &rt.core->foreign() : nullptr;
 }
 
 }  // namespace

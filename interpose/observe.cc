@@ -119,7 +119,7 @@ void NoteAllocationFailed(const Runtime& rt, const absl::Status& status, const c
                entry_point, HumanBytes(bytes), request.device, failure);
     return;
   }
-  std::string report = OomReport(*rt.allocator, rt.callers, request);
+  std::string report = OomReport(rt.core->control(), rt.callers, request);
   if (failure == 1 && !rt.config.snapshot_file.empty()) {
     const std::string path = ChildStatsPath(rt.config.snapshot_file, "oom");
     absl::Status written = WriteSnapshot(rt, path);

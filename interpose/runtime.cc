@@ -53,7 +53,7 @@ std::atomic<bool> g_forked_child{false};
 void PrepareFork() {
   const Runtime* rt = g_runtime_for_exit;
   if (rt->ipc != nullptr) rt->ipc->PrepareFork();
-  rt->allocator->PrepareFork();
+  rt->core->PrepareFork();
   rt->history->PrepareFork();  // a leaf, taken under arena mutexes: after them
   PrepareLogForFork();
 }
@@ -61,14 +61,14 @@ void AfterForkParent() {
   const Runtime* rt = g_runtime_for_exit;
   AfterLogFork();
   rt->history->AfterForkParent();
-  rt->allocator->AfterFork(false);
+  rt->core->AfterFork(false);
   if (rt->ipc != nullptr) rt->ipc->AfterForkParent();
 }
 void AfterForkChild() {
   const Runtime* rt = g_runtime_for_exit;
   AfterLogFork();
   rt->history->AfterForkChild();
-  rt->allocator->AfterFork(true);
+  rt->core->AfterFork(true);
   if (rt->ipc != nullptr) rt->ipc->AfterForkChild();
   // The thread that closed the gate is not in the child: nothing would open it.
   if (rt->gate != nullptr) rt->gate->AfterForkChild();
@@ -93,10 +93,10 @@ void ExitReport() {
   const Runtime* rt = g_runtime_for_exit;
   // A forked child holds a copy of the parent's state: the parent reports.
   if (rt == nullptr || rt->allocator == nullptr || InForkedChild()) return;
-  Log().info("exit report: {}; vmmshim {}", ExitSummary(*rt->allocator), VMMSHIM_VERSION);
+  Log().info("exit report: {}; vmmshim {}", ExitSummary(rt->core->control()), VMMSHIM_VERSION);
   if (rt->trace != nullptr) rt->trace->Flush();
   if (!rt->config.stats_file.empty()) {
-    absl::Status written = WriteStatsFile(*rt->allocator, rt->pid, rt->config.stats_file);
+    absl::Status written = WriteStatsFile(rt->core->control(), rt->pid, rt->config.stats_file);
     if (written.ok()) {
       Log().info("statistics written to {}", rt->config.stats_file);
     } else {
@@ -128,7 +128,7 @@ void ReleaseCacheAtExit() {
   const Runtime* rt = g_runtime_for_exit;
   if (rt == nullptr || rt->allocator == nullptr || InForkedChild()) return;
   WriteExitSnapshot(*rt);
-  const size_t released = rt->allocator->Trim(-1);
+  const size_t released = rt->core->control().Trim(-1);
   if (released > 0) Log().debug("released {} cached bytes at exit", released);
 }
 
@@ -194,25 +194,26 @@ const Runtime* Initialize() {
         rt->config.snapshot_file.clear();
       }
     }
-    rt->allocator = new Allocator(rt->allocator_driver, options);
-    if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, *rt->allocator, rt->config.ipc_dir);
+    rt->core = new ShimCore(rt->allocator_driver, options);
+    rt->allocator = &rt->core->allocator();
+    if (rt->config.ipc) rt->ipc = new Ipc(rt->allocator_driver, rt->core->control(), rt->config.ipc_dir);
     rt->gate = new SubmissionGate;
     PrepareGatedHooks();
-    rt->quiescer = new WorkQuiescer(rt->allocator_driver, *rt->gate, rt->allocator->captures(),
+    rt->quiescer = new WorkQuiescer(rt->allocator_driver, *rt->gate, rt->core->captures(),
                                     std::chrono::milliseconds(rt->config.quiesce_timeout_ms));
     if (rt->config.control && rt->config.sleep_lowers_stack) {
       rt->stack_reservation = new StackReservation(rt->allocator_driver);
     }
-    rt->sleeper = new SleepCoordinator(rt->allocator->pause(), *rt->quiescer,
+    rt->sleeper = new SleepCoordinator(rt->core->pause(), *rt->quiescer,
                                        rt->stack_reservation, rt->history);
     if (rt->config.control) {
       ControlServer::Handlers handlers;
-      handlers.residency_json = [rt] { return ResidencyJson(*rt->allocator, &rt->driver); };
+      handlers.residency_json = [rt] { return ResidencyJson(rt->core->control(), &rt->driver); };
       handlers.sleep = [rt](const std::vector<std::string>& drop) {
         return rt->sleeper->Sleep(drop);
       };
       handlers.wake = [rt] { return rt->sleeper->Wake(); };
-      handlers.paused_bytes = [rt] { return rt->allocator->GetStats().paused_bytes; };
+      handlers.paused_bytes = [rt] { return rt->core->control().GetStats().paused_bytes; };
       handlers.shared_memory = [rt]() -> std::string {
         if (rt->ipc == nullptr) return "";
         const Ipc::OpenImports open = rt->ipc->open_imports();
@@ -256,7 +257,7 @@ bool InForkedChild() { return g_forked_child.load(std::memory_order_relaxed); }
 
 absl::Status WriteSnapshot(const Runtime& rt, const std::string& path) {
   SnapshotSources sources;
-  sources.allocator = rt.allocator;
+  sources.control = &rt.core->control();
   sources.history = rt.history;
   sources.libraries = rt.callers;
   sources.pid = rt.pid;

@@ -6,14 +6,15 @@
 // setting stops the program here, with one line on stderr and exit status 1,
 // before any allocation is served), configures logging, opens
 // libcuda.so.1 (no DT_NEEDED: a process that never touches CUDA never loads
-// it), fills the DriverApi table with the real dlsym and creates the
-// allocator. Nothing created here is ever destroyed, because hooks can run
+// it), fills the DriverApi table with the real dlsym and builds core/'s
+// rooms (core/shim_core.h). Nothing created here is ever destroyed, because hooks can run
 // from other libraries' destructors at exit.
 #ifndef VMMSHIM_INTERPOSE_RUNTIME_H_
 #define VMMSHIM_INTERPOSE_RUNTIME_H_
 
 #include "config/config.h"
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/driver_api.h"
 #include "core/control/control_server.h"
 #include "core/ipc/ipc.h"
@@ -40,7 +41,8 @@ struct Runtime {
   DriverApi driver;            // the real entry points (routing, pass-through)
   DriverApi allocator_driver;  // what the allocator calls (counted when stats are on)
   Config config;
-  Allocator* allocator = nullptr;  // nullptr: pass-through
+  ShimCore* core = nullptr;        // every room of core/; nullptr: pass-through
+  Allocator* allocator = nullptr;  // &core->allocator(), for the hooks' hot path
   mutable PeerContexts peer_contexts;  // used when VMMSHIM_PEER_ENABLE_DRIVER=0
   TraceWriter* trace = nullptr;        // VMMSHIM_TRACE_FILE, else nullptr
   Ipc* ipc = nullptr;                  // VMMSHIM_IPC=1, else nullptr

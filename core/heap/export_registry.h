@@ -43,7 +43,7 @@ class ExportRegistry {
   void DropRange(int device, CUdeviceptr begin, CUdeviceptr end) ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // fork(): see Allocator::PrepareFork.
+  // fork(): see ShimCore::PrepareFork.
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;

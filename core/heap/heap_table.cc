@@ -8,18 +8,20 @@
 #include "core/base/cpus.h"
 #include "core/base/log.h"
 #include "core/base/round_up.h"
+#include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 #include "core/sync/shared_gate.h"
 
 namespace vmmshim {
 
 HeapTable::HeapTable(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
-                     Options options, std::function<void(int)> on_create)
-    : driver_(driver),
-      mapper_(mapper),
-      policy_(policy),
-      options_(options),
-      on_create_(std::move(on_create)) {}
+                     Options options)
+    : driver_(driver), mapper_(mapper), policy_(policy), options_(options) {}
+
+void HeapTable::AddListener(Listener* listener) {
+  MutexLock lock(&create_mu_);
+  listeners_.push_back(listener);
+}
 
 HeapTable::~HeapTable() {
   for (auto& slot : heaps_) delete slot.load();
@@ -100,7 +102,7 @@ absl::StatusOr<DeviceHeap*> HeapTable::HeapFor(int device) {
                            global_, o);
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               o.granularity, o.reservation_bytes);
-  if (on_create_) on_create_(device);
+  for (Listener* listener : listeners_) listener->HeapCreated(device);
   heaps_[device].store(h, std::memory_order_release);
   return h;
 }
@@ -128,8 +130,7 @@ void HeapTable::CompleteDeferred(CUcontext context) {
   ForEach([&](DeviceHeap* h) { h->CompleteDeferred(context); });
 }
 
-bool HeapTable::ReclaimDeferred(CaptureTracker& captures,
-                                const std::function<absl::Status(CUcontext)>& synchronize) {
+bool HeapTable::ReclaimDeferred(CaptureTracker& captures) {
   if (global_.deferred.load(std::memory_order_acquire) == 0) return false;
   GateReaderLock gate(&captures.gate());
   captures.Refresh();
@@ -142,7 +143,7 @@ bool HeapTable::ReclaimDeferred(CaptureTracker& captures,
   });
   bool any = false;
   for (CUcontext c : contexts) {
-    if (synchronize(c).ok()) {
+    if (SynchronizeContext(driver_, c).ok()) {
       CompleteDeferred(c);
       any = true;
     }

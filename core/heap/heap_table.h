@@ -22,7 +22,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
-#include <functional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -42,6 +42,20 @@ namespace vmmshim {
 
 class HeapTable {
  public:
+  // A room above the heaps that keeps state per device (the stream-ordered
+  // caches, the pinned pool) registers one of these, before the first
+  // HeapFor, instead of the heaps calling up into it (docs/architecture.md,
+  // "Callbacks"). HeapCreated runs for a new heap's device, with the
+  // device's context current, before the heap is published, under the
+  // creation mutex: whoever sees the heap sees what the listeners made.
+  class Listener {
+   public:
+    virtual void HeapCreated(int device) = 0;
+
+   protected:
+    ~Listener() = default;
+  };
+
   // How heaps are made (AllocatorOptions documents each field).
   struct Options {
     size_t packing_threshold = 0;   // 0: half the granularity; at most a granule
@@ -53,16 +67,17 @@ class HeapTable {
     int arenas = 0;                 // 0: UsableCpusUpTo(8)
     MemoryHistory* history = nullptr;  // segment and peer events; null: none
   };
-  // `driver`, `mapper` and `policy` must outlive the table. `on_create`
-  // (may be empty) runs for a new heap's device before the heap is
-  // published, under the creation mutex: whoever sees the heap sees what it
-  // made.
+  // `driver`, `mapper` and `policy` must outlive the table.
   HeapTable(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
-            Options options, std::function<void(int device)> on_create);
+            Options options);
   // Deletes the heaps (their memory must have been released: ReleaseAll).
   ~HeapTable();
   HeapTable(const HeapTable&) = delete;
   HeapTable& operator=(const HeapTable&) = delete;
+
+  // `listener` (not owned; must outlive the table) hears of every heap
+  // created from now on, after those registered before it.
+  void AddListener(Listener* listener) ABSL_LOCKS_EXCLUDED(create_mu_);
 
   // The heap of `device`, created on first use; nullptr when the device has
   // no VMM support. InvalidArgument for an ordinal out of range; the
@@ -108,10 +123,9 @@ class HeapTable {
   // none is deferred anywhere: one atomic load).
   void CompleteDeferred(CUcontext context);
   // Once no capture is in progress (asked again, with the capture gate held
-  // shared): synchronizes the contexts with deferred frees through
-  // `synchronize` and completes them; true when any completed.
-  bool ReclaimDeferred(CaptureTracker& captures,
-                       const std::function<absl::Status(CUcontext)>& synchronize);
+  // shared): synchronizes the contexts with deferred frees and completes
+  // them; true when any completed.
+  bool ReclaimDeferred(CaptureTracker& captures);
 
   // Every heap's ReleaseAll (unmap -> release -> address free); the first
   // error, after trying all.
@@ -131,7 +145,6 @@ class HeapTable {
   const VmmMapper& mapper_;
   const PeerPolicy& policy_;
   const Options options_;
-  const std::function<void(int)> on_create_;
 
   ReservationMap ranges_;
   ExportRegistry exports_;
@@ -139,6 +152,7 @@ class HeapTable {
   PeerEnableTable peers_, pool_peers_;
   Mutex peer_mu_;  // lock order: "peer mutex"
   Mutex create_mu_ ABSL_ACQUIRED_AFTER(peer_mu_);  // "heap creation mutex"
+  std::vector<Listener*> listeners_ ABSL_GUARDED_BY(create_mu_);
   std::array<std::atomic<DeviceHeap*>, kMaxDevices> heaps_{};
   std::array<std::atomic<bool>, kMaxDevices> no_vmm_{};
   std::atomic<int> device_count_{0};

@@ -83,14 +83,31 @@ class OtherLock {
 }  // namespace
 
 PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
-                                   CaptureTracker& captures, int copy_threads, Hooks hooks)
+                                   CaptureTracker& captures, int copy_threads,
+                                   PinnedPoolOptions pinned_pool, PausableMemory* other)
     : driver_(driver),
       heaps_(heaps),
       captures_(captures),
       copy_threads_(copy_threads),
-      hooks_(std::move(hooks)),
+      pinned_pool_options_(pinned_pool),
+      other_(other),
       ring_(driver),
       pool_(driver) {}
+
+void PauseCoordinator::AddParticipant(PauseParticipant* participant) {
+  MutexLock lock(&mu_);
+  participants_.push_back(participant);
+}
+
+void PauseCoordinator::HeapCreated(int /*device*/) {
+  // A context is current here (the first allocation on a device); the pool
+  // starts once, in the first one.
+  CUcontext context = nullptr;
+  if (pinned_pool_options_.bytes > 0 && driver_.cuCtxGetCurrent(&context) == CUDA_SUCCESS) {
+    pool_.Start(pinned_pool_options_.bytes, context, copy_threads_,
+                pinned_pool_options_.chunk_bytes);
+  }
+}
 
 size_t PauseCoordinator::UnpinPinnedPool() {
   MutexLock lock(&mu_);
@@ -140,10 +157,10 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   }
   // Freed stream-ordered blocks of the selection are live to the heap until
   // they leave the stream-ordered cache: released first, not backed up.
-  if (hooks_.release_stream_ordered) {
-    if (absl::Status s = hooks_.release_stream_ordered(tag); !s.ok()) return s;
+  for (PauseParticipant* participant : participants_) {
+    if (absl::Status s = participant->ReleaseForPause(tag); !s.ok()) return s;
   }
-  PausableMemory* const other = hooks_.other;
+  PausableMemory* const other = other_;
   std::vector<CUcontext> contexts;
   size_t live = 0;
   for (HeapArena* arena : arenas) live += arena->PauseCandidates(tag, &contexts);
@@ -238,7 +255,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
   PauseTimes times;
   BackupCopier copier(driver_, ring_, copy_threads_, &pool_);  // the ring readied only for a copy
   const std::vector<HeapArena*> arenas = Arenas();
-  PausableMemory* const other = hooks_.other;
+  PausableMemory* const other = other_;
   OtherLock other_lock(other);
   absl::Status status;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -283,11 +300,14 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
     copier.Finish().IgnoreError();
     for (HeapArena* arena : arenas) arena->ResumeAbort(tag);
     if (other != nullptr) other->ResumeAbort(tag);
-    if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY || !hooks_.release_caches) break;
-    // Out of memory: every cache the shim holds (all arenas, deferred frees,
-    // the stream-ordered cache) goes back to the driver, then once more.
+    if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY) break;
+    // Out of memory: every cache the shim holds (deferred frees, the
+    // participants' caches, all arenas) goes back to the driver, then once
+    // more.
     const auto step = std::chrono::steady_clock::now();
-    hooks_.release_caches();
+    heaps_.ReclaimDeferred(captures_);
+    for (PauseParticipant* participant : participants_) participant->ReleaseCachesForResume();
+    heaps_.ForEach([](DeviceHeap* heap) { heap->Trim(); });
     times.trim += PauseTimes::Since(step);
   }
   return status;

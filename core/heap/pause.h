@@ -1,5 +1,5 @@
 // Pause and resume by allocation tag (docs/pause-resume.md): what the facade
-// exposes as Allocator::pause().
+// (ShimCore::pause(), core/shim_core.h).
 //
 // Pause releases the physical memory of the allocations a TagSelection
 // takes (core/heap/tag_selection.h: every one, one tag, or every one but
@@ -52,7 +52,6 @@
 #define VMMSHIM_CORE_HEAP_PAUSE_H_
 
 #include <cstddef>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,25 +99,41 @@ class PausableMemory {
   virtual void ResumeAbort(const TagSelection& tag) = 0;
 };
 
-class PauseCoordinator {
+// A room above the heaps that holds memory a pause must see (the
+// stream-ordered front end: freed blocks wait in its caches, outside the
+// heaps' selection). It registers with the coordinator (AddParticipant)
+// rather than the coordinator calling up into it (docs/architecture.md,
+// "Callbacks").
+class PauseParticipant {
  public:
-  // What the rooms above the heap do for a pause (the facade wires them).
-  struct Hooks {
-    // Gives every cache of the shim back to the driver (Allocator::Trim(-1)),
-    // for the retry of a resume that ran out of memory.
-    std::function<void()> release_caches;
-    // Before a pause selects memory: the freed stream-ordered blocks of the
-    // selection go back to their heap
-    // (StreamOrderedFrontEnd::ReleaseForPause); an error refuses the pause.
-    std::function<absl::Status(const TagSelection&)> release_stream_ordered;
-    // Other memory that pauses with the heaps (nullptr: none); it must
-    // outlive the coordinator.
-    PausableMemory* other = nullptr;
+  // Before a pause selects memory: the selection's memory this room holds
+  // goes back to the heaps; an error refuses the pause.
+  virtual absl::Status ReleaseForPause(const TagSelection& tag) = 0;
+  // A resume ran out of memory: every cache this room holds goes back to
+  // the driver before the retry.
+  virtual void ReleaseCachesForResume() = 0;
+
+ protected:
+  ~PauseParticipant() = default;
+};
+
+class PauseCoordinator : public HeapTable::Listener {
+ public:
+  // The pinned pool (core/heap/pinned_pool.h; VMMSHIM_PINNED_POOL), started
+  // in the background when the first heap is created (HeapCreated), in the
+  // context current then.
+  struct PinnedPoolOptions {
+    size_t bytes = 0;  // 0: no pool
+    size_t chunk_bytes = PinnedPool::kDefaultChunkBytes;
   };
   // Everything referenced must outlive the coordinator. `copy_threads` >= 1
-  // (host-backup copy threads); empty hooks are skipped.
+  // (host-backup copy threads). `other`: memory the heaps do not own that
+  // pauses with them (nullptr: none).
   PauseCoordinator(const DriverApi& driver, HeapTable& heaps, CaptureTracker& captures,
-                   int copy_threads, Hooks hooks);
+                   int copy_threads, PinnedPoolOptions pinned_pool, PausableMemory* other);
+  // `participant` (not owned; must outlive the coordinator) takes part in
+  // every pause and resume from now on. Before the first pause.
+  void AddParticipant(PauseParticipant* participant) ABSL_LOCKS_EXCLUDED(mu_);
   PauseCoordinator(const PauseCoordinator&) = delete;
   PauseCoordinator& operator=(const PauseCoordinator&) = delete;
 
@@ -138,13 +153,9 @@ class PauseCoordinator {
   absl::StatusOr<size_t> Resume(const TagSelection& tag, bool retain_contents = false)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Starts making the pinned pool (VMMSHIM_PINNED_POOL bytes; 0: none) in
-  // the background, registered in `context` as chunks of `chunk_bytes`;
-  // once per process.
-  void StartPinnedPool(size_t bytes, CUcontext context,
-                       size_t chunk_bytes = PinnedPool::kDefaultChunkBytes) {
-    pool_.Start(bytes, context, copy_threads_, chunk_bytes);
-  }
+  // HeapTable::Listener: the first heap starts the pinned pool (once per
+  // process), registered in the context current then.
+  void HeapCreated(int device) override;
   // Before the driver's process checkpoint (a deep sleep, after its pause):
   // the pinned pool drops its registrations, which the checkpoint would
   // otherwise unpin and the restore pin again (PinnedPool::Unpin); the next
@@ -183,7 +194,9 @@ class PauseCoordinator {
   HeapTable& heaps_;
   CaptureTracker& captures_;
   const int copy_threads_;
-  const Hooks hooks_;
+  const PinnedPoolOptions pinned_pool_options_;
+  PausableMemory* const other_;
+  std::vector<PauseParticipant*> participants_ ABSL_GUARDED_BY(mu_);
   // Kept from the first pause with contents on (core/heap/host_backup.h).
   StagingRing ring_ ABSL_GUARDED_BY(mu_);
   // Page-locked memory made ahead for kept contents (core/heap/pinned_pool.h).

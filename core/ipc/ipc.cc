@@ -122,9 +122,9 @@ void RemoveSocketAtExit() {
 
 }  // namespace
 
-Ipc::Ipc(const DriverApi& driver, Allocator& allocator, std::string dir)
+Ipc::Ipc(const DriverApi& driver, MemoryControl& control, std::string dir)
     : driver_(driver),
-      allocator_(allocator),
+      control_(control),
       mapper_(driver),
       dir_(dir.empty() ? DefaultSocketDirectory() : std::move(dir)) {}
 
@@ -241,7 +241,7 @@ void Ipc::HandleRequest(int conn, const ucred& peer) {
   }
   uint64_t handle_size = 0;
   absl::StatusOr<int> fd =
-      allocator_.ExportFd(fields.token, fields.offset, fields.size, &handle_size);
+      control_.ExportFd(fields.token, fields.offset, fields.size, &handle_size);
   if (!fd.ok()) {
     Log().warn("IPC: pid {} asked for an allocation that is not exported now (freed, or a "
                "forged handle): {}",
@@ -256,7 +256,7 @@ void Ipc::HandleRequest(int conn, const ucred& peer) {
 }
 
 absl::Status Ipc::Export(CUdeviceptr ptr, uint8_t* handle) {
-  absl::StatusOr<ExportedAllocation> exported = allocator_.Export(ptr);
+  absl::StatusOr<ExportedAllocation> exported = control_.Export(ptr);
   if (!exported.ok()) return exported.status();
   IpcHandleFields fields;
   {
@@ -340,7 +340,7 @@ absl::StatusOr<CUdeviceptr> Ipc::MapImport(int fd, uint64_t handle_size, int dev
     return Invalid("the exporter's handle does not fit the handle's offset and size");
   }
   absl::StatusOr<CUdeviceptr> base = mapper_.ImportAndMap(
-      fd, handle_size, granularity, allocator_.AccessTargets(device, fields.size));
+      fd, handle_size, granularity, control_.AccessTargets(device, fields.size));
   if (!base.ok()) return base.status();
   *mapped = handle_size;
   return *base;
@@ -449,7 +449,7 @@ void Ipc::AfterForkChild() {
   instance_ = 0;
   listener_pid_ = 0;
   if (g_socket_to_remove != nullptr) g_socket_to_remove->clear();  // the parent's socket
-  new (&mu_) Mutex;  // fresh: see Allocator::AfterFork
+  new (&mu_) Mutex;  // fresh: see ShimCore::AfterFork
 }
 
 }  // namespace vmmshim

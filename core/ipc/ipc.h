@@ -35,7 +35,7 @@
 // not ours: kForeign, the caller hands it to the driver), asks the exporter
 // for a descriptor (5-second timeout), imports it, reserves VA of the
 // handle's size, maps it, grants the current device and the peers the
-// policy allows (Allocator::AccessTargets), releases the imported handle
+// policy allows (MemoryControl::AccessTargets), releases the imported handle
 // (the mapping keeps the memory alive) and returns the mapping plus the
 // allocation's offset. As the driver does (cuIpcOpenMemHandle), opening a
 // handle already open in the same context returns the same pointer and
@@ -54,7 +54,7 @@
 // set-access call, after undoing the steps before it.
 //
 // Thread safety: all methods may be called concurrently. The listener's
-// threads take only the allocator's locks (through Allocator::ExportFd).
+// threads take only the allocator's locks (through MemoryControl::ExportFd).
 // Process exit: nothing is torn down; the listener's threads are left
 // blocked and end with the process.
 #ifndef VMMSHIM_CORE_IPC_IPC_H_
@@ -74,7 +74,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/sync/mutex.h"
-#include "core/allocator.h"
+#include "core/memory_control.h"
 #include "core/driver/driver_api.h"
 #include "core/driver/vmm_mapping.h"
 #include "core/ipc/ipc_handle.h"
@@ -83,15 +83,15 @@ namespace vmmshim {
 
 class Ipc {
  public:
-  // `driver` and `allocator` must outlive this object. `dir` empty:
+  // `driver` and `control` must outlive this object. `dir` empty:
   // /tmp/vmmshim-<euid>.
-  Ipc(const DriverApi& driver, Allocator& allocator, std::string dir);
+  Ipc(const DriverApi& driver, MemoryControl& control, std::string dir);
 
   Ipc(const Ipc&) = delete;
   Ipc& operator=(const Ipc&) = delete;
 
   // The handle for the shim allocation containing `ptr` (64 bytes written to
-  // `handle`). Errors: those of Allocator::Export; CUDA_ERROR_OPERATING_SYSTEM
+  // `handle`). Errors: those of MemoryControl::Export; CUDA_ERROR_OPERATING_SYSTEM
   // (logged with the reason) when the socket directory or listener cannot be
   // set up.
   absl::Status Export(CUdeviceptr ptr, uint8_t* handle);
@@ -148,7 +148,7 @@ class Ipc {
   void Unmap(CUdeviceptr base, size_t size);
 
   const DriverApi& driver_;
-  Allocator& allocator_;
+  MemoryControl& control_;
   const VmmMapper mapper_;  // maps and unmaps imports
   const std::string dir_;
 

@@ -68,7 +68,7 @@ class SnapshotBuilder {
   }
 
   std::string Build() {
-    const std::vector<SegmentInfo> segments = s_.allocator->Segments();
+    const std::vector<SegmentInfo> segments = s_.control->Segments();
     int devices = 1;
     for (const SegmentInfo& seg : segments) devices = std::max(devices, seg.device + 1);
     for (const HistoryEvent& e : history_.events) devices = std::max(devices, e.device + 1);

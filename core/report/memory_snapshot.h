@@ -33,7 +33,7 @@
 //   `vmmshim trace` reads them), dropped_events (beyond max entries),
 //   history (whether it was recording), paused_segments.
 //
-// Thread safety: any thread; reads the allocator and the history through
+// Thread safety: any thread; reads the memory control and the history through
 // their own locks (a consistent view per arena, not across them).
 #ifndef VMMSHIM_CORE_REPORT_MEMORY_SNAPSHOT_H_
 #define VMMSHIM_CORE_REPORT_MEMORY_SNAPSHOT_H_
@@ -41,7 +41,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "core/allocator.h"
+#include "core/memory_control.h"
 #include "core/history/caller_library.h"
 #include "core/history/memory_history.h"
 
@@ -51,7 +51,7 @@ namespace vmmshim {
 inline constexpr int kSnapshotFormat = 1;
 
 struct SnapshotSources {
-  const Allocator* allocator = nullptr;          // required
+  const MemoryControl* control = nullptr;          // required
   const MemoryHistory* history = nullptr;        // null: no device_traces
   const CallerLibraries* libraries = nullptr;    // null: every library "unknown"
   int pid = 0;

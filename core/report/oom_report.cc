@@ -43,7 +43,7 @@ std::string HumanBytes(uint64_t bytes) {
   return absl::StrFormat("%.1f %s", v, units[u]);
 }
 
-std::string OomReport(const Allocator& allocator, const CallerLibraries* libraries,
+std::string OomReport(const MemoryControl& control, const CallerLibraries* libraries,
                       const OomRequest& r, int largest) {
   auto library = [&](uint16_t id) {
     return libraries != nullptr ? libraries->Name(id) : std::string("unknown");
@@ -62,7 +62,7 @@ std::string OomReport(const Allocator& allocator, const CallerLibraries* librari
 
   // Kinds, from the residency figures of the device.
   DeviceResidency residency;
-  for (DeviceResidency& d : allocator.Residency()) {
+  for (DeviceResidency& d : control.Residency()) {
     if (d.device == r.device) residency = std::move(d);
   }
   uint64_t live_blocks = 0, paused = 0;
@@ -77,7 +77,7 @@ std::string OomReport(const Allocator& allocator, const CallerLibraries* librari
   // Live allocations, from the segments of the device.
   std::vector<Live> live;
   std::map<std::string, uint64_t> by_tag, by_library;
-  for (const SegmentInfo& s : allocator.Segments()) {
+  for (const SegmentInfo& s : control.Segments()) {
     if (s.device != r.device) continue;
     for (const SegmentPart& p : s.parts) {
       if (!p.live) continue;

@@ -22,7 +22,7 @@
 //
 // Sizes are binary units with one decimal (KiB, MiB, GiB). No driver call:
 // the caller passes the driver's free and total bytes.
-// Thread safety: any thread (reads the allocator through its locks).
+// Thread safety: any thread (reads the memory control through the arenas' locks).
 #ifndef VMMSHIM_CORE_REPORT_OOM_REPORT_H_
 #define VMMSHIM_CORE_REPORT_OOM_REPORT_H_
 
@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/allocator.h"
+#include "core/memory_control.h"
 #include "core/history/caller_library.h"
 
 namespace vmmshim {
@@ -47,7 +47,7 @@ struct OomRequest {
 
 // The report's text, lines separated by '\n' (no trailing newline).
 // `largest`: how many live allocations to list.
-std::string OomReport(const Allocator& allocator, const CallerLibraries* libraries,
+std::string OomReport(const MemoryControl& control, const CallerLibraries* libraries,
                       const OomRequest& request, int largest = 10);
 
 // "1.5 GiB", "512.0 KiB", "100 bytes".

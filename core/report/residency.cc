@@ -62,9 +62,9 @@ nlohmann::json OrNull(const std::optional<uint64_t>& v) {
 
 }  // namespace
 
-nlohmann::json ResidencyDevices(const Allocator& allocator, const DriverApi* driver) {
+nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* driver) {
   nlohmann::json devices = nlohmann::json::array();
-  for (const DeviceResidency& r : allocator.Residency()) {
+  for (const DeviceResidency& r : control.Residency()) {
     nlohmann::json tags = nlohmann::json::object();
     for (const auto& [tag, t] : r.tags) {
       tags[tag] = {{"resident_bytes", t.resident_bytes}, {"paused_bytes", t.paused_bytes}};
@@ -111,9 +111,9 @@ nlohmann::json ResidencyDevices(const Allocator& allocator, const DriverApi* dri
   return devices;
 }
 
-std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
-  const PinnedPool::Stats pool = allocator.pause().pinned_pool_stats_now();
-  return nlohmann::json{{"devices", ResidencyDevices(allocator, driver)},
+std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver) {
+  const PinnedPool::Stats pool = control.PinnedPoolNow();
+  return nlohmann::json{{"devices", ResidencyDevices(control, driver)},
                         {"pinned_pool",
                          {{"bytes", pool.bytes},
                           {"free_bytes", pool.free_bytes},
@@ -122,9 +122,9 @@ std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver) {
       .dump(2);
 }
 
-std::string ResidencySummary(const Allocator& allocator) {
+std::string ResidencySummary(const MemoryControl& control) {
   std::string out = "resident:";
-  for (const DeviceResidency& r : allocator.Residency()) {
+  for (const DeviceResidency& r : control.Residency()) {
     absl::StrAppend(&out, " device ", r.device, ": ", r.resident_bytes(), " bytes (");
     const char* sep = "";
     for (const auto& [tag, t] : r.tags) {

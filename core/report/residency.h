@@ -42,7 +42,7 @@
 
 #include <string>
 
-#include "core/allocator.h"
+#include "core/memory_control.h"
 #include "core/driver/driver_api.h"
 
 namespace vmmshim {
@@ -50,12 +50,12 @@ namespace vmmshim {
 // The report as a JSON document (2-space indented). `driver` nullptr: the
 // shim's own figures only (the device_* figures and those derived from the
 // driver are null), as at exit, when the driver may be gone.
-std::string ResidencyJson(const Allocator& allocator, const DriverApi* driver);
+std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver);
 
 // One clause for the exit report, from the shim's own figures (no driver
 // call): "resident: device 0: 1048576 bytes (tag 'kv' 0 (paused 8589934592),
 // untagged 1048576, cache 0; passed through 0; other libraries' VMM 0)".
-std::string ResidencySummary(const Allocator& allocator);
+std::string ResidencySummary(const MemoryControl& control);
 
 }  // namespace vmmshim
 

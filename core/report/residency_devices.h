@@ -4,14 +4,14 @@
 #ifndef VMMSHIM_CORE_REPORT_RESIDENCY_DEVICES_H_
 #define VMMSHIM_CORE_REPORT_RESIDENCY_DEVICES_H_
 
-#include "core/allocator.h"
+#include "core/memory_control.h"
 #include "core/driver/driver_api.h"
 #include "nlohmann/json.hpp"
 
 namespace vmmshim {
 
 // `driver` nullptr: the shim's own figures only (ResidencyJson's contract).
-nlohmann::json ResidencyDevices(const Allocator& allocator, const DriverApi* driver);
+nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* driver);
 
 }  // namespace vmmshim
 

@@ -24,19 +24,19 @@ const char* CompressionName(CompressionState state) {
   return "?";
 }
 
-std::string StatsJson(const Allocator& allocator, int pid) {
+std::string StatsJson(const MemoryControl& control, int pid) {
   namespace k = stats_schema;
   namespace kt = stats_schema::totals;
   namespace kd = stats_schema::device;
   namespace ks = stats_schema::stream_ordered;
   namespace kp = stats_schema::peer;
   namespace kc = stats_schema::driver_call;
-  const AllocatorStats t = allocator.GetStats();
+  const AllocatorStats t = control.GetStats();
   nlohmann::json doc;
   doc[k::kPid] = pid;
   doc[k::kVersion] = VMMSHIM_VERSION;
   doc[k::kSchemaVersion] = k::kSchemaVersionNumber;
-  doc[k::kPolicy] = allocator.peer_policy().Describe();
+  doc[k::kPolicy] = control.peer_policy().Describe();
   doc[k::kTotals] = {{kt::kServedAllocations, t.served_allocations},
                      {kt::kServedBytes, t.served_bytes},
                      {kt::kPassthroughAllocations, t.passthrough_allocations},
@@ -96,7 +96,7 @@ std::string StatsJson(const Allocator& allocator, int pid) {
   }
   // What is held, by tag and kind (the shim's own figures: the driver may
   // be gone at exit).
-  doc[k::kResidency] = ResidencyDevices(allocator, nullptr);
+  doc[k::kResidency] = ResidencyDevices(control, nullptr);
   doc[k::kDriverCalls] = nlohmann::json::array();
   for (const DriverCallCount& c : DriverCallCounts()) {
     doc[k::kDriverCalls].push_back(
@@ -105,16 +105,16 @@ std::string StatsJson(const Allocator& allocator, int pid) {
   return doc.dump(2);
 }
 
-absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path) {
+absl::Status WriteStatsFile(const MemoryControl& control, int pid, const std::string& path) {
   // Note [Replacing a file safely] (core/base/safe_file.h).
-  return ReplaceFile(path, StatsJson(allocator, pid) + "\n", "VMMSHIM_STATS_FILE");
+  return ReplaceFile(path, StatsJson(control, pid) + "\n", "VMMSHIM_STATS_FILE");
 }
 
-std::string ExitSummary(const Allocator& allocator) {
-  const AllocatorStats s = allocator.GetStats();
+std::string ExitSummary(const MemoryControl& control) {
+  const AllocatorStats s = control.GetStats();
   uint64_t grants = 0, denials = 0, peak = 0, exports = 0, queries = 0;
   std::string compression;
-  for (const DeviceStats& d : allocator.GetStats().devices) {
+  for (const DeviceStats& d : control.GetStats().devices) {
     exports += d.exports;
     queries += d.stream_ordered.driver_queries;
     if (d.compression != CompressionState::kOff) {
@@ -148,7 +148,7 @@ std::string ExitSummary(const Allocator& allocator) {
                           ? std::string()
                           : absl::StrCat("; paused: ", s.paused_bytes, " bytes now, at most ",
                                          s.peak_paused_bytes, "; ",
-                                         ResidencySummary(allocator)));
+                                         ResidencySummary(control)));
 }
 
 }  // namespace vmmshim

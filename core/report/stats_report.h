@@ -11,22 +11,22 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "core/allocator.h"
+#include "core/memory_control.h"
 
 namespace vmmshim {
 
-// The statistics of `allocator` as JSON (stats_schema.h), naming `pid`.
-std::string StatsJson(const Allocator& allocator, int pid);
+// The statistics of `control` as JSON (stats_schema.h), naming `pid`.
+std::string StatsJson(const MemoryControl& control, int pid);
 
 // Writes StatsJson to `path` (replacing it). Errors name the path.
-absl::Status WriteStatsFile(const Allocator& allocator, int pid, const std::string& path);
+absl::Status WriteStatsFile(const MemoryControl& control, int pid, const std::string& path);
 
 // "served N allocations (B bytes) from VMM, ...; peers: G grants, D denials,
 // at most M bytes mapped into peers" (M: the per-peer peaks, added up);
 // "; E IPC exports" and, where compression was requested, "; device D
 // compression granted|not granted|unsupported"; after any pause, "; paused:
 // P bytes now, at most Q; resident: ..." (core/report/residency.h).
-std::string ExitSummary(const Allocator& allocator);
+std::string ExitSummary(const MemoryControl& control);
 
 // "off", "unsupported", "granted", "not granted".
 const char* CompressionName(CompressionState state);

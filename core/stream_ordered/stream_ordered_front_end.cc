@@ -203,7 +203,7 @@ absl::StatusOr<Allocation> StreamOrderedFrontEnd::AllocateAsync(size_t bytes, CU
     ptr = (*heap)->AllocateSlow(placement, bytes, origin);
     if (!ptr.ok() && ToCuResult(ptr.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
       const bool async = Reclaim(-1);  // both run:
-      const bool deferred = reclaim_deferred_();      // each may free memory
+      const bool deferred = heaps_.ReclaimDeferred(captures_);  // each may free memory
       if (async || deferred) ptr = (*heap)->AllocateSlow(placement, bytes, origin);
     }
   }
@@ -341,20 +341,18 @@ void StreamOrderedFrontEnd::StreamDestroyed(CUstream stream) {
 
 StreamOrderedFrontEnd::StreamOrderedFrontEnd(const DriverApi& driver, HeapTable& heaps,
                                              CaptureTracker& captures, const PeerPolicy& policy,
-                                             int64_t query_interval_ns,
-                                             std::function<bool()> reclaim_deferred)
+                                             int64_t query_interval_ns)
     : driver_(driver),
       heaps_(heaps),
       captures_(captures),
       policy_(policy),
-      query_interval_ns_(query_interval_ns),
-      reclaim_deferred_(std::move(reclaim_deferred)) {}
+      query_interval_ns_(query_interval_ns) {}
 
 StreamOrderedFrontEnd::~StreamOrderedFrontEnd() {
   for (auto& slot : caches_) delete slot.load();
 }
 
-void StreamOrderedFrontEnd::CreateCache(int device) {
+void StreamOrderedFrontEnd::HeapCreated(int device) {
   if (!DeviceSet::IsOrdinal(device) || CacheFor(device) != nullptr) return;
   caches_[device].store(new StreamOrderedCache(driver_, query_interval_ns_),
                         std::memory_order_release);

@@ -1,6 +1,5 @@
 // cuMemAllocAsync / cuMemFreeAsync and the default-pool calls, served from
-// VMM (docs/stream-ordered.md): what the facade exposes as
-// Allocator::stream_ordered(). The front end owns each device's
+// VMM (docs/stream-ordered.md); ShimCore::stream_ordered() (core/shim_core.h). The front end owns each device's
 // StreamOrderedCache (core/stream_ordered/stream_ordered_cache.h: when a
 // freed block may be reused), which default pools are current, and which
 // streams belong to which context; memory itself comes from the device heaps
@@ -35,7 +34,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -43,6 +41,7 @@
 #include "absl/strings/string_view.h"
 #include "core/driver/driver_api.h"
 #include "core/heap/heap_table.h"
+#include "core/heap/pause.h"
 #include "core/heap/types.h"
 #include "core/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_cache.h"
@@ -50,14 +49,18 @@
 
 namespace vmmshim {
 
-class StreamOrderedFrontEnd {
+// Registers with the rooms below it (docs/architecture.md, "Callbacks"): as
+// a HeapTable::Listener, it makes a device's cache when the device's heap
+// is made; as a PauseParticipant, its freed blocks leave for their heap
+// before a pause selects memory, and its caches are released before a
+// resume retries.
+class StreamOrderedFrontEnd : public HeapTable::Listener, public PauseParticipant {
  public:
-  // Everything referenced must outlive the front end. `reclaim_deferred`
-  // completes frees deferred by captures that have ended (true when any
-  // did), for the out-of-memory retry.
+  // Everything referenced must outlive the front end. The out-of-memory
+  // retry also completes frees deferred by captures that have ended
+  // (HeapTable::ReclaimDeferred).
   StreamOrderedFrontEnd(const DriverApi& driver, HeapTable& heaps, CaptureTracker& captures,
-                        const PeerPolicy& policy, int64_t query_interval_ns,
-                        std::function<bool()> reclaim_deferred);
+                        const PeerPolicy& policy, int64_t query_interval_ns);
   ~StreamOrderedFrontEnd();
   StreamOrderedFrontEnd(const StreamOrderedFrontEnd&) = delete;
   StreamOrderedFrontEnd& operator=(const StreamOrderedFrontEnd&) = delete;
@@ -114,9 +117,10 @@ class StreamOrderedFrontEnd {
   void StreamSynchronized(CUstream stream, bool per_thread, uint64_t mark);
   void ContextSynchronized(CUcontext context, uint64_t mark);
 
-  // ---- For the facade ----
-  // A new heap of `device` is about to be published (HeapTable's on_create).
-  void CreateCache(int device);
+  // ---- For the rooms around it ----
+  // HeapTable::Listener: a new heap of `device` is about to be published;
+  // its cache is made.
+  void HeapCreated(int device) override;
   // Whether the stream-ordered allocation `info` is freed already (in the
   // cache): cuMemFree of it is then a double free.
   bool Cached(const PointerInfo& info) const;
@@ -133,7 +137,9 @@ class StreamOrderedFrontEnd {
   // the caches for its heap, so that the pause releases it instead of
   // keeping it. A synchronize's driver error is returned; what was released
   // before it stays released (freed memory, nothing of the program's).
-  absl::Status ReleaseForPause(const TagSelection& selection);
+  absl::Status ReleaseForPause(const TagSelection& selection) override;
+  // PauseParticipant: Reclaim(-1).
+  void ReleaseCachesForResume() override { Reclaim(-1); }
   // Whether any cache holds blocks of `context` or freed on its streams.
   bool Holds(CUcontext context) const;
   // The context goes: its blocks leave the caches (released to their heap),
@@ -176,7 +182,6 @@ class StreamOrderedFrontEnd {
   CaptureTracker& captures_;
   const PeerPolicy& policy_;
   const int64_t query_interval_ns_;
-  const std::function<bool()> reclaim_deferred_;
   std::array<std::atomic<StreamOrderedCache*>, kMaxDevices> caches_{};
   std::array<std::atomic<CUmemoryPool>, kMaxDevices> default_pools_{};
   // Whether the default pool is current: 0 not asked yet, 1 yes, 2 no.

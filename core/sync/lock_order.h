@@ -9,7 +9,7 @@
 // other object, so this table is the contract, and each mutex's declaration
 // names its row.
 //
-// fork(): Allocator::PrepareFork takes every lock of the allocator in this
+// fork(): ShimCore::PrepareFork takes every lock of the rooms in this
 // order and the parent releases them in reverse; the child gets fresh
 // mutexes (its other threads do not exist).
 #ifndef VMMSHIM_CORE_SYNC_LOCK_ORDER_H_

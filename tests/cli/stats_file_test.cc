@@ -15,6 +15,7 @@
 
 #include "cli/report.h"
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/report/stats_report.h"
 #include "core/report/stats_schema.h"
 #include "gtest/gtest.h"
@@ -60,7 +61,8 @@ class StatsFileTest : public SimTest {
 
   // An allocator whose figures are mostly not zero, so that a reader taking
   // one key for another reads a wrong value.
-  void Exercise(Allocator& a) {
+  void Exercise(ShimCore& shim) {
+    Allocator& a = shim.allocator();
     MustAllocate(a, 256);
     const CUdeviceptr big = MustAllocate(a, 8 * kTestMiB);
     ASSERT_TRUE(a.Free(big).ok());
@@ -68,21 +70,22 @@ class StatsFileTest : public SimTest {
     MustAllocate(a, 2 * kTestMiB);  // a miss
     absl::StatusOr<Allocator::Allocation> kv = a.Allocate(4 * kTestMiB, "kv");
     ASSERT_TRUE(kv.ok() && kv->served) << kv.status();
-    ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
-    absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false);
+    ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
+    absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false);
     ASSERT_TRUE(paused.ok() && *paused > 0) << paused.status();
     const CUstream stream = reinterpret_cast<CUstream>(0x51);
-    absl::StatusOr<Allocator::Allocation> async = a.stream_ordered().AllocateAsync(1 * kTestMiB, stream, false, nullptr);
+    absl::StatusOr<Allocator::Allocation> async = shim.stream_ordered().AllocateAsync(1 * kTestMiB, stream, false, nullptr);
     ASSERT_TRUE(async.ok() && async->served) << async.status();
-    a.counters().PassThrough(1000);
-    a.counters().PeerEnable(1500);
+    shim.counters().PassThrough(1000);
+    shim.counters().PeerEnable(1500);
   }
 };
 
 TEST_F(StatsFileTest, AWrittenFileHasExactlyTheSchemasKeys) {
-  Allocator a(api_);
-  Exercise(a);
-  const nlohmann::json doc = nlohmann::json::parse(StatsJson(a, 4242));
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Exercise(shim);
+  const nlohmann::json doc = nlohmann::json::parse(StatsJson(shim.control(), 4242));
   EXPECT_EQ(KeysOf(doc), KeySet(k::kTopLevelKeys));
   EXPECT_EQ(KeysOf(doc.at(k::kTotals)), KeySet(k::totals::kKeys));
   ASSERT_FALSE(doc.at(k::kDevices).empty());
@@ -103,10 +106,11 @@ TEST_F(StatsFileTest, AWrittenFileHasExactlyTheSchemasKeys) {
 }
 
 TEST_F(StatsFileTest, WhatWriteStatsFileWritesTheCliReadsBack) {
-  Allocator a(api_);
-  Exercise(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Exercise(shim);
   const std::string path = TempPath("stats.json");
-  ASSERT_TRUE(WriteStatsFile(a, 4242, path).ok());
+  ASSERT_TRUE(WriteStatsFile(shim.control(), 4242, path).ok());
   std::string error;
   const std::optional<StatsFile> f = ReadStatsFile(path, &error);
   ASSERT_TRUE(f) << error;
@@ -115,9 +119,9 @@ TEST_F(StatsFileTest, WhatWriteStatsFileWritesTheCliReadsBack) {
   EXPECT_FALSE(f->version.empty());
   EXPECT_NE(f->version, "an earlier build");
   EXPECT_EQ(f->schema_version, k::kSchemaVersionNumber);
-  EXPECT_EQ(f->policy, a.peer_policy().Describe());
+  EXPECT_EQ(f->policy, shim.control().peer_policy().Describe());
 
-  const AllocatorStats t = a.GetStats();
+  const AllocatorStats t = shim.control().GetStats();
   EXPECT_EQ(f->totals.served_allocations, t.served_allocations);
   EXPECT_EQ(f->totals.served_bytes, t.served_bytes);
   EXPECT_EQ(f->totals.passthrough_allocations, t.passthrough_allocations);
@@ -140,7 +144,7 @@ TEST_F(StatsFileTest, WhatWriteStatsFileWritesTheCliReadsBack) {
   EXPECT_GT(t.peer_enable_calls, 0u);
   EXPECT_GT(t.paused_bytes, 0u);
 
-  const std::vector<DeviceStats> devices = a.GetStats().devices;
+  const std::vector<DeviceStats> devices = shim.control().GetStats().devices;
   ASSERT_EQ(f->devices.size(), devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
     const DeviceStats& d = devices[i];
@@ -193,7 +197,7 @@ TEST_F(StatsFileTest, WhatWriteStatsFileWritesTheCliReadsBack) {
   // The report prints from what was read.
   const std::string report = FormatReport(*f, path);
   EXPECT_NE(report.find("vmmshim statistics of pid 4242"), std::string::npos) << report;
-  EXPECT_NE(report.find("policy: " + a.peer_policy().Describe()), std::string::npos) << report;
+  EXPECT_NE(report.find("policy: " + shim.control().peer_policy().Describe()), std::string::npos) << report;
 }
 
 // Every key read into its own field: a file whose every figure is distinct

@@ -1,5 +1,6 @@
 // Contract tests of the VMM allocator on the simulated driver.
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/context.h"
 
 #include <random>
@@ -56,7 +57,8 @@ class AllocatorTest : public ::testing::Test {
 };
 
 TEST_F(AllocatorTest, DataRoundTripsThroughOwnerDevice) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   for (size_t bytes : {size_t{1}, size_t{256}, size_t{64 * 1024 + 3}, kGran, 3 * kMiB, 64 * kMiB}) {
     CUdeviceptr p = MustAllocate(a, bytes);
     std::vector<unsigned char> in(bytes), out(bytes);
@@ -66,12 +68,13 @@ TEST_F(AllocatorTest, DataRoundTripsThroughOwnerDevice) {
     EXPECT_EQ(in, out);
     ASSERT_TRUE(a.Free(p).ok());
   }
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectDriverClean();
 }
 
 TEST_F(AllocatorTest, PointersAre256ByteAlignedAndNeverOverlap) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   std::mt19937 rng(7);
   std::uniform_int_distribution<size_t> size(1, 3 * kMiB);
   std::vector<std::pair<CUdeviceptr, size_t>> live;
@@ -93,11 +96,12 @@ TEST_F(AllocatorTest, PointersAre256ByteAlignedAndNeverOverlap) {
     EXPECT_EQ(info->allocation_size, live[i].second);
   }
   for (auto [p, n] : live) ASSERT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 0u);
 }
 
 TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 10000; ++i) ptrs.push_back(MustAllocate(a, 256));
   // 10,000 x 256 B in 512-byte units, aligned as the driver aligns (slab.h):
@@ -109,9 +113,9 @@ TEST_F(AllocatorTest, TenThousandSmallAllocationsShareGranules) {
   EXPECT_EQ(sim::CallCount("cuMemSetAccess"), 3u);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
   // The empty blocks stay mapped in the cache and count as idle.
-  EXPECT_EQ(a.IdleBytes(0), 3 * kGran);
-  EXPECT_EQ(a.Trim(), 3 * kGran);
-  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(shim.control().IdleBytes(0), 3 * kGran);
+  EXPECT_EQ(shim.control().Trim(), 3 * kGran);
+  EXPECT_EQ(shim.control().IdleBytes(0), 0u);
   EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
 }
 
@@ -121,7 +125,8 @@ TEST_F(AllocatorTest, PackedBlocksGrowInLargerSteps) {
   // granule, 4 of 2 and 4 of 4, 32 granules in 16 handles instead of 32,
   // none of them left empty; a block of several granules reports its whole
   // range, as the driver does for any VMM handle.
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   sim::ResetCallCounts();
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 1000; ++i) ptrs.push_back(MustAllocate(a, 64 * 1024));
@@ -131,7 +136,7 @@ TEST_F(AllocatorTest, PackedBlocksGrowInLargerSteps) {
   EXPECT_EQ(a.Find(ptrs.front())->range_size, kGran);
   EXPECT_EQ(sim::DeviceBytesInUse(0), 32 * kGran);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.Trim(), 32 * kGran);
+  EXPECT_EQ(shim.control().Trim(), 32 * kGran);
   // Out of memory for a larger step: one granule still serves.
   ptrs.clear();
   for (int i = 0; i < 8 * 32; ++i) ptrs.push_back(MustAllocate(a, 64 * 1024));  // 8 full granules
@@ -145,7 +150,8 @@ TEST_F(AllocatorTest, PackedBlocksGrowInLargerSteps) {
 }
 
 TEST_F(AllocatorTest, LargeAllocationsGetOneHandleEach) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   sim::ResetCallCounts();
   CUdeviceptr p1 = MustAllocate(a, 3 * kMiB);
   CUdeviceptr p2 = MustAllocate(a, 4 * kMiB);
@@ -163,12 +169,13 @@ TEST_F(AllocatorTest, LargeAllocationsGetOneHandleEach) {
   EXPECT_FALSE(a.Find(p1 + 3 * kMiB).ok());
   ASSERT_TRUE(a.Free(p1).ok());
   ASSERT_TRUE(a.Free(p2).ok());
-  EXPECT_EQ(a.Trim(), 8 * kMiB);  // both were cached
+  EXPECT_EQ(shim.control().Trim(), 8 * kMiB);  // both were cached
   ExpectNoHandlesOrMappings();
 }
 
 TEST_F(AllocatorTest, PackedAllocationsReportTheirGranuleAsRange) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 1000);
   CUdeviceptr q = MustAllocate(a, 1000);
   absl::StatusOr<PointerInfo> info = a.Find(q + 10);
@@ -187,7 +194,8 @@ TEST_F(AllocatorTest, PackedAllocationsReportTheirGranuleAsRange) {
 }
 
 TEST_F(AllocatorTest, FreeParityWithTheDriver) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 4096);
   CUdeviceptr big = MustAllocate(a, 8 * kMiB);
   // Interior pointers and double frees inside shim memory: INVALID_VALUE.
@@ -202,7 +210,8 @@ TEST_F(AllocatorTest, FreeParityWithTheDriver) {
 }
 
 TEST_F(AllocatorTest, OutOfMemoryLeaksNothingAndRecovers) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr keep = MustAllocate(a, 800 * kMiB);
   absl::StatusOr<Allocator::Allocation> r = a.Allocate(300 * kMiB);
   ASSERT_FALSE(r.ok());
@@ -216,7 +225,8 @@ TEST_F(AllocatorTest, OutOfMemoryLeaksNothingAndRecovers) {
 }
 
 TEST_F(AllocatorTest, HugeRequestsFailWithOutOfMemory) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> r = a.Allocate(~size_t{0} - 5);
   EXPECT_EQ(ToCuResult(r.status()), CUDA_ERROR_OUT_OF_MEMORY);
   size_t pitch = 0;
@@ -235,7 +245,8 @@ class AllocatorFaultTest : public AllocatorTest,
 
 TEST_P(AllocatorFaultTest, FailureAtAnyStepUndoesItself) {
   const FaultCase& c = GetParam();
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   sim::FailCall(c.entry, 1, CUDA_ERROR_UNKNOWN);
   absl::StatusOr<Allocator::Allocation> r = a.Allocate(c.bytes);
   ASSERT_FALSE(r.ok()) << c.entry;
@@ -247,7 +258,7 @@ TEST_P(AllocatorFaultTest, FailureAtAnyStepUndoesItself) {
   int v = 5;
   EXPECT_EQ(sim::DeviceWrite(0, p, &v, sizeof v), CUDA_SUCCESS);
   ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectDriverClean();
 }
 
@@ -272,7 +283,8 @@ AllocatorOptions NoCache() {
 }
 
 TEST_F(AllocatorTest, FailedUnmapKeepsTheAllocationUsable) {
-  Allocator a(api_, NoCache());
+  ShimCore shim(api_, NoCache());
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_UNKNOWN);
@@ -283,7 +295,8 @@ TEST_F(AllocatorTest, FailedUnmapKeepsTheAllocationUsable) {
 }
 
 TEST_F(AllocatorTest, FailedGranuleReleaseDoesNotFailTheFree) {
-  Allocator a(api_, NoCache());
+  ShimCore shim(api_, NoCache());
+  Allocator& a = shim.allocator();
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 2 * 2048; ++i) ptrs.push_back(MustAllocate(a, 1024));  // two granules
   ASSERT_EQ(sim::GetUsage().handles, 2u);
@@ -292,12 +305,13 @@ TEST_F(AllocatorTest, FailedGranuleReleaseDoesNotFailTheFree) {
   EXPECT_EQ(sim::GetUsage().handles, 1u);  // the first stayed mapped
   CUdeviceptr again = MustAllocate(a, 1024);
   ASSERT_TRUE(a.Free(again).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectDriverClean();
 }
 
 TEST_F(AllocatorTest, FreeSynchronizesTheOwningContext) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 4096);
   MakeCurrent(2);
   const uint64_t before0 = sim::SyncCount(0), before2 = sim::SyncCount(2);
@@ -308,7 +322,8 @@ TEST_F(AllocatorTest, FreeSynchronizesTheOwningContext) {
 
 TEST_F(AllocatorTest, FreeSynchronizesOwnerWithoutCtxSynchronizeV2) {
   api_.cuCtxSynchronize_v2 = nullptr;  // drivers before 13.0
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   MakeCurrent(1);
   const uint64_t before0 = sim::SyncCount(0), before1 = sim::SyncCount(1);
@@ -322,14 +337,15 @@ TEST_F(AllocatorTest, FreeSynchronizesOwnerWithoutCtxSynchronizeV2) {
 }
 
 TEST_F(AllocatorTest, DeinitializedDriverMakesFreeForget) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuCtxSynchronize_v2", 1, CUDA_ERROR_DEINITIALIZED);
   sim::ResetCallCounts();
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_DEINITIALIZED);
   EXPECT_EQ(sim::CallCount("cuMemUnmap"), 0u);  // no driver calls after teardown
   EXPECT_FALSE(a.Find(p).ok());
-  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 0u);
 }
 
 TEST_F(AllocatorTest, DevicesWithoutVmmAndMissingContextPassThrough) {
@@ -337,7 +353,8 @@ TEST_F(AllocatorTest, DevicesWithoutVmmAndMissingContextPassThrough) {
   o.device_count = 2;
   o.devices_without_vmm = {1};
   SetUpSim(o);
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   MakeCurrent(1);
   absl::StatusOr<Allocator::Allocation> r = a.Allocate(4096);
   ASSERT_TRUE(r.ok());
@@ -350,7 +367,8 @@ TEST_F(AllocatorTest, DevicesWithoutVmmAndMissingContextPassThrough) {
 }
 
 TEST_F(AllocatorTest, EachDeviceOwnsItsMemoryAndOnlyItCanAccessIt) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   std::vector<CUdeviceptr> ptrs;
   for (int d = 0; d < 4; ++d) {
     MakeCurrent(d);
@@ -374,7 +392,8 @@ TEST_F(AllocatorTest, EachDeviceOwnsItsMemoryAndOnlyItCanAccessIt) {
 TEST_F(AllocatorTest, VaGrowsWithAnotherReservation) {
   AllocatorOptions options;
   options.reservation_bytes = 8 * kMiB;
-  Allocator a(api_, options);
+  ShimCore shim(api_, options);
+  Allocator& a = shim.allocator();
   std::vector<CUdeviceptr> ptrs;
   for (int i = 0; i < 6; ++i) ptrs.push_back(MustAllocate(a, 3 * kMiB));  // 4 MiB each
   EXPECT_EQ(sim::GetUsage().reservations, 3u);
@@ -382,12 +401,13 @@ TEST_F(AllocatorTest, VaGrowsWithAnotherReservation) {
   EXPECT_EQ(sim::GetUsage().reservations, 4u);
   ptrs.push_back(huge);
   for (CUdeviceptr p : ptrs) ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectDriverClean();
 }
 
 TEST_F(AllocatorTest, PitchedAllocations) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   size_t pitch = 0;
   absl::StatusOr<Allocator::Allocation> r = a.AllocatePitch(1000, 10, &pitch);
   ASSERT_TRUE(r.ok() && r->served);
@@ -397,10 +417,11 @@ TEST_F(AllocatorTest, PitchedAllocations) {
 }
 
 TEST_F(AllocatorTest, CachedLargeBlockIsReusedWithoutDriverCalls) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   ASSERT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.IdleBytes(0), 8 * kMiB);
+  EXPECT_EQ(shim.control().IdleBytes(0), 8 * kMiB);
   sim::ResetCallCounts();
   CUdeviceptr q = MustAllocate(a, 7 * kMiB);  // fits within a quarter: reused
   EXPECT_EQ(q, p);
@@ -408,7 +429,7 @@ TEST_F(AllocatorTest, CachedLargeBlockIsReusedWithoutDriverCalls) {
                         "cuMemUnmap", "cuMemRelease"}) {
     EXPECT_EQ(sim::CallCount(e), 0u) << e;
   }
-  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(shim.control().IdleBytes(0), 0u);
   EXPECT_EQ(a.Find(q + 1)->allocation_size, 7 * kMiB);
   int v = 3;
   EXPECT_EQ(sim::DeviceWrite(0, q, &v, sizeof v), CUDA_SUCCESS);
@@ -416,7 +437,7 @@ TEST_F(AllocatorTest, CachedLargeBlockIsReusedWithoutDriverCalls) {
   ASSERT_TRUE(a.Free(q).ok());
   CUdeviceptr small = MustAllocate(a, 2 * kMiB);
   EXPECT_NE(small, p);
-  const DeviceStats st = a.GetStats().devices[0];
+  const DeviceStats st = shim.control().GetStats().devices[0];
   EXPECT_EQ(st.cache_hits, 1u);
   EXPECT_EQ(st.cache_misses, 2u);
   // A cached block is not an allocation: freeing it again is a double free.
@@ -428,34 +449,37 @@ TEST_F(AllocatorTest, CacheIsBoundedPerDevice) {
   AllocatorOptions o;
   o.cache_limit_percent = -1;
   o.cache_limit_bytes = 8 * kMiB;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   CUdeviceptr p[3];
   for (auto& x : p) x = MustAllocate(a, 4 * kMiB);
   for (auto& x : p) ASSERT_TRUE(a.Free(x).ok());
-  EXPECT_EQ(a.IdleBytes(0), 8 * kMiB);
+  EXPECT_EQ(shim.control().IdleBytes(0), 8 * kMiB);
   EXPECT_EQ(sim::GetUsage().handles, 2u);  // the third went back to the driver
 }
 
 TEST_F(AllocatorTest, OutOfMemoryReleasesTheCacheAndRetries) {
   AllocatorOptions o;
   o.cache_limit_percent = 100;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   CUdeviceptr big = MustAllocate(a, 700 * kMiB);
   ASSERT_TRUE(a.Free(big).ok());
-  EXPECT_EQ(a.IdleBytes(0), 700 * kMiB);
+  EXPECT_EQ(shim.control().IdleBytes(0), 700 * kMiB);
   // 500 MiB does not fit next to the cached 700 MiB in 1 GiB, and the cached
   // block is too large to serve it: the cache goes, then the request succeeds.
   CUdeviceptr p = MustAllocate(a, 500 * kMiB);
-  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(shim.control().IdleBytes(0), 0u);
   EXPECT_EQ(sim::GetUsage().handles, 1u);
   ASSERT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(AllocatorTest, CachedBlocksKeepTheirAccessSet) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());  // granted to the cached block too
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());  // granted to the cached block too
   sim::ResetCallCounts();
   CUdeviceptr q = MustAllocate(a, 4 * kMiB);
   EXPECT_EQ(q, p);
@@ -468,7 +492,8 @@ TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {
   // Golden record of driver calls per operation on the fast paths: a cache
   // hit (packed or large) asks only which context is current (the driver's
   // thread-local read); the context's device is remembered per thread.
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr warm = MustAllocate(a, 512);
   CUdeviceptr large = MustAllocate(a, 4 * kMiB);
   ASSERT_TRUE(a.Free(large).ok());
@@ -493,7 +518,8 @@ TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {
 
 TEST_F(AllocatorTest, ContextSwitchesReachTheRightDevice) {
   // The per-thread memo of the context's device must follow cuCtxSetCurrent.
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUcontext ctx1;
   ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS);
   CUdeviceptr on0 = MustAllocate(a, 512);
@@ -509,7 +535,8 @@ TEST_F(AllocatorTest, CacheHitDoesNotWaitForAnotherThreadsDriverCalls) {
   // One thread's new allocation is parked inside cuMemCreate; a cache hit
   // and a free on the same device complete meanwhile (no heap lock is held
   // across the driver call).
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr cached = MustAllocate(a, 4 * kMiB);
   CUdeviceptr small = MustAllocate(a, 512);
   ASSERT_TRUE(a.Free(cached).ok());
@@ -537,7 +564,8 @@ TEST_F(AllocatorTest, CacheHitDoesNotWaitForAnotherThreadsDriverCalls) {
 TEST_F(AllocatorTest, PeerEnabledDuringANewAllocationIsGranted) {
   // EnablePeer runs while a new block's cuMemCreate is in progress without
   // the heap lock: the block must still end up granted to the peer.
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUcontext ctx;
   ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
   sim::HoldCalls("cuMemCreate");
@@ -547,20 +575,21 @@ TEST_F(AllocatorTest, PeerEnabledDuringANewAllocationIsGranted) {
     p = MustAllocate(a, 4 * kMiB);
   });
   ASSERT_TRUE(sim::WaitForHeldCall(10000));
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
   sim::ReleaseHeldCalls();
   t.join();
   ASSERT_NE(p.load(), 0u);
   char c;
   EXPECT_EQ(sim::DeviceRead(1, &c, p.load(), 1), CUDA_SUCCESS);
-  EXPECT_TRUE(a.peers().PeerHasAccess(p.load(), 1).value());
+  EXPECT_TRUE(shim.peers().PeerHasAccess(p.load(), 1).value());
   ASSERT_TRUE(a.Free(p.load()).ok());
 }
 
 TEST_F(AllocatorTest, ReleaseContextReleasesOnlyThatContextsMemory) {
   // What cuCtxDestroy / cudaDeviceReset do to a context's cuMemAlloc memory,
   // for shim memory: live, cached and packed, in that context only.
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const size_t baseline = sim::DeviceBytesInUse(1);
   CUdeviceptr keep = MustAllocate(a, 4 * kMiB);  // primary context of device 0
   CUcontext created;
@@ -576,7 +605,7 @@ TEST_F(AllocatorTest, ReleaseContextReleasesOnlyThatContextsMemory) {
   EXPECT_EQ(sim::DeviceBytesInUse(1), baseline);  // device memory as before
   EXPECT_FALSE(a.Find(live).ok());
   EXPECT_EQ(ToCuResult(a.Free(small)), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(a.GetStats().live_allocations, 1u);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 1u);
   // Allocating again in a new context works; the other context is untouched.
   ASSERT_EQ(sim::cuCtxDestroy_v2(created), CUDA_SUCCESS);
   ASSERT_EQ(sim::cuCtxCreate_v2(&created, 0, 1), CUDA_SUCCESS);
@@ -601,9 +630,10 @@ TEST_F(AllocatorTest, CompressionIsVerifiedAndFallsBack) {
     SetUpSim(o);
     AllocatorOptions options;
     options.compression = true;
-    Allocator a(api_, options);
+    ShimCore shim(api_, options);
+    Allocator& a = shim.allocator();
     CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-    EXPECT_EQ(a.GetStats().devices[0].compression,
+    EXPECT_EQ(shim.control().GetStats().devices[0].compression,
               supported ? CompressionState::kGranted : CompressionState::kUnsupported);
     ASSERT_TRUE(a.Free(p).ok());
   }
@@ -615,10 +645,11 @@ TEST_F(AllocatorTest, CompressionIsVerifiedAndFallsBack) {
   SetUpSim(o);
   AllocatorOptions options;
   options.compression = true;
-  Allocator a(api_, options);
+  ShimCore shim(api_, options);
+  Allocator& a = shim.allocator();
   sim::FailCall("cuMemGetAllocationPropertiesFromHandle", 1, CUDA_ERROR_NOT_SUPPORTED);
   CUdeviceptr p = MustAllocate(a, 4 * kMiB);
-  EXPECT_EQ(a.GetStats().devices[0].compression, CompressionState::kNotGranted);
+  EXPECT_EQ(shim.control().GetStats().devices[0].compression, CompressionState::kNotGranted);
   sim::ResetCallCounts();
   CUdeviceptr q = MustAllocate(a, 64 * kMiB);
   EXPECT_EQ(sim::CallCount("cuMemGetAllocationPropertiesFromHandle"), 0u);
@@ -626,7 +657,8 @@ TEST_F(AllocatorTest, CompressionIsVerifiedAndFallsBack) {
 }
 
 TEST_F(AllocatorTest, ConcurrentAllocateAndFree) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -650,9 +682,9 @@ TEST_F(AllocatorTest, ConcurrentAllocateAndFree) {
     });
   }
   for (auto& th : threads) th.join();
-  EXPECT_EQ(a.GetStats().live_allocations, 0u);
-  EXPECT_EQ(a.GetStats().live_bytes, 0u);
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 0u);
+  EXPECT_EQ(shim.control().GetStats().live_bytes, 0u);
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectDriverClean();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/device_heap.h"
 #include "core/sync/shared_gate.h"
@@ -117,7 +118,8 @@ TEST_F(ArenaConcurrencyTest, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild)
   // while fewer than nine slots are held. Not 64: PrepareFork then holds
   // more locks at once than ThreadSanitizer's deadlock detector can track.
   o.arenas = 8;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   (void)ThreadSlot();  // this thread's slot first
   std::atomic<int> stage{0};
   int worker_slot = -1;
@@ -135,13 +137,13 @@ TEST_F(ArenaConcurrencyTest, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild)
   });
   while (stage.load() != 1) std::this_thread::yield();
   ASSERT_NE(cached, 0u);
-  ASSERT_EQ(a.IdleBytes(0), 4 * kTestMiB);
+  ASSERT_EQ(shim.control().IdleBytes(0), 4 * kTestMiB);
 
-  a.PrepareFork();
+  shim.PrepareFork();
   fflush(nullptr);
   const std::string result = InChild(
       [&]() -> std::string {
-        a.AfterFork(true);
+        shim.AfterFork(true);
         // Only this thread lives here: the worker's slot is free.
         std::string held;
         if (ThreadSlotHeld(worker_slot)) {
@@ -169,7 +171,7 @@ TEST_F(ArenaConcurrencyTest, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild)
         return held.empty() && msg.empty() ? std::string() : held + msg;
       },
       10);
-  a.AfterFork(false);
+  shim.AfterFork(false);
   stage = 2;
   worker.join();
   EXPECT_EQ(result, "");
@@ -188,7 +190,8 @@ TEST_F(ArenaConcurrencyTest, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
   o.arenas = 64;
   o.cache_limit_percent = -1;
   o.cache_limit_bytes = 4 * kTestMiB;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   constexpr int kRounds = 3000;
   std::atomic<int> arrived{0};
   auto barrier = [&](int& phase) {
@@ -209,11 +212,11 @@ TEST_F(ArenaConcurrencyTest, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
       if (r.ok() && r->served) (void)a.Free(r->ptr);
       barrier(phase);
       if (me == 0) {
-        const size_t idle = a.IdleBytes(0);
+        const size_t idle = shim.control().IdleBytes(0);
         if (idle > 4 * kTestMiB) {
           ++violations;
           if (idle > worst) worst = idle;
-          a.Trim(0);
+          shim.control().Trim(0);
         }
       }
       barrier(phase);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/sync/context_sync.h"
 #include "core/sync/shared_gate.h"
 #include "core/sync/thread_slot.h"
@@ -270,7 +271,8 @@ class ArenaTest : public SimTest {
 };
 
 TEST_F(ArenaTest, LiveThreadsPackIntoGranulesOfTheirOwn) {
-  Allocator a(api_, OneArenaPerSlot());
+  ShimCore shim(api_, OneArenaPerSlot());
+  Allocator& a = shim.allocator();
   Workers w(2, ctx_);
   CUdeviceptr p = 0, q = 0;
   w.Run(0, [&] { p = MustAllocate(a, 512); });
@@ -284,7 +286,8 @@ TEST_F(ArenaTest, LiveThreadsPackIntoGranulesOfTheirOwn) {
   // With one arena both share the granule (the behaviour before arenas).
   AllocatorOptions one;
   one.arenas = 1;
-  Allocator b(api_, one);
+  ShimCore shim_b(api_, one);
+  Allocator& b = shim_b.allocator();
   w.Run(0, [&] { p = MustAllocate(b, 512); });
   w.Run(1, [&] { q = MustAllocate(b, 512); });
   EXPECT_EQ(b.Find(p)->range_base, b.Find(q)->range_base);
@@ -293,7 +296,8 @@ TEST_F(ArenaTest, LiveThreadsPackIntoGranulesOfTheirOwn) {
 }
 
 TEST_F(ArenaTest, ANewThreadTakesTheSlotAndCacheAnExitedThreadLeft) {
-  Allocator a(api_, OneArenaPerSlot());
+  ShimCore shim(api_, OneArenaPerSlot());
+  Allocator& a = shim.allocator();
   int first_slot = -1, second_slot = -1;
   CUdeviceptr p = 0, q = 0, g = 0, h = 0;
   OnNewThread([&] {
@@ -318,7 +322,8 @@ TEST_F(ArenaTest, ANewThreadTakesTheSlotAndCacheAnExitedThreadLeft) {
 }
 
 TEST_F(ArenaTest, AMissTakesCachedMemoryOfAnIdleArenaButNotOfABusyOne) {
-  Allocator a(api_, OneArenaPerSlot());
+  ShimCore shim(api_, OneArenaPerSlot());
+  Allocator& a = shim.allocator();
   Workers w(2, ctx_);
   CUdeviceptr busy = 0, idle = 0, got = 0;
   // Worker 0's arena caches a 4 MiB block; worker 0 stays alive.
@@ -345,36 +350,39 @@ TEST_F(ArenaTest, TheCacheLimitHoldsForAllArenasTogether) {
   AllocatorOptions o = OneArenaPerSlot();
   o.cache_limit_percent = -1;
   o.cache_limit_bytes = 8 * kTestMiB;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   Workers w(2, ctx_);
   w.Run(0, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 4 * kTestMiB)).ok()); });
-  EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
+  EXPECT_EQ(shim.control().IdleBytes(0), 4 * kTestMiB);
   // 4 + 6 MiB would pass the limit: the second arena's block is released.
   w.Run(1, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 6 * kTestMiB)).ok()); });
-  EXPECT_EQ(a.IdleBytes(0), 4 * kTestMiB);
-  EXPECT_EQ(a.GetStats().devices[0].cached_bytes, 4 * kTestMiB);
-  EXPECT_EQ(a.GetStats().devices[0].handle_bytes, 4 * kTestMiB);
+  EXPECT_EQ(shim.control().IdleBytes(0), 4 * kTestMiB);
+  EXPECT_EQ(shim.control().GetStats().devices[0].cached_bytes, 4 * kTestMiB);
+  EXPECT_EQ(shim.control().GetStats().devices[0].handle_bytes, 4 * kTestMiB);
 }
 
 TEST_F(ArenaTest, OutOfMemoryReleasesTheOtherArenasCaches) {
   AllocatorOptions o = OneArenaPerSlot();
   o.cache_limit_percent = 100;
-  Allocator a(api_, o);  // 256 MiB devices
+  ShimCore shim(api_, o);  // 256 MiB devices
+  Allocator& a = shim.allocator();
   Workers w(2, ctx_);
   w.Run(0, [&] { ASSERT_TRUE(a.Free(MustAllocate(a, 160 * kTestMiB)).ok()); });
-  EXPECT_EQ(a.IdleBytes(0), 160 * kTestMiB);
+  EXPECT_EQ(shim.control().IdleBytes(0), 160 * kTestMiB);
   CUdeviceptr q = 0;
   w.Run(1, [&] { q = MustAllocate(a, 200 * kTestMiB); });  // too big for the cached block
   EXPECT_NE(q, 0u);
-  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(shim.control().IdleBytes(0), 0u);
   ASSERT_TRUE(a.Free(q).ok());
   // Trim (vmmshim_release_cached_memory) covers every arena.
-  EXPECT_EQ(a.Trim(-1), 200 * kTestMiB);
-  EXPECT_EQ(a.GetStats().devices[0].handle_bytes, 0u);
+  EXPECT_EQ(shim.control().Trim(-1), 200 * kTestMiB);
+  EXPECT_EQ(shim.control().GetStats().devices[0].handle_bytes, 0u);
 }
 
 TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
-  Allocator a(api_, OneArenaPerSlot());
+  ShimCore shim(api_, OneArenaPerSlot());
+  Allocator& a = shim.allocator();
   Workers w(2, ctx_);
   CUdeviceptr p = 0, q = 0;
   w.Run(0, [&] { p = MustAllocate(a, 4 * kTestMiB); });
@@ -383,7 +391,7 @@ TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
   EXPECT_FALSE(a.Find(p).ok());
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_INVALID_VALUE);  // double free
   ASSERT_TRUE(a.Free(q).ok());
-  const DeviceStats s = a.GetStats().devices[0];
+  const DeviceStats s = shim.control().GetStats().devices[0];
   EXPECT_EQ(s.allocations, 2u);
   EXPECT_EQ(s.frees, 2u);
   EXPECT_EQ(s.live_allocations, 0u);
@@ -394,22 +402,23 @@ TEST_F(ArenaTest, FiguresAreSumsAndPeaksOfTheSum) {
 }
 
 TEST_F(ArenaTest, PeerChangesAndContextReleasesReachEveryArena) {
-  Allocator a(api_, OneArenaPerSlot());
+  ShimCore shim(api_, OneArenaPerSlot());
+  Allocator& a = shim.allocator();
   Workers w(2, ctx_);
   CUdeviceptr p = 0, q = 0;
   w.Run(0, [&] { p = MustAllocate(a, 4 * kTestMiB); });
   w.Run(1, [&] { q = MustAllocate(a, 512); });
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
-  EXPECT_TRUE(*a.peers().PeerHasAccess(p, 1));
-  EXPECT_TRUE(*a.peers().PeerHasAccess(q, 1));
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
+  EXPECT_TRUE(*shim.peers().PeerHasAccess(p, 1));
+  EXPECT_TRUE(*shim.peers().PeerHasAccess(q, 1));
   char c = 0;
   EXPECT_EQ(sim::DeviceRead(1, &c, q, 1), CUDA_SUCCESS);
-  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
-  EXPECT_FALSE(*a.peers().PeerHasAccess(p, 1));
-  EXPECT_FALSE(*a.peers().PeerHasAccess(q, 1));
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
+  EXPECT_FALSE(*shim.peers().PeerHasAccess(p, 1));
+  EXPECT_FALSE(*shim.peers().PeerHasAccess(q, 1));
   EXPECT_EQ(a.ReleaseContext(ctx_, /*synchronize=*/true), 4 * kTestMiB + 2 * kTestMiB);
-  EXPECT_EQ(a.GetStats().devices[0].context_releases, 1u);
-  EXPECT_EQ(a.GetStats().devices[0].handle_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().devices[0].context_releases, 1u);
+  EXPECT_EQ(shim.control().GetStats().devices[0].handle_bytes, 0u);
 }
 
 }  // namespace

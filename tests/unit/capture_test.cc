@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -24,8 +25,8 @@ class CaptureTest : public SimTest {
     ctx_ = MakeCurrent(0);
   }
   // What the hooks do around the driver's begin and end.
-  void Begin(Allocator& a, CUstreamCaptureMode mode) {
-    ASSERT_EQ(a.captures().BeginCapture(kStream, false,
+  void Begin(ShimCore& shim, CUstreamCaptureMode mode) {
+    ASSERT_EQ(shim.captures().BeginCapture(kStream, false,
                                         [&] { return sim::cuStreamBeginCapture_v2(kStream, mode); }),
               CUDA_SUCCESS);
   }
@@ -44,21 +45,23 @@ class CaptureTest : public SimTest {
 };
 
 TEST_F(CaptureTest, GlobalModeRefusesAllocateAndFreeAndInvalidatesTheCapture) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
-  Begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  Begin(shim, CU_STREAM_CAPTURE_MODE_GLOBAL);
   EXPECT_EQ(ToCuResult(a.Allocate(256).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   EXPECT_TRUE(a.Find(p).ok());  // a refused free leaves the allocation live
   EXPECT_EQ(End(a), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-  EXPECT_FALSE(a.captures().any());
+  EXPECT_FALSE(shim.captures().any());
   EXPECT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(CaptureTest, GlobalModeRefusesAnotherThreadToo) {
-  Allocator a(api_);
-  Begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Begin(shim, CU_STREAM_CAPTURE_MODE_GLOBAL);
   std::thread t([&] {
     ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
     EXPECT_EQ(ToCuResult(a.Allocate(256).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -68,8 +71,9 @@ TEST_F(CaptureTest, GlobalModeRefusesAnotherThreadToo) {
 }
 
 TEST_F(CaptureTest, ThreadLocalModeRefusesOnlyTheCapturingThread) {
-  Allocator a(api_);
-  Begin(a, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Begin(shim, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
   std::thread t([&] {
     ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(4 * kMiB);
@@ -83,10 +87,11 @@ TEST_F(CaptureTest, ThreadLocalModeRefusesOnlyTheCapturingThread) {
 }
 
 TEST_F(CaptureTest, RelaxedModeFreeIsDeferredUntilALaterSynchronize) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr big = MustAllocate(a, 8 * kMiB);
   const CUdeviceptr small = MustAllocate(a, 4096);
-  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  Begin(shim, CU_STREAM_CAPTURE_MODE_RELAXED);
   sim::ResetCallCounts();
   EXPECT_TRUE(a.Free(big).ok());
   EXPECT_TRUE(a.Free(small).ok());
@@ -95,7 +100,7 @@ TEST_F(CaptureTest, RelaxedModeFreeIsDeferredUntilALaterSynchronize) {
   EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
   EXPECT_FALSE(a.Find(big).ok());                         // gone for the application
   EXPECT_EQ(ToCuResult(a.Free(big)), CUDA_ERROR_INVALID_VALUE);  // a second free
-  EXPECT_EQ(a.GetStats().deferred_frees, 2u);
+  EXPECT_EQ(shim.control().GetStats().deferred_frees, 2u);
   // Held back: new allocations of the same sizes get other memory.
   const CUdeviceptr big2 = MustAllocate(a, 8 * kMiB);
   const CUdeviceptr small2 = MustAllocate(a, 4096);
@@ -105,22 +110,23 @@ TEST_F(CaptureTest, RelaxedModeFreeIsDeferredUntilALaterSynchronize) {
   EXPECT_EQ(End(a), CUDA_SUCCESS);
   // The next free synchronizes the context: the deferred frees complete.
   EXPECT_TRUE(a.Free(small2).ok());
-  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_EQ(shim.control().GetStats().deferred_frees, 0u);
   EXPECT_EQ(MustAllocate(a, 8 * kMiB), big);  // from the cache now
   EXPECT_TRUE(a.Free(big).ok());
   EXPECT_TRUE(a.Free(big2).ok());
 }
 
 TEST_F(CaptureTest, TrimCompletesDeferredFreesOnceTheCaptureEnded) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
-  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  Begin(shim, CU_STREAM_CAPTURE_MODE_RELAXED);
   EXPECT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.Trim(), 0u);  // still capturing: nothing can be synchronized
-  EXPECT_EQ(a.GetStats().live_allocations, 1u);
+  EXPECT_EQ(shim.control().Trim(), 0u);  // still capturing: nothing can be synchronized
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 1u);
   EXPECT_EQ(End(a), CUDA_SUCCESS);
-  EXPECT_EQ(a.Trim(), 8 * kMiB);
-  EXPECT_EQ(a.GetStats().live_allocations, 0u);
+  EXPECT_EQ(shim.control().Trim(), 8 * kMiB);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 0u);
   EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
 }
 
@@ -129,25 +135,27 @@ TEST_F(CaptureTest, OutOfMemoryReclaimsDeferredFreesOnceTheCaptureEnded) {
   MakeCurrent(0);
   AllocatorOptions no_cache;
   no_cache.cache_limit_percent = -1;
-  Allocator a(api_, no_cache);
+  ShimCore shim(api_, no_cache);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 48 * kMiB);
-  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  Begin(shim, CU_STREAM_CAPTURE_MODE_RELAXED);
   EXPECT_TRUE(a.Free(p).ok());
   EXPECT_EQ(ToCuResult(a.Allocate(48 * kMiB).status()), CUDA_ERROR_OUT_OF_MEMORY);  // held back
   EXPECT_EQ(End(a), CUDA_SUCCESS);
   const CUdeviceptr q = MustAllocate(a, 48 * kMiB);  // the deferred free completes first
   EXPECT_NE(q, 0u);
-  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_EQ(shim.control().GetStats().deferred_frees, 0u);
   EXPECT_TRUE(a.Free(q).ok());
 }
 
 TEST_F(CaptureTest, FreeAsyncOnTheCapturingStreamIsInvalidValueAndTheCaptureGoesOn) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 256);
   for (CUstreamCaptureMode mode : {CU_STREAM_CAPTURE_MODE_GLOBAL,
                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                                    CU_STREAM_CAPTURE_MODE_RELAXED}) {
-    Begin(a, mode);
+    Begin(shim, mode);
     EXPECT_EQ(ToCuResult(a.FreeAsync(p, kStream, false)), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
     EXPECT_EQ(End(a), CUDA_SUCCESS);
@@ -156,20 +164,22 @@ TEST_F(CaptureTest, FreeAsyncOnTheCapturingStreamIsInvalidValueAndTheCaptureGoes
 }
 
 TEST_F(CaptureTest, FreeAsyncOnAnotherStreamFollowsTheUnsafeCallRule) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 256);
   const CUstream other = reinterpret_cast<CUstream>(0x52);
-  Begin(a, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  Begin(shim, CU_STREAM_CAPTURE_MODE_GLOBAL);
   EXPECT_EQ(ToCuResult(a.FreeAsync(p, other, false)), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   EXPECT_EQ(End(a), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-  Begin(a, CU_STREAM_CAPTURE_MODE_RELAXED);
+  Begin(shim, CU_STREAM_CAPTURE_MODE_RELAXED);
   EXPECT_TRUE(a.FreeAsync(p, other, false).ok());
   EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
   EXPECT_EQ(End(a), CUDA_SUCCESS);
 }
 
 TEST_F(CaptureTest, NoCaptureMeansNoProbe) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   sim::ResetCallCounts();
   const CUdeviceptr p = MustAllocate(a, 256);
   EXPECT_TRUE(a.Free(p).ok());

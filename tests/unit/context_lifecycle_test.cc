@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -39,14 +40,14 @@ class ContextLifecycleTest : public SimTest {
  protected:
   void SetUp() override {
     StartSim();
-    allocator_ = std::make_unique<Allocator>(api_);
+    core_ = std::make_unique<ShimCore>(api_);
     g_at_real = {};
   }
   // Retains the primary context of `device` and makes it current.
   CUcontext RetainPrimary(int device) { return MakeCurrent(device); }
-  CUdeviceptr Alloc(size_t bytes) { return MustAllocate(*allocator_, bytes); }
-  bool Live(CUdeviceptr p) const { return allocator_->Find(p).ok(); }
-  ContextLifecycle Lifecycle() const { return ContextLifecycle(api_, *allocator_, nullptr); }
+  CUdeviceptr Alloc(size_t bytes) { return MustAllocate(core_->allocator(), bytes); }
+  bool Live(CUdeviceptr p) const { return core_->allocator().Find(p).ok(); }
+  ContextLifecycle Lifecycle() const { return ContextLifecycle(api_, core_->allocator(), nullptr); }
   static bool PrimaryActive(int device) {
     unsigned int flags = 0;
     int active = -1;
@@ -54,7 +55,7 @@ class ContextLifecycleTest : public SimTest {
     return active != 0;
   }
 
-  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<ShimCore> core_;
 };
 
 TEST_F(ContextLifecycleTest, ActivePrimaryContextKeepsTheReferenceCount) {
@@ -87,12 +88,12 @@ TEST_F(ContextLifecycleTest, ResetReleasesThePrimaryContextsMemorySynchronizedFi
   EXPECT_EQ(g_at_real.device_bytes, baseline);
   EXPECT_FALSE(Live(large));
   EXPECT_FALSE(Live(small));
-  EXPECT_EQ(ToCuResult(allocator_->Free(small)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ToCuResult(core_->allocator().Free(small)), CUDA_ERROR_INVALID_VALUE);
   EXPECT_FALSE(PrimaryActive(0));
   // The device works again after the reset.
   RetainPrimary(0);
   CUdeviceptr again = Alloc(8 * kMiB);
-  EXPECT_TRUE(allocator_->Free(again).ok());
+  EXPECT_TRUE(core_->allocator().Free(again).ok());
 }
 
 TEST_F(ContextLifecycleTest, ResetOfAnInactiveContextOnlyCallsTheDriver) {
@@ -105,7 +106,7 @@ TEST_F(ContextLifecycleTest, ResetOfAnInactiveContextOnlyCallsTheDriver) {
   EXPECT_TRUE(Live(other));
   EXPECT_EQ(Lifecycle().PrimaryCtxReset(api_.cuDevicePrimaryCtxReset_v2, 7),
             CUDA_ERROR_INVALID_DEVICE);  // the driver's code, unchanged
-  EXPECT_TRUE(allocator_->Free(other).ok());
+  EXPECT_TRUE(core_->allocator().Free(other).ok());
 }
 
 TEST_F(ContextLifecycleTest, ReleaseOfANonLastReferenceKeepsTheMemory) {
@@ -117,7 +118,7 @@ TEST_F(ContextLifecycleTest, ReleaseOfANonLastReferenceKeepsTheMemory) {
   EXPECT_TRUE(Live(p));
   int v = 7;
   EXPECT_EQ(sim::DeviceWrite(0, p, &v, sizeof v), CUDA_SUCCESS);
-  EXPECT_TRUE(allocator_->Free(p).ok());
+  EXPECT_TRUE(core_->allocator().Free(p).ok());
 }
 
 TEST_F(ContextLifecycleTest, LastReleaseFreesTheMemoryWithoutSynchronizing) {
@@ -158,7 +159,7 @@ TEST_F(ContextLifecycleTest, DestroyReleasesThatContextsMemoryWithoutSynchronizi
   EXPECT_FALSE(Live(gone));
   EXPECT_FALSE(Live(gone_small));
   EXPECT_TRUE(Live(keep));
-  EXPECT_TRUE(allocator_->Free(keep).ok());
+  EXPECT_TRUE(core_->allocator().Free(keep).ok());
 }
 
 TEST_F(ContextLifecycleTest, DestroyForgetsTheContextsDevice) {
@@ -167,15 +168,15 @@ TEST_F(ContextLifecycleTest, DestroyForgetsTheContextsDevice) {
   CUcontext first;
   ASSERT_EQ(sim::cuCtxCreate_v2(&first, 0, 1), CUDA_SUCCESS);
   CUdeviceptr p = Alloc(4096);  // the allocator now knows `first` is device 1's
-  ASSERT_EQ(allocator_->Find(p)->device, 1);
+  ASSERT_EQ(core_->allocator().Find(p)->device, 1);
   ASSERT_EQ(Lifecycle().CtxDestroy(api_.cuCtxDestroy_v2, first), CUDA_SUCCESS);
   CUcontext second;
   ASSERT_EQ(sim::cuCtxCreate_v2(&second, 0, 0), CUDA_SUCCESS);
   if (second != first) GTEST_SKIP() << "the simulated driver did not reuse the handle";
   CUdeviceptr q = Alloc(4096);
-  ASSERT_TRUE(allocator_->Find(q).ok());
-  EXPECT_EQ(allocator_->Find(q)->device, 0);
-  EXPECT_TRUE(allocator_->Free(q).ok());
+  ASSERT_TRUE(core_->allocator().Find(q).ok());
+  EXPECT_EQ(core_->allocator().Find(q)->device, 0);
+  EXPECT_TRUE(core_->allocator().Free(q).ok());
   ASSERT_EQ(sim::cuCtxDestroy_v2(second), CUDA_SUCCESS);
 }
 
@@ -185,7 +186,7 @@ TEST_F(ContextLifecycleTest, FailedDestroyReleasesNothing) {
   // The simulated driver destroys only created contexts.
   EXPECT_EQ(Lifecycle().CtxDestroy(api_.cuCtxDestroy_v2, primary), CUDA_ERROR_INVALID_CONTEXT);
   EXPECT_TRUE(Live(p));
-  EXPECT_TRUE(allocator_->Free(p).ok());
+  EXPECT_TRUE(core_->allocator().Free(p).ok());
 }
 
 TEST_F(ContextLifecycleTest, MissingEntryPointIsNotInitializedAndChangesNothing) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -38,9 +39,10 @@ class FailureRecoveryTest : public SimTest {
 TEST_F(FailureRecoveryTest, FreeRacingTheLastCaptureEndIsReclaimed) {
   AllocatorOptions no_cache;
   no_cache.cache_limit_percent = -1;
-  Allocator a(api_, no_cache);
+  ShimCore shim(api_, no_cache);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
-  ASSERT_EQ(a.captures().BeginCapture(kStream, false, [&] {
+  ASSERT_EQ(shim.captures().BeginCapture(kStream, false, [&] {
     return sim::cuStreamBeginCapture_v2(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
   }), CUDA_SUCCESS);
   sim::HoldCalls("cuMemFree_v2");  // the probe FreeGated makes after any()
@@ -58,9 +60,9 @@ TEST_F(FailureRecoveryTest, FreeRacingTheLastCaptureEndIsReclaimed) {
   sim::ReleaseHeldCalls();
   t.join();
   ender.join();
-  EXPECT_FALSE(a.captures().any());
+  EXPECT_FALSE(shim.captures().any());
   // No capture in progress, yet the free is held back and the memory mapped.
-  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_EQ(shim.control().GetStats().deferred_frees, 0u);
   EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
 }
 
@@ -68,17 +70,18 @@ TEST_F(FailureRecoveryTest, FreeRacingTheLastCaptureEndIsReclaimed) {
 // ended through the plain one (same stream, legal) is never forgotten:
 // every later free is deferred.
 TEST_F(FailureRecoveryTest, CaptureEndedThroughTheOtherEntryPointIsForgotten) {
-  Allocator a(api_);
-  ASSERT_EQ(a.captures().BeginCapture(kStream, /*per_thread=*/true, [&] {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  ASSERT_EQ(shim.captures().BeginCapture(kStream, /*per_thread=*/true, [&] {
     return sim::cuStreamBeginCapture_v2_ptsz(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
   }), CUDA_SUCCESS);
   CUgraph g = nullptr;
   ASSERT_EQ(sim::cuStreamEndCapture(kStream, &g), CUDA_SUCCESS);
   a.CaptureEnded(kStream, /*per_thread=*/false);
-  EXPECT_FALSE(a.captures().any());
+  EXPECT_FALSE(shim.captures().any());
   const CUdeviceptr p = MustAllocate(a, 4096);
   EXPECT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.GetStats().deferred_frees, 0u);
+  EXPECT_EQ(shim.control().GetStats().deferred_frees, 0u);
 }
 
 // 3. CreateBlockLocked: a peer enabled while cuMemMap runs unlocked, then
@@ -86,7 +89,8 @@ TEST_F(FailureRecoveryTest, CaptureEndedThroughTheOtherEntryPointIsForgotten) {
 // ForgetBlockLocked decrements live_allocations for a large block that was
 // never counted.
 TEST_F(FailureRecoveryTest, FailedReconcileAfterPeerEnableKeepsLiveAllocations) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   ASSERT_TRUE(a.Allocate(256).ok());  // heap exists
   sim::HoldCalls("cuMemMap");
   std::atomic<bool> done{false};
@@ -97,21 +101,22 @@ TEST_F(FailureRecoveryTest, FailedReconcileAfterPeerEnableKeepsLiveAllocations) 
     done = true;
   });
   ASSERT_TRUE(sim::WaitForHeldCall(10000));
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());  // grants the existing granule
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());  // grants the existing granule
   // MapWithAccess's cuMemSetAccess succeeds; ApplyAccessLocked's fails.
   sim::FailCall("cuMemSetAccess", 2, CUDA_ERROR_UNKNOWN);
   sim::ReleaseHeldCalls();
   t.join();
   EXPECT_FALSE(st.ok());
-  EXPECT_EQ(a.GetStats().live_allocations, 1u);  // the 256-byte one
-  EXPECT_EQ(a.GetStats().live_bytes, 256u);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 1u);  // the 256-byte one
+  EXPECT_EQ(shim.control().GetStats().live_bytes, 256u);
 }
 
 // 4. ReleaseContext with a failed cuMemUnmap forgets a block that is still
 // mapped and returns its VA to the arena; the next block gets that VA and
 // cuMemMap fails (and the handle is leaked, uncounted).
 TEST_F(FailureRecoveryTest, ReleaseContextWithFailedUnmapDoesNotReuseTheVa) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   a.ReleaseContext(ctx_, true);
@@ -119,7 +124,7 @@ TEST_F(FailureRecoveryTest, ReleaseContextWithFailedUnmapDoesNotReuseTheVa) {
   EXPECT_TRUE(r.ok()) << r.status();
   r = a.Allocate(8 * kMiB);
   EXPECT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(a.GetStats().handles, sim::GetUsage().handles);
+  EXPECT_EQ(shim.control().GetStats().handles, sim::GetUsage().handles);
 }
 
 // 5. packing_threshold above the granularity: AllocateSlow dereferences an
@@ -127,7 +132,8 @@ TEST_F(FailureRecoveryTest, ReleaseContextWithFailedUnmapDoesNotReuseTheVa) {
 TEST_F(FailureRecoveryTest, PackingThresholdAboveGranularityIsClamped) {
   AllocatorOptions o;
   o.packing_threshold = 8 * kMiB;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   absl::StatusOr<PointerInfo> info = a.Find(p);
   ASSERT_TRUE(info.ok());
@@ -144,14 +150,15 @@ namespace {
 // 6. A sealed granule (explicit grant) whose last free cannot unmap it is
 // in no bin: Trim never retries it, it stays mapped and held until ReleaseAll.
 TEST_F(FailureRecoveryTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 256);
-  ASSERT_TRUE(a.peers().SetPeerAccess(p, 1, true).ok());  // seals the granule
+  ASSERT_TRUE(shim.peers().SetPeerAccess(p, 1, true).ok());  // seals the granule
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   EXPECT_TRUE(a.Free(p).ok());
-  a.Trim();
+  shim.control().Trim();
   EXPECT_EQ(sim::GetUsage().handles, 0u);
-  EXPECT_EQ(a.GetStats().handles, 0u);
+  EXPECT_EQ(shim.control().GetStats().handles, 0u);
 }
 
 // 7. A large free whose cuMemRelease fails: the mapping is gone, so the free
@@ -160,17 +167,18 @@ TEST_F(FailureRecoveryTest, SealedEmptyGranuleThatFailedToUnmapIsRetriedByTrim) 
 TEST_F(FailureRecoveryTest, LargeFreeWithFailedReleaseSucceedsAndKeepsTheHandleCounted) {
   AllocatorOptions no_cache;
   no_cache.cache_limit_percent = -1;
-  Allocator a(api_, no_cache);
+  ShimCore shim(api_, no_cache);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
   absl::Status first = a.Free(p);
   absl::Status second = a.Free(p);
   EXPECT_TRUE(first.ok()) << first;
   EXPECT_EQ(ToCuResult(second), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(a.GetStats().handles, 1u);
+  EXPECT_EQ(shim.control().GetStats().handles, 1u);
   EXPECT_EQ(sim::GetUsage().handles, 1u);
-  a.Trim();  // retries the release
-  EXPECT_EQ(a.GetStats().handles, 0u);
+  shim.control().Trim();  // retries the release
+  EXPECT_EQ(shim.control().GetStats().handles, 0u);
   EXPECT_EQ(sim::GetUsage().handles, 0u);
 }
 

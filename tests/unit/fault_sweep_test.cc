@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -30,7 +31,8 @@ void Prepare() {
 }
 
 // The scenario; returns every non-OK status it met, in order.
-std::vector<absl::Status> Scenario(Allocator& a) {
+std::vector<absl::Status> Scenario(ShimCore& shim) {
+  Allocator& a = shim.allocator();
   std::vector<absl::Status> errors;
   auto note = [&](const absl::Status& s) {
     if (!s.ok()) errors.push_back(s);
@@ -41,17 +43,17 @@ std::vector<absl::Status> Scenario(Allocator& a) {
     note(r.status());
     if (r.ok() && r->served) live.push_back(r->ptr);
   }
-  note(a.peers().EnablePeer(1, 0));
+  note(shim.peers().EnablePeer(1, 0));
   if (!live.empty()) {
-    note(a.peers().SetPeerAccess(live.back(), 2, true));
-    note(a.peers().SetPeerAccess(live.back(), 2, false));
+    note(shim.peers().SetPeerAccess(live.back(), 2, true));
+    note(shim.peers().SetPeerAccess(live.back(), 2, false));
   }
   absl::StatusOr<Allocator::Allocation> later = a.Allocate(6 * kMiB);
   note(later.status());
   if (later.ok() && later->served) live.push_back(later->ptr);
-  note(a.peers().DisablePeer(1, 0));
+  note(shim.peers().DisablePeer(1, 0));
   for (CUdeviceptr p : live) note(a.Free(p));
-  a.Trim();
+  shim.control().Trim();
   return errors;
 }
 
@@ -69,8 +71,9 @@ TEST_P(FaultSweepTest, EveryCallOfEveryEntryPoint) {
   DriverApi api = sim::Api();
   sim::ResetCallCounts();
   {
-    Allocator a(api, options);
-    ASSERT_TRUE(Scenario(a).empty());
+    ShimCore shim(api, options);
+    Allocator& a = shim.allocator();
+    ASSERT_TRUE(Scenario(shim).empty());
   }
   const std::vector<std::string> entries = {
       "cuCtxGetCurrent",     "cuCtxGetDevice",        "cuDeviceGetAttribute",
@@ -88,8 +91,9 @@ TEST_P(FaultSweepTest, EveryCallOfEveryEntryPoint) {
       sim::FailCall(entry, static_cast<int>(n), kInjected);
       std::vector<absl::Status> errors;
       {
-        Allocator a(api, options);
-        errors = Scenario(a);
+        ShimCore shim(api, options);
+        Allocator& a = shim.allocator();
+        errors = Scenario(shim);
         // Context queries that fail make the allocator pass the request
         // through (the driver answers for itself); every other injected
         // failure must come back as it was injected.
@@ -115,8 +119,8 @@ TEST_P(FaultSweepTest, EveryCallOfEveryEntryPoint) {
           ASSERT_TRUE(a.Free(next->ptr).ok());
         }
         // Nothing is left mapped but what the allocator still tracks.
-        a.Trim();
-        const absl::Status released = a.ReleaseAll();
+        shim.control().Trim();
+        const absl::Status released = shim.ReleaseAll();
         if (entry == "cuMemAddressFree") {
           EXPECT_EQ(ToCuResult(released), kInjected);  // teardown reports it
         } else {

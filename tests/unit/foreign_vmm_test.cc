@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/report/residency.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -92,8 +93,9 @@ class ForeignVmmTest : public SimTest {
 
 TEST_F(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer b = Make(f, 20 * kMiB, "kv");
     EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
     ASSERT_EQ(f.Release(b.handle), CUDA_SUCCESS);  // still mapped: the driver keeps it
@@ -117,8 +119,9 @@ TEST_F(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {
 
 TEST_F(ForeignVmmTest, TagsExportsAndImportsAreNamed) {
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer weights = Make(f, 4 * kMiB, "weights");
     Buffer shared = Make(f, 6 * kMiB, "", {0}, /*exportable=*/true);
     int fd = -1;
@@ -152,18 +155,19 @@ TEST_F(ForeignVmmTest, TagsExportsAndImportsAreNamed) {
 
 TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) {
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 8 * kMiB, "kv", {0, 1});
     Buffer weights = Make(f, 4 * kMiB, "weights", {0});
-    const CUdeviceptr shim = MustAllocate(a, 4 * kMiB);
+    const CUdeviceptr served = MustAllocate(a, 4 * kMiB);
     Fill(kv.va, kv.size, 1);
     Fill(weights.va, weights.size, 2);
-    Fill(shim, 4 * kMiB, 3);
+    Fill(served, 4 * kMiB, 3);
     CUmemGenericAllocationHandle retained = 0;  // a second reference of kv
     ASSERT_EQ(f.Retain(&retained, reinterpret_cast<void*>(kv.va)), CUDA_SUCCESS);
 
-    absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::All(), true);
+    absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::All(), true);
     ASSERT_TRUE(paused.ok()) << paused.status();
     EXPECT_EQ(*paused, 16 * kMiB);
     EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
@@ -187,16 +191,16 @@ TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) 
     EXPECT_EQ(f.Map(elsewhere, 2 * kMiB, 0, kv.handle, 0), CUDA_ERROR_ILLEGAL_STATE);
     ASSERT_EQ(api_.cuMemAddressFree(elsewhere, 2 * kMiB), CUDA_SUCCESS);
     // Pausing again releases nothing more.
-    absl::StatusOr<size_t> twice = a.pause().Pause(TagSelection::All(), true);
+    absl::StatusOr<size_t> twice = shim.pause().Pause(TagSelection::All(), true);
     ASSERT_TRUE(twice.ok());
     EXPECT_EQ(*twice, 0u);
 
-    absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::All());
+    absl::StatusOr<size_t> resumed = shim.pause().Resume(TagSelection::All());
     ASSERT_TRUE(resumed.ok()) << resumed.status();
     EXPECT_EQ(*resumed, 16 * kMiB);
     EXPECT_TRUE(Holds(kv.va, kv.size, 1));
     EXPECT_TRUE(Holds(weights.va, weights.size, 2));
-    EXPECT_TRUE(Holds(shim, 4 * kMiB, 3));
+    EXPECT_TRUE(Holds(served, 4 * kMiB, 3));
     // The same access: device 1 reads kv, not the weights.
     std::vector<char> byte(1);
     EXPECT_EQ(sim::DeviceRead(1, byte.data(), kv.va, 1), CUDA_SUCCESS);
@@ -210,22 +214,23 @@ TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) 
     Drop(f, kv);
     Drop(f, weights);
     EXPECT_TRUE(f.Figures().empty());
-    ASSERT_TRUE(a.Free(shim).ok());
-    ASSERT_TRUE(a.ReleaseAll().ok());
+    ASSERT_TRUE(a.Free(served).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   ExpectNothingLeft();
 }
 
 TEST_F(ForeignVmmTest, ReleaseAndUnmapWhilePausedNeedNoResume) {
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 6 * kMiB, "kv");
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
     EXPECT_EQ(sim::GetUsage().handles, 0u);
     Drop(f, kv);  // the library frees what it paused
     EXPECT_TRUE(f.Figures().empty());
-    absl::StatusOr<size_t> resumed = a.pause().Resume(TagSelection::Only("kv"));
+    absl::StatusOr<size_t> resumed = shim.pause().Resume(TagSelection::Only("kv"));
     ASSERT_TRUE(resumed.ok());
     EXPECT_EQ(*resumed, 0u);
   }
@@ -235,8 +240,9 @@ TEST_F(ForeignVmmTest, ReleaseAndUnmapWhilePausedNeedNoResume) {
 // What a library may do with its paused memory, and what it gets.
 TEST_F(ForeignVmmTest, TheLibrarysCallsWhilePausedActAsOnLiveMemory) {
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 4 * kMiB, "kv");
     Fill(kv.va, kv.size, 3);
     // A handle made before the shim saw it (straight to the driver), mapped
@@ -250,7 +256,7 @@ TEST_F(ForeignVmmTest, TheLibrarysCallsWhilePausedActAsOnLiveMemory) {
     ASSERT_EQ(f.Map(pair, 2 * kMiB, 0, early, 0), CUDA_SUCCESS);
     ASSERT_EQ(f.Map(pair + 2 * kMiB, 2 * kMiB, 0, late, 0), CUDA_SUCCESS);
 
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
     // Mapping over a paused mapping's range fails, as over a mapped one.
     EXPECT_EQ(f.Map(kv.va, 2 * kMiB, 0, early, 0), CUDA_ERROR_INVALID_VALUE);
     // Access is checked as the driver checks it, then kept for the resume.
@@ -270,7 +276,7 @@ TEST_F(ForeignVmmTest, TheLibrarysCallsWhilePausedActAsOnLiveMemory) {
     // kv unmapped while paused, its handle kept: its contents come back
     // with it wherever it is mapped next.
     EXPECT_EQ(f.Unmap(kv.va, kv.size), CUDA_SUCCESS);
-    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     EXPECT_EQ(sim::GetUsage().mappings, 0u);
     CUdeviceptr elsewhere = 0;
     ASSERT_EQ(api_.cuMemAddressReserve(&elsewhere, kv.size, 0, 0, 0), CUDA_SUCCESS);
@@ -297,16 +303,17 @@ TEST_F(ForeignVmmTest, ValuesTheDriverReusesStayDistinct) {
   api_ = sim::Api();
   MakeCurrent(0);
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 4 * kMiB, "kv");
     Fill(kv.va, kv.size, 5);
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
     // The driver hands the freed value out again: the library gets another.
     Buffer other = Make(f, 2 * kMiB, "other");
     EXPECT_NE(other.handle, kv.handle);
     Fill(other.va, other.size, 6);
-    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     EXPECT_TRUE(Holds(kv.va, kv.size, 5));
     EXPECT_TRUE(Holds(other.va, other.size, 6));
     CUmemGenericAllocationHandle h = 0;
@@ -328,8 +335,9 @@ TEST_F(ForeignVmmTest, ValuesTheDriverReusesStayDistinct) {
 
 TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
   {
-    Allocator a(api_);
-    ForeignVmm& f = a.foreign();
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 8 * kMiB, "kv");
     Buffer weights = Make(f, 4 * kMiB, "weights");
     Buffer shared = Make(f, 2 * kMiB, "kv", {0}, /*exportable=*/true);
@@ -340,10 +348,10 @@ TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
     const CUmemAllocationProp prop = OnDevice(0);
     ASSERT_EQ(f.Create(&loose, 2 * kMiB, &prop, 0, "kv"), CUDA_SUCCESS);
     absl::StatusOr<size_t> paused =
-        a.pause().Pause(TagSelection::AllExcept({"weights"}), true);
+        shim.pause().Pause(TagSelection::AllExcept({"weights"}), true);
     ASSERT_TRUE(paused.ok()) << paused.status();
     EXPECT_EQ(*paused, 8 * kMiB);
-    const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(a, nullptr));
+    const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
     const nlohmann::json& other = doc["devices"][0]["other_libraries_vmm"];
     EXPECT_EQ(other["bytes"], 8 * kMiB);  // weights, the export, the unmapped handle
     EXPECT_EQ(other["by_tag"]["weights"], 4 * kMiB);
@@ -351,7 +359,7 @@ TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
     EXPECT_EQ(other["left_alone"]["exported_bytes"], 2 * kMiB);
     EXPECT_EQ(other["left_alone"]["unmapped_bytes"], 2 * kMiB);
     EXPECT_TRUE(other["left_alone"]["exported_reason"].is_string());
-    ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
     close(fd);
     ASSERT_EQ(f.Release(loose), CUDA_SUCCESS);
     Drop(f, kv);
@@ -366,49 +374,52 @@ TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
 // restores every content (theirs and the shim's).
 TEST_F(ForeignVmmTest, FaultsLeaveAConsistentState) {
   Buffer kv, more;
-  CUdeviceptr shim = 0;
+  CUdeviceptr served = 0;
   const int runs = RunPauseFaults(
       PauseDriverCalls(), 2, TagSelection::All(),
-      [&](Allocator& a) {
-        kv = Make(a.foreign(), 6 * kMiB, "kv", {0, 1});
-        more = Make(a.foreign(), 2 * kMiB, "kv", {0});
-        shim = MustAllocate(a, 4 * kMiB);
+      [&](ShimCore& shim) {
+        Allocator& a = shim.allocator();
+        kv = Make(shim.foreign(), 6 * kMiB, "kv", {0, 1});
+        more = Make(shim.foreign(), 2 * kMiB, "kv", {0});
+        served = MustAllocate(a, 4 * kMiB);
         Fill(kv.va, kv.size, 7);
         Fill(more.va, more.size, 8);
-        Fill(shim, 4 * kMiB, 9);
+        Fill(served, 4 * kMiB, 9);
       },
-      [&](Allocator& a, const std::string& what) {
+      [&](ShimCore& shim, const std::string& what) {
+        Allocator& a = shim.allocator();
         EXPECT_TRUE(Holds(kv.va, kv.size, 7)) << what;
         EXPECT_TRUE(Holds(more.va, more.size, 8)) << what;
-        EXPECT_TRUE(Holds(shim, 4 * kMiB, 9)) << what;
+        EXPECT_TRUE(Holds(served, 4 * kMiB, 9)) << what;
         std::vector<char> byte(1);
         EXPECT_EQ(sim::DeviceRead(1, byte.data(), kv.va, 1), CUDA_SUCCESS) << what;
-        for (const ForeignDeviceFigures& d : a.foreign().Figures()) {
+        for (const ForeignDeviceFigures& d : shim.foreign().Figures()) {
           EXPECT_TRUE(d.paused_by_tag.empty()) << what;
         }
-        Drop(a.foreign(), kv);
-        Drop(a.foreign(), more);
-        EXPECT_TRUE(a.Free(shim).ok()) << what;
+        Drop(shim.foreign(), kv);
+        Drop(shim.foreign(), more);
+        EXPECT_TRUE(a.Free(served).ok()) << what;
       });
   EXPECT_EQ(runs, 36);
 }
 
 TEST_F(ForeignVmmTest, TheResidencyReportNamesOtherLibrariesMemory) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   // The allocator's own memory, and memory "another library" made itself
   // on device 1, where the shim served nothing.
   const CUdeviceptr own = MustAllocate(a, 4 * kMiB);
   CUmemGenericAllocationHandle h = 0;
   const CUmemAllocationProp prop = OnDevice(1);
-  ASSERT_EQ(a.foreign().Create(&h, 32 * kMiB, &prop, 0, "nccl"), CUDA_SUCCESS);
-  const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(a, nullptr));
+  ASSERT_EQ(shim.foreign().Create(&h, 32 * kMiB, &prop, 0, "nccl"), CUDA_SUCCESS);
+  const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
   ASSERT_EQ(doc["devices"].size(), 2u);
   EXPECT_EQ(doc["devices"][0]["other_libraries_vmm"]["bytes"], 0u);
   EXPECT_EQ(doc["devices"][1]["device"], 1);
   EXPECT_EQ(doc["devices"][1]["other_libraries_vmm"]["bytes"], 32 * kMiB);
   EXPECT_EQ(doc["devices"][1]["other_libraries_vmm"]["by_tag"]["nccl"], 32 * kMiB);
   EXPECT_EQ(doc["devices"][1]["shim"]["resident_bytes"], 0u);
-  ASSERT_EQ(a.foreign().Release(h), CUDA_SUCCESS);
+  ASSERT_EQ(shim.foreign().Release(h), CUDA_SUCCESS);
   ASSERT_TRUE(a.Free(own).ok());
 }
 

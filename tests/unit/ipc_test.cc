@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/ipc/ipc_handle.h"
 #include "gtest/gtest.h"
@@ -121,9 +122,9 @@ class IpcTest : public ::testing::Test {
 
   // Exporter and importer: Ipc objects live as long as their listener
   // thread, so they are never destroyed (as in the shim); kept reachable.
-  Ipc& NewIpc(Allocator& a, const std::string& dir = "") {
+  Ipc& NewIpc(ShimCore& shim, const std::string& dir = "") {
     static auto* kept = new std::vector<std::unique_ptr<Ipc>>;
-    kept->push_back(std::make_unique<Ipc>(api_, a, dir.empty() ? dir_ : dir));
+    kept->push_back(std::make_unique<Ipc>(api_, shim.control(), dir.empty() ? dir_ : dir));
     return *kept->back();
   }
 
@@ -140,8 +141,8 @@ class IpcTest : public ::testing::Test {
     CUdeviceptr ptr;
     uint8_t handle[kIpcHandleBytes];
   };
-  Shared ExportOne(Allocator& a) {
-    Shared s{NewIpc(a), NewIpc(a), MustAllocate(a, 4 * kMiB), {}};
+  Shared ExportOne(ShimCore& shim) {
+    Shared s{NewIpc(shim), NewIpc(shim), MustAllocate(shim.allocator(), 4 * kMiB), {}};
     EXPECT_TRUE(s.exporter.Export(s.ptr, s.handle).ok());
     return s;
   }
@@ -157,9 +158,10 @@ class IpcTest : public ::testing::Test {
 };
 
 TEST_F(IpcTest, ImporterSeesAndWritesTheExportersMemory) {
-  Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
-  Ipc& importer = NewIpc(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Ipc& exporter = NewIpc(shim);
+  Ipc& importer = NewIpc(shim);
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   const char message[] = "written by the exporter";
   ASSERT_EQ(sim::DeviceWrite(0, p + 100, message, sizeof message), CUDA_SUCCESS);
@@ -194,9 +196,10 @@ TEST_F(IpcTest, ImporterSeesAndWritesTheExportersMemory) {
 }
 
 TEST_F(IpcTest, PackedAllocationsOpenAtTheirOffset) {
-  Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
-  Ipc& importer = NewIpc(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Ipc& exporter = NewIpc(shim);
+  Ipc& importer = NewIpc(shim);
   const CUdeviceptr first = MustAllocate(a, 1000);
   const CUdeviceptr second = MustAllocate(a, 3000);
   ASSERT_EQ(a.Find(second)->range_base, a.Find(first)->range_base);  // one granule
@@ -220,8 +223,9 @@ TEST_F(IpcTest, PackedAllocationsOpenAtTheirOffset) {
 }
 
 TEST_F(IpcTest, BadHandlesGetInvalidValue) {
-  Allocator a(api_);
-  Shared shared = ExportOne(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Shared shared = ExportOne(shim);
   Ipc& exporter = shared.exporter;
   Ipc& importer = shared.importer;
   const CUdeviceptr p = shared.ptr;
@@ -268,17 +272,19 @@ TEST_F(IpcTest, BadHandlesGetInvalidValue) {
 }
 
 TEST_F(IpcTest, NoCurrentContextIsInvalidContext) {
-  Allocator a(api_);
-  Ipc& importer = NewIpc(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Ipc& importer = NewIpc(shim);
   CUcontext none = nullptr;
   ASSERT_EQ(sim::cuCtxSetCurrent(none), CUDA_SUCCESS);
   EXPECT_EQ(ToCuResult(importer.Open(SampleFields(), 0).status()), CUDA_ERROR_INVALID_CONTEXT);
 }
 
 TEST_F(IpcTest, MemoryLivesUntilTheLastMappingGoes) {
-  Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
-  Ipc& importer = NewIpc(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Ipc& exporter = NewIpc(shim);
+  Ipc& importer = NewIpc(shim);
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   const int v = 77;
   ASSERT_EQ(sim::DeviceWrite(0, p, &v, sizeof v), CUDA_SUCCESS);
@@ -289,7 +295,7 @@ TEST_F(IpcTest, MemoryLivesUntilTheLastMappingGoes) {
   // The exporter frees: an exported block is released, never cached for
   // reuse by another allocation, but the importer's mapping keeps it alive.
   ASSERT_TRUE(a.Free(p).ok());
-  EXPECT_EQ(a.IdleBytes(0), 0u);
+  EXPECT_EQ(shim.control().IdleBytes(0), 0u);
   int got = 0;
   ASSERT_EQ(sim::DeviceRead(0, &got, *q, sizeof got), CUDA_SUCCESS);
   EXPECT_EQ(got, v);
@@ -300,8 +306,9 @@ TEST_F(IpcTest, MemoryLivesUntilTheLastMappingGoes) {
 TEST_F(IpcTest, UnshareableMemoryIsNotExported) {
   AllocatorOptions o;
   o.exportable = false;
-  Allocator a(api_, o);
-  Ipc& exporter = NewIpc(a);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
+  Ipc& exporter = NewIpc(shim);
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   uint8_t handle[kIpcHandleBytes];
   EXPECT_EQ(ToCuResult(exporter.Export(p, handle)), CUDA_ERROR_INVALID_VALUE);
@@ -309,23 +316,24 @@ TEST_F(IpcTest, UnshareableMemoryIsNotExported) {
 }
 
 TEST_F(IpcTest, SocketDirectoryMustBePrivate) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   uint8_t handle[kIpcHandleBytes];
   // Open to others.
   const std::string open_dir = dir_ + "/open";
   ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
   ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
-  Ipc& in_open = NewIpc(a, open_dir);
+  Ipc& in_open = NewIpc(shim, open_dir);
   EXPECT_EQ(ToCuResult(in_open.Export(p, handle)), CUDA_ERROR_OPERATING_SYSTEM);
   // A symbolic link (which another user could have pointed anywhere).
   const std::string link = dir_ + "/link";
   ASSERT_EQ(symlink(dir_.c_str(), link.c_str()), 0);
-  Ipc& via_link = NewIpc(a, link);
+  Ipc& via_link = NewIpc(shim, link);
   EXPECT_EQ(ToCuResult(via_link.Export(p, handle)), CUDA_ERROR_OPERATING_SYSTEM);
   // Missing: created 0700.
   const std::string fresh = dir_ + "/fresh";
-  Ipc& in_fresh = NewIpc(a, fresh);
+  Ipc& in_fresh = NewIpc(shim, fresh);
   EXPECT_TRUE(in_fresh.Export(p, handle).ok());
   struct stat st;
   ASSERT_EQ(lstat(fresh.c_str(), &st), 0);
@@ -353,8 +361,9 @@ int Connect(const std::string& path) {
 }
 
 TEST_F(IpcTest, IdleClientsDelayNoImport) {
-  Allocator a(api_);
-  Shared s = ExportOne(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Shared s = ExportOne(shim);
   const std::string path = ExporterSocket(dir_, Decode(s.handle));
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(Connect(path));
@@ -369,8 +378,9 @@ TEST_F(IpcTest, IdleClientsDelayNoImport) {
 }
 
 TEST_F(IpcTest, AListenerOfAnotherProcessAtTheExportersPathIsRefused) {
-  Allocator a(api_);
-  Shared s = ExportOne(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Shared s = ExportOne(shim);
   const std::string path = ExporterSocket(dir_, Decode(s.handle));
   // An impostor of the same user (a forked child) takes the exporter's name.
   ASSERT_EQ(unlink(path.c_str()), 0);
@@ -405,8 +415,9 @@ TEST_F(IpcTest, AListenerOfAnotherProcessAtTheExportersPathIsRefused) {
 
 TEST_F(IpcTest, AnotherUsersRequestIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another user (setuid)";
-  Allocator a(api_);
-  Ipc& exporter = NewIpc(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Ipc& exporter = NewIpc(shim);
   const CUdeviceptr p = MustAllocate(a, 4 * kMiB);
   uint8_t handle[kIpcHandleBytes];
   ASSERT_TRUE(exporter.Export(p, handle).ok());
@@ -456,8 +467,9 @@ TEST_F(IpcTest, AnotherUsersRequestIsRefused) {
 }
 
 TEST_F(IpcTest, ReleasedContextClosesItsImports) {
-  Allocator a(api_);
-  Shared shared = ExportOne(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Shared shared = ExportOne(shim);
   Ipc& importer = shared.importer;
   const CUdeviceptr p = shared.ptr;
   const uint8_t* handle = shared.handle;
@@ -480,8 +492,9 @@ TEST_F(IpcTest, FaultSweepOverExportAndImport) {
       "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
       "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemMap",
       "cuMemSetAccess", "cuCtxGetCurrent", "cuCtxGetDevice"};
-  Allocator a(api_);
-  Shared shared = ExportOne(a);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  Shared shared = ExportOne(shim);
   Ipc& importer = shared.importer;
   const CUdeviceptr p = shared.ptr;
   const IpcHandleFields f = Decode(shared.handle);

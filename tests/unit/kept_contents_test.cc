@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/host_backup.h"
 #include "gtest/gtest.h"
@@ -36,8 +37,8 @@ class KeptContentsTest : public SimTest {
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
-  static const void* Kept(Allocator& a, CUdeviceptr p, size_t bytes) {
-    absl::StatusOr<const void*> host = a.PausedContents(p, bytes);
+  static const void* Kept(ShimCore& shim, CUdeviceptr p, size_t bytes) {
+    absl::StatusOr<const void*> host = shim.control().PausedContents(p, bytes);
     return host.ok() ? *host : nullptr;
   }
   // Fill's pattern (byte i is i * 13 + seed) in host memory.
@@ -51,53 +52,56 @@ class KeptContentsTest : public SimTest {
 };
 
 TEST_F(KeptContentsTest, ARetainedCopyStaysAtItsAddressAndIsWrittenAgainInPlace) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 1);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-  const void* first = Kept(a, kv, 4 * kMiB);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  const void* first = Kept(shim, kv, 4 * kMiB);
   ASSERT_NE(first, nullptr);
 
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv"), /*retain_contents=*/true).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv"), /*retain_contents=*/true).ok());
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 1));
-  EXPECT_EQ(Kept(a, kv, 4 * kMiB), first);  // live, and its copy still readable
+  EXPECT_EQ(Kept(shim, kv, 4 * kMiB), first);  // live, and its copy still readable
   EXPECT_TRUE(HostHolds(first, 4 * kMiB, 1));
 
   Fill(kv, 4 * kMiB, 2);  // changed since: the next pause copies it again
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-  EXPECT_EQ(Kept(a, kv, 4 * kMiB), first);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  EXPECT_EQ(Kept(shim, kv, 4 * kMiB), first);
   EXPECT_TRUE(HostHolds(first, 4 * kMiB, 2));
 
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());  // not retained: it goes
-  EXPECT_EQ(ToCuResult(a.PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());  // not retained: it goes
+  EXPECT_EQ(ToCuResult(shim.control().PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 2));
   ASSERT_TRUE(a.Free(kv).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 TEST_F(KeptContentsTest, APauseWithoutContentsDropsARetainedCopy) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv"), true).ok());
-  ASSERT_NE(Kept(a, kv, 16), nullptr);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
-  EXPECT_EQ(Kept(a, kv, 16), nullptr);  // it would be stale
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv"), true).ok());
+  ASSERT_NE(Kept(shim, kv, 16), nullptr);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
+  EXPECT_EQ(Kept(shim, kv, 16), nullptr);  // it would be stale
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
   ASSERT_TRUE(a.Free(kv).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
   for (bool free_while_paused : {false, true}) {
     SCOPED_TRACE(free_while_paused ? "freed while paused" : "freed after a retaining resume");
-    Allocator a(api_);
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
     Fill(kv, 4 * kMiB, 3);
     BackupKind pinned;
     pinned.page_locked = true;
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true, pinned).ok());
-    void* host = const_cast<void*>(Kept(a, kv, 4 * kMiB));
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true, pinned).ok());
+    void* host = const_cast<void*>(Kept(shim, kv, 4 * kMiB));
     ASSERT_NE(host, nullptr);
     unsigned int flags = 0;
     EXPECT_EQ(api_.cuMemHostGetFlags(&flags, host), CUDA_SUCCESS);
@@ -105,14 +109,14 @@ TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
     EXPECT_EQ(sim::LiveHostRegistrations(), 1u);
     EXPECT_TRUE(HostHolds(host, 4 * kMiB, 3));
     if (!free_while_paused) {
-      ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv"), true).ok());
+      ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv"), true).ok());
       EXPECT_TRUE(Holds(kv, 4 * kMiB, 3));
-      EXPECT_EQ(Kept(a, kv, 16), host);
+      EXPECT_EQ(Kept(shim, kv, 16), host);
     }
     ASSERT_TRUE(a.Free(kv).ok());
     EXPECT_NE(api_.cuMemHostGetFlags(&flags, host), CUDA_SUCCESS);
     EXPECT_EQ(sim::LiveHostRegistrations(), 0u);
-    ASSERT_TRUE(a.ReleaseAll().ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
   }
 }
 
@@ -120,7 +124,8 @@ TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
 // has no current context: the page-locked copy is still made, and dropped
 // at the resume (asked about in its own context), not leaked.
 TEST_F(KeptContentsTest, APageLockedCopyIsDroppedFromAThreadWithoutAContext) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 5);
   BackupKind pinned;
@@ -128,44 +133,46 @@ TEST_F(KeptContentsTest, APageLockedCopyIsDroppedFromAThreadWithoutAContext) {
   absl::Status paused, resumed;
   size_t registered_while_paused = 0;
   std::thread([&] {
-    paused = a.pause().Pause(TagSelection::Only("kv"), true, pinned).status();
+    paused = shim.pause().Pause(TagSelection::Only("kv"), true, pinned).status();
     registered_while_paused = sim::LiveHostRegistrations();
-    resumed = a.pause().Resume(TagSelection::Only("kv")).status();
+    resumed = shim.pause().Resume(TagSelection::Only("kv")).status();
   }).join();
   ASSERT_TRUE(paused.ok()) << paused;
   ASSERT_TRUE(resumed.ok()) << resumed;
   EXPECT_EQ(registered_while_paused, 1u);
   EXPECT_EQ(sim::LiveHostRegistrations(), 0u);
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 5));
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 // Pinning is for speed: a driver that refuses it (a memlock limit) still
 // gets the pause, with a pageable copy.
 TEST_F(KeptContentsTest, ARefusedPageLockKeepsTheCopyPageable) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 7);
   BackupKind pinned;
   pinned.page_locked = true;
   sim::FailCall("cuMemHostRegister_v2", 1, CUDA_ERROR_OUT_OF_MEMORY);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true, pinned).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true, pinned).ok());
   sim::ClearFailures();
-  void* host = const_cast<void*>(Kept(a, kv, 4 * kMiB));
+  void* host = const_cast<void*>(Kept(shim, kv, 4 * kMiB));
   ASSERT_NE(host, nullptr);
   unsigned int flags = 0;
   EXPECT_NE(api_.cuMemHostGetFlags(&flags, host), CUDA_SUCCESS);
   EXPECT_TRUE(HostHolds(host, 4 * kMiB, 7));
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 7));
   ASSERT_TRUE(a.Free(kv).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 TEST_F(KeptContentsTest, ACopyToADirectoryIsAFileOfItsOwnRemovedAtResume) {
   char dir[] = "/tmp/vmmshim-kept-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   const CUdeviceptr more = Alloc(a, 6 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 4);
@@ -173,7 +180,7 @@ TEST_F(KeptContentsTest, ACopyToADirectoryIsAFileOfItsOwnRemovedAtResume) {
   BackupKind disk;
   disk.directory = dir;
   for (int cycle = 0; cycle < 2; ++cycle) {
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true, disk).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true, disk).ok());
     size_t files = 0, bytes = 0;
     for (CUdeviceptr p : {kv, more}) {
       // NAME.XXXXXX: made with O_EXCL, never an existing file.
@@ -189,30 +196,31 @@ TEST_F(KeptContentsTest, ACopyToADirectoryIsAFileOfItsOwnRemovedAtResume) {
     }
     EXPECT_EQ(files, 2u);
     EXPECT_GE(bytes, 10 * kMiB);
-    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     EXPECT_TRUE(Holds(kv, 4 * kMiB, 4));
     EXPECT_TRUE(Holds(more, 6 * kMiB, 5));
     EXPECT_TRUE(std::filesystem::is_empty(dir)) << "files left behind after the resume";
   }
   std::filesystem::remove_all(dir);
   for (CUdeviceptr p : {kv, more}) ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 TEST_F(KeptContentsTest, ADirectoryThatCannotHoldTheFilesPausesNothing) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 6);
   BackupKind disk;
   disk.directory = "/nonexistent/vmmshim-backups";
-  absl::StatusOr<size_t> paused = a.pause().Pause(TagSelection::Only("kv"), true, disk);
+  absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::Only("kv"), true, disk);
   EXPECT_EQ(ToCuResult(paused.status()), CUDA_ERROR_INVALID_VALUE);
   EXPECT_NE(paused.status().message().find("/nonexistent/vmmshim-backups"), std::string::npos)
       << paused.status();
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 6));  // still live
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
   ASSERT_TRUE(a.Free(kv).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 }  // namespace

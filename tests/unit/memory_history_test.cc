@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/history/caller_library.h"
 #include "core/history/memory_history.h"
@@ -60,7 +61,8 @@ TEST_F(MemoryHistoryTest, HeapsRecordSegmentsPausesAndPeerDecisions) {
   AllocatorOptions o = WithHistory();
   o.peer_policy.kind = PeerPolicy::Kind::kMinSize;
   o.peer_policy.min_bytes = kMiB;
-  Allocator a(api_, o);
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> large = a.Allocate(8 * kMiB, "kv", 3);
   absl::StatusOr<Allocator::Allocation> small = a.Allocate(4096, "", 4);
   ASSERT_TRUE(large.ok() && small.ok());
@@ -70,7 +72,7 @@ TEST_F(MemoryHistoryTest, HeapsRecordSegmentsPausesAndPeerDecisions) {
 
   // Segments: the large block is one live part; the granule one live part
   // and its free rest; each part keeps its caller library.
-  std::vector<SegmentInfo> segments = a.Segments();
+  std::vector<SegmentInfo> segments = shim.control().Segments();
   ASSERT_EQ(segments.size(), 2u);
   for (const SegmentInfo& s : segments) {
     uint64_t tiled = 0;
@@ -95,17 +97,17 @@ TEST_F(MemoryHistoryTest, HeapsRecordSegmentsPausesAndPeerDecisions) {
 
   // Peer enable: the 8 MiB allocation granted, the 4 KiB one denied. Nested
   // calls record the pair's first enable and last disable only.
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());
-  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
-  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
   // Pause and resume of the tag: its block unmapped, then mapped.
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-  EXPECT_TRUE(a.Segments()[0].paused || a.Segments()[1].paused);
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  EXPECT_TRUE(shim.control().Segments()[0].paused || shim.control().Segments()[1].paused);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   // A free keeps the large block cached; the trim releases it.
   ASSERT_TRUE(a.Free(large->ptr).ok());
-  a.Trim(-1);
+  shim.control().Trim(-1);
   v = Actions(history_);
   EXPECT_EQ(Count(v, HistoryAction::kPeerEnable), 1);
   EXPECT_EQ(Count(v, HistoryAction::kPeerDisable), 1);
@@ -125,11 +127,12 @@ TEST_F(MemoryHistoryTest, HeapsRecordSegmentsPausesAndPeerDecisions) {
 }
 
 TEST_F(MemoryHistoryTest, NothingIsRecordedWhileDisabled) {
-  Allocator a(api_, WithHistory());
+  ShimCore shim(api_, WithHistory());
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> p = a.Allocate(8 * kMiB);
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(a.Free(p->ptr).ok());
-  a.Trim(-1);
+  shim.control().Trim(-1);
   EXPECT_TRUE(history_.Copy().events.empty());
 }
 
@@ -233,7 +236,8 @@ TEST(PickleWriter, LargeIntegersFloatsAndInvalidUtf8) {
 }
 
 TEST_F(MemoryHistoryTest, OutOfMemoryReportNamesTheLargestHolders) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(64 * kMiB, "kv");
   absl::StatusOr<Allocator::Allocation> w = a.Allocate(16 * kMiB, "");
   ASSERT_TRUE(kv.ok() && w.ok());
@@ -243,7 +247,7 @@ TEST_F(MemoryHistoryTest, OutOfMemoryReportNamesTheLargestHolders) {
   r.entry_point = "cuMemAlloc";
   r.device_free = 100 * kMiB;
   r.device_total = 256 * kMiB;
-  const std::string text = OomReport(a, nullptr, r, 1);
+  const std::string text = OomReport(shim.control(), nullptr, r, 1);
   EXPECT_NE(text.find("out of memory: cuMemAlloc of 512.0 MiB on device 0 (untagged, from "
                       "unknown)"), std::string::npos) << text;
   EXPECT_NE(text.find("the driver reports 100.0 MiB free of 256.0 MiB"), std::string::npos);
@@ -257,9 +261,10 @@ TEST_F(MemoryHistoryTest, OutOfMemoryReportNamesTheLargestHolders) {
 }
 
 TEST_F(MemoryHistoryTest, SnapshotThatCannotBeWrittenLeavesNoFile) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   SnapshotSources s;
-  s.allocator = &a;
+  s.control = &shim.control();
   absl::Status st = WriteMemorySnapshot(s, "/nonexistent-dir/s.pickle");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(st.message().find("'/nonexistent-dir/s.pickle'"), std::string::npos) << st;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/peer_contexts.h"
 #include "core/peer_enable.h"
 #include "gtest/gtest.h"
@@ -27,10 +28,10 @@ constexpr size_t kMiB = size_t{1} << 20;
 
 class MultiGpuTest : public ::testing::Test {
  protected:
-  void TearDown() override { allocator_.reset(); }
+  void TearDown() override { core_.reset(); }
 
   void Start(int gpus, const std::string& policy) {
-    allocator_.reset();  // before the driver state it holds goes
+    core_.reset();  // before the driver state it holds goes
     sim::SimOptions o;
     o.device_count = gpus;
     o.memory_per_device = size_t{4} << 30;
@@ -40,7 +41,7 @@ class MultiGpuTest : public ::testing::Test {
     AllocatorOptions options;
     options.peer_policy = TestPeerPolicy(policy, gpus);
     policy_ = options.peer_policy;
-    allocator_ = std::make_unique<Allocator>(api_, options);
+    core_ = std::make_unique<ShimCore>(api_, options);
     contexts_ = std::make_unique<PeerContexts>();
     primary_.assign(gpus, nullptr);
     for (int d = 0; d < gpus; ++d) {
@@ -52,7 +53,7 @@ class MultiGpuTest : public ::testing::Test {
   }
   CUdeviceptr Allocate(int device, size_t bytes) {
     MakeCurrent(device);
-    absl::StatusOr<Allocator::Allocation> a = allocator_->Allocate(bytes);
+    absl::StatusOr<Allocator::Allocation> a = core_->allocator().Allocate(bytes);
     EXPECT_TRUE(a.ok() && a->served) << a.status();
     return a.ok() ? a->ptr : 0;
   }
@@ -60,7 +61,7 @@ class MultiGpuTest : public ::testing::Test {
   // interposed entry point performs it.
   CUresult Enable(int reader, int owner, PeerEnableMode mode = PeerEnableMode::kDriver) {
     MakeCurrent(reader);
-    return PeerEnable(api_, *allocator_, *contexts_, mode).Enable(primary_[owner], 0);
+    return PeerEnable(api_, core_->peers(), core_->counters(), *contexts_, mode).Enable(primary_[owner], 0);
   }
   // One allocation of `bytes` on each device, by device.
   std::vector<CUdeviceptr> OnePerDevice(size_t bytes) {
@@ -76,7 +77,7 @@ class MultiGpuTest : public ::testing::Test {
 
   DriverApi api_;
   PeerPolicy policy_;
-  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<ShimCore> core_;
   std::unique_ptr<PeerContexts> contexts_;
   std::vector<CUcontext> primary_;
 };
@@ -168,7 +169,7 @@ TEST_F(MultiGpuTest, TheDriversPeerLimitGivesTheSameCodesThroughTheShim) {
       if (owner == reader) continue;
       const bool enabled = native.at(std::make_pair(reader, owner)) == CUDA_SUCCESS;
       EXPECT_EQ(Readable(reader, owned[owner], 4 * kMiB), enabled) << reader << "->" << owner;
-      absl::StatusOr<bool> has = allocator_->peers().PeerHasAccess(owned[owner], reader);
+      absl::StatusOr<bool> has = core_->peers().PeerHasAccess(owned[owner], reader);
       ASSERT_TRUE(has.ok()) << has.status();
       EXPECT_EQ(*has, enabled) << reader << "->" << owner;
     }
@@ -177,7 +178,7 @@ TEST_F(MultiGpuTest, TheDriversPeerLimitGivesTheSameCodesThroughTheShim) {
   for (const auto& [pair, code] : native) {
     if (code != CUDA_ERROR_TOO_MANY_PEERS) continue;
     MakeCurrent(pair.first);
-    EXPECT_EQ(PeerEnable(api_, *allocator_, *contexts_, PeerEnableMode::kDriver)
+    EXPECT_EQ(PeerEnable(api_, core_->peers(), core_->counters(), *contexts_, PeerEnableMode::kDriver)
                   .Disable(primary_[pair.second]),
               CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
     break;
@@ -241,7 +242,7 @@ TEST_F(MultiGpuTest, ColdAllocationWithKPeersIsOneCreateMapAndSetAccess) {
       }
       for (size_t bytes : {size_t{256}, 2 * kMiB, 64 * kMiB}) {
         SCOPED_TRACE(std::to_string(k) + " peers, " + std::to_string(bytes) + " bytes");
-        allocator_->Trim(0);
+        core_->control().Trim(0);
         sim::ResetCallCounts();
         const CUdeviceptr p = Allocate(0, bytes);
         EXPECT_EQ(sim::CallCount("cuMemCreate"), 1u);
@@ -252,7 +253,7 @@ TEST_F(MultiGpuTest, ColdAllocationWithKPeersIsOneCreateMapAndSetAccess) {
               << "peer " << peer;
         }
         MakeCurrent(0);
-        ASSERT_TRUE(allocator_->Free(p).ok());
+        ASSERT_TRUE(core_->allocator().Free(p).ok());
       }
     }
   }
@@ -280,24 +281,24 @@ TEST_F(MultiGpuTest, PoolAccessToKPeersOn8Gpus) {
         desc.location.id = k;
         desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         ASSERT_EQ(sim::cuMemPoolSetAccess(pool, &desc, 1), CUDA_SUCCESS);
-        ASSERT_TRUE(allocator_->stream_ordered().PoolAccessChanged(pool, &desc, 1).ok());
+        ASSERT_TRUE(core_->stream_ordered().PoolAccessChanged(pool, &desc, 1).ok());
       }
       for (size_t bytes : {size_t{256}, 2 * kMiB, 64 * kMiB}) {
         SCOPED_TRACE(std::to_string(k) + " peers, " + std::to_string(bytes) + " bytes");
         MakeCurrent(0);
         absl::StatusOr<Allocator::Allocation> a =
-            allocator_->stream_ordered().AllocateAsync(bytes, stream, false, nullptr);
+            core_->stream_ordered().AllocateAsync(bytes, stream, false, nullptr);
         ASSERT_TRUE(a.ok() && a->served) << a.status();
         for (int peer = 1; peer < kGpus; ++peer) {
           EXPECT_EQ(Readable(peer, a->ptr, bytes), peer <= k && policy_.Allows(0, peer, bytes, ""))
               << "peer " << peer;
           EXPECT_FALSE(Readable(peer, plain, 4 * kMiB)) << "peer " << peer;
         }
-        ASSERT_TRUE(allocator_->FreeAsync(a->ptr, stream, false).ok());
+        ASSERT_TRUE(core_->allocator().FreeAsync(a->ptr, stream, false).ok());
       }
     }
     ASSERT_EQ(sim::cuStreamSynchronize(stream), CUDA_SUCCESS);
-    ASSERT_TRUE(allocator_->Free(plain).ok());
+    ASSERT_TRUE(core_->allocator().Free(plain).ok());
   }
 }
 

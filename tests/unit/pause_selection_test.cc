@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/tag_selection.h"
 #include "core/report/residency.h"
@@ -32,9 +33,9 @@ class PauseSelectionTest : public SimTest {
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
-  CUdeviceptr AllocAsync(Allocator& a, size_t bytes, const std::string& tag) {
+  CUdeviceptr AllocAsync(ShimCore& shim, size_t bytes, const std::string& tag) {
     absl::StatusOr<Allocator::Allocation> r =
-        a.stream_ordered().AllocateAsync(bytes, stream_, false, nullptr, tag);
+        shim.stream_ordered().AllocateAsync(bytes, stream_, false, nullptr, tag);
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
@@ -42,9 +43,9 @@ class PauseSelectionTest : public SimTest {
     char c;
     return sim::DeviceRead(0, &c, p, 1) == CUDA_SUCCESS;
   }
-  static void Teardown(Allocator& a) {
-    a.Trim();
-    ASSERT_TRUE(a.ReleaseAll().ok());
+  static void Teardown(ShimCore& shim) {
+    shim.control().Trim();
+    ASSERT_TRUE(shim.ReleaseAll().ok());
     EXPECT_EQ(sim::GetUsage().handles, 0u);
     EXPECT_EQ(sim::GetUsage().mappings, 0u);
     EXPECT_EQ(sim::LiveHostAllocations(), 0u);
@@ -54,88 +55,92 @@ class PauseSelectionTest : public SimTest {
 };
 
 TEST_F(PauseSelectionTest, StreamOrderedMemoryIsPausedAndResumedWithItsContents) {
-  Allocator a(api_);
-  const CUdeviceptr big = AllocAsync(a, 8 * kMiB, "kv");
-  const CUdeviceptr small = AllocAsync(a, 1000, "kv");
-  const CUdeviceptr other = AllocAsync(a, 4 * kMiB, "");
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr big = AllocAsync(shim, 8 * kMiB, "kv");
+  const CUdeviceptr small = AllocAsync(shim, 1000, "kv");
+  const CUdeviceptr other = AllocAsync(shim, 4 * kMiB, "");
   Fill(big, 8 * kMiB, 1);
   Fill(small, 1000, 2);
   Fill(other, 4 * kMiB, 3);
   const size_t free_before = FreeMemory();
   sim::HoldStream(stream_);  // work pending on the memory: the pause waits for it
-  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), true);
+  absl::StatusOr<size_t> released = shim.pause().Pause(TagSelection::Only("kv"), true);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_GE(*released, 8 * kMiB + 2 * kMiB);
   EXPECT_EQ(FreeMemory(), free_before + *released);
   EXPECT_FALSE(Readable(big));
   EXPECT_FALSE(Readable(small));
   EXPECT_TRUE(Holds(other, 4 * kMiB, 3));
-  EXPECT_EQ(*a.pause().Pause(TagSelection::Only("kv"), true), 0u);  // paused already: 0
+  EXPECT_EQ(*shim.pause().Pause(TagSelection::Only("kv"), true), 0u);  // paused already: 0
 
-  absl::StatusOr<size_t> restored = a.pause().Resume(TagSelection::Only("kv"));
+  absl::StatusOr<size_t> restored = shim.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, *released);
   EXPECT_TRUE(Holds(big, 8 * kMiB, 1));
   EXPECT_TRUE(Holds(small, 1000, 2));
-  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // resumed already: 0
+  EXPECT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), 0u);  // resumed already: 0
   for (CUdeviceptr p : {big, small, other}) {
     ASSERT_TRUE(a.FreeAsync(p, stream_, false).ok());
   }
-  Teardown(a);
+  Teardown(shim);
 }
 
 TEST_F(PauseSelectionTest, FreedStreamOrderedBlocksOfAPausedTagAreReleasedNotKept) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   // A release threshold that keeps every freed block (as PyTorch sets it).
   const cuuint64_t keep_all = UINT64_MAX;
-  a.stream_ordered().PoolAttributeSet(a.stream_ordered().DefaultPool(0),
+  shim.stream_ordered().PoolAttributeSet(shim.stream_ordered().DefaultPool(0),
                                       CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
-  const CUdeviceptr kept = AllocAsync(a, 6 * kMiB, "kv");
-  const CUdeviceptr freed = AllocAsync(a, 16 * kMiB, "kv");
+  const CUdeviceptr kept = AllocAsync(shim, 6 * kMiB, "kv");
+  const CUdeviceptr freed = AllocAsync(shim, 16 * kMiB, "kv");
   sim::HoldStream(stream_);
   ASSERT_TRUE(a.FreeAsync(freed, stream_, false).ok());  // waits in the cache, not ready
-  EXPECT_GT(a.GetStats().stream_ordered_cached_bytes, 0u);
+  EXPECT_GT(shim.control().GetStats().stream_ordered_cached_bytes, 0u);
   const size_t free_before = FreeMemory();
-  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), false);
+  absl::StatusOr<size_t> released = shim.pause().Pause(TagSelection::Only("kv"), false);
   ASSERT_TRUE(released.ok()) << released.status();
   // Both the live block and the freed one went back to the driver.
   EXPECT_GE(*released, 6 * kMiB + 16 * kMiB);
   EXPECT_EQ(FreeMemory(), free_before + *released);
-  EXPECT_EQ(a.GetStats().stream_ordered_cached_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().stream_ordered_cached_bytes, 0u);
   // A new allocation of the freed block's size is new memory, mapped.
-  const CUdeviceptr again = AllocAsync(a, 16 * kMiB, "kv");
+  const CUdeviceptr again = AllocAsync(shim, 16 * kMiB, "kv");
   EXPECT_TRUE(Readable(again));
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
   EXPECT_TRUE(Readable(kept));
   ASSERT_TRUE(a.FreeAsync(kept, stream_, false).ok());
   ASSERT_TRUE(a.FreeAsync(again, stream_, false).ok());
-  Teardown(a);
+  Teardown(shim);
 }
 
 TEST_F(PauseSelectionTest, FreeAsyncOfPausedMemoryIsNeverReused) {
-  Allocator a(api_);
-  const CUdeviceptr p = AllocAsync(a, 4 * kMiB, "kv");
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr p = AllocAsync(shim, 4 * kMiB, "kv");
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   // Freed while paused: straight back, its backup dropped; a double free is
   // the driver's code, as ever.
   ASSERT_TRUE(a.FreeAsync(p, stream_, false).ok());
   EXPECT_EQ(ToCuResult(a.FreeAsync(p, stream_, false)), CUDA_ERROR_INVALID_VALUE);
   // The same size on the same stream gets mapped memory, not the paused block.
-  const CUdeviceptr q = AllocAsync(a, 4 * kMiB, "kv");
+  const CUdeviceptr q = AllocAsync(shim, 4 * kMiB, "kv");
   EXPECT_TRUE(Readable(q));
   Fill(q, 4 * kMiB, 5);
-  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // nothing paused is left
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), 0u);  // nothing paused is left
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
   ASSERT_TRUE(a.FreeAsync(q, stream_, false).ok());
-  Teardown(a);
+  Teardown(shim);
 }
 
 TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr weights = Alloc(a, 8 * kMiB, "weights");
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
   const CUdeviceptr untagged = Alloc(a, 4 * kMiB, "");
-  const CUdeviceptr async_kv = AllocAsync(a, 2 * kMiB, "kv");
+  const CUdeviceptr async_kv = AllocAsync(shim, 2 * kMiB, "kv");
   MakeCurrent(1);
   const CUdeviceptr other_device = Alloc(a, 4 * kMiB, "graph");
   MakeCurrent(0);
@@ -143,7 +148,7 @@ TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
   Fill(kv, 8 * kMiB, 2);
 
   absl::StatusOr<size_t> released =
-      a.pause().Pause(TagSelection::AllExcept({"weights", ""}), true);
+      shim.pause().Pause(TagSelection::AllExcept({"weights", ""}), true);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_EQ(*released, 8 * kMiB + 2 * kMiB + 4 * kMiB);
   EXPECT_TRUE(Holds(weights, 8 * kMiB, 1));
@@ -153,7 +158,7 @@ TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
   char c;
   EXPECT_NE(sim::DeviceRead(1, &c, other_device, 1), CUDA_SUCCESS);
   // Again: everything selected is paused already.
-  EXPECT_EQ(*a.pause().Pause(TagSelection::AllExcept({"weights", ""}), true), 0u);
+  EXPECT_EQ(*shim.pause().Pause(TagSelection::AllExcept({"weights", ""}), true), 0u);
   // An empty list is everything.
   EXPECT_TRUE(TagSelection::AllExcept({}).Matches(""));
   EXPECT_TRUE(TagSelection::AllExcept({}).Matches("weights"));
@@ -161,7 +166,7 @@ TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
   EXPECT_EQ(TagSelection::AllExcept({"w", ""}).Describe(),
             "every allocation but tags 'w', ''");
 
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
   EXPECT_TRUE(Holds(kv, 8 * kMiB, 2));
   EXPECT_EQ(sim::DeviceRead(1, &c, other_device, 1), CUDA_SUCCESS);
   for (CUdeviceptr p : {weights, kv, untagged}) ASSERT_TRUE(a.Free(p).ok());
@@ -169,18 +174,19 @@ TEST_F(PauseSelectionTest, AllExceptKeepsTheListedTagsAndTakesEverythingElse) {
   MakeCurrent(1);
   ASSERT_TRUE(a.Free(other_device).ok());
   MakeCurrent(0);
-  Teardown(a);
+  Teardown(shim);
 }
 
 TEST_F(PauseSelectionTest, ResidencySaysWhatIsLeftByTagAndKind) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr weights = Alloc(a, 8 * kMiB, "weights");
   const CUdeviceptr kv = Alloc(a, 16 * kMiB, "kv");
   const CUdeviceptr cached = Alloc(a, 4 * kMiB, "");
   ASSERT_TRUE(a.Free(cached).ok());  // kept mapped in the cache
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
 
-  const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(a, &api_));
+  const nlohmann::json doc = nlohmann::json::parse(ResidencyJson(shim.control(), &api_));
   ASSERT_EQ(doc["devices"].size(), 1u);
   const nlohmann::json& d = doc["devices"][0];
   EXPECT_EQ(d["device"], 0);
@@ -198,17 +204,17 @@ TEST_F(PauseSelectionTest, ResidencySaysWhatIsLeftByTagAndKind) {
   EXPECT_EQ(d["device_used_bytes"], total - free);
   EXPECT_EQ(d["unattributed_bytes"], 0u);
   // Without the driver (the exit report): the shim's figures alone.
-  const nlohmann::json quiet = nlohmann::json::parse(ResidencyJson(a, nullptr));
+  const nlohmann::json quiet = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
   EXPECT_TRUE(quiet["devices"][0]["device_used_bytes"].is_null());
   EXPECT_EQ(quiet["devices"][0]["shim"]["resident_bytes"], 12 * kMiB);
-  EXPECT_EQ(ResidencySummary(a),
+  EXPECT_EQ(ResidencySummary(shim.control()),
             "resident: device 0: 12582912 bytes (tag 'kv' 0 (paused 16777216), "
             "tag 'weights' 8388608, cache 4194304; passed through 0; "
             "other libraries' VMM 0)");
 
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
   for (CUdeviceptr p : {weights, kv}) ASSERT_TRUE(a.Free(p).ok());
-  Teardown(a);
+  Teardown(shim);
 }
 
 TEST_F(PauseSelectionTest, PassedThroughAllocationsAreCountedUntilFreed) {
@@ -231,18 +237,20 @@ TEST_F(PauseSelectionTest, FaultsInAStreamOrderedPauseLeaveAConsistentState) {
   CUdeviceptr live = 0;
   const int runs = RunPauseFaults(
       PauseDriverCalls(), 2, TagSelection::Only("kv"),
-      [&](Allocator& a) {
-        live = AllocAsync(a, 6 * kMiB, "kv");
-        const CUdeviceptr freed = AllocAsync(a, 4 * kMiB, "kv");
+      [&](ShimCore& shim) {
+        Allocator& a = shim.allocator();
+        live = AllocAsync(shim, 6 * kMiB, "kv");
+        const CUdeviceptr freed = AllocAsync(shim, 4 * kMiB, "kv");
         Fill(live, 6 * kMiB, 9);
         sim::HoldStream(stream_);  // the freed block's stream still busy at the pause
         ASSERT_TRUE(a.FreeAsync(freed, stream_, false).ok());
       },
-      [&](Allocator& a, const std::string& what) {
+      [&](ShimCore& shim, const std::string& what) {
+        Allocator& a = shim.allocator();
         EXPECT_TRUE(Holds(live, 6 * kMiB, 9)) << what;
         EXPECT_TRUE(a.FreeAsync(live, stream_, false).ok()) << what;
         EXPECT_EQ(sim::cuCtxSynchronize(), CUDA_SUCCESS);
-        a.stream_ordered().Reclaim(-1);
+        shim.stream_ordered().Reclaim(-1);
       });
   EXPECT_EQ(runs, 36);
 }

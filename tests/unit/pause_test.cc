@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/heap/host_backup.h"
 #include "core/sync/thread_slot.h"
 #include "core/driver/cu_status.h"
@@ -38,7 +39,8 @@ class PauseTest : public SimTest {
 };
 
 TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr model = Alloc(a, 8 * kMiB, "");
   const CUdeviceptr kv = Alloc(a, 32 * kMiB, "kv");
   const CUdeviceptr small = Alloc(a, 4096, "kv");  // packed, in a granule of the tag
@@ -47,7 +49,7 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
   Fill(small, 4096, 3);
   const size_t free_before = FreeMemory();
 
-  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/true);
+  absl::StatusOr<size_t> released = shim.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/true);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_GE(*released, 32 * kMiB + 2 * kMiB);
   EXPECT_EQ(FreeMemory(), free_before + *released);  // the driver has it back
@@ -56,43 +58,44 @@ TEST_F(PauseTest, PauseReleasesMemoryKeepsAddressesAndResumeRestoresContents) {
   EXPECT_NE(sim::DeviceRead(0, &c, small, 1), CUDA_SUCCESS);
   EXPECT_TRUE(Holds(model, 8 * kMiB, 1));                      // other memory untouched
   EXPECT_TRUE(a.Find(kv).ok());                                // the pointer is still known
-  EXPECT_EQ(a.GetStats().paused_bytes, *released);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, *released);
 
   // The freed memory serves other allocations meanwhile.
   const CUdeviceptr other = Alloc(a, 32 * kMiB, "");
   Fill(other, 32 * kMiB, 9);
   ASSERT_TRUE(a.Free(other).ok());
 
-  absl::StatusOr<size_t> restored = a.pause().Resume(TagSelection::Only("kv"));
+  absl::StatusOr<size_t> restored = shim.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, *released);
   EXPECT_TRUE(Holds(kv, 32 * kMiB, 2));
   EXPECT_TRUE(Holds(small, 4096, 3));
   EXPECT_TRUE(Holds(model, 8 * kMiB, 1));
-  const AllocatorStats s = a.GetStats();
+  const AllocatorStats s = shim.control().GetStats();
   EXPECT_EQ(s.paused_bytes, 0u);
   EXPECT_EQ(s.peak_paused_bytes, *released);
   EXPECT_EQ(sim::LiveHostAllocations(), 0u);
   for (CUdeviceptr p : {model, kv, small}) ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   EXPECT_EQ(sim::GetUsage().handles, 0u);
 }
 
 // A paused allocation's kept contents are readable in host memory (what
 // torch_memory_saver's get_cpu_backup gives), only while paused with them.
 TEST_F(PauseTest, PausedContentsAreTheHostCopyWhilePaused) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   const CUdeviceptr small = Alloc(a, 4096, "kv");   // packed: inside a shared granule
   const CUdeviceptr scratch = Alloc(a, 4 * kMiB, "scratch");
   Fill(kv, 4 * kMiB, 5);
   Fill(small, 4096, 6);
   auto code = [](const absl::Status& s) { return ToCuResult(s); };
-  EXPECT_EQ(code(a.PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);  // live
+  EXPECT_EQ(code(shim.control().PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);  // live
 
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/true).ok());
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("scratch"), /*keep_contents=*/false).ok());
-  absl::StatusOr<const void*> host = a.PausedContents(kv + kMiB, 3 * kMiB);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("scratch"), /*keep_contents=*/false).ok());
+  absl::StatusOr<const void*> host = shim.control().PausedContents(kv + kMiB, 3 * kMiB);
   ASSERT_TRUE(host.ok()) << host.status();
   // Fill's pattern: byte i of an allocation is i * 13 + seed.
   const auto* bytes = static_cast<const unsigned char*>(*host);
@@ -101,40 +104,41 @@ TEST_F(PauseTest, PausedContentsAreTheHostCopyWhilePaused) {
     same &= bytes[i] == static_cast<unsigned char>((kMiB + i) * 13 + 5);
   }
   EXPECT_TRUE(same);
-  host = a.PausedContents(small, 4096);
+  host = shim.control().PausedContents(small, 4096);
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_EQ(static_cast<const unsigned char*>(*host)[4095],
             static_cast<unsigned char>(4095 * 13 + 6));
-  EXPECT_EQ(code(a.PausedContents(kv, 4 * kMiB + 1).status()), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(code(a.PausedContents(small + 1, 4096).status()), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(code(a.PausedContents(0x1234, 1).status()), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(code(a.PausedContents(scratch, 16).status()), CUDA_ERROR_NOT_FOUND);  // dropped
+  EXPECT_EQ(code(shim.control().PausedContents(kv, 4 * kMiB + 1).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(code(shim.control().PausedContents(small + 1, 4096).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(code(shim.control().PausedContents(0x1234, 1).status()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(code(shim.control().PausedContents(scratch, 16).status()), CUDA_ERROR_NOT_FOUND);  // dropped
 
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
-  EXPECT_EQ(code(a.PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
+  EXPECT_EQ(code(shim.control().PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
   EXPECT_TRUE(Holds(kv, 4 * kMiB, 5));
   for (CUdeviceptr p : {kv, small, scratch}) ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 // The memory margin (torch_memory_saver's memory_margin_bytes): a tagged
 // allocation that needs new memory fails when less than the margin would
 // stay free; untagged ones and cache hits are not held back.
 TEST_F(PauseTest, TheMemoryMarginRefusesTaggedAllocationsThatWouldEatIntoIt) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kept = Alloc(a, 8 * kMiB, "kv");
   ASSERT_TRUE(a.Free(kept).ok());  // cached
   const size_t free_bytes = FreeMemory();
-  a.SetMemoryMarginBytes(free_bytes - 16 * kMiB);
+  shim.control().SetMemoryMarginBytes(free_bytes - 16 * kMiB);
   absl::StatusOr<Allocator::Allocation> refused = a.Allocate(32 * kMiB, "kv");
   EXPECT_EQ(ToCuResult(refused.status()), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(FreeMemory(), free_bytes);                  // nothing was made
   const CUdeviceptr fits = Alloc(a, 8 * kMiB, "kv");    // the cached block
   const CUdeviceptr untagged = Alloc(a, 32 * kMiB, "");
-  a.SetMemoryMarginBytes(0);
+  shim.control().SetMemoryMarginBytes(0);
   const CUdeviceptr later = Alloc(a, 32 * kMiB, "kv");
   for (CUdeviceptr p : {fits, untagged, later}) ASSERT_TRUE(a.Free(p).ok());
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
 }
 
 // The staging ring is page-locked once and kept (pinning costs about as much
@@ -143,20 +147,21 @@ TEST_F(PauseTest, TheMemoryMarginRefusesTaggedAllocationsThatWouldEatIntoIt) {
 // it.
 TEST_F(PauseTest, TheStagingRingIsRegisteredOnceAndAgainAfterAReset) {
   {
-    Allocator a(api_);
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
     Fill(kv, 4 * kMiB, 4);
     EXPECT_EQ(sim::LiveHostRegistrations(), 0u);  // none before a copy
     sim::ResetCallCounts();
     for (int round = 0; round < 3; ++round) {
-      ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-      ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+      ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+      ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
       EXPECT_TRUE(Holds(kv, 4 * kMiB, 4));
     }
     EXPECT_EQ(sim::CallCount("cuMemHostRegister_v2"), 1u);
     EXPECT_EQ(sim::LiveHostRegistrations(), 1u);
     ASSERT_TRUE(a.Free(kv).ok());
-    ASSERT_TRUE(a.ReleaseAll().ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   EXPECT_EQ(sim::LiveHostRegistrations(), 0u);
   // A registration made in a context that is then destroyed goes with it;
@@ -181,21 +186,23 @@ TEST_F(PauseTest, TheStagingRingIsRegisteredOnceAndAgainAfterAReset) {
 }
 
 TEST_F(PauseTest, UnknownTagsAndRepeatsDoNothingAndSucceed) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
-  EXPECT_EQ(*a.pause().Pause(TagSelection::Only("nobody"), true), 0u);
-  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // nothing paused yet
-  EXPECT_GT(*a.pause().Pause(TagSelection::Only("kv"), false), 0u);
-  EXPECT_EQ(*a.pause().Pause(TagSelection::Only("kv"), true), 0u);  // already paused
-  EXPECT_GT(*a.pause().Resume(TagSelection::Only("kv")), 0u);
-  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);  // already resumed
+  EXPECT_EQ(*shim.pause().Pause(TagSelection::Only("nobody"), true), 0u);
+  EXPECT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), 0u);  // nothing paused yet
+  EXPECT_GT(*shim.pause().Pause(TagSelection::Only("kv"), false), 0u);
+  EXPECT_EQ(*shim.pause().Pause(TagSelection::Only("kv"), true), 0u);  // already paused
+  EXPECT_GT(*shim.pause().Resume(TagSelection::Only("kv")), 0u);
+  EXPECT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), 0u);  // already resumed
   char c = 0;
   EXPECT_EQ(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // mapped again (contents not kept)
   ASSERT_TRUE(a.Free(kv).ok());
 }
 
 TEST_F(PauseTest, NoTagSelectsEveryAllocationOnEveryDevice) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p0 = Alloc(a, 4 * kMiB, "");
   const CUdeviceptr t0 = Alloc(a, 4096, "x");
   MakeCurrent(1);
@@ -203,12 +210,12 @@ TEST_F(PauseTest, NoTagSelectsEveryAllocationOnEveryDevice) {
   MakeCurrent(0);
   Fill(p0, 4 * kMiB, 4);
   Fill(t0, 4096, 5);
-  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::All(), true);
+  absl::StatusOr<size_t> released = shim.pause().Pause(TagSelection::All(), true);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_EQ(sim::GetUsage().handles, 0u);  // nothing of the shim's holds memory now
   char c;
   EXPECT_NE(sim::DeviceRead(1, &c, p1, 1), CUDA_SUCCESS);
-  ASSERT_EQ(*a.pause().Resume(TagSelection::All()), *released);
+  ASSERT_EQ(*shim.pause().Resume(TagSelection::All()), *released);
   EXPECT_TRUE(Holds(p0, 4 * kMiB, 4));
   EXPECT_TRUE(Holds(t0, 4096, 5));
   EXPECT_EQ(sim::DeviceRead(1, &c, p1, 1), CUDA_SUCCESS);
@@ -218,24 +225,25 @@ TEST_F(PauseTest, NoTagSelectsEveryAllocationOnEveryDevice) {
 // cudaFree of paused memory frees it as any other: its backup goes, its
 // address range goes back, and resume has nothing of it to restore.
 TEST_F(PauseTest, FreeingPausedMemoryWorksAndLeaksNothing) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr big = Alloc(a, 16 * kMiB, "kv");
   const CUdeviceptr s1 = Alloc(a, 4096, "kv");
   const CUdeviceptr s2 = Alloc(a, 8192, "kv");
   Fill(s2, 8192, 6);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   ASSERT_TRUE(a.Free(big).ok());
   ASSERT_TRUE(a.Free(s1).ok());
   EXPECT_EQ(ToCuResult(a.Free(big)), CUDA_ERROR_INVALID_VALUE);  // a double free, as ever
-  const AllocatorStats paused = a.GetStats();
+  const AllocatorStats paused = shim.control().GetStats();
   EXPECT_EQ(paused.live_allocations, 1u);
-  absl::StatusOr<size_t> restored = a.pause().Resume(TagSelection::Only("kv"));
+  absl::StatusOr<size_t> restored = shim.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(restored.ok());
   EXPECT_LT(*restored, 16 * kMiB);  // only the granule of s2
   EXPECT_TRUE(Holds(s2, 8192, 6));
   ASSERT_TRUE(a.Free(s2).ok());
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());  // nothing left but cached memory
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());  // nothing left but cached memory
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   const sim::Usage u = sim::GetUsage();
   EXPECT_EQ(u.handles, 0u);
   EXPECT_EQ(u.mappings, 0u);
@@ -243,44 +251,46 @@ TEST_F(PauseTest, FreeingPausedMemoryWorksAndLeaksNothing) {
 }
 
 TEST_F(PauseTest, ExportedMemoryIsRefusedAndNothingIsPaused) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kept = Alloc(a, 4 * kMiB, "kv");
   const CUdeviceptr shared = Alloc(a, 4 * kMiB, "kv");
   Fill(kept, 4 * kMiB, 7);
-  ASSERT_TRUE(a.Export(shared).ok());
-  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::Only("kv"), true).status()), CUDA_ERROR_NOT_PERMITTED);
-  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::All(), false).status()), CUDA_ERROR_NOT_PERMITTED);
+  ASSERT_TRUE(shim.control().Export(shared).ok());
+  EXPECT_EQ(ToCuResult(shim.pause().Pause(TagSelection::Only("kv"), true).status()), CUDA_ERROR_NOT_PERMITTED);
+  EXPECT_EQ(ToCuResult(shim.pause().Pause(TagSelection::All(), false).status()), CUDA_ERROR_NOT_PERMITTED);
   EXPECT_TRUE(Holds(kept, 4 * kMiB, 7));
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
   // Paused memory cannot be exported either.
   const CUdeviceptr other = Alloc(a, 4 * kMiB, "solo");
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("solo"), false).ok());
-  EXPECT_EQ(ToCuResult(a.Export(other).status()), CUDA_ERROR_NOT_PERMITTED);
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("solo")).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("solo"), false).ok());
+  EXPECT_EQ(ToCuResult(shim.control().Export(other).status()), CUDA_ERROR_NOT_PERMITTED);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("solo")).ok());
   for (CUdeviceptr p : {kept, shared, other}) ASSERT_TRUE(a.Free(p).ok());
 }
 
 // Out of device memory at resume: everything stays paused (contents kept),
 // nothing leaks, and a later resume succeeds.
 TEST_F(PauseTest, ResumeWithoutRoomLeavesEverythingPausedUntilThereIsRoom) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv1 = Alloc(a, 64 * kMiB, "kv");
   const CUdeviceptr kv2 = Alloc(a, 64 * kMiB, "kv");
   Fill(kv1, 64 * kMiB, 8);
   Fill(kv2, 64 * kMiB, 9);
-  const size_t released = *a.pause().Pause(TagSelection::Only("kv"), true);
+  const size_t released = *shim.pause().Pause(TagSelection::Only("kv"), true);
   const size_t handles_paused = sim::GetUsage().handles;
   // Someone else takes the memory (a plain driver allocation, as another
   // library's would be).
   CUdeviceptr hog = 0;
   ASSERT_EQ(sim::cuMemAlloc_v2(&hog, 200 * kMiB), CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a.pause().Resume(TagSelection::Only("kv")).status()), CUDA_ERROR_OUT_OF_MEMORY);
-  EXPECT_EQ(a.GetStats().paused_bytes, released);
+  EXPECT_EQ(ToCuResult(shim.pause().Resume(TagSelection::Only("kv")).status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, released);
   EXPECT_EQ(sim::GetUsage().handles, handles_paused);  // the half-made resume is undone
   char c;
   EXPECT_NE(sim::DeviceRead(0, &c, kv1, 1), CUDA_SUCCESS);
   ASSERT_EQ(sim::cuMemFree_v2(hog), CUDA_SUCCESS);
-  ASSERT_EQ(*a.pause().Resume(TagSelection::Only("kv")), released);
+  ASSERT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), released);
   EXPECT_TRUE(Holds(kv1, 64 * kMiB, 8));
   EXPECT_TRUE(Holds(kv2, 64 * kMiB, 9));
   for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
@@ -290,14 +300,15 @@ TEST_F(PauseTest, ResumeWithoutRoomLeavesEverythingPausedUntilThereIsRoom) {
 // the resume and by a pause, whichever driver call meets it first; nothing
 // changes state, and once the driver answers again the memory comes back.
 TEST_F(PauseTest, LostContextIsNamedByResumeAndPause) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
   const CUdeviceptr other = Alloc(a, 8 * kMiB, "other");
   Fill(kv, 8 * kMiB, 4);
   Fill(other, 8 * kMiB, 5);
-  const size_t released = *a.pause().Pause(TagSelection::Only("kv"), true);
+  const size_t released = *shim.pause().Pause(TagSelection::Only("kv"), true);
   sim::FailCall("cuMemCreate", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
-  absl::Status resumed = a.pause().Resume(TagSelection::Only("kv")).status();
+  absl::Status resumed = shim.pause().Resume(TagSelection::Only("kv")).status();
   EXPECT_EQ(ToCuResult(resumed), CUDA_ERROR_ILLEGAL_ADDRESS);
   EXPECT_NE(resumed.message().find("vmmshim_resume_memory(tag 'kv'): the CUDA context is lost "
                                    "(CUDA_ERROR_ILLEGAL_ADDRESS"),
@@ -305,16 +316,16 @@ TEST_F(PauseTest, LostContextIsNamedByResumeAndPause) {
       << resumed;
   EXPECT_NE(resumed.message().find("the kept contents cannot be mapped back"),
             absl::string_view::npos);
-  EXPECT_EQ(a.GetStats().paused_bytes, released);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, released);
   // A pause meets it at the synchronize: nothing is paused.
   sim::FailCall("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
   sim::FailCall("cuCtxSynchronize_v2", 1, CUDA_ERROR_LAUNCH_FAILED);
-  absl::Status paused = a.pause().Pause(TagSelection::Only("other"), true).status();
+  absl::Status paused = shim.pause().Pause(TagSelection::Only("other"), true).status();
   EXPECT_EQ(ToCuResult(paused), CUDA_ERROR_LAUNCH_FAILED);
   EXPECT_NE(paused.message().find("the CUDA context is lost"), absl::string_view::npos) << paused;
   EXPECT_TRUE(Holds(other, 8 * kMiB, 5));
   sim::ClearFailures();
-  ASSERT_EQ(*a.pause().Resume(TagSelection::Only("kv")), released);
+  ASSERT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), released);
   EXPECT_TRUE(Holds(kv, 8 * kMiB, 4));
   for (CUdeviceptr p : {kv, other}) ASSERT_TRUE(a.Free(p).ok());
 }
@@ -325,24 +336,25 @@ TEST_F(PauseTest, ResumeGrantsThePeersThatEnabledAccessMeanwhile) {
   AllocatorOptions options;
   options.peer_policy.kind = PeerPolicy::Kind::kMinSize;
   options.peer_policy.min_bytes = 2 * kMiB;
-  Allocator a(api_, options);
+  ShimCore shim(api_, options);
+  Allocator& a = shim.allocator();
   const CUdeviceptr big = Alloc(a, 8 * kMiB, "kv");   // the policy allows peers
   const CUdeviceptr tiny = Alloc(a, 4096, "kv2");     // denied by it
   Fill(big, 8 * kMiB, 10);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv2"), true).ok());
-  ASSERT_TRUE(a.peers().EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
-  const uint64_t grants_before = a.GetStats().devices[0].peers[1].grants;
-  ASSERT_TRUE(a.peers().SetPeerAccess(tiny, 1, true).ok());  // and an explicit grant on paused memory
-  EXPECT_EQ(a.GetStats().devices[0].peers[1].grants, grants_before + 1);  // counted as any grant
-  EXPECT_TRUE(*a.peers().PeerHasAccess(big, 1));   // the access it will get back
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv2"), true).ok());
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());  // device 1 enables access to device 0 meanwhile
+  const uint64_t grants_before = shim.control().GetStats().devices[0].peers[1].grants;
+  ASSERT_TRUE(shim.peers().SetPeerAccess(tiny, 1, true).ok());  // and an explicit grant on paused memory
+  EXPECT_EQ(shim.control().GetStats().devices[0].peers[1].grants, grants_before + 1);  // counted as any grant
+  EXPECT_TRUE(*shim.peers().PeerHasAccess(big, 1));   // the access it will get back
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
   std::vector<unsigned char> got(8 * kMiB);
   ASSERT_EQ(sim::DeviceRead(1, got.data(), big, got.size()), CUDA_SUCCESS);
   EXPECT_EQ(got[12345], static_cast<unsigned char>(12345 * 13 + 10));
   char c;
   EXPECT_EQ(sim::DeviceRead(1, &c, tiny, 1), CUDA_SUCCESS);
-  ASSERT_TRUE(a.peers().DisablePeer(1, 0).ok());
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
   for (CUdeviceptr p : {big, tiny}) ASSERT_TRUE(a.Free(p).ok());
 }
 
@@ -356,13 +368,15 @@ TEST_F(PauseTest, FaultsAnywhereInPauseOrResumeLeaveAConsistentState) {
   CUdeviceptr kv = 0, s = 0;
   const int runs = RunPauseFaults(
       entries, 3, TagSelection::Only("kv"),
-      [&](Allocator& a) {
+      [&](ShimCore& shim) {
+        Allocator& a = shim.allocator();
         kv = Alloc(a, 6 * kMiB, "kv");
         s = Alloc(a, 4096, "kv");
         Fill(kv, 6 * kMiB, 11);
         Fill(s, 4096, 12);
       },
-      [&](Allocator& a, const std::string& what) {
+      [&](ShimCore& shim, const std::string& what) {
+        Allocator& a = shim.allocator();
         EXPECT_TRUE(Holds(kv, 6 * kMiB, 11)) << what;
         EXPECT_TRUE(Holds(s, 4096, 12)) << what;
         EXPECT_TRUE(a.Free(kv).ok()) << what;
@@ -376,7 +390,8 @@ TEST_F(PauseTest, FaultsAnywhereInPauseOrResumeLeaveAConsistentState) {
 TEST_F(PauseTest, PauseAndResumeConcurrentWithAllocationsElsewhere) {
   AllocatorOptions options;
   options.arenas = 4;
-  Allocator a(api_, options);
+  ShimCore shim(api_, options);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
   Fill(kv, 8 * kMiB, 13);
   std::atomic<bool> stop{false};
@@ -399,8 +414,8 @@ TEST_F(PauseTest, PauseAndResumeConcurrentWithAllocationsElsewhere) {
     });
   }
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
-    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     ASSERT_TRUE(Holds(kv, 8 * kMiB, 13)) << i;
   }
   stop = true;
@@ -413,18 +428,19 @@ TEST_F(PauseTest, PauseAndResumeConcurrentWithAllocationsElsewhere) {
 
 // A copy that fails on the second device pauses nothing on the first.
 TEST_F(PauseTest, CopyFailureOnASecondDevicePausesNothing) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr p0 = Alloc(a, 4 * kMiB, "kv");
   MakeCurrent(1);
   const CUdeviceptr p1 = Alloc(a, 4 * kMiB, "kv");
   MakeCurrent(0);
   Fill(p0, 4 * kMiB, 1);
   sim::FailCall("cuMemcpyDtoH_v2", 2, CUDA_ERROR_UNKNOWN);  // 1: device 0's block, 2: device 1's
-  EXPECT_FALSE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  EXPECT_FALSE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   sim::ClearFailures();
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
   EXPECT_TRUE(Holds(p0, 4 * kMiB, 1));
-  EXPECT_EQ(*a.pause().Resume(TagSelection::Only("kv")), 0u);
+  EXPECT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), 0u);
   for (CUdeviceptr p : {p0, p1}) ASSERT_TRUE(a.Free(p).ok());
 }
 
@@ -433,10 +449,11 @@ TEST_F(PauseTest, ResumeReleasesOtherArenasCachesBeforeOutOfMemory) {
   AllocatorOptions options;
   options.arenas = 2;
   options.cache_limit_percent = 100;
-  Allocator a(api_, options);
+  ShimCore shim(api_, options);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 128 * kMiB, "kv");
   Fill(kv, 128 * kMiB, 2);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   int worker_slot = -1;
   std::thread([&] {
     MakeCurrent(0);
@@ -445,7 +462,7 @@ TEST_F(PauseTest, ResumeReleasesOtherArenasCachesBeforeOutOfMemory) {
     ASSERT_TRUE(a.Free(other).ok());  // cached in the other arena
   }).join();
   ASSERT_NE(worker_slot % 2, ThreadSlot() % 2);
-  absl::StatusOr<size_t> r = a.pause().Resume(TagSelection::Only("kv"));
+  absl::StatusOr<size_t> r = shim.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(Holds(kv, 128 * kMiB, 2));
   ASSERT_TRUE(a.Free(kv).ok());
@@ -454,16 +471,17 @@ TEST_F(PauseTest, ResumeReleasesOtherArenasCachesBeforeOutOfMemory) {
 // Two faults in one resume: the undo's own unmap fails; a later resume
 // still succeeds with the contents.
 TEST_F(PauseTest, ResumeUndoWhoseUnmapFailsStillAllowsALaterResume) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
   Fill(kv1, 4 * kMiB, 3);
   Fill(kv2, 4 * kMiB, 4);
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);  // the undo of the first block
-  EXPECT_FALSE(a.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   sim::ClearFailures();
-  absl::StatusOr<size_t> r = a.pause().Resume(TagSelection::Only("kv"));
+  absl::StatusOr<size_t> r = shim.pause().Resume(TagSelection::Only("kv"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(Holds(kv1, 4 * kMiB, 3));
   EXPECT_TRUE(Holds(kv2, 4 * kMiB, 4));
@@ -472,18 +490,19 @@ TEST_F(PauseTest, ResumeUndoWhoseUnmapFailsStillAllowsALaterResume) {
 
 TEST_F(PauseTest, ResumeUndoWhoseReleaseFailsLeaksNothing) {
   {
-    Allocator a(api_);
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
     const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
-    ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
     sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
     sim::FailCall("cuMemRelease", 2, CUDA_ERROR_UNKNOWN);  // 1: block 2's new handle, 2: undo of 1
-    EXPECT_FALSE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     sim::ClearFailures();
-    EXPECT_EQ(a.GetStats().handle_bytes, sim::GetUsage().handle_bytes);
-    ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_EQ(shim.control().GetStats().handle_bytes, sim::GetUsage().handle_bytes);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
-    a.Trim();
-    ASSERT_TRUE(a.ReleaseAll().ok());
+    shim.control().Trim();
+    ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   EXPECT_EQ(sim::GetUsage().handles, 0u);
 }
@@ -491,29 +510,31 @@ TEST_F(PauseTest, ResumeUndoWhoseReleaseFailsLeaksNothing) {
 // An unmap failure at pause: that block stays live, the error is returned,
 // and a resume brings back the rest.
 TEST_F(PauseTest, UnmapFailureAtPauseIsReportedAndResumable) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv1 = Alloc(a, 4 * kMiB, "kv"), kv2 = Alloc(a, 4 * kMiB, "kv");
   Fill(kv1, 4 * kMiB, 5);
   Fill(kv2, 4 * kMiB, 6);
   sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
-  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::Only("kv"), true).status()), CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(ToCuResult(shim.pause().Pause(TagSelection::Only("kv"), true).status()), CUDA_ERROR_UNKNOWN);
   sim::ClearFailures();
-  EXPECT_EQ(a.GetStats().paused_bytes, 4 * kMiB);  // one paused, one left live
-  ASSERT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 4 * kMiB);  // one paused, one left live
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   EXPECT_TRUE(Holds(kv1, 4 * kMiB, 5));
   EXPECT_TRUE(Holds(kv2, 4 * kMiB, 6));
   for (CUdeviceptr p : {kv1, kv2}) ASSERT_TRUE(a.Free(p).ok());
 }
 
 TEST_F(PauseTest, PauseDuringACaptureIsRefusedWithoutInvalidatingIt) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
-  ASSERT_EQ(a.captures().BeginCapture(kStream, false, [&] {
+  ASSERT_EQ(shim.captures().BeginCapture(kStream, false, [&] {
     return sim::cuStreamBeginCapture_v2(kStream, CU_STREAM_CAPTURE_MODE_RELAXED);
   }), CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a.pause().Pause(TagSelection::Only("kv"), true).status()),
+  EXPECT_EQ(ToCuResult(shim.pause().Pause(TagSelection::Only("kv"), true).status()),
             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  EXPECT_EQ(ToCuResult(a.pause().Resume(TagSelection::Only("kv")).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(ToCuResult(shim.pause().Resume(TagSelection::Only("kv")).status()), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CUgraph g = nullptr;
   EXPECT_EQ(sim::cuStreamEndCapture(kStream, &g), CUDA_SUCCESS);
   a.CaptureEnded(kStream, false);
@@ -523,26 +544,28 @@ TEST_F(PauseTest, PauseDuringACaptureIsRefusedWithoutInvalidatingIt) {
 // A release that failed at pause is not counted as released, and the
 // resume retries it.
 TEST_F(PauseTest, ResumeRetriesAHandleWhoseReleaseFailedAtPause) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 200 * kMiB, "kv");
   const size_t free_before = FreeMemory();
   sim::FailCall("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
-  absl::StatusOr<size_t> released = a.pause().Pause(TagSelection::Only("kv"), false);
+  absl::StatusOr<size_t> released = shim.pause().Pause(TagSelection::Only("kv"), false);
   sim::ClearFailures();
   ASSERT_TRUE(released.ok());
   EXPECT_EQ(FreeMemory(), free_before + *released);
-  EXPECT_TRUE(a.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   ASSERT_TRUE(a.Free(kv).ok());
 }
 
 TEST_F(PauseTest, ReleaseContextOfPausedMemoryReleasesNoPhysicalBytes) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   Alloc(a, 8 * kMiB, "kv");
-  ASSERT_TRUE(a.pause().Pause(TagSelection::Only("kv"), false).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
   CUcontext ctx = nullptr;
   ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
   EXPECT_EQ(a.ReleaseContext(ctx, false), 0u);
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
 }
 
 TEST(HostBackupTest, MoreThanTheHostHasIsOutOfMemoryNamingHostMemory) {

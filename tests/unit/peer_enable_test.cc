@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/peer_contexts.h"
 #include "gtest/gtest.h"
@@ -23,7 +24,7 @@ class PeerEnableTest : public ::testing::Test {
  protected:
   void SetUp() override { SetUpSim({}); }
   void SetUpSim(std::vector<std::pair<int, int>> pairs_without_p2p) {
-    allocator_.reset();  // before the driver state it holds goes
+    core_.reset();  // before the driver state it holds goes
     sim::SimOptions o;
     o.device_count = 3;
     o.memory_per_device = 1024 * kMiB;
@@ -33,14 +34,14 @@ class PeerEnableTest : public ::testing::Test {
     api_ = sim::Api();
     AllocatorOptions options;
     options.peer_policy.kind = PeerPolicy::Kind::kAll;  // every enable grants
-    allocator_ = std::make_unique<Allocator>(api_, options);
+    core_ = std::make_unique<ShimCore>(api_, options);
     contexts_ = std::make_unique<PeerContexts>();
     for (int d = 0; d < o.device_count; ++d) {
       ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&primary_[d], d), CUDA_SUCCESS);
     }
     // Device 1's memory, allocated in its primary context; device 0 current.
     MakeCurrent(primary_[1]);
-    absl::StatusOr<Allocator::Allocation> a = allocator_->Allocate(kBytes);
+    absl::StatusOr<Allocator::Allocation> a = core_->allocator().Allocate(kBytes);
     ASSERT_TRUE(a.ok() && a->served) << a.status();
     owned_ = a->ptr;
     MakeCurrent(primary_[0]);
@@ -48,7 +49,7 @@ class PeerEnableTest : public ::testing::Test {
   }
   static void MakeCurrent(CUcontext ctx) { ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS); }
   PeerEnable Peer(PeerEnableMode mode) const {
-    return PeerEnable(api_, *allocator_, *contexts_, mode);
+    return PeerEnable(api_, core_->peers(), core_->counters(), *contexts_, mode);
   }
   // A simulated kernel on device 0 reads device 1's allocation.
   bool Device0CanRead() const {
@@ -58,7 +59,7 @@ class PeerEnableTest : public ::testing::Test {
   }
 
   DriverApi api_;
-  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<ShimCore> core_;
   std::unique_ptr<PeerContexts> contexts_;
   CUcontext primary_[3] = {};
   CUdeviceptr owned_ = 0;
@@ -88,17 +89,17 @@ TEST_F(PeerEnableTest, DriverModeGrantsAfterTheDriverAcceptsAndRevokesOnDisable)
 // The statistics' time in cuCtxEnablePeerAccess counts every call, the
 // refused ones too (a program pays for those as well), in both modes.
 TEST_F(PeerEnableTest, EveryEnableIsCountedAndTimed) {
-  EXPECT_EQ(allocator_->GetStats().peer_enable_calls, 0u);
+  EXPECT_EQ(core_->control().GetStats().peer_enable_calls, 0u);
   EXPECT_EQ(Peer(PeerEnableMode::kDriver).Enable(primary_[1], 0), CUDA_SUCCESS);
   EXPECT_EQ(Peer(PeerEnableMode::kDriver).Enable(primary_[1], 0),
             CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
   EXPECT_EQ(Peer(PeerEnableMode::kEmulated).Enable(primary_[2], 1), CUDA_ERROR_INVALID_VALUE);
-  const AllocatorStats s = allocator_->GetStats();
+  const AllocatorStats s = core_->control().GetStats();
   EXPECT_EQ(s.peer_enable_calls, 3u);
   EXPECT_GT(s.peer_enable_seconds, 0);
   EXPECT_LT(s.peer_enable_seconds, 10);
   EXPECT_EQ(Peer(PeerEnableMode::kDriver).Disable(primary_[1]), CUDA_SUCCESS);
-  EXPECT_EQ(allocator_->GetStats().peer_enable_calls, 3u);  // disables are not enables
+  EXPECT_EQ(core_->control().GetStats().peer_enable_calls, 3u);  // disables are not enables
 }
 
 TEST_F(PeerEnableTest, DriverModeReturnsTheDriversCodesUnchanged) {

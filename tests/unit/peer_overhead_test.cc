@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"
@@ -50,7 +51,8 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
   DriverApi api = sim::Api();
   AllocatorOptions options;
   options.peer_policy = TestPeerPolicy(policy_name, gpus);
-  Allocator a(api, options);
+  ShimCore shim(api, options);
+  Allocator& a = shim.allocator();
   std::vector<CUcontext> ctx(gpus);
   std::vector<CUstream> stream(gpus);
   std::vector<CUmemoryPool> pool(gpus);
@@ -61,7 +63,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
     ASSERT_EQ(sim::cuDeviceGetDefaultMemPool(&pool[d], d), CUDA_SUCCESS);
   }
   auto alloc = [&](int d, size_t bytes) {
-    return stream_ordered ? a.stream_ordered().AllocateAsync(bytes, stream[d], false, nullptr) : a.Allocate(bytes);
+    return stream_ordered ? shim.stream_ordered().AllocateAsync(bytes, stream[d], false, nullptr) : a.Allocate(bytes);
   };
 
   std::vector<Alloc> allocs;
@@ -99,9 +101,9 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
         desc.location.id = peer;
         desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         ASSERT_EQ(sim::cuMemPoolSetAccess(pool[owner], &desc, 1), CUDA_SUCCESS);
-        ASSERT_TRUE(a.stream_ordered().PoolAccessChanged(pool[owner], &desc, 1).ok());
+        ASSERT_TRUE(shim.stream_ordered().PoolAccessChanged(pool[owner], &desc, 1).ok());
       } else {
-        ASSERT_TRUE(a.peers().EnablePeer(peer, owner).ok());
+        ASSERT_TRUE(shim.peers().EnablePeer(peer, owner).ok());
       }
     }
   }
@@ -130,7 +132,7 @@ void RunWorkload(int gpus, const std::string& policy_name, Row* row,
       ++row->pairs;
     }
   }
-  for (const DeviceStats& st : a.GetStats().devices) {
+  for (const DeviceStats& st : shim.control().GetStats().devices) {
     for (int p = 0; p < gpus; ++p) expected_bytes += st.peers[p].mapped_bytes;
   }
   EXPECT_EQ(row->peer_bytes, expected_bytes);

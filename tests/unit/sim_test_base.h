@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/heap/tag_selection.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -101,9 +102,9 @@ class SimTest : public ::testing::Test {
   // Fault injection in a pause with contents of `selection` and its resume:
   // for each of `entries`, each of its first `calls` calls, failing at the
   // pause or at the resume, on a simulation started over (SetUp), with
-  // `prepare(allocator)` making and filling memory first. Then, with the
+  // `prepare(shim)` making and filling memory first. Then, with the
   // driver working again, a resume must succeed, nothing may stay paused,
-  // `check(allocator, what)` must find the contents and free the memory, and
+  // `check(shim, what)` must find the contents and free the memory, and
   // nothing may be left: no handle, mapping or page-locked host allocation.
   // Returns the number of runs.
   template <typename Prepare, typename Check>
@@ -117,20 +118,20 @@ class SimTest : public ::testing::Test {
           std::string what = absl::StrCat(entry, " call ", nth, at_resume ? " at the resume"
                                                                           : " at the pause");
           {
-            Allocator a(api_);
-            prepare(a);
+            ShimCore shim(api_);
+            prepare(shim);
             if (!at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-            absl::StatusOr<size_t> paused = a.pause().Pause(selection, true);
+            absl::StatusOr<size_t> paused = shim.pause().Pause(selection, true);
             if (at_resume) sim::FailCall(entry, nth, CUDA_ERROR_UNKNOWN);
-            absl::StatusOr<size_t> resumed = a.pause().Resume(selection);
+            absl::StatusOr<size_t> resumed = shim.pause().Resume(selection);
             sim::ClearFailures();
             absl::StrAppend(&what, " (pause: ", paused.status().ToString(),
                             "; resume: ", resumed.status().ToString(), ")");
-            EXPECT_TRUE(a.pause().Resume(selection).ok()) << what;
-            EXPECT_EQ(a.GetStats().paused_bytes, 0u) << what;
-            check(a, what);
-            a.Trim();
-            EXPECT_TRUE(a.ReleaseAll().ok()) << what;
+            EXPECT_TRUE(shim.pause().Resume(selection).ok()) << what;
+            EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u) << what;
+            check(shim, what);
+            shim.control().Trim();
+            EXPECT_TRUE(shim.ReleaseAll().ok()) << what;
           }
           const sim::Usage u = sim::GetUsage();
           EXPECT_EQ(u.handles, 0u) << what;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -25,73 +26,77 @@ class StatsTest : public SimTest {
     MakeCurrent(0);
   }
   // The process-wide figures equal the sums of the devices' figures.
-  static void ExpectSumsAgree(const Allocator& a) {
+  static void ExpectSumsAgree(const ShimCore& shim) {
     uint64_t live_bytes = 0, handle_bytes = 0;
-    for (const DeviceStats& d : a.GetStats().devices) {
+    for (const DeviceStats& d : shim.control().GetStats().devices) {
       live_bytes += d.live_bytes;
       handle_bytes += d.handle_bytes;
     }
-    const AllocatorStats s = a.GetStats();
+    const AllocatorStats s = shim.control().GetStats();
     EXPECT_EQ(s.live_bytes, live_bytes);
     EXPECT_EQ(s.handle_bytes, handle_bytes);
   }
 };
 
 TEST_F(StatsTest, ReleaseAllZeroesEveryDevicesLiveFigures) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   MustAllocate(a, 256);
   MustAllocate(a, 8 * kMiB);
-  ASSERT_TRUE(a.ReleaseAll().ok());
-  EXPECT_EQ(a.GetStats().live_allocations, 0u);
-  EXPECT_EQ(a.GetStats().live_bytes, 0u);
-  for (const DeviceStats& d : a.GetStats().devices) {
+  ASSERT_TRUE(shim.ReleaseAll().ok());
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 0u);
+  EXPECT_EQ(shim.control().GetStats().live_bytes, 0u);
+  for (const DeviceStats& d : shim.control().GetStats().devices) {
     EXPECT_EQ(d.live_bytes, 0u) << "device " << d.device;
     EXPECT_EQ(d.handle_bytes, 0u) << "device " << d.device;
   }
-  ExpectSumsAgree(a);
+  ExpectSumsAgree(shim);
 }
 
 TEST_F(StatsTest, ReleaseAllWithAFailedUnmapStillForgetsTheHandle) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
-  EXPECT_FALSE(a.ReleaseAll().ok());
-  EXPECT_EQ(a.GetStats().handles, 0u);
-  EXPECT_EQ(a.GetStats().handle_bytes, 0u);
-  for (const DeviceStats& d : a.GetStats().devices) EXPECT_EQ(d.handle_bytes, 0u);
-  ExpectSumsAgree(a);
+  EXPECT_FALSE(shim.ReleaseAll().ok());
+  EXPECT_EQ(shim.control().GetStats().handles, 0u);
+  EXPECT_EQ(shim.control().GetStats().handle_bytes, 0u);
+  for (const DeviceStats& d : shim.control().GetStats().devices) EXPECT_EQ(d.handle_bytes, 0u);
+  ExpectSumsAgree(shim);
 }
 
 TEST_F(StatsTest, FreeAfterDriverTeardownUpdatesTheDevicesHandleBytes) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   CUdeviceptr p = MustAllocate(a, 8 * kMiB);
   sim::FailCall("cuCtxSynchronize_v2", 1, CUDA_ERROR_DEINITIALIZED);
   EXPECT_EQ(ToCuResult(a.Free(p)), CUDA_ERROR_DEINITIALIZED);
-  for (const DeviceStats& d : a.GetStats().devices) EXPECT_EQ(d.handle_bytes, 0u);
-  EXPECT_EQ(a.GetStats().handle_bytes, 0u);
-  ExpectSumsAgree(a);
+  for (const DeviceStats& d : shim.control().GetStats().devices) EXPECT_EQ(d.handle_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().handle_bytes, 0u);
+  ExpectSumsAgree(shim);
 }
 
 TEST_F(StatsTest, SumsAgreeThroughCacheContextReleaseAndTrim) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   std::vector<CUdeviceptr> ptrs;
   for (size_t bytes : {size_t{256}, size_t{4096}, 3 * kMiB, 64 * kMiB, size_t{100000}}) {
     ptrs.push_back(MustAllocate(a, bytes));
   }
-  ExpectSumsAgree(a);
+  ExpectSumsAgree(shim);
   ASSERT_TRUE(a.Free(ptrs[2]).ok());  // cached
   ASSERT_TRUE(a.Free(ptrs[0]).ok());
-  ExpectSumsAgree(a);
-  EXPECT_EQ(a.GetStats().live_allocations, 3u);
-  EXPECT_EQ(a.GetStats().frees, 2u);
-  a.Trim();
-  ExpectSumsAgree(a);
+  ExpectSumsAgree(shim);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 3u);
+  EXPECT_EQ(shim.control().GetStats().frees, 2u);
+  shim.control().Trim();
+  ExpectSumsAgree(shim);
   CUcontext ctx = nullptr;
   ASSERT_EQ(sim::cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
   EXPECT_GT(a.ReleaseContext(ctx, true), 0u);
-  EXPECT_EQ(a.GetStats().live_allocations, 0u);
-  EXPECT_EQ(a.GetStats().handles, 0u);
-  ExpectSumsAgree(a);
+  EXPECT_EQ(shim.control().GetStats().live_allocations, 0u);
+  EXPECT_EQ(shim.control().GetStats().handles, 0u);
+  ExpectSumsAgree(shim);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -35,18 +36,18 @@ class StreamOrderedTest : public SimTest {
     // The simulated streams change state between calls: ask at every miss
     // (QueryIntervalLimitsDriverCalls covers the interval).
     o.stream_query_interval_ns = query_interval_ns_;
-    a_ = std::make_unique<Allocator>(api_, o);
+    core_ = std::make_unique<ShimCore>(api_, o);
   }
   CUdeviceptr AllocAsync(size_t bytes, CUstream stream, CUmemoryPool pool = nullptr) {
-    absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(bytes, stream, false, pool);
+    absl::StatusOr<Allocator::Allocation> r = core_->stream_ordered().AllocateAsync(bytes, stream, false, pool);
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
   CUresult FreeAsync(CUdeviceptr p, CUstream stream) {
-    return ToCuResult(a_->FreeAsync(p, stream, false));
+    return ToCuResult(core_->allocator().FreeAsync(p, stream, false));
   }
   StreamOrderedFigures Figures() {
-    std::optional<StreamOrderedFigures> f = a_->stream_ordered().PoolFigures(pool_);
+    std::optional<StreamOrderedFigures> f = core_->stream_ordered().PoolFigures(pool_);
     EXPECT_TRUE(f.has_value());
     return f.value_or(StreamOrderedFigures{});
   }
@@ -65,7 +66,7 @@ class StreamOrderedTest : public SimTest {
     desc.location.id = peer;
     desc.flags = flags;
     ASSERT_EQ(sim::cuMemPoolSetAccess(pool, &desc, 1), CUDA_SUCCESS);
-    ASSERT_TRUE(a_->stream_ordered().PoolAccessChanged(pool, &desc, 1).ok());
+    ASSERT_TRUE(core_->stream_ordered().PoolAccessChanged(pool, &desc, 1).ok());
   }
   static bool CanRead(int device, CUdeviceptr p) {
     char c;
@@ -76,16 +77,16 @@ class StreamOrderedTest : public SimTest {
   CUcontext ctx_ = nullptr;
   CUmemoryPool pool_ = nullptr;
   CUstream s1_ = nullptr, s2_ = nullptr;
-  std::unique_ptr<Allocator> a_;
+  std::unique_ptr<ShimCore> core_;
 };
 
 TEST_F(StreamOrderedTest, ServedFromVmmAndNamedByTheDefaultPool) {
   const CUdeviceptr p = AllocAsync(kTestMiB, s1_);
-  absl::StatusOr<PointerInfo> info = a_->Find(p);
+  absl::StatusOr<PointerInfo> info = core_->allocator().Find(p);
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE(info->stream_ordered);
   EXPECT_EQ(info->allocation_size, kTestMiB);
-  EXPECT_EQ(a_->stream_ordered().DefaultPool(0), pool_);
+  EXPECT_EQ(core_->stream_ordered().DefaultPool(0), pool_);
   EXPECT_EQ(sim::CallCount("cuMemAllocAsync"), 0u);  // not the driver's pool
   EXPECT_TRUE(CanRead(0, p));
   StreamOrderedFigures f = Figures();
@@ -93,7 +94,7 @@ TEST_F(StreamOrderedTest, ServedFromVmmAndNamedByTheDefaultPool) {
   EXPECT_EQ(f.reserved, 2 * kTestMiB);  // its packed block: one granule
   EXPECT_EQ(f.live_allocations, 1u);
   EXPECT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
-  EXPECT_EQ(a_->GetStats().stream_ordered_allocations, 1u);
+  EXPECT_EQ(core_->control().GetStats().stream_ordered_allocations, 1u);
 }
 
 TEST_F(StreamOrderedTest, SameStreamReuseIsImmediateAndMakesNoDriverCall) {
@@ -110,7 +111,7 @@ TEST_F(StreamOrderedTest, SameStreamReuseIsImmediateAndMakesNoDriverCall) {
     sim::ReleaseStream(s1_);
     ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
   }
-  EXPECT_EQ(a_->GetStats().stream_ordered_reuses, 3u);
+  EXPECT_EQ(core_->control().GetStats().stream_ordered_reuses, 3u);
 }
 
 TEST_F(StreamOrderedTest, OtherStreamsWaitForTheFreeingStreamsWork) {
@@ -193,7 +194,7 @@ TEST_F(StreamOrderedTest, CrossStreamLoopReusesWithTheDefaultInterval) {
 
 TEST_F(StreamOrderedTest, TheProgramsSynchronizeMakesBlocksReadyWithoutQueries) {
   cuuint64_t keep_all = ~cuuint64_t{0};
-  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  core_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);
   EXPECT_EQ(StreamOrderedFrontEnd::SynchronizeMark(), 0u);  // nothing waits: the hooks do nothing
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
@@ -203,21 +204,21 @@ TEST_F(StreamOrderedTest, TheProgramsSynchronizeMakesBlocksReadyWithoutQueries) 
   ASSERT_EQ(FreeAsync(later, s1_), CUDA_SUCCESS);  // after the mark: not covered
   ASSERT_EQ(sim::cuStreamSynchronize(s1_), CUDA_SUCCESS);
   sim::ResetCallCounts();
-  a_->stream_ordered().StreamSynchronized(s1_, false, mark);
+  core_->stream_ordered().StreamSynchronized(s1_, false, mark);
   // Another stream reuses p at once, asking the driver nothing; `later`
   // still waits (freed after the mark), so s1 is asked about it.
-  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(4 * kTestMiB, s2_, false, nullptr);
+  absl::StatusOr<Allocator::Allocation> r = core_->stream_ordered().AllocateAsync(4 * kTestMiB, s2_, false, nullptr);
   ASSERT_TRUE(r.ok() && r->served);
   EXPECT_EQ(r->ptr, p);
   EXPECT_EQ(sim::CallCount("cuStreamQuery") + sim::CallCount("cuEventQuery"), 0u);
   // A context synchronize covers every stream of the context; with
   // threshold 0 the ready blocks leave the cache there, as natively.
   cuuint64_t zero = 0;
-  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
+  core_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero);
   const uint64_t mark2 = StreamOrderedFrontEnd::SynchronizeMark();
-  a_->stream_ordered().ContextSynchronized(nullptr, mark2);
+  core_->stream_ordered().ContextSynchronized(nullptr, mark2);
   EXPECT_EQ(sim::CallCount("cuStreamQuery"), 0u);
-  EXPECT_EQ(a_->GetStats().devices[0].stream_ordered.cached, 0u);
+  EXPECT_EQ(core_->control().GetStats().devices[0].stream_ordered.cached, 0u);
   ASSERT_EQ(FreeAsync(r->ptr, s2_), CUDA_SUCCESS);
 }
 
@@ -247,12 +248,12 @@ TEST_F(StreamOrderedTest, AnotherSizeOfTheSameClassReusesTheBlock) {
   const CUdeviceptr small = AllocAsync(1000, s1_);
   ASSERT_EQ(FreeAsync(small, s1_), CUDA_SUCCESS);
   EXPECT_EQ(AllocAsync(900, s1_), small);  // two 512-byte units both
-  EXPECT_EQ(a_->Find(small)->allocation_size, 900u);
+  EXPECT_EQ(core_->allocator().Find(small)->allocation_size, 900u);
   const CUdeviceptr large = AllocAsync(3 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(large, s1_), CUDA_SUCCESS);
   EXPECT_EQ(AllocAsync(3 * kTestMiB + kTestMiB / 2, s1_), large);  // a 4 MiB block both
-  EXPECT_EQ(a_->Find(large)->allocation_size, 3 * kTestMiB + kTestMiB / 2);
-  EXPECT_EQ(a_->GetStats().devices[0].live_bytes, 900 + 3 * kTestMiB + kTestMiB / 2);
+  EXPECT_EQ(core_->allocator().Find(large)->allocation_size, 3 * kTestMiB + kTestMiB / 2);
+  EXPECT_EQ(core_->control().GetStats().devices[0].live_bytes, 900 + 3 * kTestMiB + kTestMiB / 2);
   EXPECT_EQ(Figures().used, 900 + 3 * kTestMiB + kTestMiB / 2);
 }
 
@@ -261,17 +262,17 @@ TEST_F(StreamOrderedTest, FreesGetTheDriversCodes) {
   EXPECT_EQ(FreeAsync(p + 512, s1_), CUDA_ERROR_INVALID_VALUE);  // interior
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
   EXPECT_EQ(FreeAsync(p, s1_), CUDA_ERROR_INVALID_VALUE);  // double free (measured: 1)
-  EXPECT_EQ(ToCuResult(a_->Free(p)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ToCuResult(core_->allocator().Free(p)), CUDA_ERROR_INVALID_VALUE);
   // cudaFree of stream-ordered memory succeeds (measured), once.
   const CUdeviceptr q = AllocAsync(4096, s2_);
-  EXPECT_EQ(ToCuResult(a_->Free(q)), CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a_->Free(q)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ToCuResult(core_->allocator().Free(q)), CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(core_->allocator().Free(q)), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(FreeAsync(q, s2_), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(Figures().used, 0u);
   // cudaFreeAsync of cudaMalloc memory frees it (measured); a second free: 1.
-  const CUdeviceptr m = MustAllocate(*a_, 4096);
+  const CUdeviceptr m = MustAllocate(core_->allocator(), 4096);
   EXPECT_EQ(FreeAsync(m, s1_), CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a_->Free(m)), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ToCuResult(core_->allocator().Free(m)), CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST_F(StreamOrderedTest, OnlyTheCurrentDefaultPoolIsServed) {
@@ -282,32 +283,32 @@ TEST_F(StreamOrderedTest, OnlyTheCurrentDefaultPoolIsServed) {
   props.location.id = 0;
   CUmemoryPool mine = nullptr;
   ASSERT_EQ(sim::cuMemPoolCreate(&mine, &props), CUDA_SUCCESS);
-  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(256, s1_, false, mine);
+  absl::StatusOr<Allocator::Allocation> r = core_->stream_ordered().AllocateAsync(256, s1_, false, mine);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->served);
-  EXPECT_TRUE(a_->stream_ordered().AllocateAsync(256, s1_, false, pool_)->served);  // the default, explicitly
+  EXPECT_TRUE(core_->stream_ordered().AllocateAsync(256, s1_, false, pool_)->served);  // the default, explicitly
   ASSERT_EQ(sim::cuDeviceSetMemPool(0, mine), CUDA_SUCCESS);
-  a_->stream_ordered().CurrentPoolChanged(0, mine);
-  EXPECT_FALSE(a_->stream_ordered().AllocateAsync(256, s1_, false, nullptr)->served);
+  core_->stream_ordered().CurrentPoolChanged(0, mine);
+  EXPECT_FALSE(core_->stream_ordered().AllocateAsync(256, s1_, false, nullptr)->served);
   ASSERT_EQ(sim::cuDeviceSetMemPool(0, pool_), CUDA_SUCCESS);
-  a_->stream_ordered().CurrentPoolChanged(0, pool_);
-  EXPECT_TRUE(a_->stream_ordered().AllocateAsync(256, s1_, false, nullptr)->served);
+  core_->stream_ordered().CurrentPoolChanged(0, pool_);
+  EXPECT_TRUE(core_->stream_ordered().AllocateAsync(256, s1_, false, nullptr)->served);
 }
 
 TEST_F(StreamOrderedTest, ACapturingStreamGetsGraphMemoryFromTheDriver) {
-  ASSERT_EQ(a_->captures().BeginCapture(s1_, false,
+  ASSERT_EQ(core_->captures().BeginCapture(s1_, false,
                                         [&] {
                                           return sim::cuStreamBeginCapture_v2(
                                               s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
                                         }),
             CUDA_SUCCESS);
-  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(256, s1_, false, nullptr);
+  absl::StatusOr<Allocator::Allocation> r = core_->stream_ordered().AllocateAsync(256, s1_, false, nullptr);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->served);
-  EXPECT_TRUE(a_->stream_ordered().AllocateAsync(256, s2_, false, nullptr)->served);  // not capturing
+  EXPECT_TRUE(core_->stream_ordered().AllocateAsync(256, s2_, false, nullptr)->served);  // not capturing
   CUgraph graph = nullptr;
   ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
-  a_->CaptureEnded(s1_, false);
+  core_->allocator().CaptureEnded(s1_, false);
 }
 
 TEST_F(StreamOrderedTest, ReleaseThresholdAndTrimActOnTheCache) {
@@ -319,17 +320,17 @@ TEST_F(StreamOrderedTest, ReleaseThresholdAndTrimActOnTheCache) {
   EXPECT_EQ(Figures().cached, 0u);
   // With a threshold it stays, and cuMemPoolTrimTo releases it.
   cuuint64_t keep_all = ~cuuint64_t{0};
-  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  core_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   const CUdeviceptr q = AllocAsync(8 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(q, s1_), CUDA_SUCCESS);
   EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
   EXPECT_EQ(Figures().used, 0u);
   EXPECT_EQ(AllocAsync(8 * kTestMiB, s2_), q);  // ready: any stream
   ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
-  EXPECT_EQ(a_->stream_ordered().PoolTrimTo(pool_, 0), 8 * kTestMiB);
+  EXPECT_EQ(core_->stream_ordered().PoolTrimTo(pool_, 0), 8 * kTestMiB);
   EXPECT_EQ(Figures().reserved, 0u);
   EXPECT_GE(Figures().reserved_high, 8 * kTestMiB);
-  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
+  core_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &keep_all);
   EXPECT_EQ(Figures().reserved_high, 0u);
 }
 
@@ -354,13 +355,13 @@ TEST_F(StreamOrderedTest, SmallAllocationsShareTheReservedChunk) {
   EXPECT_EQ(Figures().used, 0u);
   EXPECT_EQ(Figures().reserved_high, 66 * kTestMiB);
   cuuint64_t zero = 0;
-  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+  core_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
   EXPECT_EQ(Figures().reserved_high, 0u);
   // Paused stream-ordered memory is not reserved; resumed, it is again.
   const CUdeviceptr d = AllocAsync(8 * kTestMiB, s1_);
-  ASSERT_TRUE(a_->pause().Pause(TagSelection::All(), false).ok());
+  ASSERT_TRUE(core_->pause().Pause(TagSelection::All(), false).ok());
   EXPECT_EQ(Figures().reserved, 0u);
-  ASSERT_TRUE(a_->pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(core_->pause().Resume(TagSelection::All()).ok());
   EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
   ASSERT_EQ(FreeAsync(d, s1_), CUDA_SUCCESS);
   EXPECT_EQ(Figures().reserved, 0u);
@@ -369,7 +370,7 @@ TEST_F(StreamOrderedTest, SmallAllocationsShareTheReservedChunk) {
 TEST_F(StreamOrderedTest, AThresholdSetBeforeTheFirstAllocationIsKept) {
   // PyTorch's cudaMallocAsync backend raises the threshold at start-up.
   cuuint64_t keep_all = ~cuuint64_t{0};
-  a_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+  core_->stream_ordered().PoolAttributeSet(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
   const CUdeviceptr p = AllocAsync(8 * kTestMiB, s1_);
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
   EXPECT_EQ(Figures().reserved, 8 * kTestMiB);
@@ -382,7 +383,7 @@ TEST_F(StreamOrderedTest, ADestroyedStreamsBlocksBecomeReadyWhenItsWorkIsDone) {
   const CUdeviceptr p = AllocAsync(2 * kTestMiB, s3);
   sim::HoldStream(s3);
   ASSERT_EQ(FreeAsync(p, s3), CUDA_SUCCESS);
-  a_->stream_ordered().StreamDestroyed(s3);  // the hook's order: before the driver's destroy
+  core_->stream_ordered().StreamDestroyed(s3);  // the hook's order: before the driver's destroy
   EXPECT_NE(AllocAsync(2 * kTestMiB, s2_), p);
   sim::ReleaseStream(s3);
   ASSERT_EQ(sim::cuStreamDestroy_v2(s3), CUDA_SUCCESS);
@@ -401,7 +402,7 @@ TEST_F(StreamOrderedTest, OutOfMemoryWaitsForFreedBlocks) {
   // The same for cudaMalloc.
   sim::HoldStream(s2_);
   ASSERT_EQ(FreeAsync(q, s2_), CUDA_SUCCESS);
-  EXPECT_NE(MustAllocate(*a_, 40 * kTestMiB), 0u);
+  EXPECT_NE(MustAllocate(core_->allocator(), 40 * kTestMiB), 0u);
 }
 
 TEST_F(StreamOrderedTest, ReleaseContextForgetsEverything) {
@@ -412,30 +413,30 @@ TEST_F(StreamOrderedTest, ReleaseContextForgetsEverything) {
   ASSERT_EQ(FreeAsync(p, s1_), CUDA_SUCCESS);
   ASSERT_EQ(FreeAsync(q, s1_), CUDA_SUCCESS);
   sim::ReleaseStream(s1_);
-  a_->ReleaseContext(ctx_, true);
+  core_->allocator().ReleaseContext(ctx_, true);
   StreamOrderedFigures f = Figures();
   EXPECT_EQ(f.used, 0u);
   EXPECT_EQ(f.reserved, 0u);
   EXPECT_EQ(f.live_allocations, 0u);
-  a_->Trim();
+  core_->control().Trim();
   EXPECT_EQ(sim::GetUsage().handles, 0u);
 }
 
 TEST_F(StreamOrderedTest, PerThreadDefaultStreamsAreDistinct) {
   // Handle 0 through a _ptsz entry point: this thread's stream.
-  absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(4096, nullptr, true, nullptr);
+  absl::StatusOr<Allocator::Allocation> r = core_->stream_ordered().AllocateAsync(4096, nullptr, true, nullptr);
   ASSERT_TRUE(r.ok() && r->served);
-  ASSERT_TRUE(a_->FreeAsync(r->ptr, nullptr, true).ok());
+  ASSERT_TRUE(core_->allocator().FreeAsync(r->ptr, nullptr, true).ok());
   std::thread other([&] {
     ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
     sim::HoldStream(CU_STREAM_PER_THREAD);  // the sim keys streams by handle: not ready
-    absl::StatusOr<Allocator::Allocation> mine = a_->stream_ordered().AllocateAsync(4096, nullptr, true, nullptr);
+    absl::StatusOr<Allocator::Allocation> mine = core_->stream_ordered().AllocateAsync(4096, nullptr, true, nullptr);
     ASSERT_TRUE(mine.ok() && mine->served);
     // The first thread's stream cannot be asked about from here: its block
     // is not known to be ready.
     EXPECT_NE(mine->ptr, r->ptr);
     sim::ReleaseStream(CU_STREAM_PER_THREAD);
-    ASSERT_TRUE(a_->FreeAsync(mine->ptr, nullptr, true).ok());
+    ASSERT_TRUE(core_->allocator().FreeAsync(mine->ptr, nullptr, true).ok());
   });
   other.join();
 }
@@ -486,7 +487,7 @@ class StreamOrderedPeerTest : public StreamOrderedTest {
 TEST_F(StreamOrderedPeerTest, PoolAccessGrantsStreamOrderedMemoryOnly) {
   Start(4, 1024 * kTestMiB, Policy(PeerPolicy::Kind::kAll));
   const CUdeviceptr so = AllocAsync(4 * kTestMiB, s1_);
-  const CUdeviceptr m = MustAllocate(*a_, 4 * kTestMiB);
+  const CUdeviceptr m = MustAllocate(core_->allocator(), 4 * kTestMiB);
   SetPoolAccess(0, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   EXPECT_TRUE(CanRead(1, so));
   EXPECT_FALSE(CanRead(1, m));  // cudaMalloc memory waits for cuCtxEnablePeerAccess
@@ -495,7 +496,7 @@ TEST_F(StreamOrderedPeerTest, PoolAccessGrantsStreamOrderedMemoryOnly) {
   // cudaMalloc memory and leaves the pool's peers alone.
   const CUdeviceptr later = AllocAsync(64 * 1024, s2_);
   EXPECT_TRUE(CanRead(1, later));
-  ASSERT_TRUE(a_->peers().EnablePeer(2, 0).ok());
+  ASSERT_TRUE(core_->peers().EnablePeer(2, 0).ok());
   EXPECT_TRUE(CanRead(2, m));
   EXPECT_FALSE(CanRead(2, so));
   // Access NONE takes it away.
@@ -515,8 +516,8 @@ TEST_F(StreamOrderedPeerTest, PolicyDecidesPerStreamOrderedAllocation) {
     EXPECT_EQ(sim::PeerMappedBytes(peer), 8 * kTestMiB);
   }
   // The explicit C API works on stream-ordered memory too.
-  ASSERT_TRUE(a_->peers().SetPeerAccess(big, 1, true).ok());
-  ASSERT_TRUE(a_->peers().SetPeerAccess(big, 2, false).ok());
+  ASSERT_TRUE(core_->peers().SetPeerAccess(big, 1, true).ok());
+  ASSERT_TRUE(core_->peers().SetPeerAccess(big, 2, false).ok());
   EXPECT_FALSE(CanRead(2, big));
   EXPECT_TRUE(CanRead(3, big));
 }
@@ -527,7 +528,7 @@ TEST_F(StreamOrderedPeerTest, PolicyNoneMapsNothingIntoPeers) {
   for (int peer : {1, 2, 3}) SetPoolAccess(0, peer, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   for (int peer : {1, 2, 3}) EXPECT_EQ(sim::PeerMappedBytes(peer), 0u);
   EXPECT_TRUE(CanRead(0, p));
-  EXPECT_EQ(a_->GetStats().devices[0].peers[1].denials, 1u);
+  EXPECT_EQ(core_->control().GetStats().devices[0].peers[1].denials, 1u);
 }
 
 // ---- Stress: many threads and streams ----
@@ -548,7 +549,7 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
       CUstream s = streams[rng() % kStreams];
       if (mine.size() < 8 && (mine.empty() || rng() % 2 == 0)) {
         const size_t bytes = sizes[rng() % 5];
-        absl::StatusOr<Allocator::Allocation> r = a_->stream_ordered().AllocateAsync(bytes, s, false, nullptr);
+        absl::StatusOr<Allocator::Allocation> r = core_->stream_ordered().AllocateAsync(bytes, s, false, nullptr);
         if (!r.ok() || !r->served) {
           ++failures;
           continue;
@@ -568,18 +569,18 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
           live.erase(mine[k].first);
         }
         if (rng() % 7 == 0) sim::HoldStream(s);
-        if (!a_->FreeAsync(mine[k].first, s, false).ok()) ++failures;
+        if (!core_->allocator().FreeAsync(mine[k].first, s, false).ok()) ++failures;
         if (rng() % 5 == 0) sim::ReleaseStream(s);
         mine.erase(mine.begin() + k);
       }
-      if (rng() % 200 == 0) a_->stream_ordered().PoolFigures(pool_);
+      if (rng() % 200 == 0) core_->stream_ordered().PoolFigures(pool_);
     }
     for (auto& [p, bytes] : mine) {
       {
         std::lock_guard<std::mutex> lock(mu);
         live.erase(p);
       }
-      if (!a_->FreeAsync(p, streams[0], false).ok()) ++failures;
+      if (!core_->allocator().FreeAsync(p, streams[0], false).ok()) ++failures;
     }
   };
   std::vector<std::thread> threads;
@@ -590,9 +591,9 @@ TEST_F(StreamOrderedTest, ManyThreadsAndStreamsNeverShareLiveMemory) {
   StreamOrderedFigures f = Figures();
   EXPECT_EQ(f.used, 0u);
   EXPECT_EQ(f.live_allocations, 0u);
-  a_->stream_ordered().PoolTrimTo(pool_, 0);
+  core_->stream_ordered().PoolTrimTo(pool_, 0);
   EXPECT_EQ(Figures().reserved, 0u);
-  EXPECT_EQ(a_->GetStats().devices[0].live_allocations, 0u);
+  EXPECT_EQ(core_->control().GetStats().devices[0].live_allocations, 0u);
 }
 
 
@@ -616,8 +617,8 @@ TEST_F(StreamOrderedTest, ABlockIsNotReusedInAnotherContext) {
   ASSERT_EQ(sim::cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   const CUdeviceptr q = AllocAsync(4 * kTestMiB, sb);  // live in context B
   ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-  a_->ReleaseContext(ctx_, true);  // context A goes (cuCtxDestroy / primary reset)
-  EXPECT_TRUE(a_->Find(q).ok()) << "B's live allocation was released with A (q == p: "
+  core_->allocator().ReleaseContext(ctx_, true);  // context A goes (cuCtxDestroy / primary reset)
+  EXPECT_TRUE(core_->allocator().Find(q).ok()) << "B's live allocation was released with A (q == p: "
                                 << (q == p) << ")";
   EXPECT_TRUE(CanRead(0, q));
 }
@@ -636,7 +637,7 @@ TEST_F(StreamOrderedTest, ReuseAcrossContextsKeepsTheFiguresRight) {
   EXPECT_NE(q, p);
   EXPECT_NE(r, 0u);
   ASSERT_EQ(FreeAsync(q, sb), CUDA_SUCCESS);  // charged to A (the heap's placement)
-  a_->ReleaseContext(b, true);  // r goes with B
+  core_->allocator().ReleaseContext(b, true);  // r goes with B
   ASSERT_EQ(sim::cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
   StreamOrderedFigures f = Figures();
   EXPECT_EQ(f.live_allocations, 0u);
@@ -661,18 +662,18 @@ TEST_F(StreamOrderedPeerTest, AReusedBlockHasTheRequestsPeerAccess) {
 // stream) is deferred by the heap, but the cache never hears of it.
 TEST_F(StreamOrderedTest, CudaFreeDuringACaptureLeavesTheFigures) {
   const CUdeviceptr p = AllocAsync(4096, s2_);
-  const CUdeviceptr m = MustAllocate(*a_, 4096);
-  ASSERT_EQ(a_->captures().BeginCapture(s1_, false,
+  const CUdeviceptr m = MustAllocate(core_->allocator(), 4096);
+  ASSERT_EQ(core_->captures().BeginCapture(s1_, false,
                                         [&] {
                                           return sim::cuStreamBeginCapture_v2(
                                               s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
                                         }),
             CUDA_SUCCESS);
-  EXPECT_TRUE(a_->Free(p).ok());
+  EXPECT_TRUE(core_->allocator().Free(p).ok());
   CUgraph graph = nullptr;
   ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
-  a_->CaptureEnded(s1_, false);
-  EXPECT_TRUE(a_->Free(m).ok());  // completes the deferred free
+  core_->allocator().CaptureEnded(s1_, false);
+  EXPECT_TRUE(core_->allocator().Free(m).ok());  // completes the deferred free
   StreamOrderedFigures f = Figures();
   EXPECT_EQ(f.used, 0u);
   EXPECT_EQ(f.live_allocations, 0u);
@@ -684,22 +685,22 @@ TEST_F(StreamOrderedTest, CudaFreeDuringACaptureLeavesTheFigures) {
 // stream-ordered cache still holds it, and both hand the address out.
 TEST_F(StreamOrderedTest, DoubleFreeDuringACaptureIsRefused) {
   const CUdeviceptr p = AllocAsync(4096, s2_);
-  const CUdeviceptr m = MustAllocate(*a_, 4096);
+  const CUdeviceptr m = MustAllocate(core_->allocator(), 4096);
   ASSERT_EQ(FreeAsync(p, s2_), CUDA_SUCCESS);
-  ASSERT_EQ(a_->captures().BeginCapture(s1_, false,
+  ASSERT_EQ(core_->captures().BeginCapture(s1_, false,
                                         [&] {
                                           return sim::cuStreamBeginCapture_v2(
                                               s1_, CU_STREAM_CAPTURE_MODE_RELAXED);
                                         }),
             CUDA_SUCCESS);
-  EXPECT_EQ(ToCuResult(a_->Free(p)), CUDA_ERROR_INVALID_VALUE);  // measured natively: 1
+  EXPECT_EQ(ToCuResult(core_->allocator().Free(p)), CUDA_ERROR_INVALID_VALUE);  // measured natively: 1
   CUgraph graph = nullptr;
   ASSERT_EQ(sim::cuStreamEndCapture(s1_, &graph), CUDA_SUCCESS);
-  a_->CaptureEnded(s1_, false);
-  EXPECT_TRUE(a_->Free(m).ok());  // completes whatever was deferred
+  core_->allocator().CaptureEnded(s1_, false);
+  EXPECT_TRUE(core_->allocator().Free(m).ok());  // completes whatever was deferred
   const CUdeviceptr q1 = AllocAsync(4096, s2_);  // from the stream-ordered cache
   const CUdeviceptr q2 = AllocAsync(4096, s1_);  // from the heap
-  EXPECT_TRUE(a_->Find(q1).ok());
+  EXPECT_TRUE(core_->allocator().Find(q1).ok());
   EXPECT_NE(q1, q2) << "two live allocations at one address";
 }
 
@@ -716,8 +717,8 @@ TEST_F(StreamOrderedTest, ReleasingAContextThatOnlyFreedReleasesItsStreamsBlocks
   const CUdeviceptr p = AllocAsync(4 * kTestMiB, s1_);  // device 0's memory
   sim::HoldStream(t);
   ASSERT_EQ(FreeAsync(p, t), CUDA_SUCCESS);
-  a_->ReleaseContext(ctx1, true);  // what the cuDevicePrimaryCtxReset(1) hook does
-  EXPECT_EQ(a_->GetStats().devices[0].stream_ordered.cached, 0u);
+  core_->allocator().ReleaseContext(ctx1, true);  // what the cuDevicePrimaryCtxReset(1) hook does
+  EXPECT_EQ(core_->control().GetStats().devices[0].stream_ordered.cached, 0u);
   sim::ReleaseStream(t);
 }
 
@@ -733,14 +734,14 @@ TEST_F(StreamOrderedTest, OutOfMemoryReclaimDoesNotBreakACaptureBegunMeanwhile) 
   sim::HoldCalls("cuCtxSynchronize_v2");
   std::thread alloc([&] {
     sim::cuCtxSetCurrent(ctx_);
-    (void)a_->stream_ordered().AllocateAsync(40 * kTestMiB, s2_, false, nullptr);  // OOM: reclaim
+    (void)core_->stream_ordered().AllocateAsync(40 * kTestMiB, s2_, false, nullptr);  // OOM: reclaim
   });
   ASSERT_TRUE(sim::WaitForHeldCall(5000));
   const CUstream cap = reinterpret_cast<CUstream>(0x7777);
   std::atomic<bool> begun{false};
   std::thread begin([&] {
     sim::cuCtxSetCurrent(ctx_);
-    EXPECT_EQ(a_->captures().BeginCapture(cap, false,
+    EXPECT_EQ(core_->captures().BeginCapture(cap, false,
                                           [&] {
                                             return sim::cuStreamBeginCapture_v2(
                                                 cap, CU_STREAM_CAPTURE_MODE_GLOBAL);
@@ -759,7 +760,7 @@ TEST_F(StreamOrderedTest, OutOfMemoryReclaimDoesNotBreakACaptureBegunMeanwhile) 
                                                  << begun_during_sync;
   CUgraph graph = nullptr;
   sim::cuStreamEndCapture(cap, &graph);
-  a_->CaptureEnded(cap, false);
+  core_->allocator().CaptureEnded(cap, false);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
@@ -42,7 +43,8 @@ TEST(StressTest, SixteenThreadsFourGpus) {
   options.arenas = 4;  // threads share arenas and free into each other's
   options.peer_policy.kind = PeerPolicy::Kind::kMinSize;
   options.peer_policy.min_bytes = kMiB;
-  Allocator a(api, options);
+  ShimCore shim(api, options);
+  Allocator& a = shim.allocator();
 
   std::mutex mu;  // guards `live` (the test's own bookkeeping)
   std::map<CUdeviceptr, Live> live;
@@ -56,16 +58,16 @@ TEST(StressTest, SixteenThreadsFourGpus) {
       const int owner = rng() % kDevices, peer = rng() % kDevices;
       if (owner == peer) continue;
       if (enabled[owner][peer] > 0 && rng() % 2) {
-        failed = failed || !a.peers().DisablePeer(peer, owner).ok();
+        failed = failed || !shim.peers().DisablePeer(peer, owner).ok();
         --enabled[owner][peer];
       } else if (enabled[owner][peer] < 2) {
-        failed = failed || !a.peers().EnablePeer(peer, owner).ok();
+        failed = failed || !shim.peers().EnablePeer(peer, owner).ok();
         ++enabled[owner][peer];
       }
     }
     for (int ow = 0; ow < kDevices; ++ow) {
       for (int p = 0; p < kDevices; ++p) {
-        while (enabled[ow][p]-- > 0) failed = failed || !a.peers().DisablePeer(p, ow).ok();
+        while (enabled[ow][p]-- > 0) failed = failed || !shim.peers().DisablePeer(p, ow).ok();
       }
     }
   });
@@ -108,7 +110,7 @@ TEST(StressTest, SixteenThreadsFourGpus) {
           if (it->second.bytes <= kMiB) continue;  // explicit calls on large ones only
           const int peer = (it->second.device + 1 + rng() % (kDevices - 1)) % kDevices;
           const bool grant = rng() % 2;
-          absl::Status s = grant ? a.peers().SetPeerAccess(it->first, peer, true) : a.peers().SetPeerAccess(it->first, peer, false);
+          absl::Status s = grant ? shim.peers().SetPeerAccess(it->first, peer, true) : shim.peers().SetPeerAccess(it->first, peer, false);
           if (!s.ok()) failed = true;
           const uint64_t bit = uint64_t{1} << peer;
           it->second.granted = grant ? (it->second.granted | bit) : (it->second.granted & ~bit);
@@ -139,10 +141,10 @@ TEST(StressTest, SixteenThreadsFourGpus) {
           << "peer " << peer << " on a " << l.bytes << "-byte allocation of device " << l.device;
     }
   }
-  EXPECT_EQ(a.GetStats().live_allocations, live.size());
+  EXPECT_EQ(shim.control().GetStats().live_allocations, live.size());
   for (const auto& [ptr, l] : live) ASSERT_TRUE(a.Free(ptr).ok());
-  a.Trim();
-  ASSERT_TRUE(a.ReleaseAll().ok());
+  shim.control().Trim();
+  ASSERT_TRUE(shim.ReleaseAll().ok());
   const sim::Usage u = sim::GetUsage();
   EXPECT_EQ(u.handles, 0u);
   EXPECT_EQ(u.mappings, 0u);
@@ -179,7 +181,8 @@ TEST(StressTest, AllocationsAndFreesDuringCapturesOnSixThreads) {
   sim::Reset(o);
   ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
   DriverApi api = sim::Api();
-  Allocator a(api);
+  ShimCore shim(api);
+  Allocator& a = shim.allocator();
   CUcontext ctx = nullptr;
   ASSERT_EQ(sim::cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
   std::atomic<bool> stop{false}, failed{false};
@@ -190,7 +193,7 @@ TEST(StressTest, AllocationsAndFreesDuringCapturesOnSixThreads) {
       const CUstreamCaptureMode mode =
           i % 3 == 0 ? CU_STREAM_CAPTURE_MODE_GLOBAL : CU_STREAM_CAPTURE_MODE_RELAXED;
       // As the hook does: the driver's begin inside the tracker's gate.
-      if (a.captures().BeginCapture(s, false, [&] {
+      if (shim.captures().BeginCapture(s, false, [&] {
             return sim::cuStreamBeginCapture_v2(s, mode);
           }) != CUDA_SUCCESS) {
         Note(&why, "begin capture failed");
@@ -222,12 +225,12 @@ TEST(StressTest, AllocationsAndFreesDuringCapturesOnSixThreads) {
           if (r.ok() && r->served) {
             mine.push_back(r->ptr);
           } else if (ToCuResult(r.status()) != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
-            const AllocatorStats st = a.GetStats();
+            const AllocatorStats st = shim.control().GetStats();
             Note(&why, "allocate: " + r.status().ToString() + " live " +
                            std::to_string(st.live_bytes) + " handles " +
                            std::to_string(st.handle_bytes) + " deferred " +
                            std::to_string(st.deferred_frees) + " peak " + std::to_string(st.peak_handle_bytes) + " cached " +
-                           std::to_string(a.IdleBytes(0)) + " sim in use " +
+                           std::to_string(shim.control().IdleBytes(0)) + " sim in use " +
                            std::to_string(sim::DeviceBytesInUse(0)));
             failed = true;
           }
@@ -256,9 +259,9 @@ TEST(StressTest, AllocationsAndFreesDuringCapturesOnSixThreads) {
   capturer.join();
   for (auto& w : workers) w.join();
   ASSERT_FALSE(failed) << why.first;
-  EXPECT_FALSE(a.captures().any());
-  a.Trim();  // completes what the last captures deferred, then releases the cache
-  const AllocatorStats s = a.GetStats();
+  EXPECT_FALSE(shim.captures().any());
+  shim.control().Trim();  // completes what the last captures deferred, then releases the cache
+  const AllocatorStats s = shim.control().GetStats();
   EXPECT_EQ(s.deferred_frees, 0u);
   EXPECT_EQ(s.live_allocations, 0u);
   EXPECT_EQ(s.handles, 0u);

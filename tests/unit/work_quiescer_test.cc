@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/sleep/work_quiescer.h"
 #include "core/sync/submission_gate.h"
@@ -85,11 +86,12 @@ class WorkQuiescerTest : public SimTest {
 };
 
 TEST_F(WorkQuiescerTest, LaunchingThreadsWaitThroughAPauseOfEverythingAndGoOnAfterTheResume) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   ASSERT_TRUE(kv.ok() && kv->served);
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(5000));
-  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
   StartLaunching(kv->ptr, 2);
   for (int cycle = 0; cycle < 20; ++cycle) {
     std::this_thread::sleep_for(milliseconds(2));
@@ -113,7 +115,8 @@ TEST_F(WorkQuiescerTest, LaunchingThreadsWaitThroughAPauseOfEverythingAndGoOnAft
 TEST_F(WorkQuiescerTest, WithoutTheGateTheSameLaunchesFault) {
   // The test above would catch a gate that held nothing: launches that do
   // not pass it meet the paused memory.
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   ASSERT_TRUE(kv.ok() && kv->served);
   std::atomic<int> faults{0};
@@ -123,21 +126,22 @@ TEST_F(WorkQuiescerTest, WithoutTheGateTheSameLaunchesFault) {
       if (api_.cuMemsetD8Async(kv->ptr, 1, kBytes, nullptr) != CUDA_SUCCESS) ++faults;
     }
   });
-  ASSERT_TRUE(a.pause().Pause(TagSelection::All(), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::All(), true).ok());
   std::this_thread::sleep_for(milliseconds(20));
   stop_ = true;
   t.join();
-  ASSERT_TRUE(a.pause().Resume(TagSelection::All()).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
   EXPECT_GT(faults.load(), 0);
 }
 
 TEST_F(WorkQuiescerTest, APauseOfATagLetsTheThreadsGoOnOnceItIsDone) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
   ASSERT_TRUE(kv.ok() && weights.ok());
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(5000));
-  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
   StartLaunching(weights->ptr, 2);
   absl::StatusOr<size_t> paused =
       sleeper.Pause(TagSelection::Only("kv"), true, BackupKind(), false);
@@ -152,12 +156,13 @@ TEST_F(WorkQuiescerTest, APauseOfATagLetsTheThreadsGoOnOnceItIsDone) {
 }
 
 TEST_F(WorkQuiescerTest, AHoldEndsWhenResumesOfTagsLeaveNothingPausedAndRefusesASleep) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
   ASSERT_TRUE(kv.ok() && weights.ok());
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(5000));
-  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
   ASSERT_TRUE(sleeper.Pause(TagSelection::All(), true, BackupKind(), false).ok());
   EXPECT_TRUE(sleeper.holding());
   absl::StatusOr<size_t> slept = sleeper.Sleep({});
@@ -170,11 +175,12 @@ TEST_F(WorkQuiescerTest, AHoldEndsWhenResumesOfTagsLeaveNothingPausedAndRefusesA
 }
 
 TEST_F(WorkQuiescerTest, ASoleSubmittersPauseClosesNothing) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   ASSERT_TRUE(kv.ok());
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(5000));
-  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
   const uint64_t syncs = sim::SyncCount(0);
   ASSERT_TRUE(sleeper.Pause(TagSelection::All(), true, BackupKind(), true).ok());
   EXPECT_FALSE(gate_.closed());
@@ -185,11 +191,12 @@ TEST_F(WorkQuiescerTest, ASoleSubmittersPauseClosesNothing) {
 }
 
 TEST_F(WorkQuiescerTest, ACallThatStaysInsideTheDriverTimesOutNamedAndUndone) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   ASSERT_TRUE(kv.ok());
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(100));
-  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(100));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
   sim::HoldCalls("cuMemsetD8Async");
   std::thread t([&] {
     sim::cuCtxSetCurrent(context_);
@@ -204,16 +211,17 @@ TEST_F(WorkQuiescerTest, ACallThatStaysInsideTheDriverTimesOutNamedAndUndone) {
             std::string::npos)
       << paused.status();
   EXPECT_FALSE(gate_.closed());
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
   sim::ReleaseHeldCalls();
   t.join();
 }
 
 TEST_F(WorkQuiescerTest, AHostFunctionThatSubmitsWhileClosedTimesOutUnlessExempt) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   ASSERT_TRUE(kv.ok());
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(200));
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(200));
   struct Call {
     WorkQuiescerTest* test;
     CUdeviceptr p;
@@ -261,23 +269,25 @@ TEST_F(WorkQuiescerTest, AHostFunctionThatSubmitsWhileClosedTimesOutUnlessExempt
 }
 
 TEST_F(WorkQuiescerTest, AStreamCaptureRefusesTheQuiesceUntouched) {
-  Allocator a(api_);
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(1000));
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(1000));
   const CUstream stream = reinterpret_cast<CUstream>(0x61);
-  a.captures().Began(stream, false);
+  shim.captures().Began(stream, false);
   absl::Status quiet = quiescer.Quiesce();
   EXPECT_EQ(ToCuResult(quiet), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) << quiet;
   EXPECT_FALSE(gate_.closed());
 }
 
 TEST_F(WorkQuiescerTest, ASleepHoldsEveryThreadUntilTheWakeAndAFailedStepUndoesIt) {
-  Allocator a(api_);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
   absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
   absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
   ASSERT_TRUE(kv.ok() && weights.ok());
   Fill(weights->ptr, kBytes, 5);
-  WorkQuiescer quiescer(api_, gate_, a.captures(), milliseconds(5000));
-  SleepCoordinator sleeper(a.pause(), quiescer, nullptr, nullptr);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
   StartLaunching(kv->ptr, 2);
   std::this_thread::sleep_for(milliseconds(5));
   absl::StatusOr<size_t> slept = sleeper.Sleep({"kv"});
@@ -301,7 +311,7 @@ TEST_F(WorkQuiescerTest, ASleepHoldsEveryThreadUntilTheWakeAndAFailedStepUndoesI
   ASSERT_FALSE(failed.ok());
   EXPECT_FALSE(gate_.closed());
   EXPECT_FALSE(sleeper.holding());
-  EXPECT_EQ(a.GetStats().paused_bytes, 0u);
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
   EXPECT_TRUE(Holds(weights->ptr, kBytes, 5));
 }
 
