@@ -18,7 +18,6 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "core/base/safe_file.h"
 #include "core/driver/cu_status.h"
@@ -207,24 +206,10 @@ const Runtime* Initialize() {
     rt->sleeper = new SleepCoordinator(rt->core->pause(), *rt->quiescer,
                                        rt->stack_reservation, rt->history);
     if (rt->config.control) {
-      ControlServer::Handlers handlers;
-      handlers.residency_json = [rt] { return ResidencyJson(rt->core->control(), &rt->driver); };
-      handlers.sleep = [rt](const std::vector<std::string>& drop) {
-        return rt->sleeper->Sleep(drop);
-      };
-      handlers.wake = [rt] { return rt->sleeper->Wake(); };
-      handlers.paused_bytes = [rt] { return rt->core->control().GetStats().paused_bytes; };
-      handlers.shared_memory = [rt]() -> std::string {
-        if (rt->ipc == nullptr) return "";
-        const Ipc::OpenImports open = rt->ipc->open_imports();
-        if (open.bytes == 0) return "";
-        return absl::StrCat("the process maps ", open.bytes, " bytes of device memory that ",
-                            open.exporters.size() == 1 ? "process " : "processes ",
-                            absl::StrJoin(open.exporters, ", "),
-                            " exported (cudaIpcOpenMemHandle); close it (cudaIpcCloseMemHandle) "
-                            "before the sleep");
-      };
-      rt->control = new ControlServer(rt->config.ipc_dir, std::move(handlers));
+      // The real entry points for the residency's used memory (uncounted).
+      auto* target = new ProcessControl(rt->driver, rt->core->control(), rt->core->pause(),
+                                        *rt->sleeper, rt->ipc);
+      rt->control = new ControlServer(rt->config.ipc_dir, *target);
       rt->control->Start().IgnoreError();  // logged; the program runs on without it
     }
     if (!rt->config.trace_file.empty()) {

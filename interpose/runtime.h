@@ -17,6 +17,7 @@
 #include "core/shim_core.h"
 #include "core/driver/driver_api.h"
 #include "core/control/control_server.h"
+#include "core/control/process_control.h"
 #include "core/ipc/ipc.h"
 #include "core/lifecycle/stack_reservation.h"
 #include "core/peer_contexts.h"

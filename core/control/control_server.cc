@@ -85,9 +85,8 @@ std::string Error(const std::string& why, int code = 0) {
 
 }  // namespace
 
-ControlServer::ControlServer(std::string dir, Handlers handlers)
-    : dir_(dir.empty() ? DefaultSocketDirectory() : std::move(dir)),
-      handlers_(std::move(handlers)) {}
+ControlServer::ControlServer(std::string dir, ControlTarget& target)
+    : dir_(dir.empty() ? DefaultSocketDirectory() : std::move(dir)), target_(target) {}
 
 std::string ControlServer::SocketPath(const std::string& dir, int pid) {
   return absl::StrFormat("%s/ctl-%d.sock", dir, pid);
@@ -126,7 +125,7 @@ std::string ControlServer::Status() const {
     residency = residency_at_sleep_;
   }
   // A process that sleeps may be locked by the driver: no driver call then.
-  if (state == "running" && handlers_.residency_json) residency = handlers_.residency_json();
+  if (state == "running") residency = target_.ResidencyJson();
   nlohmann::json reply = {{"ok", true}, {"pid", getpid()}, {"state", state}};
   reply["residency"] = nlohmann::json::parse(residency, nullptr, false);
   if (reply["residency"].is_discarded()) reply["residency"] = nullptr;
@@ -141,7 +140,7 @@ std::string ControlServer::Status() const {
 }
 
 ControlServer::Refusal ControlServer::SleepRefusal(const std::string& residency) const {
-  if (const size_t paused = handlers_.paused_bytes ? handlers_.paused_bytes() : 0; paused > 0) {
+  if (const size_t paused = target_.PausedBytes(); paused > 0) {
     return {absl::StrCat("the process has ", paused,
                          " bytes paused of its own; resume them first (a wake resumes "
                          "everything)"),
@@ -170,7 +169,7 @@ ControlServer::Refusal ControlServer::SleepRefusal(const std::string& residency)
                          "is paused"),
             CUDA_ERROR_NOT_PERMITTED};
   }
-  if (const std::string shared = handlers_.shared_memory ? handlers_.shared_memory() : "";
+  if (const std::string shared = target_.SharedMemory();
       !shared.empty()) {
     return {absl::StrCat(shared, "; the driver's checkpoint cannot take memory shared "
                                  "between processes; nothing is paused"),
@@ -180,7 +179,6 @@ ControlServer::Refusal ControlServer::SleepRefusal(const std::string& residency)
 }
 
 std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
-  if (!handlers_.sleep) return Error("this process cannot sleep (no handler)");
   {
     MutexLock lock(&mu_);
     if (state_ != "running") return Error(absl::StrCat("the process is ", state_, " already"));
@@ -193,13 +191,13 @@ std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
     state_ = state;
   };
   if (const Refusal refused =
-          SleepRefusal(handlers_.residency_json ? handlers_.residency_json() : "");
+          SleepRefusal(target_.ResidencyJson());
       refused.code != 0) {
     back_to("running");
     return Error(refused.why, refused.code);
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<size_t> paused = handlers_.sleep(drop);
+  absl::StatusOr<size_t> paused = target_.Sleep(drop);
   if (!paused.ok()) {
     back_to("running");
     const int rc = ToCuResult(paused.status());
@@ -215,7 +213,7 @@ std::string ControlServer::Sleep(const std::vector<std::string>& drop) const {
   const size_t released = *paused;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::string residency = handlers_.residency_json ? handlers_.residency_json() : "";
+  std::string residency = target_.ResidencyJson();
   {
     MutexLock lock(&mu_);
     residency_at_sleep_ = std::move(residency);
@@ -233,7 +231,6 @@ std::string ControlServer::Slept() const {
 }
 
 std::string ControlServer::Wake() const {
-  if (!handlers_.wake) return Error("this process cannot wake (no handler)");
   std::string was;
   {
     MutexLock lock(&mu_);
@@ -244,7 +241,7 @@ std::string ControlServer::Wake() const {
     state_ = "waking";
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<size_t> resumed = handlers_.wake();
+  absl::StatusOr<size_t> resumed = target_.Wake();
   if (!resumed.ok()) {
     MutexLock lock(&mu_);
     state_ = was;

@@ -40,8 +40,8 @@
 //
 // The listener is started by Start() (the shim's runtime starts it when it
 // begins to serve; VMMSHIM_CONTROL=0 turns it off); its threads block every
-// signal and take no lock of the application: the handlers they call take
-// the allocator's. The socket is removed at exit; sockets of processes that
+// signal and take no lock of the application: the target they call takes
+// the shim's. The socket is removed at exit; sockets of processes that
 // died are removed by the next process that starts a listener and by
 // `vmmshim ps`.
 //
@@ -57,7 +57,6 @@
 
 #include <sys/socket.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,29 +67,40 @@
 
 namespace vmmshim {
 
+// What the control socket asks of the process. The rooms above implement it
+// (ProcessControl, core/control/process_control.h) and are handed to the
+// server, so that the server calls an interface it owns rather than hooks
+// (docs/architecture.md, "Callbacks"). Called from the listener's threads,
+// concurrently; the server holds none of its own locks meanwhile.
+class ControlTarget {
+ public:
+  // vmmshim_get_residency's JSON document (core/report/residency.h).
+  virtual std::string ResidencyJson() const = 0;
+  // Quiesces the program's work and pauses everything for a sleep (the
+  // `drop` tags without contents, the rest with them): the bytes released,
+  // or why not, with its CUresult (core/driver/cu_status.h; nothing paused:
+  // SleepCoordinator::Sleep is all or nothing).
+  virtual absl::StatusOr<size_t> Sleep(const std::vector<std::string>& drop) = 0;
+  // Resumes everything and lets the program's work go on: the bytes
+  // restored, or why not (everything stays paused).
+  virtual absl::StatusOr<size_t> Wake() = 0;
+  // The bytes paused now. A sleep is refused while the program has paused
+  // memory of its own, since the wake resumes everything.
+  virtual size_t PausedBytes() const = 0;
+  // Why the process shares device memory with another process in a way a
+  // sleep cannot take (memory of another process's shim it maps:
+  // cudaIpcOpenMemHandle), or empty. Checked before anything is paused.
+  virtual std::string SharedMemory() const = 0;
+
+ protected:
+  ~ControlTarget() = default;
+};
+
 class ControlServer {
  public:
-  struct Handlers {
-    // vmmshim_get_residency's JSON document (core/report/residency.h).
-    std::function<std::string()> residency_json;
-    // Quiesces the program's work and pauses everything for a sleep (the
-    // `drop` tags without contents, the rest with them): the bytes
-    // released, or why not, with its CUresult (core/driver/cu_status.h;
-    // nothing paused: SleepCoordinator::Sleep is all or nothing).
-    std::function<absl::StatusOr<size_t>(const std::vector<std::string>& drop)> sleep;
-    // Resumes everything and lets the program's work go on: the bytes
-    // restored, or why not (everything stays paused).
-    std::function<absl::StatusOr<size_t>()> wake;
-    // The bytes paused now. A sleep is refused while the program has paused
-    // memory of its own, since the wake resumes everything.
-    std::function<size_t()> paused_bytes;
-    // Why the process shares device memory with another process in a way
-    // a sleep cannot take (memory of another process's shim it maps:
-    // cudaIpcOpenMemHandle), or empty. Checked before anything is paused.
-    std::function<std::string()> shared_memory;
-  };
-  // `dir`: empty for the default directory.
-  ControlServer(std::string dir, Handlers handlers);
+  // `dir`: empty for the default directory. `target` must outlive the
+  // server (neither is ever destroyed in the shim).
+  ControlServer(std::string dir, ControlTarget& target);
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
 
@@ -118,8 +128,8 @@ class ControlServer {
   std::string Wake() const;
 
   const std::string dir_;
-  const Handlers handlers_;
-  mutable Mutex mu_;  // the state; held for no handler's call
+  ControlTarget& target_;
+  mutable Mutex mu_;  // the state; held for no call of the target
   mutable std::string state_ ABSL_GUARDED_BY(mu_) = "running";
   mutable std::string residency_at_sleep_ ABSL_GUARDED_BY(mu_);
 };

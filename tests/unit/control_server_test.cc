@@ -1,5 +1,5 @@
 // The control socket's requests (ControlServer::Answer,
-// core/control/control_server.h) with handlers of the test's own: the
+// core/control/control_server.h) with a ControlTarget of the test's own: the
 // sleep's state machine, a status while asleep that makes no driver call,
 // and the refusals that come before anything is paused; and its listener:
 // idle and trickling clients delay no other request, a status during a
@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +27,34 @@
 
 namespace vmmshim {
 namespace {
+
+// A ControlTarget whose answers are the test's functions (an unset one: an
+// empty document, nothing paused, nothing shared; a sleep or wake of 1 byte).
+struct TestTarget : ControlTarget {
+  std::function<std::string()> residency_json;
+  std::function<absl::StatusOr<size_t>(const std::vector<std::string>&)> sleep;
+  std::function<absl::StatusOr<size_t>()> wake;
+  std::function<size_t()> paused_bytes;
+  std::function<std::string()> shared_memory;
+
+  std::string ResidencyJson() const override {
+    return residency_json ? residency_json() : R"({"devices":[]})";
+  }
+  absl::StatusOr<size_t> Sleep(const std::vector<std::string>& drop) override {
+    return sleep ? sleep(drop) : absl::StatusOr<size_t>(1);
+  }
+  absl::StatusOr<size_t> Wake() override { return wake ? wake() : absl::StatusOr<size_t>(1); }
+  size_t PausedBytes() const override { return paused_bytes ? paused_bytes() : 0; }
+  std::string SharedMemory() const override { return shared_memory ? shared_memory() : ""; }
+};
+
+// A server holds a reference to its target, and the listener's servers are
+// never destroyed (as in the shim): the targets are kept, reachable.
+TestTarget& Kept(TestTarget target) {
+  static auto* kept = new std::vector<std::unique_ptr<TestTarget>>;
+  kept->push_back(std::make_unique<TestTarget>(std::move(target)));
+  return *kept->back();
+}
 
 constexpr char kResidency[] =
     R"({"devices":[{"device":0,"other_libraries_vmm":{"left_alone":)"
@@ -39,7 +69,7 @@ struct Calls {
 };
 
 ControlServer Server(Calls& calls) {
-  ControlServer::Handlers h;
+  TestTarget h;
   h.residency_json = [&calls] {
     ++calls.residency;
     std::string r = kResidency;
@@ -59,7 +89,7 @@ ControlServer Server(Calls& calls) {
   };
   h.paused_bytes = [&calls] { return calls.paused; };
   h.shared_memory = [&calls] { return calls.shared; };
-  return ControlServer("/tmp/unused", std::move(h));
+  return ControlServer("/tmp/unused", Kept(std::move(h)));
 }
 
 bool Has(const std::string& reply, const std::string& part) {
@@ -129,8 +159,8 @@ class ControlListenerTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  const ControlServer& Start(ControlServer::Handlers h) {
-    auto* server = new ControlServer(dir_, std::move(h));
+  const ControlServer& Start(TestTarget h) {
+    auto* server = new ControlServer(dir_, Kept(std::move(h)));
     EXPECT_TRUE(server->Start().ok());
     path_ = ControlServer::SocketPath(dir_, getpid());
     return *server;
@@ -156,8 +186,8 @@ class ControlListenerTest : public ::testing::Test {
   std::string dir_, path_;
 };
 
-ControlServer::Handlers Quick() {
-  ControlServer::Handlers h;
+TestTarget Quick() {
+  TestTarget h;
   h.residency_json = [] { return std::string(R"({"devices":[]})"); };
   h.sleep = [](const std::vector<std::string>&) -> absl::StatusOr<size_t> { return 1; };
   h.wake = []() -> absl::StatusOr<size_t> { return 1; };
@@ -199,7 +229,7 @@ TEST_F(ControlListenerTest, IdleAndTricklingClientsDelayNoOtherRequest) {
 
 TEST_F(ControlListenerTest, AStatusDuringASleepAnswersAtOnceAndASecondSleepIsRefused) {
   std::atomic<bool> release{false}, pausing{false};
-  ControlServer::Handlers h = Quick();
+  TestTarget h = Quick();
   h.sleep = [&](const std::vector<std::string>&) -> absl::StatusOr<size_t> {
     pausing = true;
     while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
