@@ -1,4 +1,4 @@
-// The heaps of every device and what they share: the table the facade and
+// The heaps of every device and what they share: the table the allocator and
 // the rooms above the heap (stream-ordered front end, pause) reach memory
 // through.
 //

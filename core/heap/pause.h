@@ -1,5 +1,5 @@
-// Pause and resume by allocation tag (docs/pause-resume.md): what the facade
-// (ShimCore::pause(), core/shim_core.h).
+// Pause and resume by allocation tag (docs/pause-resume.md); the program
+// reaches it as ShimCore::pause() (core/shim_core.h).
 //
 // Pause releases the physical memory of the allocations a TagSelection
 // takes (core/heap/tag_selection.h: every one, one tag, or every one but

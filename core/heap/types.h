@@ -89,13 +89,13 @@ struct DeviceResidency {
   uint64_t cached_bytes = 0;   // freed memory kept mapped for reuse (the heap's cache)
   uint64_t orphan_bytes = 0;   // handles or mappings whose release failed, retried later
   // Of the resident bytes, freed stream-ordered blocks waiting in the
-  // stream-ordered cache (size classes; filled by the facade).
+  // stream-ordered cache (size classes; filled by MemoryControl).
   uint64_t stream_ordered_cached_bytes = 0;
   // Allocations the shim handed to the driver on this device and that are
-  // not freed yet (filled by the facade from CallCounters).
+  // not freed yet (filled by MemoryControl from CallCounters).
   uint64_t passed_through_bytes = 0;
   // Other libraries' own VMM memory (core/foreign/foreign_vmm.h; filled by
-  // the facade): resident bytes of the handles they made, by the tag at
+  // MemoryControl): resident bytes of the handles they made, by the tag at
   // cuMemCreate; of them, exported and mapped nowhere (both left alone by
   // pause); what they mapped of imported ones; and the paused bytes by tag.
   std::map<std::string, uint64_t> other_vmm_by_tag;
