@@ -17,7 +17,7 @@
 // the thread at cuMemCreate. Imported handles (cuMemImportFromShareableHandle)
 // count from their first cuMemMap, with the mapped size, as imported.
 //
-// Pause (PausableMemory, core/heap/pause.h): a handle made here on a device,
+// Pause (PausableMemory, core/heap/pausable_memory.h): a handle made here on a device,
 // of a selected tag, mapped at least once, never exported, is paused: with
 // contents, the whole handle is copied to host memory (through a mapping
 // that shows it whole, else through a reservation of the shim's for the
@@ -81,7 +81,7 @@
 #include "absl/strings/string_view.h"
 #include "core/driver/driver_api.h"
 #include "core/heap/host_backup.h"
-#include "core/heap/pause.h"
+#include "core/heap/pausable_memory.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
@@ -133,7 +133,7 @@ class ForeignVmm final : public PausableMemory {
   // Per device with anything held, in device order.
   std::vector<ForeignDeviceFigures> Figures() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // PausableMemory (core/heap/pause.h). Lock/Unlock take mu_; the steps
+  // PausableMemory (core/heap/pausable_memory.h). Lock/Unlock take mu_; the steps
   // require it.
   void Lock() override ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void Unlock() override ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
@@ -148,7 +148,10 @@ class ForeignVmm final : public PausableMemory {
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
                                        PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  void ResumeCommit(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Drops the host copy whatever `retain_contents` asks (PauseCoordinator::
+  // Resume: other libraries' VMM memory keeps no copy across a resume).
+  void ResumeCommit(const TagSelection& tag, bool retain_contents) override
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void ResumeAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }

@@ -325,7 +325,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
   return bytes;
 }
 
-void ForeignVmm::ResumeCommit(const TagSelection&) {
+void ForeignVmm::ResumeCommit(const TagSelection&, bool /*retain_contents*/) {
   for (auto it = handles_.begin(); it != handles_.end();) {
     Handle& h = it->second;
     auto next = std::next(it);

@@ -68,6 +68,7 @@
 #include "core/heap/export_registry.h"
 #include "core/history/memory_history.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/pausable_memory.h"
 #include "core/sync/mutex.h"
 #include "core/peer/peer_access.h"
 #include "core/policy/peer_policy.h"
@@ -120,25 +121,8 @@ inline void AddWithPeak(std::atomic<uint64_t>& value, std::atomic<uint64_t>& pea
   }
 }
 
-// Where a pause's or resume's time went, in seconds, summed over the
-// arenas (PauseCoordinator logs it; core/heap/pause.h).
-struct PauseTimes {
-  double synchronize = 0;  // the owning contexts (and stream-ordered frees) synchronized
-  double copy = 0;         // contents to host memory, or back
-  size_t copied_bytes = 0; // of them
-  double release = 0;      // cuMemUnmap + cuMemRelease of paused and cached blocks
-  double create = 0;       // cuMemCreate at resume
-  double map = 0;          // cuMemMap + cuMemSetAccess at resume
-  double trim = 0;         // caches released to make room at resume
-  size_t blocks = 0;       // blocks paused or resumed
 
-  // Seconds from `start` to now, for the fields above.
-  static double Since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-};
-
-class HeapArena {
+class HeapArena : public PausableMemory {
  public:
   struct Options {
     int device = -1;
@@ -253,7 +237,9 @@ class HeapArena {
   // Appends every block (mapped, cached or paused) with its allocations.
   void AddSegments(std::vector<SegmentInfo>* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // ---- Pause and resume (core/heap/pause.h states the contract) ----
+  // ---- Pause and resume: PausableMemory (core/heap/pausable_memory.h; the
+  // contract: core/heap/pause.h). Each step takes mu_ itself (Lock and
+  // Unlock are empty). ----
   // `tag`: the blocks whose placement's tag it selects, stream-ordered
   // ones too (their freed blocks must have left the stream-ordered cache
   // first: StreamOrderedFrontEnd::ReleaseForPause). `times` (never null)
@@ -261,12 +247,11 @@ class HeapArena {
   //
   // The bytes of the live blocks a pause of `tag` would back up; their
   // contexts are added to `contexts` (once each).
-  size_t PauseCandidates(const TagSelection& tag,
-                         std::vector<CUcontext>* contexts) const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // CUDA_ERROR_NOT_PERMITTED (and a log line naming it) when a block the
   // pause would select holds exported memory; nothing changes.
-  absl::Status CheckPausable(const TagSelection& tag) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckPausable(const TagSelection& tag) const override ABSL_LOCKS_EXCLUDED(mu_);
   // Pause in two steps, so that a pause over several arenas and devices
   // either happens everywhere or nowhere. PausePrepare (the contexts
   // synchronized by the caller): with `copier`, every selected live block's
@@ -278,9 +263,9 @@ class HeapArena {
   // returns the physical bytes the driver got back; a block whose unmap
   // fails stays live and the first such error is returned after the rest.
   absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
-                                      PauseTimes* times) ABSL_LOCKS_EXCLUDED(mu_);
-  void PauseAbort(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times)
+                                      PauseTimes* times) override ABSL_LOCKS_EXCLUDED(mu_);
+  void PauseAbort(const TagSelection& tag) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) override
       ABSL_LOCKS_EXCLUDED(mu_);
   // Resume in two steps, likewise: Prepare maps new memory at each paused
   // block's address with the access it would have had (Target), unless a
@@ -291,10 +276,10 @@ class HeapArena {
   // once before failing with CUDA_ERROR_OUT_OF_MEMORY; on failure it undoes
   // what it mapped. Returns the bytes mapped.
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                       PauseTimes* times) ABSL_LOCKS_EXCLUDED(mu_);
+                                       PauseTimes* times) override ABSL_LOCKS_EXCLUDED(mu_);
   // `retain`: the blocks keep their backups (PauseCoordinator::Resume).
-  void ResumeCommit(const TagSelection& tag, bool retain) ABSL_LOCKS_EXCLUDED(mu_);
-  void ResumeAbort(const TagSelection& tag) ABSL_LOCKS_EXCLUDED(mu_);
+  void ResumeCommit(const TagSelection& tag, bool retain) override ABSL_LOCKS_EXCLUDED(mu_);
+  void ResumeAbort(const TagSelection& tag) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Unmaps and releases every handle and frees every reservation; returns
   // the first driver error and continues past errors.

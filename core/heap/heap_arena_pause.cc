@@ -33,8 +33,7 @@ class ScopedContext {
 
 }  // namespace
 
-size_t HeapArena::PauseCandidates(const TagSelection& tag,
-                                  std::vector<CUcontext>* contexts) const {
+size_t HeapArena::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
   MutexLock lock(&mu_);
   size_t bytes = 0;
   for (const auto& [base, b] : blocks_) {

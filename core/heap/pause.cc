@@ -17,12 +17,13 @@ namespace {
 
 // Runs `step` on every arena, even after a failure; the sum of the sizes or
 // the first error (commits: every arena must be tried).
+// Each memory's `step`, all of them tried; the sum, or the first error.
 template <typename Step>
-absl::StatusOr<size_t> SumOverAll(const std::vector<HeapArena*>& arenas, Step step) {
+absl::StatusOr<size_t> SumOverAll(const std::vector<PausableMemory*>& memories, Step step) {
   size_t sum = 0;
   absl::Status first;
-  for (HeapArena* arena : arenas) {
-    absl::StatusOr<size_t> r = step(arena);
+  for (PausableMemory* memory : memories) {
+    absl::StatusOr<size_t> r = step(memory);
     if (r.ok()) {
       sum += *r;
     } else {
@@ -64,20 +65,21 @@ absl::Status ExplainLostContext(absl::Status status, const char* call, const Tag
   return Reworded(status, what);
 }
 
-// Holds the other pausable memory's lock for a pause or resume.
-class OtherLock {
+// Holds every memory's lock (PausableMemory::Lock) for a pause or resume,
+// taken in order and given back in reverse.
+class MemoriesLock {
  public:
-  explicit OtherLock(PausableMemory* other) : other_(other) {
-    if (other_ != nullptr) other_->Lock();
+  explicit MemoriesLock(const std::vector<PausableMemory*>& memories) : memories_(memories) {
+    for (PausableMemory* m : memories_) m->Lock();
   }
-  ~OtherLock() {
-    if (other_ != nullptr) other_->Unlock();
+  ~MemoriesLock() {
+    for (auto it = memories_.rbegin(); it != memories_.rend(); ++it) (*it)->Unlock();
   }
-  OtherLock(const OtherLock&) = delete;
-  OtherLock& operator=(const OtherLock&) = delete;
+  MemoriesLock(const MemoriesLock&) = delete;
+  MemoriesLock& operator=(const MemoriesLock&) = delete;
 
  private:
-  PausableMemory* const other_;
+  const std::vector<PausableMemory*>& memories_;
 };
 
 }  // namespace
@@ -114,12 +116,13 @@ size_t PauseCoordinator::UnpinPinnedPool() {
   return pool_.Unpin();
 }
 
-std::vector<HeapArena*> PauseCoordinator::Arenas() const {
-  std::vector<HeapArena*> arenas;
+std::vector<PausableMemory*> PauseCoordinator::Memories() const {
+  std::vector<PausableMemory*> memories;
   heaps_.ForEach([&](DeviceHeap* heap) {
-    heap->ForEachArena([&](HeapArena* arena) { arenas.push_back(arena); });
+    heap->ForEachArena([&](HeapArena* arena) { memories.push_back(arena); });
   });
-  return arenas;
+  if (other_ != nullptr) memories.push_back(other_);
+  return memories;
 }
 
 absl::StatusOr<size_t> PauseCoordinator::Pause(const TagSelection& tag, bool keep_contents,
@@ -151,22 +154,21 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
-  const std::vector<HeapArena*> arenas = Arenas();
-  for (HeapArena* arena : arenas) {
-    if (absl::Status s = arena->CheckPausable(tag); !s.ok()) return s;
+  const std::vector<PausableMemory*> memories = Memories();
+  for (PausableMemory* memory : memories) {
+    if (absl::Status s = memory->CheckPausable(tag); !s.ok()) return s;
   }
   // Freed stream-ordered blocks of the selection are live to the heap until
   // they leave the stream-ordered cache: released first, not backed up.
   for (PauseParticipant* participant : participants_) {
     if (absl::Status s = participant->ReleaseForPause(tag); !s.ok()) return s;
   }
-  PausableMemory* const other = other_;
   std::vector<CUcontext> contexts;
   size_t live = 0;
-  for (HeapArena* arena : arenas) live += arena->PauseCandidates(tag, &contexts);
-  if (other != nullptr) {
-    OtherLock candidates(other);
-    live += other->PauseCandidates(tag, &contexts);
+  for (PausableMemory* memory : memories) {
+    memory->Lock();
+    live += memory->PauseCandidates(tag, &contexts);
+    memory->Unlock();
   }
   // The pinned pool's free part holds that much without new host memory
   // (a fill under way is waited for: the copies would wait for it anyway).
@@ -188,30 +190,20 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   times.synchronize = PauseTimes::Since(step);
   // Taken after the synchronize: the work waited for may need another
   // thread's VMM call (a rank of a single-process NCCL group) to go on.
-  OtherLock other_lock(other);
+  MemoriesLock locked(memories);
   std::optional<BackupCopier> copier;
   if (keep_contents) {
     copier.emplace(driver_, ring_, copy_threads_, &pool_);
     copier->set_kind(kind);
   }
-  // All or nothing: every arena copies and marks first; only then is memory
-  // released anywhere. A failed prepare undoes its own marks; the abort
-  // below undoes everyone's, once.
-  for (HeapArena* arena : arenas) {
-    absl::StatusOr<size_t> r =
-        arena->PausePrepare(tag, copier ? &*copier : nullptr, &times);
+  // All or nothing: every memory copies and marks first; only then is
+  // memory released anywhere. A failed prepare undoes its own marks; the
+  // abort below undoes everyone's, once.
+  for (PausableMemory* memory : memories) {
+    absl::StatusOr<size_t> r = memory->PausePrepare(tag, copier ? &*copier : nullptr, &times);
     if (!r.ok()) {
       if (copier) copier->Finish().IgnoreError();  // before the backups go
-      for (HeapArena* a : arenas) a->PauseAbort(tag);
-      return r.status();
-    }
-  }
-  if (other != nullptr) {
-    absl::StatusOr<size_t> r = other->PausePrepare(tag, copier ? &*copier : nullptr, &times);
-    if (!r.ok()) {
-      if (copier) copier->Finish().IgnoreError();  // before the backups go
-      for (HeapArena* a : arenas) a->PauseAbort(tag);
-      other->PauseAbort(tag);
+      for (PausableMemory* m : memories) m->PauseAbort(tag);
       return r.status();
     }
   }
@@ -223,21 +215,12 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     if (!copied.ok()) {
       Log().error("vmmshim_pause_memory({}): copying to host memory: {}; nothing paused",
                   tag.Describe(), copied.ToString());
-      for (HeapArena* a : arenas) a->PauseAbort(tag);
-      if (other != nullptr) other->PauseAbort(tag);
+      for (PausableMemory* m : memories) m->PauseAbort(tag);
       return copied;
     }
   }
-  absl::StatusOr<size_t> released =
-      SumOverAll(arenas, [&](HeapArena* arena) { return arena->PauseCommit(tag, &times); });
-  if (other != nullptr) {
-    absl::StatusOr<size_t> r = other->PauseCommit(tag, &times);
-    if (!r.ok()) {
-      released = r.status();
-    } else if (released.ok()) {
-      *released += *r;
-    }
-  }
+  absl::StatusOr<size_t> released = SumOverAll(
+      memories, [&](PausableMemory* memory) { return memory->PauseCommit(tag, &times); });
   if (released.ok() && (*released > 0 || times.blocks > 0)) {
     LogTimes("vmmshim_pause_memory", tag, *released, times, PauseTimes::Since(start));
   }
@@ -254,28 +237,19 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
   BackupCopier copier(driver_, ring_, copy_threads_, &pool_);  // the ring readied only for a copy
-  const std::vector<HeapArena*> arenas = Arenas();
-  PausableMemory* const other = other_;
-  OtherLock other_lock(other);
+  const std::vector<PausableMemory*> memories = Memories();
+  MemoriesLock locked(memories);
   absl::Status status;
   for (int attempt = 0; attempt < 2; ++attempt) {
     size_t restored = 0;
     status = absl::OkStatus();
-    for (HeapArena* arena : arenas) {
-      absl::StatusOr<size_t> r = arena->ResumePrepare(tag, copier, &times);
+    for (PausableMemory* memory : memories) {
+      absl::StatusOr<size_t> r = memory->ResumePrepare(tag, copier, &times);
       if (!r.ok()) {
         status = r.status();
         break;
       }
       restored += *r;
-    }
-    if (status.ok() && other != nullptr) {
-      absl::StatusOr<size_t> r = other->ResumePrepare(tag, copier, &times);
-      if (r.ok()) {
-        restored += *r;
-      } else {
-        status = r.status();
-      }
     }
     if (status.ok()) {
       // The copy engine's copies are complete before the memory is the program's again.
@@ -288,18 +262,16 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
       }
     }
     if (status.ok()) {
-      for (HeapArena* arena : arenas) arena->ResumeCommit(tag, retain_contents);
-      if (other != nullptr) other->ResumeCommit(tag);
+      for (PausableMemory* memory : memories) memory->ResumeCommit(tag, retain_contents);
       if (restored > 0) {
         LogTimes("vmmshim_resume_memory", tag, restored, times, PauseTimes::Since(start));
       }
       return restored;
     }
-    // All or nothing: what other arenas prepared goes again, once (after
+    // All or nothing: what other memories prepared goes again, once (after
     // the copies into it).
     copier.Finish().IgnoreError();
-    for (HeapArena* arena : arenas) arena->ResumeAbort(tag);
-    if (other != nullptr) other->ResumeAbort(tag);
+    for (PausableMemory* memory : memories) memory->ResumeAbort(tag);
     if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY) break;
     // Out of memory: every cache the shim holds (deferred frees, the
     // participants' caches, all arenas) goes back to the driver, then once

@@ -61,43 +61,13 @@
 #include "core/driver/driver_api.h"
 #include "core/heap/heap_table.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/pausable_memory.h"
 #include "core/heap/pinned_pool.h"
 #include "core/heap/tag_selection.h"
 #include "core/sync/capture.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
-
-// Memory the heaps do not own that pauses and resumes with them, all or
-// nothing (other libraries' VMM memory: core/foreign/foreign_vmm.h). The
-// coordinator, under its mutex, calls every step between Lock and Unlock;
-// the steps mirror HeapArena's (core/heap/heap_arena.h), in the order the
-// heaps take them: PauseCandidates (locked alone: the contexts it names are
-// synchronized without the lock, since that work may wait on another
-// thread's call into this memory); then, locked from selection to commit so
-// that its state stays still while the heaps' steps run, PausePrepare
-// (copies, marks) and PauseAbort or PauseCommit (unmaps, releases); or
-// ResumePrepare (creates, maps, copies back) and ResumeAbort or
-// ResumeCommit. A failed step undoes itself; Abort undoes what an earlier
-// successful step did.
-class PausableMemory {
- public:
-  virtual ~PausableMemory() = default;
-  virtual void Lock() = 0;
-  virtual void Unlock() = 0;
-  // Bytes a pause with contents copies; adds the contexts to synchronize.
-  virtual size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) = 0;
-  virtual absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
-                                              PauseTimes* times) = 0;
-  virtual void PauseAbort(const TagSelection& tag) = 0;
-  // The physical bytes released.
-  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) = 0;
-  // The bytes restored.
-  virtual absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                               PauseTimes* times) = 0;
-  virtual void ResumeCommit(const TagSelection& tag) = 0;
-  virtual void ResumeAbort(const TagSelection& tag) = 0;
-};
 
 // A room above the heaps that holds memory a pause must see (the
 // stream-ordered front end: freed blocks wait in its caches, outside the
@@ -187,8 +157,9 @@ class PauseCoordinator : public HeapTable::Listener {
                                     const BackupKind& kind) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<size_t> ResumeSteps(const TagSelection& tag, bool retain_contents)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Every arena of every device, in device and arena order.
-  std::vector<HeapArena*> Arenas() const;
+  // Every arena of every device, in device and arena order, then the other
+  // memory: what each step runs over, once.
+  std::vector<PausableMemory*> Memories() const;
 
   const DriverApi& driver_;
   HeapTable& heaps_;

@@ -1,0 +1,87 @@
+// Memory that pauses and resumes by tag, all or nothing with the rest: the
+// one interface PauseCoordinator (core/heap/pause.h) runs each step over,
+// once, for the shim's own heap arenas (core/heap/heap_arena.h) and for
+// other libraries' VMM memory (core/foreign/foreign_vmm.h) alike.
+//
+// The coordinator, under its mutex, takes the steps in this order over every
+// memory: CheckPausable; PauseCandidates (between Lock and Unlock, alone:
+// the contexts it names are synchronized without the lock, since that work
+// may wait on another thread's call into this memory); then, between Lock
+// and Unlock from selection to commit, so that its state stays still while
+// the others' steps run: PausePrepare (copies, marks) and PauseAbort or
+// PauseCommit (unmaps, releases); or ResumePrepare (creates, maps, copies
+// back) and ResumeAbort or ResumeCommit. A failed step undoes itself; Abort
+// undoes what an earlier successful step did, and is harmless where nothing
+// was prepared. Memory whose steps take their own locks (an arena) leaves
+// Lock and Unlock empty.
+//
+// `tag` selects what each step covers (core/heap/tag_selection.h); `times`
+// (never null) collects where the time went.
+#ifndef VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
+#define VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
+
+#include <cuda.h>
+
+#include <chrono>
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/heap/host_backup.h"
+#include "core/heap/tag_selection.h"
+
+namespace vmmshim {
+
+// Where a pause's or resume's time went, in seconds, summed over the
+// memories (PauseCoordinator logs it; core/heap/pause.h).
+struct PauseTimes {
+  double synchronize = 0;  // the owning contexts (and stream-ordered frees) synchronized
+  double copy = 0;         // contents to host memory, or back
+  size_t copied_bytes = 0; // of them
+  double release = 0;      // cuMemUnmap + cuMemRelease of paused and cached blocks
+  double create = 0;       // cuMemCreate at resume
+  double map = 0;          // cuMemMap + cuMemSetAccess at resume
+  double trim = 0;         // caches released to make room at resume
+  size_t blocks = 0;       // blocks paused or resumed
+
+  // Seconds from `start` to now, for the fields above.
+  static double Since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+class PausableMemory {
+ public:
+  virtual void Lock() {}
+  virtual void Unlock() {}
+  // Why a pause of `tag` must be refused before anything is done (for
+  // example CUDA_ERROR_NOT_PERMITTED: selected memory is exported to
+  // another process), else OK.
+  virtual absl::Status CheckPausable(const TagSelection& tag) const { return absl::OkStatus(); }
+  // Bytes a pause with contents copies; adds the contexts to synchronize
+  // (once each).
+  virtual size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) = 0;
+  // With `copier` (nullptr: contents dropped), every selected live block's
+  // contents to host memory; the blocks marked so that nothing new lands in
+  // them.
+  virtual absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                              PauseTimes* times) = 0;
+  virtual void PauseAbort(const TagSelection& tag) = 0;
+  // The physical bytes released.
+  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) = 0;
+  // The bytes restored.
+  virtual absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                               PauseTimes* times) = 0;
+  // `retain_contents`: keep the host copy (PauseCoordinator::Resume); memory
+  // that cannot keep it drops it.
+  virtual void ResumeCommit(const TagSelection& tag, bool retain_contents) = 0;
+  virtual void ResumeAbort(const TagSelection& tag) = 0;
+
+ protected:
+  ~PausableMemory() = default;
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
