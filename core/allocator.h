@@ -55,6 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/driver/driver_api.h"
+#include "core/heap/allocator_options.h"
 #include "core/heap/heap_table.h"
 #include "core/heap/types.h"
 #include "core/history/memory_history.h"
@@ -65,58 +66,6 @@
 
 namespace vmmshim {
 
-struct AllocatorOptions {
-  // Requests of at most this many bytes are packed into shared granules.
-  // 0 means half the device's granularity.
-  size_t packing_threshold = 0;
-  // Bytes per VA reservation; 0 means twice the device's total memory. Always
-  // rounded up to the granularity; a larger request gets a reservation of its
-  // own size.
-  size_t reservation_bytes = 0;
-  // Pitch alignment of AllocatePitch, in bytes (a power of two).
-  size_t pitch_alignment = 512;
-  // Which peers may map which allocations.
-  PeerPolicy peer_policy;
-  // The most each device keeps mapped for reuse after frees (freed large
-  // blocks and empty granules): a percentage of the device's memory when
-  // cache_limit_percent >= 0, else cache_limit_bytes.
-  double cache_limit_percent = 10;
-  size_t cache_limit_bytes = 0;
-  // Physical memory is created with the POSIX file-descriptor handle type
-  // where the device supports it (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_
-  // DESCRIPTOR_SUPPORTED), so that Export can share it with other processes
-  // (guide section 4.16.3). false: no handle type, nothing exportable.
-  bool exportable = true;
-  // Request generic compression (guide section 4.16.5.2) where the device
-  // reports CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED; the first
-  // handle is checked with cuMemGetAllocationPropertiesFromHandle and, when
-  // the driver did not grant compression, later ones are made without it.
-  bool compression = false;
-  // Stream-ordered allocation (core/stream_ordered/stream_ordered_cache.h): a stream found busy
-  // while its freed blocks wait is asked about again after this many
-  // nanoseconds at the earliest, so that allocations that miss do not pay a
-  // driver query each; 0: at every miss.
-  int64_t stream_query_interval_ns = 20000;
-  // Heap arenas per device (core/heap/device_heap.h); 0: the CPUs this process
-  // may run on (sched_getaffinity), at most 8.
-  int arenas = 0;
-  // Threads copying contents to host memory and back (PauseMemory with
-  // contents; core/heap/host_backup.h); 0: the CPUs this process may run on, at
-  // most 16 (bench/backup_bandwidth on an H200 host with 16 CPUs: 8 threads
-  // 14 GiB/s out and 23 back, 16 threads 19-20 out and 28-30 back).
-  int copy_threads = 0;
-  // Page-locked host memory made ahead for kept contents, from the first
-  // device allocation, kept to the end of the process (core/heap/pinned_pool.h;
-  // VMMSHIM_PINNED_POOL); 0: none.
-  size_t pinned_pool_bytes = 0;
-  // What one registration of the pinned pool covers (PinnedPool; not a
-  // VMMSHIM_* setting: tests make it small to cut copies at its ends).
-  size_t pinned_pool_chunk_bytes = size_t{1} << 30;
-  // Where segment events (mapped, released, paused, resumed) and peer
-  // decisions are recorded (core/history/memory_history.h), while it is
-  // enabled; null: nowhere. Must outlive the allocator.
-  MemoryHistory* history = nullptr;
-};
 
 class Allocator {
  public:

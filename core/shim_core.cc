@@ -8,22 +8,6 @@
 #include "core/sync/thread_slot.h"
 
 namespace vmmshim {
-namespace {
-
-HeapTable::Options HeapOptions(const AllocatorOptions& o) {
-  HeapTable::Options h;
-  h.packing_threshold = o.packing_threshold;
-  h.reservation_bytes = o.reservation_bytes;
-  h.cache_limit_percent = o.cache_limit_percent;
-  h.cache_limit_bytes = o.cache_limit_bytes;
-  h.exportable = o.exportable;
-  h.compression = o.compression;
-  h.arenas = o.arenas;
-  h.history = o.history;
-  return h;
-}
-
-}  // namespace
 
 ShimCore::ShimCore(const DriverApi& driver, AllocatorOptions options)
     : driver_(driver),
@@ -31,7 +15,7 @@ ShimCore::ShimCore(const DriverApi& driver, AllocatorOptions options)
       mapper_(driver),
       captures_(driver),
       free_syncs_([this](CUcontext c) { return SynchronizeContext(driver_, c); }),
-      heaps_(driver, mapper_, options_.peer_policy, HeapOptions(options_)),
+      heaps_(driver, mapper_, options_),
       stream_ordered_(driver, heaps_, captures_, options_.peer_policy,
                       options_.stream_query_interval_ns),
       peers_(driver, heaps_, options_.history),

@@ -14,9 +14,9 @@
 
 namespace vmmshim {
 
-HeapTable::HeapTable(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
-                     Options options)
-    : driver_(driver), mapper_(mapper), policy_(policy), options_(options) {}
+HeapTable::HeapTable(const DriverApi& driver, const VmmMapper& mapper,
+                     const AllocatorOptions& options)
+    : driver_(driver), mapper_(mapper), options_(options) {}
 
 void HeapTable::AddListener(Listener* listener) {
   MutexLock lock(&create_mu_);
@@ -98,7 +98,7 @@ absl::StatusOr<DeviceHeap*> HeapTable::HeapFor(int device) {
                       ? static_cast<size_t>(total * (options_.cache_limit_percent / 100.0))
                       : options_.cache_limit_bytes;
   o.arenas = options_.arenas > 0 ? options_.arenas : UsableCpusUpTo(8);
-  auto* h = new DeviceHeap(driver_, mapper_, policy_, peers_, pool_peers_, exports_, ranges_,
+  auto* h = new DeviceHeap(driver_, mapper_, options_.peer_policy, peers_, pool_peers_, exports_, ranges_,
                            global_, o);
   Log().debug("device {}: granularity {} bytes, VA reservations of {} bytes", device,
               o.granularity, o.reservation_bytes);

@@ -30,6 +30,7 @@
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
 #include "core/driver/vmm_mapping.h"
+#include "core/heap/allocator_options.h"
 #include "core/heap/device_heap.h"
 #include "core/heap/export_registry.h"
 #include "core/heap/va_free_list.h"
@@ -56,20 +57,9 @@ class HeapTable {
     ~Listener() = default;
   };
 
-  // How heaps are made (AllocatorOptions documents each field).
-  struct Options {
-    size_t packing_threshold = 0;   // 0: half the granularity; at most a granule
-    size_t reservation_bytes = 0;   // 0: twice the device's memory
-    double cache_limit_percent = 10;
-    size_t cache_limit_bytes = 0;
-    bool exportable = true;
-    bool compression = false;
-    int arenas = 0;                 // 0: UsableCpusUpTo(8)
-    MemoryHistory* history = nullptr;  // segment and peer events; null: none
-  };
-  // `driver`, `mapper` and `policy` must outlive the table.
-  HeapTable(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
-            Options options);
+  // `driver`, `mapper` and `options` must outlive the table (ShimCore owns
+  // them all); the peer policy is options.peer_policy.
+  HeapTable(const DriverApi& driver, const VmmMapper& mapper, const AllocatorOptions& options);
   // Deletes the heaps (their memory must have been released: ReleaseAll).
   ~HeapTable();
   HeapTable(const HeapTable&) = delete;
@@ -143,8 +133,7 @@ class HeapTable {
  private:
   const DriverApi& driver_;
   const VmmMapper& mapper_;
-  const PeerPolicy& policy_;
-  const Options options_;
+  const AllocatorOptions& options_;
 
   ReservationMap ranges_;
   ExportRegistry exports_;
