@@ -122,7 +122,7 @@ inline void AddWithPeak(std::atomic<uint64_t>& value, std::atomic<uint64_t>& pea
 }
 
 
-class HeapArena : public PausableMemory {
+class HeapArena final : public PausableMemory {
  public:
   struct Options {
     int device = -1;
