@@ -54,8 +54,7 @@ struct AllocatorOptions {
   int arenas = 0;
   // Threads copying contents to host memory and back (PauseMemory with
   // contents; core/heap/host_backup.h); 0: the CPUs this process may run on, at
-  // most 16 (bench/backup_bandwidth on an H200 host with 16 CPUs: 8 threads
-  // 14 GiB/s out and 23 back, 16 threads 19-20 out and 28-30 back).
+  // most 16 (more threads copy faster up to there: docs/performance.md, "Measurements behind the design", "Host backups").
   int copy_threads = 0;
   // Page-locked host memory made ahead for kept contents, from the first
   // device allocation, kept to the end of the process (core/heap/pinned_pool.h;

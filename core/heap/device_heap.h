@@ -1,9 +1,9 @@
 // The device heap: one device's VMM memory, as one or more arenas
 // (core/heap/heap_arena.h) in front of which each thread has its own.
 //
-// Why arenas: measured on an H200 (docs/performance.md), eight threads
-// allocating and freeing together reached about the rate of one while every
-// cache hit and free took the device's one mutex. Each thread is given an
+// Why arenas: threads allocating and freeing together reached about the rate
+// of one while every cache hit and free took the device's one mutex
+// (docs/performance.md, "Issue 13: the per-thread front end"). Each thread is given an
 // arena on its first call (its thread slot, the lowest free one, modulo the
 // arenas: the same index on every device), so threads up to the number of arenas never share
 // a lock on the fast path; more threads share arenas evenly. An arena has

@@ -1,16 +1,14 @@
 // Copies of device memory in host memory, for a pause that keeps contents
 // (PauseCoordinator, core/heap/pause.h; docs/pause-resume.md).
 //
-// Measured on an H200 (bench/backup_bandwidth.cu, docs/pause-resume.md): the
-// DMA is not the limit (51 GiB/s from page-locked memory), the host memory
-// is: the first touch of each new 4 KiB page and pinning cost 1.4-2.5 GiB/s.
-// So a backup is new anonymous memory advised for transparent huge pages
-// (MADV_HUGEPAGE), written by several threads from a page-locked staging
-// ring: the device copies a chunk into one slot while the threads copy the
-// previous slot out (13.8-14.4 GiB/s out, 22-24 GiB/s back with 8 threads).
-// Page-locking the ring's 128 MiB costs about 50 ms (pinning runs at 2.2-2.5
-// GiB/s there), a seventh of an 8 GiB copy, so the ring (StagingRing) is
-// made once and kept for the process's life.
+// The DMA is not the limit, the host memory is: the first touch of each new
+// 4 KiB page and pinning are slower than the copy engine (docs/performance.md, "Measurements behind the design": "Host
+// backups"). So a backup is new anonymous memory advised for transparent
+// huge pages (MADV_HUGEPAGE), written by several threads from a page-locked
+// staging ring: the device copies a chunk into one slot while the threads
+// copy the previous slot out. Page-locking the ring is a noticeable part of
+// a copy, so the ring (StagingRing) is made once and kept for the
+// process's life.
 //
 // Units: bytes. Chunks of kChunkBytes, a ring of two slots.
 //
@@ -45,8 +43,8 @@ struct BackupKind {
   // cuMemHostRegister'ed (portable) after it is made: copies to and from it
   // go straight to the copy engine (no staging ring), and a backup kept
   // across a resume (HeapArena::ResumeCommit with `retain`) pays the pinning
-  // once. Pinning new memory runs at 2.2-2.5 GiB/s on the H200, so a backup
-  // that is not kept is better pageable. A driver that refuses the pinning
+  // once. Pinning new memory is slower than copying through the ring, so a
+  // backup that is not kept is better pageable. A driver that refuses the pinning
   // (a memlock limit) leaves the backup pageable, logged; the pause goes on.
   bool page_locked = false;
   // Non-empty: a file of its own in this directory, mapped shared; written

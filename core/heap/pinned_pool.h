@@ -2,14 +2,11 @@
 // with contents runs at the copy engine's speed from its first cycle
 // (VMMSHIM_PINNED_POOL; docs/pause-resume.md, "The pinned pool").
 //
-// Why a pool: the copy engine moves 51 GiB/s each way between the H200 and
-// page-locked host memory, but making memory page-locked is the slow part
-// (bench/page_lock_speed, docs/data/page-lock-speed-h200.csv, 16 GiB):
-// cuMemHostRegister of new 4 KiB pages 2.3-2.4 GiB/s, cuMemHostAlloc
-// 1.8 GiB/s, host memory of cuMemCreate 3.6-3.7 GiB/s; new memory advised
-// MADV_HUGEPAGE, first written by 16 threads and then registered, 15-18 GiB/s.
-// No way of pinning at pause time reaches 40 GiB/s, so the pool is made
-// before it is needed (the fastest way above, in the background from the
+// Why a pool: the copy engine is fast to page-locked host memory, but making
+// memory page-locked is several times slower than the copy, by every way
+// the driver offers (docs/performance.md, "Measurements behind the design": "Pinning host memory"). So the pool is made before
+// it is needed (the fastest way: new memory advised MADV_HUGEPAGE, first
+// written by several threads, then registered; in the background from the
 // first device allocation) and reused by every pause.
 //
 // Units: bytes. The pool is cut into ranges of kAlignment, handed out whole
@@ -20,19 +17,13 @@
 //
 // Pinning given back across a deep sleep: the driver's process checkpoint
 // unpins every registered range at the checkpoint and pins it again at the
-// restore, whether a pause used it or not: 20 GiB registered made the
-// checkpoint 0.93 s against 0.40 s and the restore 0.77 s against 0.22 s;
-// the same memory unregistered first, 0.50 s and 0.24 s
-// (tools/gpu/checkpoint_host_memory.py, docs/data/checkpoint-host-memory-h200.log).
-// Unpin drops every chunk's registration (memory and contents stay) before
-// the checkpoint; a chunk is registered again when a copy next needs it,
-// just before that copy is queued, so that the registration of one chunk
-// runs beside the copy of the one before (16 GiB back in 0.41-0.44 s,
-// against 0.31 s registered and 0.67 s registering first:
-// bench/registration_behind_copies). Unregistering does not hide so: each
-// chunk dropped as soon as its copy was done took as long as copying all
-// and then dropping all (0.62 s against 0.59-0.63 s for 16 GiB), so Unpin
-// drops them after the pause.
+// restore, whether a pause used it or not, which slows both (docs/performance.md, "Measurements behind the design":
+// "The pinned pool across a checkpoint"). Unpin drops every chunk's
+// registration (memory and contents stay) before the checkpoint; a chunk is
+// registered again when a copy next needs it, just before that copy is
+// queued, so that the registration of one chunk runs beside the copy of the
+// one before. Unregistering does not hide behind copies so, and Unpin drops
+// the registrations after the pause.
 
 // Cost (documented for the user): `bytes` of host memory, page-locked (not
 // swappable, counted in the process's resident set) from the fill to the
@@ -46,8 +37,7 @@
 // pauses then make their copies as without it.
 //
 // Thread safety: every member may be called from any thread. Take waits
-// while the fill runs (it progresses at 15+ GiB/s, so a 32 GiB pool keeps a
-// pause waiting at most about 2 s).
+// while the fill runs (a few seconds for tens of GiB: docs/performance.md, "Measurements behind the design").
 //
 // At process exit the fill thread is joined by the destructor; the memory
 // is unregistered (each chunk whose registration is still alive) and

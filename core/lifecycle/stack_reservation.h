@@ -5,12 +5,10 @@
 // GPU can hold resident: CU_LIMIT_STACK_SIZE bytes per thread (1 KiB by
 // default) times the device's resident threads (CUDA Driver API, cuCtxSetLimit:
 // "CU_LIMIT_STACK_SIZE controls the stack size in bytes of each GPU thread").
-// On an H200 that is 264 MiB of the 520 MiB a bare context holds, and the
-// driver's process checkpoint copies it with the rest of the context at about
-// 2 GiB/s: lowering the limit to 0 first cut the checkpoint of a bare context
-// from 0.38-0.47 s to 0.22-0.25 s and of a PyTorch context from 0.44-0.55 s to
-// 0.36 s; setting it back took 1 ms (tools/gpu/checkpoint_context_floor.py,
-// docs/data/checkpoint-context-floor-h200.log). Only the limit is lowered,
+// That is about half of what a bare context holds, and the driver's process
+// checkpoint copies it with the rest of the context: lowering the limit to 0
+// first cuts the checkpoint of a context by a third or more, and setting it
+// back is quick (docs/performance.md, "Measurements behind the design": "The stack reservation"). Only the limit is lowered,
 // between a sleep's pause and its checkpoint; the wake's Restore puts the
 // exact value back before it resumes the memory, so a kernel can meet the
 // low limit only in the window where it would also meet paused memory

@@ -2,11 +2,10 @@
 //
 // A free must wait for the owning context's work (cuMemFree does;
 // cuMemUnmap does not: CUDA Programming Guide 4.16) before its memory is reused.
-// Measured on an H200 (bench/driver_costs.cu, docs/performance.md):
-// cuCtxSynchronize of an idle context takes 0.64 us on one thread, but the
-// driver serializes it: 2 to 8 threads together reach about 850,000 calls
-// per second, no more than 1.4 of one thread. One synchronize per free would
-// cap every multi-threaded program's frees at that rate.
+// The driver serializes cuCtxSynchronize across threads: several threads
+// together synchronize barely faster than one (docs/performance.md, "Measurements behind the design": "Context
+// synchronize"). One synchronize per free would cap every multi-threaded
+// program's frees at that rate.
 //
 // The rule that lets frees share one: cuCtxSynchronize "blocks until the
 // device has completed all preceding requested tasks" (driver API,

@@ -6,8 +6,8 @@
 // Why: the capture gate (core/sync/capture.h) is taken shared by every free so
 // that no capture begins between a free's capture check and its
 // synchronize. As one absl::Mutex, every reader's lock and unlock were
-// read-modify-writes of one shared word: measured on the H200, eight
-// threads freeing took 15 us per free with it and 6 us without it.
+// read-modify-writes of one shared word, which more than doubled the cost
+// of a free when eight threads freed (docs/performance.md, "Measurements behind the design": "The capture gate").
 //
 // Rule (Dekker's, sequentially consistent atomics on both sides): a reader
 // increments its counter, then checks the flag; a writer sets the flag,
