@@ -226,11 +226,13 @@ def preload_with(value, first):
     """An LD_PRELOAD value (`value`: entries separated by spaces or colons,
     as ld.so reads it) with the libraries `first` in front, in that order,
     and no other entry naming one of them (the same file name or the same
-    real path): how `vmmshim.environment()` and the drop-in's
-    configure_subprocess put the shim (and libvmmshim_tms.so) first."""
+    real path), joined with colons (what torch_memory_saver's own
+    configure_subprocess writes, and its tests read): how
+    `vmmshim.environment()` and the drop-in's configure_subprocess put the
+    shim (and libvmmshim_tms.so) first."""
     def same(a, b):
         return os.path.basename(a) == os.path.basename(b) or \
             os.path.realpath(a) == os.path.realpath(b)
     rest = [p for p in (value or "").replace(":", " ").split()
             if not any(same(p, f) for f in first)]
-    return " ".join(list(first) + rest)
+    return ":".join(list(first) + rest)

@@ -206,5 +206,43 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
         self.assertEqual(lines[1], "True True")
 
 
+class DropInConfigureSubprocess(unittest.TestCase):
+    """The drop-in's configure_subprocess writes LD_PRELOAD as
+    torch_memory_saver's own does and its suite reads it (split on colons):
+    the hook library first, what was there kept, all restored after. (A
+    space-separated value failed that suite's test_configure_subprocess on a
+    GPU host.)"""
+
+    FAKE = "/fake/torch_memory_saver_hook_mode_preload.so"
+
+    def configured(self, initial):
+        from unittest import mock
+        tms_path = os.path.join(os.path.dirname(vmmshim.__file__), "_tms")
+        sys.path.insert(0, tms_path)
+        try:
+            from torch_memory_saver.hooks import mode_preload
+        finally:
+            sys.path.remove(tms_path)
+        saved = os.environ.get("LD_PRELOAD")
+        os.environ["LD_PRELOAD"] = initial
+        try:
+            with mock.patch.object(mode_preload, "get_binary_path_from_package",
+                                   return_value=self.FAKE):
+                with mode_preload.configure_subprocess():
+                    inside = os.environ["LD_PRELOAD"]
+            after = os.environ["LD_PRELOAD"]
+        finally:
+            if saved is None:
+                os.environ.pop("LD_PRELOAD", None)
+            else:
+                os.environ["LD_PRELOAD"] = saved
+        return inside, after
+
+    def test_the_hook_library_first_and_the_rest_kept_colon_separated(self):
+        inside, after = self.configured("/other/lib.so /more/lib.so")
+        self.assertEqual(inside.split(":"), [self.FAKE, "/other/lib.so", "/more/lib.so"])
+        self.assertEqual(after, "/other/lib.so /more/lib.so")
+
+
 if __name__ == "__main__":
     unittest.main()

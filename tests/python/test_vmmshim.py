@@ -75,7 +75,8 @@ class Environment(unittest.TestCase):
         self.assertEqual(os.path.realpath(vmmshim.library_path()), os.path.realpath(expected))
         env = vmmshim.environment({"LD_PRELOAD": f"/x/other.so {expected}", "A": "1"},
                                   policy="none", stats="/tmp/s.%p.json", min_bytes=None)
-        self.assertEqual(env["LD_PRELOAD"].split(), [vmmshim.library_path(), "/x/other.so"])
+        # Colons, as torch_memory_saver's configure_subprocess writes them.
+        self.assertEqual(env["LD_PRELOAD"].split(":"), [vmmshim.library_path(), "/x/other.so"])
         self.assertEqual(env["VMMSHIM_PEER_POLICY"], "none")
         self.assertEqual(env["VMMSHIM_STATS_FILE"], "/tmp/s.%p.json")
         self.assertNotIn("VMMSHIM_PEER_MIN_BYTES", env)
