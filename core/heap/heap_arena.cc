@@ -18,44 +18,22 @@ HeapArena::HeapArena(const DriverApi& driver, const VmmMapper& mapper,
                        Options options)
     : driver_(driver),
       mapper_(mapper),
-      policy_(policy),
-      peers_(peers),
-      pool_peers_(pool_peers),
       exports_(exports),
       ranges_(ranges),
-      global_(global),
-      shared_(shared),
       options_(options),
-      arena_(options.granularity) {
+      access_(options.device, policy, peers, pool_peers, options.history),
+      arena_(options.granularity),
+      acct_(global, shared, options.cache_limit, options.device, options.compression) {
   MutexLock lock(&mu_);  // not yet shared; for the analysis
   prop_ = options.prop;
-  stats_.device = options.device;
-  stats_.compression = options.compression;
 }
 
 HeapArena::~HeapArena() = default;
 
 void HeapArena::AfterForkChild() { new (&mu_) Mutex; }
 
-std::pair<CUdeviceptr, HeapArena::Block*> HeapArena::BlockAt(CUdeviceptr ptr) const {
-  auto it = blocks_.upper_bound(ptr);
-  if (it == blocks_.begin()) return {0, nullptr};
-  --it;
-  if (ptr >= it->first + it->second->size) return {0, nullptr};
-  return {it->first, it->second.get()};
-}
-
-DeviceSet HeapArena::EnabledFor(const Placement& placement) const {
-  return (placement.stream_ordered ? pool_peers_ : peers_).Enabled(options_.device);
-}
-
-DeviceSet HeapArena::Target(const Block& b) const {
-  return TargetAccess(options_.device, b.placement.allowed, b.explicit_grant, b.explicit_revoke,
-                      EnabledFor(b.placement));
-}
-
 std::optional<PointerInfo> HeapArena::FindLocked(CUdeviceptr ptr) const {
-  const auto [base, block] = BlockAt(ptr);
+  const auto [base, block] = blocks_.At(ptr);
   if (block == nullptr || block->cached) return std::nullopt;
   PointerInfo info;
   info.range_base = base;
@@ -88,19 +66,10 @@ std::optional<PointerInfo> HeapArena::Find(CUdeviceptr ptr) const {
   return FindLocked(ptr);
 }
 
-HeapArena::Bins* HeapArena::FindBinsLocked(const Placement& placement) {
-  if (last_bins_ != nullptr && last_placement_ == placement) return last_bins_;
-  auto it = bins_.find(placement);
-  if (it == bins_.end()) return nullptr;
-  last_placement_ = placement;
-  last_bins_ = &it->second;
-  return last_bins_;
-}
-
 std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, size_t bytes,
                                                    bool cached_only, uint16_t origin) {
   MutexLock lock(&mu_);
-  Bins* found = FindBinsLocked(placement);
+  Bins* found = blocks_.FindBins(placement);
   if (found == nullptr) return std::nullopt;
   Bins& bins = *found;
   std::optional<CUdeviceptr> ptr;
@@ -114,12 +83,12 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     }
     const CUdeviceptr base = it->first.second;
     Block& b = *it->second;
-    AddCachedLocked(b, -static_cast<int64_t>(b.size));
+    acct_.Cached(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
     bins.cached_large.erase(it);
     b.cached = false;
     b.requested = bytes;
     b.origin = origin;
-    ++stats_.cache_hits;
+    ++acct_.stats().cache_hits;
     ptr = base;
   } else {
     // Another arena's thread takes only an empty granule (cached memory);
@@ -131,7 +100,7 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
       std::optional<size_t> offset = block.slab->Allocate(bytes, origin);
       if (!offset) return false;
       if (was_empty && bins.empty_granules.erase(base) > 0) {
-        AddCachedLocked(block, -static_cast<int64_t>(block.size));
+        acct_.Cached(block.placement.stream_ordered, -static_cast<int64_t>(block.size));
       }
       // A full granule leaves the search until a free in it.
       if (block.slab->used_bytes() == block.size) bins.open_granules.erase(base);
@@ -142,11 +111,11 @@ std::optional<CUdeviceptr> HeapArena::AllocateFast(const Placement& placement, s
     };
     const CUdeviceptr recent = bins.recent;
     if (!cached_only && recent != 0 && bins.open_granules.contains(recent)) {
-      try_granule(recent, bins.recent_block != nullptr ? *bins.recent_block : *blocks_.at(recent));
+      try_granule(recent, bins.recent_block != nullptr ? *bins.recent_block : blocks_.Get(recent));
     }
     for (auto it = search.begin(); !ptr && it != search.end(); ++it) {
       if (*it == recent && !cached_only) continue;  // tried above
-      if (try_granule(*it, *blocks_.at(*it))) break;
+      if (try_granule(*it, blocks_.Get(*it))) break;
     }
     if (!ptr) return std::nullopt;
   }
@@ -160,11 +129,7 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
   const bool packed = bytes <= options_.packing_threshold;
   size_t size = RoundUp(bytes, options_.granularity);
   if (packed) {
-    auto it = bins_.find(placement);
-    const size_t held = it == bins_.end() ? 0 : it->second.packed_bytes / options_.granularity;
-    size_t granules = 1;
-    while (granules * 2 <= held / 4 && granules * 2 <= kMaxPackedGranules) granules *= 2;
-    size = options_.granularity * granules;
+    size = options_.granularity * blocks_.PackedGranules(placement, options_.granularity);
   }
   absl::StatusOr<CUdeviceptr> base = CreateBlockLocked(placement, size, packed);
   if (!base.ok() && packed && size > options_.granularity &&
@@ -173,12 +138,12 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
     base = CreateBlockLocked(placement, size, packed);
   }
   if (!base.ok()) return base.status();
-  if (!packed) ++stats_.cache_misses;  // once per request, whatever the retries
-  Block& block = *blocks_[*base];
+  if (!packed) ++acct_.stats().cache_misses;  // once per request, whatever the retries
+  Block& block = blocks_.Get(*base);
   CUdeviceptr ptr = *base;
   if (packed) {
     ptr += *block.slab->Allocate(bytes, origin);  // a fresh granule always fits
-    if (block.slab->used_bytes() < block.size) bins_[placement].open_granules.insert(*base);
+    if (block.slab->used_bytes() < block.size) blocks_.BinsOf(placement).open_granules.insert(*base);
   } else {
     block.requested = bytes;
     block.origin = origin;
@@ -188,11 +153,11 @@ absl::StatusOr<CUdeviceptr> HeapArena::AllocateSlow(const Placement& placement, 
 }
 
 void HeapArena::NoteAllocationLocked(const Placement& placement, size_t bytes) {
-  ++stats_.allocations;
-  ++stats_.live_allocations;
-  stats_.bytes += bytes;
-  AddLiveLocked(static_cast<int64_t>(bytes));
-  NotePeerDecisions(placement.allowed, EnabledFor(placement), 1, bytes, placement.tag);
+  ++acct_.stats().allocations;
+  ++acct_.stats().live_allocations;
+  acct_.stats().bytes += bytes;
+  acct_.Live(static_cast<int64_t>(bytes));
+  access_.NoteDecisions(acct_, placement.allowed, access_.EnabledFor(placement), 1, bytes, placement.tag);
 }
 
 absl::Status HeapArena::ReserveMoreLocked(size_t at_least) {
@@ -222,13 +187,13 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
                "uncompressed memory",
                options_.device, handle.status().ToString());
     prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
-    stats_.compression = CompressionState::kNotGranted;
+    acct_.stats().compression = CompressionState::kNotGranted;
     compression_checked_ = true;
     prop = prop_;
     handle = mapper_.Create(size, prop);
   }
   if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
-      cached_bytes_ > 0) {
+      acct_.cached_bytes() > 0) {
     // Cached memory is free memory to the application: give it back first.
     TrimLocked();
     handle = mapper_.Create(size, prop);
@@ -247,44 +212,34 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   }
   // The owner and every peer the placement allows now, in one call.
   const DeviceSet self = DeviceSet::Of(options_.device);
-  const DeviceSet target = (placement.allowed & EnabledFor(placement)) | self;
+  const DeviceSet target = (placement.allowed & access_.EnabledFor(placement)) | self;
   mu_.Unlock();
   VmmMapper::MapStep failed = VmmMapper::MapStep::kNone;
   absl::Status mapped = mapper_.MapWithAccess(*va, size, *handle, target, &failed);
   if (!mapped.ok()) mapper_.Release(*handle).IgnoreError();
   mu_.Lock();
   // cuMemSetAccess ran unless cuMemMap failed.
-  if (failed != VmmMapper::MapStep::kMap) ++stats_.set_access_calls;
+  if (failed != VmmMapper::MapStep::kMap) ++acct_.stats().set_access_calls;
   if (!mapped.ok()) {
     arena_.Free(*va, size);
     return mapped;
   }
-  auto owned = std::make_unique<Block>();
-  Block& block = *owned;
-  blocks_[*va] = std::move(owned);
-  block.size = size;
+  Block& block = blocks_.Add(*va, size, placement, packed);
   block.handle = *handle;
-  block.placement = placement;
   block.access = target;
   block.exportable = prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  if (packed) {
-    block.slab = std::make_unique<Slab>(size);
-    Bins& bins = bins_[placement];
-    ++bins.packed_blocks;
-    bins.packed_bytes += size;
-  }
-  AccountMapped(target - self, static_cast<int64_t>(size));
-  AccountHandle(static_cast<int64_t>(size));
-  AccountPoolReserved(block, static_cast<int64_t>(size));
+  acct_.Mapped(target - self, static_cast<int64_t>(size));
+  acct_.Handle(static_cast<int64_t>(size));
+  acct_.PoolReserved(block.placement.stream_ordered, static_cast<int64_t>(size));
   RecordSegmentLocked(HistoryAction::kSegmentAlloc, *va, block);
   // A peer enabled or disabled while the lock was released did not see this
   // block: bring it to the current target now.
-  if (Target(block) != target) {
+  if (access_.Target(block) != target) {
     absl::Status applied = ApplyAccessLocked();
     // Only this block's own failure fails the allocation (a failing run of
     // other blocks is theirs; they are retried at the next change).
-    Block& now = *blocks_.at(*va);
-    if (!applied.ok() && now.access != Target(now)) {
+    Block& now = blocks_.Get(*va);
+    if (!applied.ok() && now.access != access_.Target(now)) {
       DiscardBlockLocked(*va);
       return applied;
     }
@@ -304,48 +259,29 @@ void HeapArena::RecordSegmentLocked(HistoryAction action, CUdeviceptr base, cons
 }
 
 void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
-  auto it = blocks_.find(base);
-  Block& b = *it->second;
+  Block& b = blocks_.Get(base);
+  const bool stream_ordered = b.placement.stream_ordered;
   // A paused block's memory left the device at its pause (segment_unmap).
   if (!b.unmapped()) RecordSegmentLocked(HistoryAction::kSegmentFree, base, b);
   const DeviceSet peers = b.access - DeviceSet::Of(options_.device);
   if (how == Forget::kStillMapped) {
     // Kept aside, counted, its VA not reused, until an unmap succeeds.
-    orphan_mappings_.push_back({base, b.size, b.handle, peers});
+    orphans_.AddMapping(base, b.size, b.handle, peers);
   } else {
-    AccountMapped(peers, -static_cast<int64_t>(b.size));
+    acct_.Mapped(peers, -static_cast<int64_t>(b.size));
     // A paused block's handle was accounted for when it was released.
-    if (how == Forget::kReleased && !b.unmapped()) AccountHandle(-static_cast<int64_t>(b.size));
+    if (how == Forget::kReleased && !b.unmapped()) acct_.Handle(-static_cast<int64_t>(b.size));
   }
-  if (b.paused) AddPausedLocked(-static_cast<int64_t>(b.size));
-  auto bins_it = bins_.find(b.placement);
-  if (bins_it != bins_.end()) {
-    Bins& bins = bins_it->second;
-    bins.open_granules.erase(base);
-    if (bins.empty_granules.erase(base) > 0) AddCachedLocked(b, -static_cast<int64_t>(b.size));
-    if (bins.recent_block == &b) bins.recent_block = nullptr;
-    if (b.cached && bins.cached_large.erase({b.size, base}) > 0) {
-      AddCachedLocked(b, -static_cast<int64_t>(b.size));
-    }
-    if (b.slab != nullptr) {
-      --bins.packed_blocks;
-      bins.packed_bytes -= b.size;
-    }
-    if (bins.open_granules.empty() && bins.empty_granules.empty() &&
-        bins.cached_large.empty() && bins.packed_blocks == 0) {
-      if (last_bins_ == &bins) last_bins_ = nullptr;
-      bins_.erase(bins_it);
-    }
-  }
-  // Out of the pool's reserved bytes (a cached block rejoined them above as
-  // it left the cache; a paused one left them at its pause).
-  if (!b.unmapped()) AccountPoolReserved(b, -static_cast<int64_t>(b.size));
+  if (b.paused) acct_.Paused(-static_cast<int64_t>(b.size));
+  // Out of the pool's reserved bytes (a cached block rejoins them below as
+  // it leaves the cache; a paused one left them at its pause).
+  if (!b.unmapped()) acct_.PoolReserved(stream_ordered, -static_cast<int64_t>(b.size));
   if (b.slab != nullptr) {
-    stats_.live_allocations -= b.slab->allocations();
-    AddLiveLocked(-static_cast<int64_t>(b.slab->requested_bytes()));
+    acct_.stats().live_allocations -= b.slab->allocations();
+    acct_.Live(-static_cast<int64_t>(b.slab->requested_bytes()));
   } else if (!b.cached && b.requested > 0) {  // 0: a new block not yet handed out
-    --stats_.live_allocations;
-    AddLiveLocked(-static_cast<int64_t>(b.requested));
+    --acct_.stats().live_allocations;
+    acct_.Live(-static_cast<int64_t>(b.requested));
   }
   if (!deferred_.empty()) {
     for (auto d = deferred_.begin(); d != deferred_.end();) {
@@ -353,23 +289,24 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
       if (d->first >= base && d->first < base + b.size) deferred_.erase(d);
       d = next;
     }
-    SyncDeferredLocked();
+    acct_.SetDeferred(deferred_.size());
   }
   if (b.exported) exports_.DropRange(options_.device, base, base + b.size);
   if (how != Forget::kStillMapped) arena_.Free(base, b.size);
-  blocks_.erase(it);
+  const size_t uncached = blocks_.Erase(base);
+  acct_.Cached(stream_ordered, -static_cast<int64_t>(uncached));
 }
 
 void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
   if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
     Log().warn("device {}: unmapping {:#x}: {}; retried by Trim", options_.device, base,
                s.ToString());
-    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+    if (blocks_.Contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
   }
 }
 
 absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
-  Block& b = *blocks_.at(base);
+  Block& b = blocks_.Get(base);
   if (b.unmapped()) {  // paused: nothing mapped, no handle; only the VA goes back
     ForgetBlockLocked(base, Forget::kReleased);
     return absl::OkStatus();
@@ -383,7 +320,7 @@ absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
   absl::Status released = mapper_.Release(handle);
   if (!released.ok()) {
     Log().warn("device {}: {}; retried by Trim", options_.device, released.ToString());
-    orphan_handles_.push_back({handle, size});
+    orphans_.AddHandle(handle, size);
   }
   ForgetBlockLocked(base, released.ok() ? Forget::kReleased : Forget::kHandleHeld);
   return absl::OkStatus();
@@ -396,7 +333,7 @@ absl::Status HeapArena::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "stream-ordered release");
   }
   absl::Status status;
-  FreeLocked(ptr, info->range_base, *blocks_[info->range_base], info->allocation_size,
+  FreeLocked(ptr, info->range_base, blocks_.Get(info->range_base), info->allocation_size,
              /*driver_gone=*/false, &status);
   return status;
 }
@@ -405,14 +342,14 @@ bool HeapArena::Resize(CUdeviceptr ptr, size_t bytes) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info || info->allocation_base != ptr || bytes == 0) return false;
-  Block& block = *blocks_[info->range_base];
+  Block& block = blocks_.Get(info->range_base);
   if (info->packed) {
     if (!block.slab->Resize(ptr - info->range_base, bytes)) return false;
   } else {
     if (bytes > block.size || bytes <= options_.packing_threshold) return false;
     block.requested = bytes;
   }
-  AddLiveLocked(static_cast<int64_t>(bytes) - static_cast<int64_t>(info->allocation_size));
+  acct_.Live(static_cast<int64_t>(bytes) - static_cast<int64_t>(info->allocation_size));
   return true;
 }
 
@@ -420,7 +357,7 @@ absl::Status HeapArena::Free(CUdeviceptr ptr, bool driver_gone) {
   MutexLock lock(&mu_);
   // FindLocked's checks for a pointer that must start a live allocation,
   // with one lookup of its block and no PointerInfo (a tag copy) built.
-  const auto [base, block] = BlockAt(ptr);
+  const auto [base, block] = blocks_.At(ptr);
   size_t bytes = 0;  // stays 0 unless `ptr` starts a live allocation
   if (block != nullptr && !block->cached) {
     if (block->slab == nullptr) {
@@ -447,30 +384,30 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
   if (!packed) {
     if (driver_gone) {
       ForgetBlockLocked(base, Forget::kReleased);  // the driver has freed everything already
-      ++stats_.frees;
+      ++acct_.stats().frees;
       return;
     }
     if (!block.has_explicit() && !block.exported && !block.paused && !block.pausing &&
-        ReserveCacheLocked(block.size)) {
+        acct_.ReserveCache(block.size)) {
       // Keep it mapped, with its access set, for the next request that fits.
-      --stats_.live_allocations;
-      AddLiveLocked(-static_cast<int64_t>(block.requested));
+      --acct_.stats().live_allocations;
+      acct_.Live(-static_cast<int64_t>(block.requested));
       block.cached = true;
       block.requested = 0;
       block.backup.reset();  // a copy kept across a resume goes with its allocation
-      bins_[block.placement].cached_large.emplace(std::make_pair(block.size, base), &block);
-      AddCachedLocked(block, static_cast<int64_t>(block.size));
+      blocks_.BinsOf(block.placement).cached_large.emplace(std::make_pair(block.size, base), &block);
+      acct_.Cached(block.placement.stream_ordered, static_cast<int64_t>(block.size));
     } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       *status = s;
-      if (blocks_.contains(base)) return;  // still mapped: the free failed
+      if (blocks_.Contains(base)) return;  // still mapped: the free failed
     }
-    ++stats_.frees;
+    ++acct_.stats().frees;
     return;
   }
   block.slab->Free(ptr - base);
-  --stats_.live_allocations;
-  AddLiveLocked(-static_cast<int64_t>(bytes));
-  ++stats_.frees;
+  --acct_.stats().live_allocations;
+  acct_.Live(-static_cast<int64_t>(bytes));
+  ++acct_.stats().frees;
   // A paused granule takes no allocations (its memory is released) and
   // goes when it empties, as a sealed one does.
   if (block.sealed || block.paused || block.pausing) {
@@ -481,15 +418,15 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
     }
     return;
   }
-  Bins& bins = bins_[block.placement];
+  Bins& bins = blocks_.BinsOf(block.placement);
   bins.open_granules.insert(base);
   bins.recent = base;
   bins.recent_block = &block;
   if (!block.slab->empty() || driver_gone) return;
-  if (!block.has_explicit() && ReserveCacheLocked(block.size)) {
+  if (!block.has_explicit() && acct_.ReserveCache(block.size)) {
     block.backup.reset();
     bins.empty_granules.insert(base);
-    AddCachedLocked(block, static_cast<int64_t>(block.size));
+    acct_.Cached(block.placement.stream_ordered, static_cast<int64_t>(block.size));
   } else if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
     // The application's free succeeded; an empty granule that could not be
     // released stays mapped and serves later requests.

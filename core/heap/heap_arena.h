@@ -32,9 +32,14 @@
 // is no longer found, but its memory is neither reused nor unmapped until
 // CompleteDeferred runs after a later synchronization.
 //
-// Statistics: DeviceStats is the single source of every figure of this
-// device; process-wide handle bytes and their peak are updated in the same
-// place (AccountHandle), so the two cannot drift.
+// The concerns an arena holds, each a class of its own under the arena's
+// mutex: where blocks are found by address and placement (BlockStore,
+// core/heap/arena_blocks.h), which devices each is mapped into
+// (ArenaAccess, core/heap/arena_access.h), the figures (ArenaAccounting,
+// core/heap/arena_accounting.h), memory the driver would not take back
+// (OrphanedMemory, core/heap/orphaned_memory.h), and the host copies of
+// paused blocks (HostBackup). The arena itself decides: allocation, free,
+// deferral, trim, pause and resume, export.
 //
 // Thread safety: every public method takes the arena's mutex itself
 // (ABSL_LOCKS_EXCLUDED) and no other arena's; lock order:
@@ -44,9 +49,7 @@
 
 #include <cuda.h>
 
-#include <array>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -56,18 +59,18 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_map.h"
-#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
+#include "core/heap/arena_access.h"
+#include "core/heap/arena_accounting.h"
+#include "core/heap/arena_blocks.h"
 #include "core/heap/export_registry.h"
 #include "core/history/memory_history.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/orphaned_memory.h"
 #include "core/heap/pausable_memory.h"
 #include "core/sync/mutex.h"
 #include "core/peer/peer_access.h"
@@ -79,48 +82,6 @@
 #include "core/driver/vmm_mapping.h"
 
 namespace vmmshim {
-
-// Process-wide figures that are sums over the heaps, kept where the heaps
-// update them (AccountHandle, SyncDeferredLocked), so that a peak over all
-// devices exists and "is anything deferred?" is one atomic load.
-struct GlobalCounters {
-  std::atomic<uint64_t> bytes{0};     // handle bytes, all devices
-  std::atomic<uint64_t> peak{0};      // their peak
-  std::atomic<uint64_t> deferred{0};  // deferred frees, all devices
-  std::atomic<uint64_t> paused{0}, paused_peak{0};  // paused bytes, all devices
-};
-
-// A device's figures that are sums over its arenas and whose peaks must be
-// peaks of the sum, and what the arenas share: the cache limit holds for all
-// of them together, and a denial is logged once per pair whichever arena
-// made it. Relaxed atomics (figures, not synchronization).
-struct DeviceCounters {
-  std::atomic<uint64_t> cached_bytes{0};
-  std::atomic<uint64_t> live_bytes{0}, peak_live_bytes{0};
-  std::atomic<uint64_t> handle_bytes{0}, peak_handle_bytes{0};
-  std::array<std::atomic<uint64_t>, kMaxDevices> mapped_bytes{}, peak_mapped_bytes{};
-  std::array<std::atomic<int>, kMaxDevices> denials_logged{};
-  std::atomic<uint64_t> paused_bytes{0}, peak_paused_bytes{0};
-  // The default pool's reserved bytes as the driver counts them
-  // (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT / HIGH): the physical memory of
-  // the blocks that hold stream-ordered allocations, live or freed and kept
-  // by the stream-ordered cache; not the heap's cache (free to any request,
-  // as memory a pool gives back is), not paused blocks. A small allocation
-  // reserves its packed block, and the next ones in it leave the figure as
-  // it is, as the driver's 32 MiB chunks do (docs/stream-ordered.md).
-  std::atomic<uint64_t> pool_reserved_bytes{0}, peak_pool_reserved_bytes{0};
-};
-
-// value += delta, and peak = max(peak, value).
-inline void AddWithPeak(std::atomic<uint64_t>& value, std::atomic<uint64_t>& peak,
-                        int64_t delta) {
-  const uint64_t now = value.fetch_add(delta, std::memory_order_relaxed) + delta;
-  if (delta <= 0) return;
-  uint64_t seen = peak.load(std::memory_order_relaxed);
-  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-  }
-}
-
 
 class HeapArena final : public PausableMemory {
  public:
@@ -195,7 +156,7 @@ class HeapArena final : public PausableMemory {
   // Releases the cache; returns the bytes released.
   size_t Trim() ABSL_LOCKS_EXCLUDED(mu_);
   // The same without the lock (a hint: it may change at once).
-  size_t cached_bytes_hint() const { return cached_hint_.load(std::memory_order_relaxed); }
+  size_t cached_bytes_hint() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return acct_.cached_hint(); }
 
   // Whether anything of `context` is held here.
   bool Holds(CUcontext context) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -290,67 +251,8 @@ class HeapArena final : public PausableMemory {
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
-  // One physical handle mapped at its base address.
-  struct Block {
-    size_t size = 0;  // mapped bytes, a multiple of the granularity
-    CUmemGenericAllocationHandle handle = 0;
-    Placement placement;
-    size_t requested = 0;         // large blocks: the bytes asked for
-    uint16_t origin = 0;          // large blocks: the caller library
-    std::unique_ptr<Slab> slab;   // packed granules only
-    DeviceSet explicit_grant;     // SetPeerAccess(grant): granted whatever the policy says
-    DeviceSet explicit_revoke;    // SetPeerAccess(revoke): denied whatever the policy says
-    DeviceSet access;             // devices with read-write access now
-    bool sealed = false;          // packed: takes no new allocations
-    bool cached = false;          // large: freed, kept mapped for reuse
-    bool exportable = false;      // created with the POSIX-fd handle type
-    bool exported = false;        // an allocation in it was exported: never cached
-    // Paused: its physical memory was released (handle 0, no access) and
-    // its VA stays reserved; while a resume is prepared, mapped again
-    // (handle set) until ResumeCommit. `backup`: its contents, when kept.
-    bool paused = false;
-    bool pausing = false;  // PausePrepare marked it (contents copied); live until PauseCommit
-    std::optional<HostBackup> backup;
-
-    size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
-    bool unmapped() const { return paused && handle == 0; }
-    bool has_explicit() const { return !explicit_grant.empty() || !explicit_revoke.empty(); }
-  };
-  // Open granules and cached memory of one placement.
-  struct Bins {
-    absl::btree_set<CUdeviceptr> open_granules;  // packed, with free units, not sealed
-    absl::btree_set<CUdeviceptr> empty_granules; // cached: empty, still mapped
-    // (size, base) -> the block, so that a cache hit looks nothing up in blocks_.
-    absl::btree_map<std::pair<size_t, CUdeviceptr>, Block*> cached_large;
-    // The open granule that last served or took back an allocation, tried
-    // first: a free followed by an allocation of the same size (the common
-    // case) finds its hole there without trying the granules before it.
-    CUdeviceptr recent = 0;
-    // The block at `recent` when set with it, so that a hit there looks
-    // nothing up in blocks_; null once that block is forgotten.
-    Block* recent_block = nullptr;
-    int packed_blocks = 0;  // packed blocks of the placement held now (open, full or empty)
-    size_t packed_bytes = 0;  // their bytes
-  };
-  // A placement's packed blocks grow in larger steps: a new one is a quarter
-  // of the placement's packed bytes held, rounded down to a power of two
-  // granules, from 1 to kMaxPackedGranules. One cuMemCreate, cuMemMap and
-  // cuMemSetAccess (each about as costly for 16 MiB as for 2 MiB on an H200:
-  // bench/driver_costs.cu) then serves several granules' worth of small
-  // allocations once many are held, while the granules mapped and not yet
-  // used stay under a quarter of what the placement holds (the doubling
-  // this replaced, 1, 2, 4, 8, 8, ... granules, held 62 MiB for 50 MiB of
-  // 256 KiB buffers in examples/peer_exchange.c), and a program with few
-  // small allocations holds one granule.
-  static constexpr int kMaxPackedGranules = 8;
-
-  std::pair<CUdeviceptr, Block*> BlockAt(CUdeviceptr ptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<PointerInfo> FindLocked(CUdeviceptr ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  DeviceSet Target(const Block& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The peers that enabled access to allocations of `placement`'s kind.
-  DeviceSet EnabledFor(const Placement& placement) const;
   absl::StatusOr<CUdeviceptr> CreateBlockLocked(const Placement& placement, size_t size,
                                                 bool packed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveMoreLocked(size_t at_least) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -375,39 +277,18 @@ class HeapArena final : public PausableMemory {
                   bool driver_gone, absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyAccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseOrphansLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckCompressionLocked(CUmemGenericAllocationHandle handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AccountHandle(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddPausedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A paused block mapped by a resume that failed: unmap and release it
   // again (a failing unmap keeps it mapped for the next resume; a failing
   // release leaves an orphan handle, still counted, retried by Trim).
   void UnmapPausedLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A granule with room that is not sealed takes allocations again.
-  void ReopenLocked(CUdeviceptr base, Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `b` is selected by a pause or resume of `tag` (stream-ordered
   // blocks too: their freed ones left the stream-ordered cache first).
   static bool Selected(const Block& b, const TagSelection& tag) {
     return tag.Matches(b.placement.tag);
   }
-  // After deferred_ changed: its size into the device's and the global
-  // figures.
-  void SyncDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AccountMapped(DeviceSet peers, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Live and cached bytes, here and in the device's shared figures.
-  void AddLiveLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddCachedLocked(int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // AddCachedLocked for block `b`, which leaves (delta > 0) or rejoins the
-  // pool's reserved bytes when it is stream-ordered.
-  void AddCachedLocked(const Block& b, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DeviceCounters::pool_reserved_bytes += delta when `b` is stream-ordered.
-  void AccountPoolReserved(const Block& b, int64_t delta_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves `size` more cached bytes in the device's shared figure when
-  // they stay within its cache limit (then AddCachedLocked(+size) follows).
-  bool ReserveCacheLocked(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
-                         size_t bytes, absl::string_view tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block leaves the search for new allocations, and the cache.
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a new allocation of `bytes` and the peers' grants or denials.
   void NoteAllocationLocked(const Placement& placement, size_t bytes)
@@ -418,47 +299,20 @@ class HeapArena final : public PausableMemory {
 
   const DriverApi& driver_;
   const VmmMapper& mapper_;
-  const PeerPolicy& policy_;
-  const PeerEnableTable& peers_;
-  const PeerEnableTable& pool_peers_;
   ExportRegistry& exports_;
   ReservationMap& ranges_;
-  GlobalCounters& global_;
-  DeviceCounters& shared_;
   const Options options_;
+  const ArenaAccess access_;  // no state of its own beyond references
 
   mutable Mutex mu_;  // lock order: "arena mutex" (core/sync/lock_order.h)
   CUmemAllocationProp prop_ ABSL_GUARDED_BY(mu_);
   bool compression_checked_ ABSL_GUARDED_BY(mu_) = false;
   VaFreeList arena_ ABSL_GUARDED_BY(mu_);
-  // Boxed so that Block pointers stay valid while the map changes.
-  absl::btree_map<CUdeviceptr, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
-  // Node-based, so that a Bins stays where it is while others come and go:
-  // last_bins_ remembers the placement a hit last served, and the next hit of
-  // that placement (the common case: one placement per program and device)
-  // compares instead of hashing.
-  absl::node_hash_map<Placement, Bins> bins_ ABSL_GUARDED_BY(mu_);
-  Placement last_placement_ ABSL_GUARDED_BY(mu_);
-  Bins* last_bins_ ABSL_GUARDED_BY(mu_) = nullptr;  // bins_[last_placement_], or null
-  // The Bins of `placement`, or null; remembers it for the next call.
-  Bins* FindBinsLocked(const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<size_t> cached_hint_{0};  // cached_bytes_, for lock-free peeks
+  BlockStore blocks_ ABSL_GUARDED_BY(mu_);
+  ArenaAccounting acct_ ABSL_GUARDED_BY(mu_);
+  OrphanedMemory orphans_ ABSL_GUARDED_BY(mu_);
   // Deferred frees: allocation base -> its context.
   absl::flat_hash_map<CUdeviceptr, CUcontext> deferred_ ABSL_GUARDED_BY(mu_);
-  // Unmapped handles whose cuMemRelease failed, with their bytes (still
-  // counted), and mappings whose cuMemUnmap failed; Trim and ReleaseAll
-  // retry them.
-  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> orphan_handles_
-      ABSL_GUARDED_BY(mu_);
-  struct OrphanMapping {
-    CUdeviceptr base;
-    size_t size;
-    CUmemGenericAllocationHandle handle;
-    DeviceSet peers;  // mapped into them, still counted
-  };
-  std::vector<OrphanMapping> orphan_mappings_ ABSL_GUARDED_BY(mu_);
-  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vmmshim

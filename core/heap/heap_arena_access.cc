@@ -11,70 +11,8 @@
 
 namespace vmmshim {
 
-void HeapArena::NotePeerDecisions(DeviceSet allowed, DeviceSet enabled, uint64_t allocations,
-                                   size_t bytes, absl::string_view tag) {
-  MemoryHistory* history = options_.history;
-  for (int p : enabled - DeviceSet::Of(options_.device)) {
-    PeerCounters& c = stats_.peers[p];
-    if (history != nullptr && history->enabled()) {
-      HistoryRecord r;
-      r.action = allowed.Contains(p) ? HistoryAction::kPeerGrant : HistoryAction::kPeerDeny;
-      r.device = options_.device;
-      r.peer = p;
-      r.size = bytes;
-      r.tag = tag;
-      history->Record(r);
-    }
-    if (allowed.Contains(p)) {
-      c.grants += allocations;
-      continue;
-    }
-    c.denials += allocations;
-    // At info: a denial is the policy the user chose doing its work (the
-    // exit report and `vmmshim compare` count them). Rate-limited: the first
-    // of each pair and device says so, then up to 100 more lines.
-    std::atomic<int>& count = shared_.denials_logged[p];
-    if (count.load(std::memory_order_relaxed) >= 101) continue;
-    const int logged = count.fetch_add(1, std::memory_order_relaxed);
-    const std::string reason = policy_.DenialReason(options_.device, p, bytes, tag);
-    if (logged == 0) {
-      Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({}); "
-                 "further denials for this pair are logged up to 100",
-                 p, allocations, bytes, options_.device, reason);
-    } else {
-      Log().info("peer {} denied access to {} allocation(s) ({} bytes) on device {} ({})", p,
-                 allocations, bytes, options_.device, reason);
-    }
-  }
-}
-
 absl::Status HeapArena::ApplyAccessLocked() {
-  std::vector<AccessBlock> view;
-  std::vector<Block*> blocks;
-  view.reserve(blocks_.size());
-  blocks.reserve(blocks_.size());
-  for (auto& [base, owned] : blocks_) {
-    if (owned->unmapped()) continue;  // paused: no mapping; Target applies at resume
-    view.push_back(AccessBlock{base, owned->size, arena_.ReservationBase(base), owned->access,
-                               Target(*owned)});
-    blocks.push_back(owned.get());
-  }
-  absl::Status first;
-  for (const AccessRun& run : PlanAccess(view)) {
-    absl::Status s = mapper_.SetAccess(run.base, run.size, run.grant, run.revoke);
-    ++stats_.set_access_calls;
-    if (!s.ok()) {
-      first.Update(s);
-      continue;
-    }
-    for (size_t i = run.first; i < run.first + run.count; ++i) {
-      Block& b = *blocks[i];
-      b.access = (b.access | run.grant) - run.revoke;
-      AccountMapped(run.grant, static_cast<int64_t>(b.size));
-      AccountMapped(run.revoke, -static_cast<int64_t>(b.size));
-    }
-  }
-  return first;
+  return access_.Apply(blocks_, arena_, mapper_, acct_);
 }
 
 absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {
@@ -82,9 +20,9 @@ absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {
   if (peer < 0) return ApplyAccessLocked();
   const DeviceSet bit = DeviceSet::Of(peer);
   uint64_t granted = 0, denied = 0, granted_bytes = 0;
-  for (const auto& [base, b] : blocks_) {
+  for (const auto& [base, b] : blocks_.blocks()) {
     if (b->cached || b->placement.stream_ordered != stream_ordered) continue;
-    NotePeerDecisions(b->placement.allowed, bit, b->allocations(),
+    access_.NoteDecisions(acct_, b->placement.allowed, bit, b->allocations(),
                       b->slab != nullptr ? b->slab->used_bytes() : b->requested,
                       b->placement.tag);
     if (b->placement.allowed.Contains(peer)) {
@@ -99,19 +37,14 @@ absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {
     Log().info("peer {} enabled access to device {}{}: {} allocation(s) granted ({} bytes "
                "mapped), {} denied by policy {}",
                peer, options_.device, stream_ordered ? "'s default pool" : "", granted,
-               granted_bytes, denied, policy_.Describe());
+               granted_bytes, denied, access_.policy().Describe());
   }
   return applied;
 }
 
 void HeapArena::Seal(CUdeviceptr base, Block& block) {
-  block.sealed = true;
-  auto it = bins_.find(block.placement);
-  if (it == bins_.end()) return;
-  it->second.open_granules.erase(base);
-  if (it->second.empty_granules.erase(base) > 0) {
-    AddCachedLocked(block, -static_cast<int64_t>(block.size));
-  }
+  acct_.Cached(block.placement.stream_ordered,
+               -static_cast<int64_t>(blocks_.Seal(base, block)));
 }
 
 absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
@@ -119,7 +52,7 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
   if (peer == options_.device) return absl::OkStatus();
-  Block& block = *blocks_[info->range_base];
+  Block& block = blocks_.Get(info->range_base);
   if (info->packed && block.placement.tag.empty() && block.allocations() > 1) {
     // Explicit access acts on the whole granule, so an untagged granule must
     // hold only this allocation.
@@ -133,7 +66,7 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   const DeviceSet bit = DeviceSet::Of(peer);
   const DeviceSet old_grant = block.explicit_grant, old_revoke = block.explicit_revoke;
   // Paused: the access it gets back at resume counts.
-  const bool had_access = (block.unmapped() ? Target(block) : block.access).Contains(peer);
+  const bool had_access = (block.unmapped() ? access_.Target(block) : block.access).Contains(peer);
   if (grant) {
     block.explicit_grant |= bit;
     block.explicit_revoke -= bit;
@@ -145,18 +78,18 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   // would inherit it.
   if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
   if (block.unmapped()) {  // paused: applied at resume
-    if (grant && !had_access) stats_.peers[peer].grants += block.allocations();
+    if (grant && !had_access) acct_.stats().peers[peer].grants += block.allocations();
     return absl::OkStatus();
   }
   absl::Status applied = ApplyAccessLocked();
-  if (!applied.ok() && block.access != Target(block)) {
+  if (!applied.ok() && block.access != access_.Target(block)) {
     // This block's change was not applied: its explicit state is as before,
     // so that a later change does not apply it silently.
     block.explicit_grant = old_grant;
     block.explicit_revoke = old_revoke;
     return applied;
   }
-  if (grant && !had_access) stats_.peers[peer].grants += block.allocations();
+  if (grant && !had_access) acct_.stats().peers[peer].grants += block.allocations();
   return absl::OkStatus();
 }
 
@@ -164,9 +97,9 @@ absl::StatusOr<bool> HeapArena::PeerHasAccess(CUdeviceptr ptr, int peer) const {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim peer access");
-  const Block& b = *blocks_.at(info->range_base);
+  const Block& b = blocks_.Get(info->range_base);
   // Paused: the access it gets back at resume.
-  return (b.unmapped() ? Target(b) | DeviceSet::Of(options_.device) : b.access).Contains(peer);
+  return (b.unmapped() ? access_.Target(b) | DeviceSet::Of(options_.device) : b.access).Contains(peer);
 }
 
 absl::StatusOr<const void*> HeapArena::PausedContents(CUdeviceptr ptr, size_t bytes) const {
@@ -175,7 +108,7 @@ absl::StatusOr<const void*> HeapArena::PausedContents(CUdeviceptr ptr, size_t by
   if (!info || bytes > info->allocation_base + info->allocation_size - ptr) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim paused contents");
   }
-  const Block& b = *blocks_.at(info->range_base);
+  const Block& b = blocks_.Get(info->range_base);
   if (!b.backup.has_value()) {
     return DriverError(CUDA_ERROR_NOT_FOUND, "vmmshim paused contents");
   }
@@ -186,7 +119,7 @@ absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdevicept
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
   if (!info) return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
-  Block& block = *blocks_[info->range_base];
+  Block& block = blocks_.Get(info->range_base);
   if (block.placement.stream_ordered) {
     // As natively: pool memory has no legacy IPC handle (pools are shared
     // with cuMemPoolExportPointer, which the shim does not serve).
@@ -208,7 +141,7 @@ absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdevicept
   // token for memory that is gone (or reallocated at the same address).
   absl::StatusOr<ExportToken> token = exports_.Register(options_.device, info->allocation_base);
   if (!token.ok()) return token.status();
-  if (!block.exported) ++stats_.exports;
+  if (!block.exported) ++acct_.stats().exports;
   block.exported = true;
   // New allocations must not land in memory another process maps.
   if (block.slab != nullptr && !block.sealed) Seal(info->range_base, block);
@@ -233,7 +166,7 @@ absl::StatusOr<int> HeapArena::ExportFd(const ExportToken& token, CUdeviceptr ba
   }
   int fd = -1;
   CUresult r = driver_.cuMemExportToShareableHandle(
-      &fd, blocks_[info->range_base]->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      &fd, blocks_.Get(info->range_base).handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (r != CUDA_SUCCESS) return DriverError(r, "cuMemExportToShareableHandle");
   *handle_size = info->range_size;
   return fd;

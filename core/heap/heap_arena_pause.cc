@@ -36,7 +36,7 @@ class ScopedContext {
 size_t HeapArena::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
   MutexLock lock(&mu_);
   size_t bytes = 0;
-  for (const auto& [base, b] : blocks_) {
+  for (const auto& [base, b] : blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || b->cached ||
         (b->slab != nullptr && b->slab->empty())) {
       continue;
@@ -51,7 +51,7 @@ size_t HeapArena::PauseCandidates(const TagSelection& tag, std::vector<CUcontext
 
 absl::Status HeapArena::CheckPausable(const TagSelection& tag) const {
   MutexLock lock(&mu_);
-  for (const auto& [base, b] : blocks_) {
+  for (const auto& [base, b] : blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || !b->exported) continue;
     Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is exported "
                "to another process (cudaIpcGetMemHandle); nothing paused",
@@ -61,17 +61,11 @@ absl::Status HeapArena::CheckPausable(const TagSelection& tag) const {
   return absl::OkStatus();
 }
 
-void HeapArena::ReopenLocked(CUdeviceptr base, Block& b) {
-  if (b.slab != nullptr && !b.sealed && b.slab->used_bytes() < b.size) {
-    bins_[b.placement].open_granules.insert(base);
-  }
-}
-
 absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                                PauseTimes* times) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> live;
-  for (const auto& [base, b] : blocks_) {
+  for (const auto& [base, b] : blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || b->pausing || b->cached ||
         (b->slab != nullptr && b->slab->empty())) {
       continue;
@@ -90,7 +84,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
   const auto copy_start = std::chrono::steady_clock::now();
   if (copier != nullptr) {
     for (CUdeviceptr base : live) {
-      Block& b = *blocks_.at(base);
+      Block& b = blocks_.Get(base);
       // The block's context: the pool's check and a pinning need one.
       ScopedContext ctx(driver_, b.placement.context);
       absl::StatusOr<HostBackup> backup =
@@ -116,7 +110,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
       backups.push_back(*std::move(backup));
     }
     for (size_t i = 0; i < live.size(); ++i) {
-      const Block& b = *blocks_.at(live[i]);
+      const Block& b = blocks_.Get(live[i]);
       ScopedContext ctx(driver_, b.placement.context);
       absl::Status copied = ctx.ok() ? copier->ToHost(backups[i], live[i])
                                      : DriverError(CUDA_ERROR_INVALID_CONTEXT,
@@ -134,15 +128,12 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
   }
   size_t bytes = 0;
   for (size_t i = 0; i < live.size(); ++i) {
-    Block& b = *blocks_.at(live[i]);
+    Block& b = blocks_.Get(live[i]);
     b.pausing = true;
     // Without contents, a retained copy is stale: it goes.
     b.backup.reset();
     if (copier != nullptr) b.backup = std::move(backups[i]);
-    if (auto it = bins_.find(b.placement); it != bins_.end()) {
-      it->second.open_granules.erase(live[i]);
-      if (it->second.recent == live[i]) it->second.recent = 0;
-    }
+    blocks_.Withdraw(live[i], b);
     bytes += b.size;
   }
   return bytes;
@@ -150,12 +141,12 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
 
 void HeapArena::PauseAbort(const TagSelection& tag) {
   MutexLock lock(&mu_);
-  for (auto& [base, owned] : blocks_) {
+  for (auto& [base, owned] : blocks_.blocks()) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.pausing) continue;
     b.pausing = false;
     b.backup.reset();
-    ReopenLocked(base, b);
+    blocks_.Reopen(base, b);
   }
 }
 
@@ -163,7 +154,7 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
   MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   std::vector<CUdeviceptr> marked, cached;
-  for (const auto& [base, b] : blocks_) {
+  for (const auto& [base, b] : blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused) continue;
     if (b->pausing) {
       marked.push_back(base);
@@ -174,37 +165,37 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
   size_t released = 0;
   absl::Status first;
   for (CUdeviceptr base : marked) {
-    Block& b = *blocks_.at(base);
+    Block& b = blocks_.Get(base);
     b.pausing = false;
     if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
       // Still mapped and whole: it stays live (its backup goes).
       Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", tag.Describe(), base,
                  s.ToString());
       b.backup.reset();
-      ReopenLocked(base, b);
+      blocks_.Reopen(base, b);
       first.Update(s);
       continue;
     }
     if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
       // The driver did not get it back: counted until Trim's retry succeeds.
       Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
-      orphan_handles_.push_back({b.handle, b.size});
+      orphans_.AddHandle(b.handle, b.size);
     } else {
-      AccountHandle(-static_cast<int64_t>(b.size));
+      acct_.Handle(-static_cast<int64_t>(b.size));
       released += b.size;
     }
-    AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-    AccountPoolReserved(b, -static_cast<int64_t>(b.size));
+    acct_.Mapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+    acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
     RecordSegmentLocked(HistoryAction::kSegmentUnmap, base, b);
     b.handle = 0;
     b.access = DeviceSet();
     b.paused = true;
-    AddPausedLocked(static_cast<int64_t>(b.size));
+    acct_.Paused(static_cast<int64_t>(b.size));
     ++times->blocks;
   }
   // The tag's freed memory goes too: it is memory the program gave up.
   for (CUdeviceptr base : cached) {
-    const size_t size = blocks_.at(base)->size;
+    const size_t size = blocks_.Get(base).size;
     if (absl::Status s = DestroyBlockLocked(base); s.ok()) {
       released += size;
     } else {
@@ -218,20 +209,20 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
 }
 
 void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
-  Block& b = *blocks_.at(base);
+  Block& b = blocks_.Get(base);
   if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
     Log().warn("vmmshim_resume_memory: unmapping {:#x} after a failed resume: {}; kept mapped "
                "for the next resume",
                base, s.ToString());
     return;
   }
-  AccountMapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-  AccountPoolReserved(b, -static_cast<int64_t>(b.size));
+  acct_.Mapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+  acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
   if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
     Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
-    orphan_handles_.push_back({b.handle, b.size});  // still counted
+    orphans_.AddHandle(b.handle, b.size);  // still counted
   } else {
-    AccountHandle(-static_cast<int64_t>(b.size));
+    acct_.Handle(-static_cast<int64_t>(b.size));
   }
   b.handle = 0;
   b.access = DeviceSet();
@@ -242,9 +233,9 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
   MutexLock lock(&mu_);
   // Handles a pause or an earlier undo could not release hold memory the
   // resume may need.
-  ReleaseOrphansLocked();
+  orphans_.Retry(mapper_, arena_, acct_);
   std::vector<CUdeviceptr> paused, mapped_now;
-  for (const auto& [base, owned] : blocks_) {
+  for (const auto& [base, owned] : blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused) paused.push_back(base);
   }
   auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -252,7 +243,7 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
   };
   size_t bytes = 0;
   for (CUdeviceptr base : paused) {
-    Block& b = *blocks_.at(base);
+    Block& b = blocks_.Get(base);
     bytes += b.size;
     if (b.handle != 0) continue;  // still mapped by a failed undo: reused as it is
     auto step = std::chrono::steady_clock::now();
@@ -268,15 +259,15 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
     times->create += PauseTimes::Since(step);
     // Exactly the access it would have had, never paused: the owner, and the
     // peers the policy or explicit grants allow among those enabled now.
-    const DeviceSet target = Target(b) | DeviceSet::Of(options_.device);
+    const DeviceSet target = access_.Target(b) | DeviceSet::Of(options_.device);
     absl::Status status = handle.status();
     if (handle.ok()) {
       step = std::chrono::steady_clock::now();
       status = mapper_.MapWithAccess(base, b.size, *handle, target);
       times->map += PauseTimes::Since(step);
       if (!status.ok() && !mapper_.Release(*handle).ok()) {
-        orphan_handles_.push_back({*handle, b.size});
-        AccountHandle(static_cast<int64_t>(b.size));  // counted until released
+        orphans_.AddHandle(*handle, b.size);
+        acct_.Handle(static_cast<int64_t>(b.size));  // counted until released
       }
     }
     if (!status.ok()) {
@@ -286,18 +277,18 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
       undo();
       return status;
     }
-    ++stats_.set_access_calls;
+    ++acct_.stats().set_access_calls;
     b.handle = *handle;
     b.access = target;
-    AccountHandle(static_cast<int64_t>(b.size));
-    AccountPoolReserved(b, static_cast<int64_t>(b.size));
-    AccountMapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
+    acct_.Handle(static_cast<int64_t>(b.size));
+    acct_.PoolReserved(b.placement.stream_ordered, static_cast<int64_t>(b.size));
+    acct_.Mapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
     mapped_now.push_back(base);
   }
   times->blocks += paused.size();
   const auto copy_start = std::chrono::steady_clock::now();
   for (CUdeviceptr base : paused) {
-    Block& b = *blocks_.at(base);
+    Block& b = blocks_.Get(base);
     if (!b.backup) continue;
     times->copied_bytes += b.size;
     ScopedContext ctx(driver_, b.placement.context);
@@ -319,13 +310,13 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
 
 void HeapArena::ResumeCommit(const TagSelection& tag, bool retain) {
   MutexLock lock(&mu_);
-  for (auto& [base, owned] : blocks_) {
+  for (auto& [base, owned] : blocks_.blocks()) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
     b.paused = false;
     if (!retain) b.backup.reset();
-    AddPausedLocked(-static_cast<int64_t>(b.size));
-    ReopenLocked(base, b);
+    acct_.Paused(-static_cast<int64_t>(b.size));
+    blocks_.Reopen(base, b);
     RecordSegmentLocked(HistoryAction::kSegmentMap, base, b);
   }
 }
@@ -333,7 +324,7 @@ void HeapArena::ResumeCommit(const TagSelection& tag, bool retain) {
 void HeapArena::ResumeAbort(const TagSelection& tag) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> mapped;
-  for (const auto& [base, owned] : blocks_) {
+  for (const auto& [base, owned] : blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused && owned->handle != 0) mapped.push_back(base);
   }
   for (CUdeviceptr base : mapped) UnmapPausedLocked(base);

@@ -20,7 +20,7 @@ absl::Status HeapArena::DeferFree(CUdeviceptr ptr) {
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuMemFree");
   }
   deferred_[ptr] = info->context;
-  SyncDeferredLocked();
+  acct_.SetDeferred(deferred_.size());
   return absl::OkStatus();
 }
 
@@ -44,45 +44,22 @@ void HeapArena::CompleteDeferred(CUcontext context) {
     std::optional<PointerInfo> info = FindLocked(ptr);
     if (!info || info->allocation_base != ptr) continue;  // released with its context
     absl::Status status;
-    FreeLocked(ptr, info->range_base, *blocks_[info->range_base], info->allocation_size,
+    FreeLocked(ptr, info->range_base, blocks_.Get(info->range_base), info->allocation_size,
                /*driver_gone=*/false, &status);
     if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
   }
-  SyncDeferredLocked();
-}
-
-void HeapArena::ReleaseOrphansLocked() {
-  std::vector<OrphanMapping> still_mapped;
-  for (const OrphanMapping& m : orphan_mappings_) {
-    if (!mapper_.Unmap(m.base, m.size).ok()) {
-      still_mapped.push_back(m);
-      continue;
-    }
-    AccountMapped(m.peers, -static_cast<int64_t>(m.size));
-    arena_.Free(m.base, m.size);
-    orphan_handles_.push_back({m.handle, m.size});
-  }
-  orphan_mappings_ = std::move(still_mapped);
-  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> left;
-  for (const auto& [h, size] : orphan_handles_) {
-    if (mapper_.Release(h).ok()) {
-      AccountHandle(-static_cast<int64_t>(size));
-    } else {
-      left.push_back({h, size});
-    }
-  }
-  orphan_handles_ = std::move(left);
+  acct_.SetDeferred(deferred_.size());
 }
 
 void HeapArena::TrimLocked() {
-  ReleaseOrphansLocked();
+  orphans_.Retry(mapper_, arena_, acct_);
   std::vector<CUdeviceptr> bases;
-  for (const auto& [placement, bins] : bins_) {
+  for (const auto& [placement, bins] : blocks_.bins()) {
     for (const auto& [key, block] : bins.cached_large) bases.push_back(key.second);
     for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
   }
   // Sealed granules that emptied but could not be unmapped then.
-  for (const auto& [base, block] : blocks_) {
+  for (const auto& [base, block] : blocks_.blocks()) {
     if (block->slab != nullptr && block->sealed && block->slab->empty()) bases.push_back(base);
   }
   for (CUdeviceptr base : bases) {
@@ -96,14 +73,14 @@ void HeapArena::TrimLocked() {
 
 size_t HeapArena::Trim() {
   MutexLock lock(&mu_);
-  const size_t before = cached_bytes_;
+  const size_t before = acct_.cached_bytes();
   TrimLocked();
-  return before - cached_bytes_;
+  return before - acct_.cached_bytes();
 }
 
 bool HeapArena::Holds(CUcontext context) const {
   MutexLock lock(&mu_);
-  for (const auto& [base, block] : blocks_) {
+  for (const auto& [base, block] : blocks_.blocks()) {
     if (block->placement.context == context) return true;
   }
   return false;
@@ -112,14 +89,14 @@ bool HeapArena::Holds(CUcontext context) const {
 size_t HeapArena::ReleaseContext(CUcontext context) {
   MutexLock lock(&mu_);
   std::vector<CUdeviceptr> bases;
-  for (const auto& [base, block] : blocks_) {
+  for (const auto& [base, block] : blocks_.blocks()) {
     if (block->placement.context == context) bases.push_back(base);
   }
   if (bases.empty()) return 0;
   size_t released = 0;
   for (CUdeviceptr base : bases) {
     // A paused block holds no physical memory: nothing of it is released.
-    const size_t size = blocks_[base]->unmapped() ? 0 : blocks_[base]->size;
+    const size_t size = blocks_.Get(base).unmapped() ? 0 : blocks_.Get(base).size;
     if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
       Log().warn("device {}: releasing memory of a destroyed context: {}", options_.device,
                  s.ToString());
@@ -139,12 +116,12 @@ void HeapArena::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
                    ? driver_.cuMemGetAllocationPropertiesFromHandle(&got, handle)
                    : CUDA_ERROR_NOT_SUPPORTED;
   if (r == CUDA_SUCCESS && got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) {
-    stats_.compression = CompressionState::kGranted;
+    acct_.stats().compression = CompressionState::kGranted;
     Log().info("device {}: generic compression granted (cuMemGetAllocationPropertiesFromHandle)",
                options_.device);
     return;
   }
-  stats_.compression = CompressionState::kNotGranted;
+  acct_.stats().compression = CompressionState::kNotGranted;
   prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
   Log().warn("device {}: compression requested but not granted ({}); later memory is made "
              "without it",
@@ -156,14 +133,14 @@ absl::Status HeapArena::ReleaseAll() {
   MutexLock lock(&mu_);
   absl::Status first;
   std::vector<CUdeviceptr> bases;
-  for (const auto& entry : blocks_) bases.push_back(entry.first);
+  for (const auto& entry : blocks_.blocks()) bases.push_back(entry.first);
   for (CUdeviceptr base : bases) {
     absl::Status s = DestroyBlockLocked(base);
-    if (blocks_.contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+    if (blocks_.Contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
     first.Update(s);
   }
-  ReleaseOrphansLocked();
-  if (!orphan_mappings_.empty() || !orphan_handles_.empty()) {
+  orphans_.Retry(mapper_, arena_, acct_);
+  if (!orphans_.empty()) {
     first.Update(DriverError(CUDA_ERROR_UNKNOWN, "releasing handles that stayed mapped"));
   }
   for (const auto& [base, size] : arena_.reservations()) {
@@ -171,11 +148,10 @@ absl::Status HeapArena::ReleaseAll() {
     ranges_.Remove(base);
   }
   arena_ = VaFreeList(options_.granularity);
-  last_bins_ = nullptr;
-  bins_.clear();
+  blocks_.ClearBins();
   deferred_.clear();
-  AddCachedLocked(-static_cast<int64_t>(cached_bytes_));
-  SyncDeferredLocked();
+  acct_.Cached(/*stream_ordered=*/false, -static_cast<int64_t>(acct_.cached_bytes()));
+  acct_.SetDeferred(deferred_.size());
   return first;
 }
 

@@ -180,10 +180,10 @@ TEST_F(ArenaConcurrencyTest, AParentThreadsSlotAndCachedMemoryAreFreeInTheChild)
 // ---- Bug 3 (race): the cache limit across arenas is check-then-add ----
 //
 // The check (a separate check-then-add, in an earlier version) read the device's shared
-// cached_bytes and AddCachedLocked added to it later, each under its own
+// cached_bytes and the arena added to it later, each under its own
 // arena's mutex only: two frees in two arenas both passed the check and the
 // device cached more than the limit ("the cache limit holds for all arenas
-// together", device_heap.h). Now ReserveCacheLocked checks and adds in one
+// together", device_heap.h). Now ArenaAccounting::ReserveCache checks and adds in one
 // compare-and-swap.
 TEST_F(ArenaConcurrencyTest, ConcurrentFreesInTwoArenasKeepTheCacheLimit) {
   AllocatorOptions o;
