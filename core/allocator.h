@@ -30,9 +30,9 @@
 // Synchronization: cuMemFree waits for outstanding work of the device before
 // the memory can be reused; cuMemUnmap/cuMemRelease do not. Free()
 // therefore synchronizes the context that was current at allocation (not
-// the current one) first. While a stream capture is in progress, a context
-// cannot be synchronized: frees are then deferred (core/sync/capture.h states
-// the driver's codes, which the shim gives exactly).
+// the current one) first. During a stream capture: Note [Calls during a
+// stream capture] (core/sync/capture.h), which says what is deferred and
+// which codes come back.
 //
 // Thread safety: all methods may be called concurrently. Lock order: the one
 // table of core/sync/lock_order.h.
@@ -84,9 +84,8 @@ class Allocator {
   // is matched by rules policies and groups packed allocations. Not served
   // (Allocation::served false, nothing done; the caller hands the request to
   // the driver) when no context is current (the driver then returns its own
-  // error) and on devices without VMM support. During a stream capture that
-  // prohibits the call, the driver's code
-  // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated).
+  // error) and on devices without VMM support. During a stream capture:
+  // Note [Calls during a stream capture] (core/sync/capture.h).
   // Fast path: a cached block or a free run of an open granule of the
   // placement, with no driver call beyond cuCtxGetCurrent.
   // `origin`: who asked (a CallerLibraries id, core/history/caller_library.h),
@@ -109,10 +108,7 @@ class Allocator {
   // Other shim memory (cudaMalloc; natively freed in stream order too): the
   // free must not happen before the work queued on the stream is done, so
   // the stream is synchronized, then the memory freed as Free does. During
-  // captures, the driver's codes, measured on H200 (core/sync/capture.h): on
-  // a capturing stream CUDA_ERROR_INVALID_VALUE (a graph frees only graph
-  // allocations) and the capture goes on; on another stream the driver's
-  // verdict on an unsafe call, and the free deferred where it is allowed.
+  // captures: Note [Calls during a stream capture] (core/sync/capture.h).
   absl::Status FreeAsync(CUdeviceptr ptr, CUstream stream, bool per_thread);
 
   // The live allocation containing `ptr`: NotShimMemory() outside the

@@ -3,10 +3,9 @@
 namespace vmmshim {
 
 ArenaAccounting::ArenaAccounting(GlobalCounters& global, DeviceCounters& shared,
-                                 size_t cache_limit, int device, CompressionState compression)
+                                 size_t cache_limit, int device)
     : global_(global), shared_(shared), cache_limit_(cache_limit) {
   stats_.device = device;
-  stats_.compression = compression;
 }
 
 void ArenaAccounting::Handle(int64_t delta) {

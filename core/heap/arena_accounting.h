@@ -68,8 +68,8 @@ class ArenaAccounting {
  public:
   // `global` and `shared` must outlive this. `cache_limit`: the bytes the
   // device's arenas together may keep cached.
-  ArenaAccounting(GlobalCounters& global, DeviceCounters& shared, size_t cache_limit, int device,
-                  CompressionState compression);
+  ArenaAccounting(GlobalCounters& global, DeviceCounters& shared, size_t cache_limit,
+                  int device);
   ArenaAccounting(const ArenaAccounting&) = delete;
   ArenaAccounting& operator=(const ArenaAccounting&) = delete;
 

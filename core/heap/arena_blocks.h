@@ -1,8 +1,15 @@
-// The blocks of one heap arena and their index by placement
-// (core/heap/heap_arena.h says what a placement is): which granules of a
-// placement have free units, which are empty and cached, which large blocks
-// are cached by size, and the granule a hit tried last. The arena decides
-// what to do with a block; BlockStore keeps where it is found.
+// The blocks of one heap arena and their index by placement: which granules
+// of a placement have free units, which are empty and cached, which large
+// blocks are cached by size, and the granule a hit tried last. The arena
+// (core/heap/heap_arena.h) decides what to do with a block; BlockStore keeps
+// where it is found.
+//
+// A placement is what an allocation shares a mapping with: its context (so
+// that a free synchronizes the context the memory was allocated in), its
+// allowed peers (access rights belong to a whole mapping) and its tag. Open
+// granules and cached blocks are kept per placement, so an allocation looks
+// only at mappings it may use, and a cached-block lookup is one ordered
+// search by size.
 //
 // Shapes and units: a block is one physical handle mapped at its base, a
 // multiple of the granularity in bytes; a packed block (a slab of granules)

@@ -22,11 +22,9 @@ HeapArena::HeapArena(const DriverApi& driver, const VmmMapper& mapper,
       ranges_(ranges),
       options_(options),
       access_(options.device, policy, peers, pool_peers, options.history),
-      arena_(options.granularity),
-      acct_(global, shared, options.cache_limit, options.device, options.compression) {
-  MutexLock lock(&mu_);  // not yet shared; for the analysis
-  prop_ = options.prop;
-}
+      va_(options.granularity),
+      create_(options.device, options.prop, options.compression),
+      acct_(global, shared, options.cache_limit, options.device) {}
 
 HeapArena::~HeapArena() = default;
 
@@ -165,7 +163,7 @@ absl::Status HeapArena::ReserveMoreLocked(size_t at_least) {
       std::max(options_.reservation_bytes, RoundUp(at_least, options_.granularity));
   absl::StatusOr<CUdeviceptr> base = mapper_.Reserve(size, options_.granularity);
   if (!base.ok()) return base.status();
-  arena_.AddReservation(*base, size);
+  va_.AddReservation(*base, size);
   ranges_.Add(*base, size, options_.device, options_.arena);
   return absl::OkStatus();
 }
@@ -176,20 +174,12 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   // the new block joins the heap only when fully mapped. Physical memory
   // first: it is what runs out, and a request the device cannot hold must
   // not leave a VA reservation behind.
-  CUmemAllocationProp prop = prop_;
+  CUmemAllocationProp prop = create_.prop();
   mu_.Unlock();
   absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(size, prop);
   mu_.Lock();
-  if (!handle.ok() && ToCuResult(handle.status()) != CUDA_ERROR_OUT_OF_MEMORY &&
-      prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE) {
-    // The driver refused compressible memory: go on without compression.
-    Log().warn("device {}: compressible cuMemCreate failed ({}); falling back to "
-               "uncompressed memory",
-               options_.device, handle.status().ToString());
-    prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
-    acct_.stats().compression = CompressionState::kNotGranted;
-    compression_checked_ = true;
-    prop = prop_;
+  if (!handle.ok() && create_.DropCompressionAfter(prop, handle.status())) {
+    prop = create_.prop();
     handle = mapper_.Create(size, prop);
   }
   if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY &&
@@ -199,16 +189,14 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
     handle = mapper_.Create(size, prop);
   }
   if (!handle.ok()) return handle.status();
-  if (prop.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE && !compression_checked_) {
-    CheckCompressionLocked(*handle);
-  }
-  std::optional<CUdeviceptr> va = arena_.Allocate(size);
+  create_.CheckMade(driver_, prop, *handle);
+  std::optional<CUdeviceptr> va = va_.Allocate(size);
   if (!va) {
     if (absl::Status s = ReserveMoreLocked(size); !s.ok()) {
       mapper_.Release(*handle).IgnoreError();
       return s;
     }
-    va = arena_.Allocate(size);
+    va = va_.Allocate(size);
   }
   // The owner and every peer the placement allows now, in one call.
   const DeviceSet self = DeviceSet::Of(options_.device);
@@ -221,7 +209,7 @@ absl::StatusOr<CUdeviceptr> HeapArena::CreateBlockLocked(const Placement& placem
   // cuMemSetAccess ran unless cuMemMap failed.
   if (failed != VmmMapper::MapStep::kMap) ++acct_.stats().set_access_calls;
   if (!mapped.ok()) {
-    arena_.Free(*va, size);
+    va_.Free(*va, size);
     return mapped;
   }
   Block& block = blocks_.Add(*va, size, placement, packed);
@@ -292,7 +280,7 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
     acct_.SetDeferred(deferred_.size());
   }
   if (b.exported) exports_.DropRange(options_.device, base, base + b.size);
-  if (how != Forget::kStillMapped) arena_.Free(base, b.size);
+  if (how != Forget::kStillMapped) va_.Free(base, b.size);
   const size_t uncached = blocks_.Erase(base);
   acct_.Cached(stream_ordered, -static_cast<int64_t>(uncached));
 }

@@ -5,12 +5,9 @@
 // its own VA reservations, so that threads working in different arenas never
 // wait for each other.
 //
-// A placement is what an allocation shares a mapping with: its context (so
-// that a free synchronizes the context the memory was allocated in), its
-// allowed peers (access rights belong to a whole mapping) and its tag. Open
-// granules and cached blocks are kept per placement, so an allocation looks
-// only at mappings it may use, and a cached-block lookup is one ordered
-// search by size.
+// Allocations share a mapping only within one placement (context, allowed
+// peers, tag: core/heap/arena_blocks.h says why), so an allocation looks only
+// at mappings it may use.
 //
 // Shapes and units: bytes; the device's allocation granularity (RECOMMENDED;
 // 2 MiB on H200) is the unit of physical memory and of VA. A request of more
@@ -28,18 +25,16 @@
 //
 // Frees: the caller synchronizes the allocation's context first (cuMemFree
 // waits for the device's work; cuMemUnmap does not). A free that cannot
-// synchronize (a stream capture is in progress) is deferred: the allocation
-// is no longer found, but its memory is neither reused nor unmapped until
-// CompleteDeferred runs after a later synchronization.
+// synchronize is deferred (DeferFree, CompleteDeferred): Note [Calls during
+// a stream capture] (core/sync/capture.h), item 2.
 //
 // The concerns an arena holds, each a class of its own under the arena's
-// mutex: where blocks are found by address and placement (BlockStore,
-// core/heap/arena_blocks.h), which devices each is mapped into
-// (ArenaAccess, core/heap/arena_access.h), the figures (ArenaAccounting,
-// core/heap/arena_accounting.h), memory the driver would not take back
-// (OrphanedMemory, core/heap/orphaned_memory.h), and the host copies of
-// paused blocks (HostBackup). The arena itself decides: allocation, free,
-// deferral, trim, pause and resume, export.
+// mutex (core/heap/arena_*.h): where blocks are found by address and
+// placement (BlockStore), which devices each is mapped into (ArenaAccess),
+// the figures (ArenaAccounting), what cuMemCreate is asked for (CreateProp),
+// memory the driver would not take back (OrphanedMemory), and pause and
+// resume (ArenaPause, the arena's PausableMemory). The arena itself
+// decides allocation, free, deferral, trim and export.
 //
 // Thread safety: every public method takes the arena's mutex itself
 // (ABSL_LOCKS_EXCLUDED) and no other arena's; lock order:
@@ -66,7 +61,9 @@
 #include "core/driver/driver_api.h"
 #include "core/heap/arena_access.h"
 #include "core/heap/arena_accounting.h"
+#include "core/heap/arena_pause.h"
 #include "core/heap/arena_blocks.h"
+#include "core/heap/create_prop.h"
 #include "core/heap/export_registry.h"
 #include "core/history/memory_history.h"
 #include "core/heap/host_backup.h"
@@ -83,7 +80,7 @@
 
 namespace vmmshim {
 
-class HeapArena final : public PausableMemory {
+class HeapArena final {
  public:
   struct Options {
     int device = -1;
@@ -98,10 +95,8 @@ class HeapArena final : public PausableMemory {
     // null: nowhere. Must outlive the arena.
     MemoryHistory* history = nullptr;
   };
-  // Everything referenced must outlive the heap.
-  // `peers`: who enabled access with cuCtxEnablePeerAccess (for ordinary
-  // allocations); `pool_peers`: who was given access to the default pool
-  // with cuMemPoolSetAccess (for stream-ordered ones).
+  // Everything referenced must outlive the arena; `peers` and `pool_peers`:
+  // as for ArenaAccess (core/heap/arena_access.h).
   HeapArena(const DriverApi& driver, const VmmMapper& mapper, const PeerPolicy& policy,
              const PeerEnableTable& peers, const PeerEnableTable& pool_peers,
              ExportRegistry& exports, ReservationMap& ranges, GlobalCounters& global,
@@ -109,7 +104,6 @@ class HeapArena final : public PausableMemory {
   ~HeapArena();
   HeapArena(const HeapArena&) = delete;
   HeapArena& operator=(const HeapArena&) = delete;
-
 
   // Fast path (header comment): a pointer, or nullopt when a new block is
   // needed. No driver call. `cached_only`: only freed memory (a cached
@@ -198,49 +192,9 @@ class HeapArena final : public PausableMemory {
   // Appends every block (mapped, cached or paused) with its allocations.
   void AddSegments(std::vector<SegmentInfo>* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // ---- Pause and resume: PausableMemory (core/heap/pausable_memory.h; the
-  // contract: core/heap/pause.h). Each step takes mu_ itself (Lock and
-  // Unlock are empty). ----
-  // `tag`: the blocks whose placement's tag it selects, stream-ordered
-  // ones too (their freed blocks must have left the stream-ordered cache
-  // first: StreamOrderedFrontEnd::ReleaseForPause). `times` (never null)
-  // collects where the time went.
-  //
-  // The bytes of the live blocks a pause of `tag` would back up; their
-  // contexts are added to `contexts` (once each).
-  size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // CUDA_ERROR_NOT_PERMITTED (and a log line naming it) when a block the
-  // pause would select holds exported memory; nothing changes.
-  absl::Status CheckPausable(const TagSelection& tag) const override ABSL_LOCKS_EXCLUDED(mu_);
-  // Pause in two steps, so that a pause over several arenas and devices
-  // either happens everywhere or nowhere. PausePrepare (the contexts
-  // synchronized by the caller): with `copier`, every selected live block's
-  // contents to a host backup (all backups made before any copy), and the
-  // blocks marked `pausing`: no new allocation lands in them, a free in them
-  // still works. On failure its own marks are undone. PauseAbort undoes the
-  // marks (backups dropped). PauseCommit unmaps and releases the marked
-  // blocks (the VA stays theirs) and releases the tag's cached memory;
-  // returns the physical bytes the driver got back; a block whose unmap
-  // fails stays live and the first such error is returned after the rest.
-  absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
-                                      PauseTimes* times) override ABSL_LOCKS_EXCLUDED(mu_);
-  void PauseAbort(const TagSelection& tag) override ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) override
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Resume in two steps, likewise: Prepare maps new memory at each paused
-  // block's address with the access it would have had (Target), unless a
-  // failed undo left it mapped, and copies the backup in; Commit forgets the
-  // backups; Abort unmaps and releases what is mapped (still paused,
-  // backups kept; a mapping whose unmap fails stays for the next resume).
-  // Prepare retries failed releases first and releases this arena's cache
-  // once before failing with CUDA_ERROR_OUT_OF_MEMORY; on failure it undoes
-  // what it mapped. Returns the bytes mapped.
-  absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                       PauseTimes* times) override ABSL_LOCKS_EXCLUDED(mu_);
-  // `retain`: the blocks keep their backups (PauseCoordinator::Resume).
-  void ResumeCommit(const TagSelection& tag, bool retain) override ABSL_LOCKS_EXCLUDED(mu_);
-  void ResumeAbort(const TagSelection& tag) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Pause and resume of this arena's blocks (ArenaPause,
+  // core/heap/arena_pause.h), one of the memories PauseCoordinator runs.
+  PausableMemory& pausable() { return pause_; }
 
   // Unmaps and releases every handle and frees every reservation; returns
   // the first driver error and continues past errors.
@@ -251,6 +205,8 @@ class HeapArena final : public PausableMemory {
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
+  friend class ArenaPause;  // a concern of its own over the arena's state
+
   std::optional<PointerInfo> FindLocked(CUdeviceptr ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<CUdeviceptr> CreateBlockLocked(const Placement& placement, size_t size,
@@ -277,17 +233,10 @@ class HeapArena final : public PausableMemory {
                   bool driver_gone, absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyAccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckCompressionLocked(CUmemGenericAllocationHandle handle)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A paused block mapped by a resume that failed: unmap and release it
   // again (a failing unmap keeps it mapped for the next resume; a failing
   // release leaves an orphan handle, still counted, retried by Trim).
   void UnmapPausedLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `b` is selected by a pause or resume of `tag` (stream-ordered
-  // blocks too: their freed ones left the stream-ordered cache first).
-  static bool Selected(const Block& b, const TagSelection& tag) {
-    return tag.Matches(b.placement.tag);
-  }
   // The block leaves the search for new allocations, and the cache.
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a new allocation of `bytes` and the peers' grants or denials.
@@ -305,14 +254,15 @@ class HeapArena final : public PausableMemory {
   const ArenaAccess access_;  // no state of its own beyond references
 
   mutable Mutex mu_;  // lock order: "arena mutex" (core/sync/lock_order.h)
-  CUmemAllocationProp prop_ ABSL_GUARDED_BY(mu_);
-  bool compression_checked_ ABSL_GUARDED_BY(mu_) = false;
-  VaFreeList arena_ ABSL_GUARDED_BY(mu_);
+  CreateProp create_ ABSL_GUARDED_BY(mu_);
+  VaFreeList va_ ABSL_GUARDED_BY(mu_);
   BlockStore blocks_ ABSL_GUARDED_BY(mu_);
   ArenaAccounting acct_ ABSL_GUARDED_BY(mu_);
   OrphanedMemory orphans_ ABSL_GUARDED_BY(mu_);
   // Deferred frees: allocation base -> its context.
   absl::flat_hash_map<CUdeviceptr, CUcontext> deferred_ ABSL_GUARDED_BY(mu_);
+
+  ArenaPause pause_{*this};
 };
 
 }  // namespace vmmshim

@@ -12,7 +12,7 @@
 namespace vmmshim {
 
 absl::Status HeapArena::ApplyAccessLocked() {
-  return access_.Apply(blocks_, arena_, mapper_, acct_);
+  return access_.Apply(blocks_, va_, mapper_, acct_);
 }
 
 absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {

@@ -52,7 +52,7 @@ void HeapArena::CompleteDeferred(CUcontext context) {
 }
 
 void HeapArena::TrimLocked() {
-  orphans_.Retry(mapper_, arena_, acct_);
+  orphans_.Retry(mapper_, va_, acct_);
   std::vector<CUdeviceptr> bases;
   for (const auto& [placement, bins] : blocks_.bins()) {
     for (const auto& [key, block] : bins.cached_large) bases.push_back(key.second);
@@ -109,24 +109,24 @@ size_t HeapArena::ReleaseContext(CUcontext context) {
   return released;
 }
 
-void HeapArena::CheckCompressionLocked(CUmemGenericAllocationHandle handle) {
-  compression_checked_ = true;
-  CUmemAllocationProp got = {};
-  CUresult r = driver_.cuMemGetAllocationPropertiesFromHandle != nullptr
-                   ? driver_.cuMemGetAllocationPropertiesFromHandle(&got, handle)
-                   : CUDA_ERROR_NOT_SUPPORTED;
-  if (r == CUDA_SUCCESS && got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) {
-    acct_.stats().compression = CompressionState::kGranted;
-    Log().info("device {}: generic compression granted (cuMemGetAllocationPropertiesFromHandle)",
-               options_.device);
+void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
+  Block& b = blocks_.Get(base);
+  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
+    Log().warn("vmmshim_resume_memory: unmapping {:#x} after a failed resume: {}; kept mapped "
+               "for the next resume",
+               base, s.ToString());
     return;
   }
-  acct_.stats().compression = CompressionState::kNotGranted;
-  prop_.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_NONE;
-  Log().warn("device {}: compression requested but not granted ({}); later memory is made "
-             "without it",
-             options_.device,
-             r == CUDA_SUCCESS ? "the handle reports no compression" : CuResultName(r));
+  acct_.Mapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
+  acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
+  if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+    Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
+    orphans_.AddHandle(b.handle, b.size);  // still counted
+  } else {
+    acct_.Handle(-static_cast<int64_t>(b.size));
+  }
+  b.handle = 0;
+  b.access = DeviceSet();
 }
 
 absl::Status HeapArena::ReleaseAll() {
@@ -139,15 +139,15 @@ absl::Status HeapArena::ReleaseAll() {
     if (blocks_.Contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
     first.Update(s);
   }
-  orphans_.Retry(mapper_, arena_, acct_);
+  orphans_.Retry(mapper_, va_, acct_);
   if (!orphans_.empty()) {
     first.Update(DriverError(CUDA_ERROR_UNKNOWN, "releasing handles that stayed mapped"));
   }
-  for (const auto& [base, size] : arena_.reservations()) {
+  for (const auto& [base, size] : va_.reservations()) {
     first.Update(mapper_.FreeReservation(base, size));
     ranges_.Remove(base);
   }
-  arena_ = VaFreeList(options_.granularity);
+  va_ = VaFreeList(options_.granularity);
   blocks_.ClearBins();
   deferred_.clear();
   acct_.Cached(/*stream_ordered=*/false, -static_cast<int64_t>(acct_.cached_bytes()));

@@ -16,6 +16,7 @@ DeviceStats HeapArena::stats() const {
   MutexLock lock(&mu_);
   DeviceStats out = acct_.stats();
   out.cached_bytes = acct_.cached_bytes();
+  out.compression = create_.state();
   for (const auto& [base, block] : blocks_.blocks()) out.paused_blocks += block->paused ? 1 : 0;
   return out;
 }

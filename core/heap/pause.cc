@@ -119,7 +119,7 @@ size_t PauseCoordinator::UnpinPinnedPool() {
 std::vector<PausableMemory*> PauseCoordinator::Memories() const {
   std::vector<PausableMemory*> memories;
   heaps_.ForEach([&](DeviceHeap* heap) {
-    heap->ForEachArena([&](HeapArena* arena) { memories.push_back(arena); });
+    heap->ForEachArena([&](HeapArena* arena) { memories.push_back(&arena->pausable()); });
   });
   if (other_ != nullptr) memories.push_back(other_);
   return memories;

@@ -46,8 +46,8 @@
 // Thread safety: pauses and resumes are serialized with each other (lock
 // order: "pause mutex", after the capture gate); allocations and frees go on
 // meanwhile in other arenas, and in the same arena wait for its prepare
-// step's copies. During a stream capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-// the capture untouched (the synchronize and copies would invalidate it).
+// step's copies. During a stream capture: refused, Note [Calls during a
+// stream capture] (core/sync/capture.h), item 4.
 #ifndef VMMSHIM_CORE_HEAP_PAUSE_H_
 #define VMMSHIM_CORE_HEAP_PAUSE_H_
 

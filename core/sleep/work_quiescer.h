@@ -6,9 +6,8 @@
 //
 // Steps of Quiesce, each bounded by the timeout; a step that runs out opens
 // the gate again (undone, the program goes on) and says why:
-//   1. refuse during a stream capture (the synchronize would invalidate it:
-//      core/sync/capture.h): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the
-//      capture gate is held shared to the end, so none begins meanwhile;
+//   1. refuse during a stream capture (Note [Calls during a stream capture],
+//      core/sync/capture.h, item 4);
 //   2. close the gate;
 //   3. wait for the gated calls still inside the driver (a launch returns in
 //      microseconds; a synchronous copy after the work queued before it):

@@ -15,9 +15,8 @@
 //
 // Errors: CUDA_ERROR_OUT_OF_MEMORY after the cache and every freed
 // stream-ordered block (their contexts synchronized) were released, and the
-// frees deferred by captures reclaimed. During captures, the driver's codes
-// (core/sync/capture.h): cuMemFreeAsync on a capturing stream is
-// CUDA_ERROR_INVALID_VALUE; a second free of a block is
+// frees deferred by captures reclaimed. During captures: Note [Calls during
+// a stream capture] (core/sync/capture.h). A second free of a block is
 // CUDA_ERROR_INVALID_VALUE, as natively.
 //
 // Thread safety: any thread. Lock order (core/sync/lock_order.h): the

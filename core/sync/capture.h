@@ -1,11 +1,11 @@
-// Stream captures in progress, and the driver's rule for what may be called
-// during one (CUDA driver API, cuStreamBeginCapture and
-// cuThreadExchangeStreamCaptureMode: "potentially unsafe API calls" are
-// prohibited, depending on the capture mode of the capture and of the
-// calling thread).
+// Stream captures in progress (CaptureTracker), and the rules every room of
+// the shim follows while one is, told once here:
 //
-// Measured on H200 (driver 13.0, examples/parity_probe.cu), for cuMemAlloc,
-// cuMemAllocPitch and cuMemFree, with a capture in progress:
+// Note [Calls during a stream capture]: the driver prohibits "potentially
+// unsafe API calls" during a capture, depending on the capture mode of the
+// capture and of the calling thread (CUDA driver API, cuStreamBeginCapture
+// and cuThreadExchangeStreamCaptureMode). Measured on H200 (driver 13.0,
+// examples/parity_probe.cu), for cuMemAlloc, cuMemAllocPitch and cuMemFree:
 //   - global mode, from any thread, and thread-local mode from the capturing
 //     thread: the call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900)
 //     and the capture is invalidated (its end returns 901). cuMemFree(0)
@@ -13,13 +13,24 @@
 //   - otherwise (relaxed mode; thread-local mode from another thread): the
 //     calls succeed and the capture goes on; cuMemFree(0) returns 0 and
 //     does nothing.
-// cuMemFree(0) is therefore an exact probe: it fails, and invalidates, iff
-// the application's own call would have. The shim asks it only while a
-// capture is in progress, so the common path pays one atomic load.
-//
-// A context with a capturing stream cannot be synchronized (cuCtxSynchronize
-// would fail and invalidate the capture, also in relaxed mode), so a free
-// made while any capture is in progress is deferred (core/heap/device_heap.h).
+// What the shim does, so that a program sees the driver's codes exactly:
+//   1. Allocation and free ask cuMemFree(0) first, an exact probe (it fails,
+//      and invalidates, iff the program's own call would have), only while
+//      a capture is in progress: the common path pays one atomic load.
+//   2. A context with a capturing stream cannot be synchronized
+//      (cuCtxSynchronize fails and invalidates the capture, in relaxed mode
+//      too), so a free allowed during a capture is deferred: the allocation
+//      is gone for the program, its memory neither reused nor unmapped until
+//      a synchronization after the last capture ends (HeapArena::DeferFree,
+//      HeapTable::ReclaimDeferred, Allocator::CaptureEnded).
+//   3. cuMemFreeAsync on the capturing stream itself is
+//      CUDA_ERROR_INVALID_VALUE, the capture going on (a graph frees only
+//      graph allocations); stream-ordered allocation on a capturing stream
+//      is the driver's (graph memory nodes).
+//   4. What must synchronize or copy (a pause, a resume, a sleep's quiesce)
+//      is refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture
+//      untouched; the capture gate, held shared from that check to the end,
+//      keeps a capture from beginning meanwhile.
 //
 // Thread safety: all methods may be called from any thread. Lock order: the
 // gate first (before any allocator lock), then the tracker's own mutex.

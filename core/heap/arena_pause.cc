@@ -1,4 +1,4 @@
-// HeapArena: pause and resume (core/heap/heap_arena.h; docs/pause-resume.md).
+// ArenaPause (core/heap/arena_pause.h): a heap arena's pause and resume.
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/driver/cu_status.h"
+#include "core/heap/arena_pause.h"
 #include "core/heap/heap_arena.h"
 #include "core/base/log.h"
 
@@ -33,10 +34,10 @@ class ScopedContext {
 
 }  // namespace
 
-size_t HeapArena::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
-  MutexLock lock(&mu_);
+size_t ArenaPause::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
+  MutexLock lock(&arena_.mu_);
   size_t bytes = 0;
-  for (const auto& [base, b] : blocks_.blocks()) {
+  for (const auto& [base, b] : arena_.blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || b->cached ||
         (b->slab != nullptr && b->slab->empty())) {
       continue;
@@ -49,23 +50,23 @@ size_t HeapArena::PauseCandidates(const TagSelection& tag, std::vector<CUcontext
   return bytes;
 }
 
-absl::Status HeapArena::CheckPausable(const TagSelection& tag) const {
-  MutexLock lock(&mu_);
-  for (const auto& [base, b] : blocks_.blocks()) {
+absl::Status ArenaPause::CheckPausable(const TagSelection& tag) const {
+  MutexLock lock(&arena_.mu_);
+  for (const auto& [base, b] : arena_.blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || !b->exported) continue;
     Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is exported "
                "to another process (cudaIpcGetMemHandle); nothing paused",
-               tag.Describe(), base, options_.device);
+               tag.Describe(), base, arena_.options_.device);
     return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCopier* copier,
+absl::StatusOr<size_t> ArenaPause::PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                                PauseTimes* times) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&arena_.mu_);
   std::vector<CUdeviceptr> live;
-  for (const auto& [base, b] : blocks_.blocks()) {
+  for (const auto& [base, b] : arena_.blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || b->pausing || b->cached ||
         (b->slab != nullptr && b->slab->empty())) {
       continue;
@@ -73,7 +74,7 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
     if (b->exported) {  // exported after CheckPausable
       Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is "
                  "exported to another process; nothing paused",
-                 tag.Describe(), base, options_.device);
+                 tag.Describe(), base, arena_.options_.device);
       return DriverError(CUDA_ERROR_NOT_PERMITTED, "vmmshim_pause_memory");
     }
     live.push_back(base);
@@ -84,19 +85,19 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
   const auto copy_start = std::chrono::steady_clock::now();
   if (copier != nullptr) {
     for (CUdeviceptr base : live) {
-      Block& b = blocks_.Get(base);
+      Block& b = arena_.blocks_.Get(base);
       // The block's context: the pool's check and a pinning need one.
-      ScopedContext ctx(driver_, b.placement.context);
+      ScopedContext ctx(arena_.driver_, b.placement.context);
       absl::StatusOr<HostBackup> backup =
           b.backup.has_value()
               ? std::move(*b.backup)
               : copier->NewBackup(b.size, absl::StrFormat("vmmshim-%d-device%d-%#x.backup",
-                                                          getpid(), options_.device, base));
+                                                          getpid(), arena_.options_.device, base));
       b.backup.reset();
       if (backup.ok() && copier->kind().page_locked && !backup->in_file() &&
           !backup->page_locked()) {
         // Pinning is for speed: a refusal (a memlock limit) leaves it pageable.
-        if (absl::Status s = backup->PageLock(driver_); !s.ok()) {
+        if (absl::Status s = backup->PageLock(arena_.driver_); !s.ok()) {
           Log().warn("vmmshim_pause_memory({}): page-locking the copy of {:#x}: {}; kept "
                      "pageable",
                      tag.Describe(), base, s.ToString());
@@ -110,8 +111,8 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
       backups.push_back(*std::move(backup));
     }
     for (size_t i = 0; i < live.size(); ++i) {
-      const Block& b = blocks_.Get(live[i]);
-      ScopedContext ctx(driver_, b.placement.context);
+      const Block& b = arena_.blocks_.Get(live[i]);
+      ScopedContext ctx(arena_.driver_, b.placement.context);
       absl::Status copied = ctx.ok() ? copier->ToHost(backups[i], live[i])
                                      : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                    "vmmshim_pause_memory");
@@ -128,33 +129,33 @@ absl::StatusOr<size_t> HeapArena::PausePrepare(const TagSelection& tag, BackupCo
   }
   size_t bytes = 0;
   for (size_t i = 0; i < live.size(); ++i) {
-    Block& b = blocks_.Get(live[i]);
+    Block& b = arena_.blocks_.Get(live[i]);
     b.pausing = true;
     // Without contents, a retained copy is stale: it goes.
     b.backup.reset();
     if (copier != nullptr) b.backup = std::move(backups[i]);
-    blocks_.Withdraw(live[i], b);
+    arena_.blocks_.Withdraw(live[i], b);
     bytes += b.size;
   }
   return bytes;
 }
 
-void HeapArena::PauseAbort(const TagSelection& tag) {
-  MutexLock lock(&mu_);
-  for (auto& [base, owned] : blocks_.blocks()) {
+void ArenaPause::PauseAbort(const TagSelection& tag) {
+  MutexLock lock(&arena_.mu_);
+  for (auto& [base, owned] : arena_.blocks_.blocks()) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.pausing) continue;
     b.pausing = false;
     b.backup.reset();
-    blocks_.Reopen(base, b);
+    arena_.blocks_.Reopen(base, b);
   }
 }
 
-absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTimes* times) {
-  MutexLock lock(&mu_);
+absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, PauseTimes* times) {
+  MutexLock lock(&arena_.mu_);
   const auto start = std::chrono::steady_clock::now();
   std::vector<CUdeviceptr> marked, cached;
-  for (const auto& [base, b] : blocks_.blocks()) {
+  for (const auto& [base, b] : arena_.blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused) continue;
     if (b->pausing) {
       marked.push_back(base);
@@ -165,38 +166,38 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
   size_t released = 0;
   absl::Status first;
   for (CUdeviceptr base : marked) {
-    Block& b = blocks_.Get(base);
+    Block& b = arena_.blocks_.Get(base);
     b.pausing = false;
-    if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
+    if (absl::Status s = arena_.mapper_.Unmap(base, b.size); !s.ok()) {
       // Still mapped and whole: it stays live (its backup goes).
       Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", tag.Describe(), base,
                  s.ToString());
       b.backup.reset();
-      blocks_.Reopen(base, b);
+      arena_.blocks_.Reopen(base, b);
       first.Update(s);
       continue;
     }
-    if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
+    if (absl::Status s = arena_.mapper_.Release(b.handle); !s.ok()) {
       // The driver did not get it back: counted until Trim's retry succeeds.
-      Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
-      orphans_.AddHandle(b.handle, b.size);
+      Log().warn("device {}: {}; retried by Trim", arena_.options_.device, s.ToString());
+      arena_.orphans_.AddHandle(b.handle, b.size);
     } else {
-      acct_.Handle(-static_cast<int64_t>(b.size));
+      arena_.acct_.Handle(-static_cast<int64_t>(b.size));
       released += b.size;
     }
-    acct_.Mapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-    acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
-    RecordSegmentLocked(HistoryAction::kSegmentUnmap, base, b);
+    arena_.acct_.Mapped(b.access - DeviceSet::Of(arena_.options_.device), -static_cast<int64_t>(b.size));
+    arena_.acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
+    arena_.RecordSegmentLocked(HistoryAction::kSegmentUnmap, base, b);
     b.handle = 0;
     b.access = DeviceSet();
     b.paused = true;
-    acct_.Paused(static_cast<int64_t>(b.size));
+    arena_.acct_.Paused(static_cast<int64_t>(b.size));
     ++times->blocks;
   }
   // The tag's freed memory goes too: it is memory the program gave up.
   for (CUdeviceptr base : cached) {
-    const size_t size = blocks_.Get(base).size;
-    if (absl::Status s = DestroyBlockLocked(base); s.ok()) {
+    const size_t size = arena_.blocks_.Get(base).size;
+    if (absl::Status s = arena_.DestroyBlockLocked(base); s.ok()) {
       released += size;
     } else {
       Log().warn("vmmshim_pause_memory({}): releasing cached memory at {:#x}: {}", tag.Describe(),
@@ -208,90 +209,70 @@ absl::StatusOr<size_t> HeapArena::PauseCommit(const TagSelection& tag, PauseTime
   return released;
 }
 
-void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
-  Block& b = blocks_.Get(base);
-  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) {
-    Log().warn("vmmshim_resume_memory: unmapping {:#x} after a failed resume: {}; kept mapped "
-               "for the next resume",
-               base, s.ToString());
-    return;
-  }
-  acct_.Mapped(b.access - DeviceSet::Of(options_.device), -static_cast<int64_t>(b.size));
-  acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
-  if (absl::Status s = mapper_.Release(b.handle); !s.ok()) {
-    Log().warn("device {}: {}; retried by Trim", options_.device, s.ToString());
-    orphans_.AddHandle(b.handle, b.size);  // still counted
-  } else {
-    acct_.Handle(-static_cast<int64_t>(b.size));
-  }
-  b.handle = 0;
-  b.access = DeviceSet();
-}
-
-absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
                                                 PauseTimes* times) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&arena_.mu_);
   // Handles a pause or an earlier undo could not release hold memory the
   // resume may need.
-  orphans_.Retry(mapper_, arena_, acct_);
+  arena_.orphans_.Retry(arena_.mapper_, arena_.va_, arena_.acct_);
   std::vector<CUdeviceptr> paused, mapped_now;
-  for (const auto& [base, owned] : blocks_.blocks()) {
+  for (const auto& [base, owned] : arena_.blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused) paused.push_back(base);
   }
-  auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (CUdeviceptr base : mapped_now) UnmapPausedLocked(base);
+  auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) {
+    for (CUdeviceptr base : mapped_now) arena_.UnmapPausedLocked(base);
   };
   size_t bytes = 0;
   for (CUdeviceptr base : paused) {
-    Block& b = blocks_.Get(base);
+    Block& b = arena_.blocks_.Get(base);
     bytes += b.size;
     if (b.handle != 0) continue;  // still mapped by a failed undo: reused as it is
     auto step = std::chrono::steady_clock::now();
-    absl::StatusOr<CUmemGenericAllocationHandle> handle = mapper_.Create(b.size, prop_);
+    absl::StatusOr<CUmemGenericAllocationHandle> handle = arena_.mapper_.Create(b.size, arena_.create_.prop());
     if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
       times->create += PauseTimes::Since(step);
       step = std::chrono::steady_clock::now();
-      TrimLocked();  // this arena's cache and orphans
+      arena_.TrimLocked();  // this arena's cache and orphans
       times->trim += PauseTimes::Since(step);
       step = std::chrono::steady_clock::now();
-      handle = mapper_.Create(b.size, prop_);
+      handle = arena_.mapper_.Create(b.size, arena_.create_.prop());
     }
     times->create += PauseTimes::Since(step);
     // Exactly the access it would have had, never paused: the owner, and the
     // peers the policy or explicit grants allow among those enabled now.
-    const DeviceSet target = access_.Target(b) | DeviceSet::Of(options_.device);
+    const DeviceSet target = arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device);
     absl::Status status = handle.status();
     if (handle.ok()) {
       step = std::chrono::steady_clock::now();
-      status = mapper_.MapWithAccess(base, b.size, *handle, target);
+      status = arena_.mapper_.MapWithAccess(base, b.size, *handle, target);
       times->map += PauseTimes::Since(step);
-      if (!status.ok() && !mapper_.Release(*handle).ok()) {
-        orphans_.AddHandle(*handle, b.size);
-        acct_.Handle(static_cast<int64_t>(b.size));  // counted until released
+      if (!status.ok() && !arena_.mapper_.Release(*handle).ok()) {
+        arena_.orphans_.AddHandle(*handle, b.size);
+        arena_.acct_.Handle(static_cast<int64_t>(b.size));  // counted until released
       }
     }
     if (!status.ok()) {
       Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
                  "stays paused",
-                 tag.Describe(), b.size, base, options_.device, status.ToString());
+                 tag.Describe(), b.size, base, arena_.options_.device, status.ToString());
       undo();
       return status;
     }
-    ++acct_.stats().set_access_calls;
+    ++arena_.acct_.stats().set_access_calls;
     b.handle = *handle;
     b.access = target;
-    acct_.Handle(static_cast<int64_t>(b.size));
-    acct_.PoolReserved(b.placement.stream_ordered, static_cast<int64_t>(b.size));
-    acct_.Mapped(target - DeviceSet::Of(options_.device), static_cast<int64_t>(b.size));
+    arena_.acct_.Handle(static_cast<int64_t>(b.size));
+    arena_.acct_.PoolReserved(b.placement.stream_ordered, static_cast<int64_t>(b.size));
+    arena_.acct_.Mapped(target - DeviceSet::Of(arena_.options_.device), static_cast<int64_t>(b.size));
     mapped_now.push_back(base);
   }
   times->blocks += paused.size();
   const auto copy_start = std::chrono::steady_clock::now();
   for (CUdeviceptr base : paused) {
-    Block& b = blocks_.Get(base);
+    Block& b = arena_.blocks_.Get(base);
     if (!b.backup) continue;
     times->copied_bytes += b.size;
-    ScopedContext ctx(driver_, b.placement.context);
+    ScopedContext ctx(arena_.driver_, b.placement.context);
     absl::Status copied = ctx.ok() ? copier.ToDevice(base, *b.backup)
                                    : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                  "vmmshim_resume_memory");
@@ -308,26 +289,26 @@ absl::StatusOr<size_t> HeapArena::ResumePrepare(const TagSelection& tag, BackupC
   return bytes;
 }
 
-void HeapArena::ResumeCommit(const TagSelection& tag, bool retain) {
-  MutexLock lock(&mu_);
-  for (auto& [base, owned] : blocks_.blocks()) {
+void ArenaPause::ResumeCommit(const TagSelection& tag, bool retain) {
+  MutexLock lock(&arena_.mu_);
+  for (auto& [base, owned] : arena_.blocks_.blocks()) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
     b.paused = false;
     if (!retain) b.backup.reset();
-    acct_.Paused(-static_cast<int64_t>(b.size));
-    blocks_.Reopen(base, b);
-    RecordSegmentLocked(HistoryAction::kSegmentMap, base, b);
+    arena_.acct_.Paused(-static_cast<int64_t>(b.size));
+    arena_.blocks_.Reopen(base, b);
+    arena_.RecordSegmentLocked(HistoryAction::kSegmentMap, base, b);
   }
 }
 
-void HeapArena::ResumeAbort(const TagSelection& tag) {
-  MutexLock lock(&mu_);
+void ArenaPause::ResumeAbort(const TagSelection& tag) {
+  MutexLock lock(&arena_.mu_);
   std::vector<CUdeviceptr> mapped;
-  for (const auto& [base, owned] : blocks_.blocks()) {
+  for (const auto& [base, owned] : arena_.blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused && owned->handle != 0) mapped.push_back(base);
   }
-  for (CUdeviceptr base : mapped) UnmapPausedLocked(base);
+  for (CUdeviceptr base : mapped) arena_.UnmapPausedLocked(base);
 }
 
 }  // namespace vmmshim

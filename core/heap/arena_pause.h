@@ -1,0 +1,89 @@
+// The pause and resume of one heap arena's blocks: the arena's part of
+// PausableMemory (core/heap/pausable_memory.h; the coordinator and the
+// contract: core/heap/pause.h). A pause copies a block's contents to a host
+// backup (core/heap/host_backup.h) when asked, then unmaps and releases its
+// physical memory while its VA stays the block's; a resume maps new memory
+// at the same address with the access the block would have had, and copies
+// the backup in.
+//
+// Units: bytes. Thread safety: each step takes the arena's mutex itself
+// (Lock and Unlock are empty), so that frees in blocks being paused go on
+// between the steps (a free in a `pausing` block still works).
+#ifndef VMMSHIM_CORE_HEAP_ARENA_PAUSE_H_
+#define VMMSHIM_CORE_HEAP_ARENA_PAUSE_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/heap/arena_blocks.h"
+#include "core/heap/host_backup.h"
+#include "core/heap/pausable_memory.h"
+#include "core/heap/tag_selection.h"
+
+namespace vmmshim {
+
+class HeapArena;
+
+class ArenaPause final : public PausableMemory {
+ public:
+  // `arena` owns this and outlives it.
+  explicit ArenaPause(HeapArena& arena) : arena_(arena) {}
+  ArenaPause(const ArenaPause&) = delete;
+  ArenaPause& operator=(const ArenaPause&) = delete;
+
+  // `tag`: the blocks whose placement's tag it selects, stream-ordered
+  // ones too (their freed blocks must have left the stream-ordered cache
+  // first: StreamOrderedFrontEnd::ReleaseForPause). `times` (never null)
+  // collects where the time went.
+  //
+  // The bytes of the live blocks a pause of `tag` would back up; their
+  // contexts are added to `contexts` (once each).
+  size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override;
+  // CUDA_ERROR_NOT_PERMITTED (and a log line naming it) when a block the
+  // pause would select holds exported memory; nothing changes.
+  absl::Status CheckPausable(const TagSelection& tag) const override;
+  // Pause in two steps, so that a pause over several arenas and devices
+  // either happens everywhere or nowhere. PausePrepare (the contexts
+  // synchronized by the caller): with `copier`, every selected live block's
+  // contents to a host backup (all backups made before any copy), and the
+  // blocks marked `pausing`: no new allocation lands in them, a free in them
+  // still works. On failure its own marks are undone. PauseAbort undoes the
+  // marks (backups dropped). PauseCommit unmaps and releases the marked
+  // blocks (the VA stays theirs) and releases the tag's cached memory;
+  // returns the physical bytes the driver got back; a block whose unmap
+  // fails stays live and the first such error is returned after the rest.
+  absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
+                                      PauseTimes* times) override;
+  void PauseAbort(const TagSelection& tag) override;
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) override;
+  // Resume in two steps, likewise: Prepare maps new memory at each paused
+  // block's address with the access it would have had (Target), unless a
+  // failed undo left it mapped, and copies the backup in; Commit forgets the
+  // backups; Abort unmaps and releases what is mapped (still paused,
+  // backups kept; a mapping whose unmap fails stays for the next resume).
+  // Prepare retries failed releases first and releases this arena's cache
+  // once before failing with CUDA_ERROR_OUT_OF_MEMORY; on failure it undoes
+  // what it mapped. Returns the bytes mapped.
+  absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                       PauseTimes* times) override;
+  // `retain`: the blocks keep their backups (PauseCoordinator::Resume).
+  void ResumeCommit(const TagSelection& tag, bool retain) override;
+  void ResumeAbort(const TagSelection& tag) override;
+
+ private:
+  // Whether `b` is selected by a pause or resume of `tag` (stream-ordered
+  // blocks too: their freed ones left the stream-ordered cache first).
+  static bool Selected(const Block& b, const TagSelection& tag) {
+    return tag.Matches(b.placement.tag);
+  }
+
+  HeapArena& arena_;
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_HEAP_ARENA_PAUSE_H_
