@@ -320,7 +320,7 @@ constexpr OptionInfo kOptions[] = {
      "kept to the end of the process, into which pauses that keep contents (and deep "
      "sleep) copy at the copy engine's speed (about 50 GiB/s on an H200) from their first "
      "cycle; contents beyond it go to new host memory as without it. Costs that much host "
-     "memory, pinned, for the process's life (docs/pause-resume.md, \"The pinned pool\"); "
+     "memory, pinned, for the process's life (docs/pause-resume-design.md, \"The pinned pool\"); "
      "a deep sleep unpins it for the driver's checkpoint, and the wake's copies pin again "
      "what they use. Cut to 3/4 of the host memory left when it is made (MemAvailable, or "
      "the memory cgroup's limit less its use), with a warning naming the limit, so that it "
@@ -329,7 +329,7 @@ constexpr OptionInfo kOptions[] = {
     {"VMMSHIM_SLEEP_LOWERS_STACK", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: a deep sleep lowers each active primary context's stack limit (CU_LIMIT_STACK_SIZE) "
      "to 0 before the driver's checkpoint and the wake sets it back, so that the checkpoint "
-     "does not copy the stack reservation (264 MiB on an H200; docs/deep-sleep.md, \"The "
+     "does not copy the stack reservation (264 MiB on an H200; docs/deep-sleep-design.md, \"The "
      "context's stack reservation\"); 0: the limit stays as the program set it.",
      &ApplySleepLowersStack, false, OptionKey::kSleepLowersStack},
     {"VMMSHIM_QUIESCE_TIMEOUT", "seconds", "10", "0.1 to 600",

@@ -20,7 +20,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 
 namespace vmmshim {
 

@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 
 namespace vmmshim {
 

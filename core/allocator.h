@@ -59,7 +59,7 @@
 #include "core/heap/heap_table.h"
 #include "core/heap/types.h"
 #include "core/history/memory_history.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_front_end.h"
 #include "core/sync/capture.h"
 #include "core/sync/context_sync.h"

@@ -5,8 +5,6 @@ namespace vmmshim {
 void CallCounters::AddTo(AllocatorStats* s) const {
   s->passthrough_allocations = passthrough_allocations_.load(std::memory_order_relaxed);
   s->passthrough_bytes = passthrough_bytes_.load(std::memory_order_relaxed);
-  s->peer_enable_calls = peer_enable_calls_.load(std::memory_order_relaxed);
-  s->peer_enable_seconds = peer_enable_ns_.load(std::memory_order_relaxed) * 1e-9;
 }
 
 void CallCounters::PassThroughLive(CUdeviceptr ptr, size_t bytes, int device) {

@@ -42,7 +42,7 @@ struct AllocatorStats {
   // many frees returned on one that another free ran.
   uint64_t free_synchronizes = 0;
   uint64_t free_synchronizes_shared = 0;
-  // cuCtxEnablePeerAccess as the program saw it (core/peer_enable.h): calls
+  // cuCtxEnablePeerAccess as the program saw it (core/peer/enable/peer_enable.h): calls
   // and the seconds they took, the driver's enable and the shim's grants
   // together, whatever they returned.
   uint64_t peer_enable_calls = 0;
@@ -77,17 +77,10 @@ class CallCounters {
   void PassThroughFreed(CUdeviceptr ptr) ABSL_LOCKS_EXCLUDED(live_mu_);
   // Live passed-through bytes on `device`.
   uint64_t PassedThroughLive(int device) const ABSL_LOCKS_EXCLUDED(live_mu_);
-  // One cuCtxEnablePeerAccess call of `nanoseconds` (the driver's enable
-  // and the shim's grants together, whatever it returned).
-  void PeerEnable(uint64_t nanoseconds) {
-    peer_enable_calls_.fetch_add(1, std::memory_order_relaxed);
-    peer_enable_ns_.fetch_add(nanoseconds, std::memory_order_relaxed);
-  }
   void AddTo(AllocatorStats* s) const;
 
  private:
   std::atomic<uint64_t> passthrough_allocations_{0}, passthrough_bytes_{0};
-  std::atomic<uint64_t> peer_enable_calls_{0}, peer_enable_ns_{0};
   std::atomic<size_t> live_count_{0};  // live_.size()
   mutable Mutex live_mu_;  // a leaf (core/sync/lock_order.h, locks outside the allocator's order)
   absl::flat_hash_map<CUdeviceptr, std::pair<size_t, int>> live_ ABSL_GUARDED_BY(live_mu_);

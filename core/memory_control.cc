@@ -34,6 +34,8 @@ AllocatorStats MemoryControl::GetStats() const {
   s.free_synchronizes = r_.free_syncs.synchronizes();
   s.free_synchronizes_shared = r_.free_syncs.shared();
   r_.counters.AddTo(&s);
+  s.peer_enable_calls = r_.peer_enables.calls.load(std::memory_order_relaxed);
+  s.peer_enable_seconds = r_.peer_enables.nanoseconds.load(std::memory_order_relaxed) * 1e-9;
   return s;
 }
 

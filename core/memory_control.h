@@ -33,7 +33,8 @@
 #include "core/heap/pause.h"
 #include "core/heap/pinned_pool.h"
 #include "core/heap/types.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/enable/peer_enable.h"
+#include "core/peer/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_front_end.h"
 #include "core/sync/capture.h"
 #include "core/sync/context_sync.h"
@@ -63,6 +64,7 @@ class MemoryControl {
     const PauseCoordinator& pause;
     const ForeignVmm& foreign;
     const CallCounters& counters;
+    const PeerEnableFigures& peer_enables;
     std::atomic<uint64_t>& memory_margin_bytes;
   };
   explicit MemoryControl(Rooms rooms) : r_(rooms) {}

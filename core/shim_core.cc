@@ -27,7 +27,7 @@ ShimCore::ShimCore(const DriverApi& driver, AllocatorOptions options)
                  memory_margin_bytes_),
       control_(MemoryControl::Rooms{driver, options_, heaps_, captures_, free_syncs_,
                                     stream_ordered_, pause_, foreign_, counters_,
-                                    memory_margin_bytes_}) {
+                                    peer_enables_, memory_margin_bytes_}) {
   // The rooms above register with those below, in the order their state
   // must exist: a device's stream-ordered cache before the pinned pool.
   heaps_.AddListener(&stream_ordered_);

@@ -12,7 +12,7 @@
 //     (core/stream_ordered/stream_ordered_front_end.h);
 //   - captures(): stream captures in progress (core/sync/capture.h);
 //   - peers(): device-pair peer enables and per-allocation grants
-//     (core/peer_grants.h);
+//     (core/peer/enable/peer_grants.h);
 //   - foreign(): other libraries' own VMM memory, as the hooks observe it
 //     (core/foreign/foreign_vmm.h);
 //   - counters(): the calls the interposition layer counts.
@@ -41,7 +41,8 @@
 #include "core/heap/heap_table.h"
 #include "core/heap/pause.h"
 #include "core/memory_control.h"
-#include "core/peer_grants.h"
+#include "core/peer/enable/peer_enable.h"
+#include "core/peer/enable/peer_grants.h"
 #include "core/stream_ordered/stream_ordered_front_end.h"
 #include "core/sync/capture.h"
 #include "core/sync/context_sync.h"
@@ -69,6 +70,7 @@ class ShimCore {
   const PeerGrants& peers() const { return peers_; }
   ForeignVmm& foreign() { return foreign_; }
   CallCounters& counters() { return counters_; }
+  PeerEnableFigures& peer_enables() { return peer_enables_; }
 
   // fork(): PrepareFork takes every lock of every room in the order of
   // core/sync/lock_order.h; AfterFork releases them in the parent (in
@@ -95,6 +97,7 @@ class ShimCore {
   ForeignVmm foreign_;  // before pause_, which pauses it too
   PauseCoordinator pause_;
   CallCounters counters_;
+  PeerEnableFigures peer_enables_;
   std::atomic<uint64_t> memory_margin_bytes_{0};  // MemoryControl::SetMemoryMarginBytes
   Allocator allocator_;
   MemoryControl control_;

@@ -1,7 +1,7 @@
 // cudaDeviceEnablePeerAccess / cudaDeviceDisablePeerAccess arrive here. The
 // decisions (driver or emulated mode, grants, rollback, codes) are
-// core/peer_enable.h's.
-#include "core/peer_enable.h"
+// core/peer/enable/peer_enable.h's.
+#include "core/peer/enable/peer_enable.h"
 #include "interpose/hooks_internal.h"
 
 using vmmshim::GetRuntime;
@@ -10,7 +10,7 @@ using vmmshim::Runtime;
 namespace {
 
 vmmshim::PeerEnable PeerEnableOf(const Runtime& rt) {
-  return vmmshim::PeerEnable(rt.driver, rt.core->peers(), rt.core->counters(), rt.peer_contexts,
+  return vmmshim::PeerEnable(rt.driver, rt.core->peers(), rt.core->peer_enables(), rt.peer_contexts,
                              rt.config.peer_enable_driver
                                  ? vmmshim::PeerEnableMode::kDriver
                                  : vmmshim::PeerEnableMode::kEmulated);

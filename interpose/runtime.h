@@ -20,7 +20,7 @@
 #include "core/control/process_control.h"
 #include "core/ipc/ipc.h"
 #include "core/lifecycle/stack_reservation.h"
-#include "core/peer_contexts.h"
+#include "core/peer/enable/peer_contexts.h"
 #include "core/history/caller_library.h"
 #include "core/history/memory_history.h"
 #include "core/report/trace.h"

@@ -131,10 +131,10 @@ def main():
         lib = libs[folder][0]
         allowed = {folder} | {folder_of[d] for d in closure(lib) if d in folder_of}
         for line in path.read_text().splitlines():
-            m = re.match(r'#include "core/(?:([a-z_]+)/)?[a-z_]+\.h"', line)
+            m = re.match(r'#include "core/((?:[a-z_]+/)*)[a-z_]+\.h"', line)
             if not m:
                 continue
-            target = m.group(1) or ""
+            target = m.group(1).rstrip("/")
             if target not in allowed:
                 errors.append(f"{path.relative_to(source)}: {line.strip()} crosses the layering: "
                               f"{lib} links {', '.join(sorted(closure(lib))) or 'nothing'}")

@@ -13,7 +13,7 @@
 
 #include "core/heap/pinned_pool.h"
 #include "core/history/memory_history.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 
 namespace vmmshim {
 

@@ -1,3 +1,4 @@
+// Part 4 of the peer-access story (core/peer/peer_access.h).
 // Peer access of one heap arena's blocks: which devices each block should be
 // mapped into (the policy's allowed peers among those that enabled access,
 // with explicit grants and revokes: TargetAccess in core/peer/peer_access.h),
@@ -26,7 +27,7 @@
 #include "core/heap/va_free_list.h"
 #include "core/history/memory_history.h"
 #include "core/peer/peer_access.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 
 namespace vmmshim {
 

@@ -22,8 +22,8 @@ HeapArena::HeapArena(const DriverApi& driver, const VmmMapper& mapper,
       ranges_(ranges),
       options_(options),
       access_(options.device, policy, peers, pool_peers, options.history),
-      va_(options.granularity),
       create_(options.device, options.prop, options.compression),
+      va_(options.granularity),
       acct_(global, shared, options.cache_limit, options.device) {}
 
 HeapArena::~HeapArena() = default;

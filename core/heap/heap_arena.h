@@ -71,7 +71,7 @@
 #include "core/heap/pausable_memory.h"
 #include "core/sync/mutex.h"
 #include "core/peer/peer_access.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 #include "core/heap/slab.h"
 #include "core/heap/tag_selection.h"
 #include "core/heap/types.h"
@@ -164,7 +164,7 @@ class HeapArena final {
   // denials are counted and logged.
   absl::Status ApplyPeerChange(int peer, bool stream_ordered = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Explicit grant (true) or revoke of `peer` on the allocation containing
-  // `ptr` (PeerGrants::SetPeerAccess in core/peer_grants.h states the rule).
+  // `ptr` (PeerGrants::SetPeerAccess in core/peer/enable/peer_grants.h states the rule).
   absl::Status SetExplicit(CUdeviceptr ptr, int peer, bool grant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> PeerHasAccess(CUdeviceptr ptr, int peer) const ABSL_LOCKS_EXCLUDED(mu_);
   // The host copy of [ptr, ptr + bytes) while the block holding it is

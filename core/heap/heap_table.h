@@ -35,7 +35,7 @@
 #include "core/heap/export_registry.h"
 #include "core/heap/va_free_list.h"
 #include "core/peer/peer_access.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 #include "core/sync/capture.h"
 #include "core/sync/mutex.h"
 

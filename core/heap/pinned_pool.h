@@ -1,6 +1,6 @@
 // Page-locked host memory kept for the life of the process, so that a pause
 // with contents runs at the copy engine's speed from its first cycle
-// (VMMSHIM_PINNED_POOL; docs/pause-resume.md, "The pinned pool").
+// (VMMSHIM_PINNED_POOL; docs/pause-resume-design.md, "The pinned pool").
 //
 // Why a pool: the copy engine is fast to page-locked host memory, but making
 // memory page-locked is several times slower than the copy, by every way

@@ -12,7 +12,7 @@
 // between a sleep's pause and its checkpoint; the wake's Restore puts the
 // exact value back before it resumes the memory, so a kernel can meet the
 // low limit only in the window where it would also meet paused memory
-// (docs/deep-sleep.md, "The race of an external sleep").
+// (docs/deep-sleep-design.md, "The race of an external sleep").
 //
 // Release covers the active primary context of every device (what cudart
 // and PyTorch use); contexts made with cuCtxCreate keep their limit.

@@ -1,12 +1,32 @@
-// Peer access to VMM memory: which peers enabled access to which owner, and
-// the planner that turns blocks and the enabled peers into cuMemSetAccess
-// calls (docs/peer-access.md).
+// Peer access, the whole story (for users: docs/peer-access.md).
 //
 // Access to VMM memory is granted per mapping with cuMemSetAccess (CUDA
 // Programming Guide 4.16.2); cuCtxEnablePeerAccess covers only ordinary
-// cuMemAlloc memory. The shim turns an enable into grants on exactly the
-// allocations that the policy (decided once per allocation) or an explicit
-// grant allows.
+// cuMemAlloc memory, and natively maps every allocation of the owner into
+// the peer. The shim turns an enable into grants on exactly the allocations
+// that the policy or an explicit grant allows, in five parts, all in
+// core/peer/ but the one that touches blocks:
+//   1. Policy (core/peer/policy/peer_policy.h): for each allocation and
+//      peer, may the peer map it; decided once, at allocation, and kept in
+//      the allocation's placement (its allowed peers), so that allocations
+//      sharing a mapping share a decision.
+//   2. Enables (this header, PeerEnableTable): which peers enabled access to
+//      which owner, counted per pair (enables nest), for ordinary memory and
+//      for the default pool (cuMemPoolSetAccess) apart.
+//   3. Target and plan (this header, TargetAccess and PlanAccess): the
+//      devices a mapping should reach are the owner, the allowed peers among
+//      those enabled, and explicit grants minus explicit revokes; blocks
+//      whose access differs from their target become as few cuMemSetAccess
+//      calls as adjacent blocks allow.
+//   4. Applying it (core/heap/arena_access.h, ArenaAccess): each heap arena
+//      computes its blocks' targets, runs the plan, counts and logs every
+//      grant and denial; a new block gets its access in its first
+//      cuMemSetAccess; a paused block gets it back at resume.
+//   5. Performing the calls (core/peer/enable/): cuCtxEnablePeerAccess and
+//      cuCtxDisablePeerAccess with the driver's codes (peer_enable.h, the
+//      driver's decision or an emulated one: peer_contexts.h), then the
+//      grants for the device pair and the explicit per-allocation grants
+//      over every heap (peer_grants.h).
 #ifndef VMMSHIM_CORE_PEER_PEER_ACCESS_H_
 #define VMMSHIM_CORE_PEER_PEER_ACCESS_H_
 

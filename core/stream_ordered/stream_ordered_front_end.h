@@ -42,7 +42,7 @@
 #include "core/heap/heap_table.h"
 #include "core/heap/pause.h"
 #include "core/heap/types.h"
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 #include "core/stream_ordered/stream_ordered_cache.h"
 #include "core/sync/capture.h"
 

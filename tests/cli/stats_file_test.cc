@@ -77,7 +77,8 @@ class StatsFileTest : public SimTest {
     absl::StatusOr<Allocator::Allocation> async = shim.stream_ordered().AllocateAsync(1 * kTestMiB, stream, false, nullptr);
     ASSERT_TRUE(async.ok() && async->served) << async.status();
     shim.counters().PassThrough(1000);
-    shim.counters().PeerEnable(1500);
+    shim.peer_enables().calls.fetch_add(1);
+    shim.peer_enables().nanoseconds.fetch_add(1500);
   }
 };
 

@@ -1,7 +1,7 @@
 // Multi-GPU behaviour at 4, 8 and 10 simulated GPUs, the parts of the
 // multi-GPU runs (tools/gpu/multi-gpu-run.sh, docs/multi-gpu.md) that do not need
 // the real hardware: cudaDeviceEnablePeerAccess for every ordered pair
-// through the shim's enable path (core/peer_enable.h), the driver's
+// through the shim's enable path (core/peer/enable/peer_enable.h), the driver's
 // peer-connection limit (CUDA_ERROR_TOO_MANY_PEERS, modelled by the simulated
 // driver), cold allocations with 0..N-1 peers enabled, and default pools
 // made accessible to 1..N-1 peers. Counts and access, not timings.
@@ -14,8 +14,8 @@
 
 #include "core/allocator.h"
 #include "core/shim_core.h"
-#include "core/peer_contexts.h"
-#include "core/peer_enable.h"
+#include "core/peer/enable/peer_contexts.h"
+#include "core/peer/enable/peer_enable.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"
@@ -61,7 +61,7 @@ class MultiGpuTest : public ::testing::Test {
   // interposed entry point performs it.
   CUresult Enable(int reader, int owner, PeerEnableMode mode = PeerEnableMode::kDriver) {
     MakeCurrent(reader);
-    return PeerEnable(api_, core_->peers(), core_->counters(), *contexts_, mode).Enable(primary_[owner], 0);
+    return PeerEnable(api_, core_->peers(), core_->peer_enables(), *contexts_, mode).Enable(primary_[owner], 0);
   }
   // One allocation of `bytes` on each device, by device.
   std::vector<CUdeviceptr> OnePerDevice(size_t bytes) {
@@ -178,7 +178,7 @@ TEST_F(MultiGpuTest, TheDriversPeerLimitGivesTheSameCodesThroughTheShim) {
   for (const auto& [pair, code] : native) {
     if (code != CUDA_ERROR_TOO_MANY_PEERS) continue;
     MakeCurrent(pair.first);
-    EXPECT_EQ(PeerEnable(api_, core_->peers(), core_->counters(), *contexts_, PeerEnableMode::kDriver)
+    EXPECT_EQ(PeerEnable(api_, core_->peers(), core_->peer_enables(), *contexts_, PeerEnableMode::kDriver)
                   .Disable(primary_[pair.second]),
               CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
     break;

@@ -1,7 +1,7 @@
-// core/peer_enable.h on the simulated driver: cuCtxEnablePeerAccess and
+// core/peer/enable/peer_enable.h on the simulated driver: cuCtxEnablePeerAccess and
 // cuCtxDisablePeerAccess as the shim performs them, with the driver deciding
 // (VMMSHIM_PEER_ENABLE_DRIVER=1) and emulated (0).
-#include "core/peer_enable.h"
+#include "core/peer/enable/peer_enable.h"
 
 #include <memory>
 #include <utility>
@@ -10,7 +10,7 @@
 #include "core/allocator.h"
 #include "core/shim_core.h"
 #include "core/driver/cu_status.h"
-#include "core/peer_contexts.h"
+#include "core/peer/enable/peer_contexts.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 
@@ -49,7 +49,7 @@ class PeerEnableTest : public ::testing::Test {
   }
   static void MakeCurrent(CUcontext ctx) { ASSERT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS); }
   PeerEnable Peer(PeerEnableMode mode) const {
-    return PeerEnable(api_, core_->peers(), core_->counters(), *contexts_, mode);
+    return PeerEnable(api_, core_->peers(), core_->peer_enables(), *contexts_, mode);
   }
   // A simulated kernel on device 0 reads device 1's allocation.
   bool Device0CanRead() const {

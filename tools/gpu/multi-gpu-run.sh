@@ -42,7 +42,7 @@ declare -A policy_env=(
   [none]="LD_PRELOAD=$shim VMMSHIM_PEER_POLICY=none"
   [min-size]="LD_PRELOAD=$shim VMMSHIM_PEER_POLICY=min-size VMMSHIM_PEER_MIN_BYTES=1M"
   [rules]="LD_PRELOAD=$shim VMMSHIM_CONFIG=$root/examples/peer_access/rules.toml"
-  # The shim never asks the driver to enable (core/peer_enable.h): the
+  # The shim never asks the driver to enable (core/peer/enable/peer_enable.h): the
   # driver's peer-connection limit does not apply to it.
   [all-emulated]="LD_PRELOAD=$shim VMMSHIM_PEER_ENABLE_DRIVER=0"
 )

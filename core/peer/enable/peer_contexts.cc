@@ -1,4 +1,4 @@
-#include "core/peer_contexts.h"
+#include "core/peer/enable/peer_contexts.h"
 
 namespace vmmshim {
 

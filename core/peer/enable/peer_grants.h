@@ -5,17 +5,16 @@
 // grant allows (docs/peer-access.md; CUDA Programming Guide 4.16.2: access
 // to VMM memory is granted per mapping).
 //
-// The per-pair table and the planner are in core/peer/peer_access.h; the
-// arenas apply the plan (core/heap/heap_arena.h, ApplyPeerChange and
-// SetExplicit). cuCtxEnablePeerAccess itself, with the driver's codes, is
-// core/peer_enable.h, which calls EnablePeer/DisablePeer after the driver
-// (or the emulation) accepted.
+// Part 5 of the story in core/peer/peer_access.h: EnablePeer/DisablePeer run
+// after the driver (or the emulation) accepted an enable
+// (core/peer/enable/peer_enable.h), and reach every arena
+// (HeapArena::ApplyPeerChange and SetExplicit).
 //
 // Errors: absl::Status carrying the exact CUresult (core/driver/cu_status.h).
 // Thread safety: every method may be called concurrently; enables and
 // disables serialize on the heaps' peer mutex (core/sync/lock_order.h).
-#ifndef VMMSHIM_CORE_PEER_GRANTS_H_
-#define VMMSHIM_CORE_PEER_GRANTS_H_
+#ifndef VMMSHIM_CORE_PEER_ENABLE_PEER_GRANTS_H_
+#define VMMSHIM_CORE_PEER_ENABLE_PEER_GRANTS_H_
 
 #include <cuda.h>
 
@@ -73,4 +72,4 @@ class PeerGrants {
 
 }  // namespace vmmshim
 
-#endif  // VMMSHIM_CORE_PEER_GRANTS_H_
+#endif  // VMMSHIM_CORE_PEER_ENABLE_PEER_GRANTS_H_

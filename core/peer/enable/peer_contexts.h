@@ -4,8 +4,8 @@
 // driver's codes: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED for a pair enabled
 // twice, CUDA_ERROR_PEER_ACCESS_NOT_ENABLED for disabling a pair that is not.
 // Thread safety: all methods may be called concurrently.
-#ifndef VMMSHIM_CORE_PEER_CONTEXTS_H_
-#define VMMSHIM_CORE_PEER_CONTEXTS_H_
+#ifndef VMMSHIM_CORE_PEER_ENABLE_PEER_CONTEXTS_H_
+#define VMMSHIM_CORE_PEER_ENABLE_PEER_CONTEXTS_H_
 
 #include <cuda.h>
 
@@ -30,4 +30,4 @@ class PeerContexts {
 
 }  // namespace vmmshim
 
-#endif  // VMMSHIM_CORE_PEER_CONTEXTS_H_
+#endif  // VMMSHIM_CORE_PEER_ENABLE_PEER_CONTEXTS_H_

@@ -1,4 +1,4 @@
-#include "core/policy/peer_policy.h"
+#include "core/peer/policy/peer_policy.h"
 
 #include <algorithm>
 

@@ -15,8 +15,8 @@
 //             decides; `default_allow` when none matches
 //
 // Thread safety: an immutable value after construction; Allows() is const.
-#ifndef VMMSHIM_CORE_POLICY_PEER_POLICY_H_
-#define VMMSHIM_CORE_POLICY_PEER_POLICY_H_
+#ifndef VMMSHIM_CORE_PEER_POLICY_PEER_POLICY_H_
+#define VMMSHIM_CORE_PEER_POLICY_PEER_POLICY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -77,4 +77,4 @@ struct PeerPolicy {
 
 }  // namespace vmmshim
 
-#endif  // VMMSHIM_CORE_POLICY_PEER_POLICY_H_
+#endif  // VMMSHIM_CORE_PEER_POLICY_PEER_POLICY_H_

@@ -1,6 +1,7 @@
 // cuCtxEnablePeerAccess / cuCtxDisablePeerAccess as the shim performs them:
 // the driver's (or the emulated) per-context-pair decision, then the
-// VMM grants for the device pair (PeerGrants) (docs/peer-access.md).
+// VMM grants for the device pair (PeerGrants); part 5 of the story in
+// core/peer/peer_access.h.
 //
 // The current context asks for access to `peer`'s memory. Two modes, chosen
 // by VMMSHIM_PEER_ENABLE_DRIVER:
@@ -40,15 +41,17 @@
 // Source of the behaviour: measured on an H200 (docs/architecture.md,
 // "Measured driver facts": cudaDeviceDisablePeerAccess gives 705,
 // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, when not enabled).
-#ifndef VMMSHIM_CORE_PEER_ENABLE_H_
-#define VMMSHIM_CORE_PEER_ENABLE_H_
+#ifndef VMMSHIM_CORE_PEER_ENABLE_PEER_ENABLE_H_
+#define VMMSHIM_CORE_PEER_ENABLE_PEER_ENABLE_H_
 
 #include <cuda.h>
 
-#include "core/allocator_stats.h"
+#include <atomic>
+#include <cstdint>
+
 #include "core/driver/driver_api.h"
-#include "core/peer_contexts.h"
-#include "core/peer_grants.h"
+#include "core/peer/enable/peer_contexts.h"
+#include "core/peer/enable/peer_grants.h"
 
 namespace vmmshim {
 
@@ -61,18 +64,25 @@ enum class PeerEnableMode {
   kEmulated,  // VMMSHIM_PEER_ENABLE_DRIVER=0: PeerContexts decides
 };
 
-// Holds references only: `driver`, `grants`, `counters` and `contexts` must
+// cuCtxEnablePeerAccess as the program saw it: the calls and their time
+// (steady clock), whatever they returned (MemoryControl::GetStats reports
+// them as peer_enable_calls and peer_enable_seconds). Relaxed atomics.
+struct PeerEnableFigures {
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> nanoseconds{0};
+};
+
+// Holds references only: `driver`, `grants`, `figures` and `contexts` must
 // outlive it. Cheap to construct per call; the state lives in `contexts`
 // (used in kEmulated mode only) and in `grants`.
 class PeerEnable {
  public:
-  PeerEnable(const DriverApi& driver, PeerGrants& grants, CallCounters& counters,
+  PeerEnable(const DriverApi& driver, PeerGrants& grants, PeerEnableFigures& figures,
              PeerContexts& contexts, PeerEnableMode mode)
-      : driver_(driver), grants_(grants), counters_(counters), contexts_(contexts), mode_(mode) {}
+      : driver_(driver), grants_(grants), figures_(figures), contexts_(contexts), mode_(mode) {}
 
-  // cuCtxEnablePeerAccess(peer, flags) for the current context. Its
-  // duration (steady clock) goes to CallCounters::PeerEnable (core/allocator_stats.h), whatever it
-  // returns: the statistics' time in cuCtxEnablePeerAccess.
+  // cuCtxEnablePeerAccess(peer, flags) for the current context; counted in
+  // `figures` with its duration, whatever it returns.
   CUresult Enable(CUcontext peer, unsigned int flags) const;
   // cuCtxDisablePeerAccess(peer) for the current context.
   CUresult Disable(CUcontext peer) const;
@@ -82,11 +92,11 @@ class PeerEnable {
 
   const DriverApi& driver_;
   PeerGrants& grants_;
-  CallCounters& counters_;
+  PeerEnableFigures& figures_;
   PeerContexts& contexts_;
   PeerEnableMode mode_;
 };
 
 }  // namespace vmmshim
 
-#endif  // VMMSHIM_CORE_PEER_ENABLE_H_
+#endif  // VMMSHIM_CORE_PEER_ENABLE_PEER_ENABLE_H_

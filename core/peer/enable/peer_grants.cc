@@ -1,4 +1,4 @@
-#include "core/peer_grants.h"
+#include "core/peer/enable/peer_grants.h"
 
 #include "core/base/device_set.h"
 #include "core/driver/cu_status.h"
