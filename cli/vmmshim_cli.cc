@@ -16,6 +16,8 @@
 //                   [--wide] [--lib PATH] -- PROGRAM ARGS...
 //       runs PROGRAM natively and under each policy, alternating, and prints
 //       one table (cli/compare/compare.h, docs/compare.md).
+//   vmmshim options [--json]
+//       the options of run and the variables they set (cli/run_options.h).
 //   vmmshim trace [-o OUT] SNAPSHOT...
 //       turns memory snapshots (VMMSHIM_SNAPSHOT_FILE; one per process) into
 //       one Perfetto timeline: runs python3 memory_trace.py (next to this
@@ -48,6 +50,7 @@
 #include "cli/compare/compare.h"
 #include "cli/process_list.h"
 #include "cli/report_command.h"
+#include "cli/run_options.h"
 #include "cli/sleep_command.h"
 #include "config/config.h"
 #include "config/rules_file.h"
@@ -163,12 +166,6 @@ bool InEnvironment(vmmshim::OptionKey key) {
   return v != nullptr && *v != '\0';
 }
 
-// Sets the shim's variable of `key` (named by the options table) to `value`
-// unless it is empty.
-void SetOption(vmmshim::OptionKey key, const std::string& value) {
-  if (!value.empty()) setenv(vmmshim::Option(key).name, value.c_str(), 1);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,24 +182,11 @@ int main(int argc, char** argv) {
   app.allow_extras();
 
   CLI::App* run = app.add_subcommand("run", "run PROGRAM under libvmmshim.so");
-  std::string policy, min_bytes, config, stats, cache_limit, log_level, log_file, snapshot;
+  vmmshim::cli::RunOptionValues shim_options;
   std::string lib = DefaultLibrary();
   std::vector<std::string> command;
   run->allow_extras();
-  run->add_option("--policy", policy, "peer-access policy")
-      ->check(OneOf({"all", "none", "min-size", "rules"}));
-  run->add_option("--min-bytes", min_bytes, "threshold of the min-size policy (e.g. 1M)")
-      ->check(ByteCount());
-  run->add_option("--config", config, "peer-access rules file (TOML)")->check(CLI::ExistingFile);
-  run->add_option("--stats", stats, "write the JSON statistics here at exit (%p: pid)");
-  run->add_option("--snapshot", snapshot,
-                  "record the memory history and write a memory_viz snapshot here at exit "
-                  "(%p: pid; docs/memory-snapshots.md)");
-  run->add_option("--cache-limit", cache_limit, "bytes or percent kept for reuse (e.g. 25%)")
-      ->check(vmmshim::cli::ShimOptionValue(vmmshim::OptionKey::kCacheLimit));
-  run->add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->check(vmmshim::cli::ShimOptionValue(vmmshim::OptionKey::kLogLevel));
-  run->add_option("--log-file", log_file, "log to this file (%p: pid)");
+  shim_options.AddTo(run);
   run->add_option("--lib", lib, "the libvmmshim.so to preload")->check(CLI::ExistingFile);
   bool torch_memory_saver = false;
   run->add_flag("--torch-memory-saver", torch_memory_saver,
@@ -313,7 +297,15 @@ int main(int argc, char** argv) {
                    "OLD=NEW GPU UUIDs (nvidia-smi -L): restore onto other GPUs (repeatable)");
   wake->add_option("--dir", ps_dir, "the control sockets' directory");
 
-  const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps, sleep, wake};
+  CLI::App* options = app.add_subcommand(
+      "options", "the options of run and the variables they set (--json: as JSON, which "
+                 "Python's vmmshim.environment() reads)");
+  options->allow_extras();
+  bool options_json = false;
+  options->add_flag("--json", options_json, "as JSON");
+
+  const std::vector<CLI::App*> subcommands = {run, report, compare, trace, ps, sleep, wake,
+                                              options};
   // The subcommand being parsed, for the error's name and usage.
   auto current = [&]() -> const CLI::App* {
     for (const CLI::App* sub : subcommands) {
@@ -332,14 +324,15 @@ int main(int argc, char** argv) {
   if (sub == nullptr) {
     const std::vector<std::string> extras = app.remaining();
     if (extras.empty()) {
-      return CommandLineError(nullptr,
-                              "a subcommand is required: run, report, compare, trace, ps, sleep or wake");
+      return CommandLineError(nullptr, "a subcommand is required: run, report, compare, trace, "
+                                       "ps, sleep, wake or options");
     }
     if (extras.front()[0] == '-') return CommandLineError(nullptr, LeftOver(app, false));
     std::string message = "unknown subcommand '" + extras.front() +
-                          "'; expected one of run, report, compare, trace, ps, sleep, wake";
-    if (const std::string close =
-            Closest(extras.front(), {"run", "report", "compare", "trace", "ps", "sleep", "wake"});
+                          "'; expected one of run, report, compare, trace, ps, sleep, wake, "
+                          "options";
+    if (const std::string close = Closest(
+            extras.front(), {"run", "report", "compare", "trace", "ps", "sleep", "wake", "options"});
         !close.empty()) {
       message += " (did you mean " + close + "?)";
     }
@@ -364,6 +357,16 @@ int main(int argc, char** argv) {
     return vmmshim::cli::ReportCommand(report_files, report_wide, report_json);
   }
   if (*ps) return vmmshim::cli::PsCommand(ps_dir, ps_json);
+  if (*options) {
+    if (options_json) {
+      std::printf("%s\n", vmmshim::cli::RunOptionsJson().c_str());
+    } else {
+      for (const vmmshim::cli::RunOption& o : vmmshim::cli::RunOptions()) {
+        std::printf("%-14s %-24s %s\n", o.flag, vmmshim::Option(o.key).name, o.help);
+      }
+    }
+    return 0;
+  }
   if (*sleep) return vmmshim::cli::SleepCommand(sleep_pids, sleep_drop, ps_dir);
   if (*wake) return vmmshim::cli::WakeCommand(wake_pids, wake_onto, ps_dir);
   if (*compare) {
@@ -396,22 +399,20 @@ int main(int argc, char** argv) {
   }
 
   using vmmshim::OptionKey;
+  const std::string& policy = shim_options.Get(OptionKey::kPeerPolicy);
   // The shim would stop the program over these; say it before it starts.
-  if (policy == "min-size" && min_bytes.empty() && !InEnvironment(OptionKey::kPeerMinBytes)) {
+  if (policy == "min-size" && shim_options.Get(OptionKey::kPeerMinBytes).empty() &&
+      !InEnvironment(OptionKey::kPeerMinBytes)) {
     return CommandLineError(run,
                             "--policy min-size needs --min-bytes BYTES (as in --min-bytes 1M)");
   }
-  if (policy == "rules" && config.empty() && !InEnvironment(OptionKey::kConfig)) {
+  if (policy == "rules" && shim_options.Get(OptionKey::kConfig).empty() &&
+      !InEnvironment(OptionKey::kConfig)) {
     return CommandLineError(run, "--policy rules needs --config FILE (a TOML rules file)");
   }
-  // Relative to where `vmmshim run` was started, as the user meant, even if
-  // the program changes its directory.
-  for (std::string* path : {&stats, &snapshot, &log_file}) {
-    if (!path->empty() && (*path)[0] != '/') {
-      char cwd[4096];
-      if (getcwd(cwd, sizeof(cwd)) != nullptr) *path = std::string(cwd) + "/" + *path;
-    }
-  }
+  shim_options.MakeOutputPathsAbsolute();
+  const std::string& stats = shim_options.Get(OptionKey::kStatsFile);
+  const std::string& snapshot = shim_options.Get(OptionKey::kSnapshotFile);
   // The shim would only warn (at the program's exit, or its start).
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--stats", stats},
                                    {"--snapshot", snapshot}}) {
@@ -423,14 +424,7 @@ int main(int argc, char** argv) {
                                        std::strerror(errno));
     }
   }
-  SetOption(OptionKey::kPeerPolicy, policy);
-  SetOption(OptionKey::kPeerMinBytes, min_bytes);
-  SetOption(OptionKey::kConfig, config);
-  SetOption(OptionKey::kStatsFile, stats);
-  SetOption(OptionKey::kSnapshotFile, snapshot);
-  SetOption(OptionKey::kCacheLimit, cache_limit);
-  SetOption(OptionKey::kLogLevel, log_level);
-  SetOption(OptionKey::kLogFile, log_file);
+  shim_options.Export();
   if (!stats.empty() || !snapshot.empty()) {
     // This process becomes the program (exec): it writes the files as named,
     // its children FILE.PID (VMMSHIM_STATS_PID, config/config.h).
@@ -451,7 +445,7 @@ int main(int argc, char** argv) {
     }
     setenv("PYTHONPATH", path.c_str(), 1);
   }
-  std::string preload = lib;
+  std::vector<std::string> preload = {lib};
   if (torch_memory_saver) {
     // torch_memory_saver's C entry points (tms_pause...), next to the shim.
     const size_t slash = lib.rfind('/');
@@ -463,12 +457,11 @@ int main(int argc, char** argv) {
                    tms_lib.c_str());
       return 2;
     }
-    preload += " " + tms_lib;
+    preload.push_back(tms_lib);
   }
-  if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') {
-    preload += std::string(" ") + old;
-  }
-  setenv("LD_PRELOAD", preload.c_str(), 1);
+  const char* old_preload = std::getenv("LD_PRELOAD");
+  setenv("LD_PRELOAD",
+         vmmshim::cli::PreloadWith(old_preload != nullptr ? old_preload : "", preload).c_str(), 1);
   // The loader's own message would not say what to do.
   if (void* libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL); libcuda != nullptr) {
     dlclose(libcuda);
@@ -486,7 +479,8 @@ int main(int argc, char** argv) {
   }
   // Said once where a person watches: the shim itself logs only warnings
   // by default.
-  if (log_level.empty() && !InEnvironment(OptionKey::kLogLevel) && isatty(STDERR_FILENO)) {
+  if (shim_options.Get(OptionKey::kLogLevel).empty() && !InEnvironment(OptionKey::kLogLevel) &&
+      isatty(STDERR_FILENO)) {
     std::fprintf(stderr, "vmmshim run: %s under %s (--log-level info: what it served, at "
                          "exit)\n",
                  command.front().c_str(), lib.c_str());

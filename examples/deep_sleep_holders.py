@@ -1,5 +1,5 @@
 """A PyTorch process holding what the driver's process checkpoint may not
-take, for `vmmshim sleep` (docs/deep-sleep.md, "What the checkpoint cannot
+take, for `vmmshim sleep` (docs/deep-sleep-design.md, "What the checkpoint cannot
 take"), run under LD_PRELOAD=libvmmshim.so:
   --holds nccl      a one-rank NCCL process group after an all-reduce of a
                     1 GiB tensor (NCCL's own buffers and communicator)

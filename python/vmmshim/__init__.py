@@ -26,7 +26,8 @@ import json
 import os
 
 from vmmshim import _library, _pools, _tag_state
-from vmmshim._library import KEEP_CONTENTS, SOLE_SUBMITTER, VmmshimError, loaded  # noqa: F401
+from vmmshim._library import (KEEP_CONTENTS, SOLE_SUBMITTER, VmmshimError,  # noqa: F401
+                              library_path, loaded)
 from vmmshim._sleep import SleepError, sleep, wake  # noqa: F401
 
 __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "grant_peer_access",
@@ -35,43 +36,24 @@ __all__ = ["VmmshimError", "loaded", "tag", "pause", "resume", "residency", "gra
            "KEEP_CONTENTS", "record_memory_history", "snapshot", "sleep", "wake", "SleepError"]
 __version__ = "0.1.0"
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# The shim's options as `vmmshim run` names them (config/config.h's table).
-_OPTIONS = {"policy": "VMMSHIM_PEER_POLICY", "min_bytes": "VMMSHIM_PEER_MIN_BYTES",
-            "config": "VMMSHIM_CONFIG", "stats": "VMMSHIM_STATS_FILE",
-            "cache_limit": "VMMSHIM_CACHE_LIMIT", "log_level": "VMMSHIM_LOG_LEVEL",
-            "log_file": "VMMSHIM_LOG_FILE", "snapshot": "VMMSHIM_SNAPSHOT_FILE"}
-
-
-def library_path():
-    """The libvmmshim.so to preload: the one this process runs under, else the
-    wheel's (vmmshim/lib/libvmmshim.so), else $VMMSHIM_LIBRARY. Raises
-    FileNotFoundError naming the places it looked."""
-    candidates = [_library.loaded_library(), os.path.join(_PACKAGE_DIR, "lib", "libvmmshim.so"),
-                  os.environ.get("VMMSHIM_LIBRARY")]
-    for path in candidates:
-        if path and os.path.isfile(path):
-            return path
-    raise FileNotFoundError(
-        "vmmshim: no libvmmshim.so: not loaded in this process, not in the package ("
-        + candidates[1] + "), and VMMSHIM_LIBRARY is not set; install the wheel "
-        "(tools/build/build-wheel.sh) or point VMMSHIM_LIBRARY at build/libvmmshim.so")
 
 
 def environment(env=None, **options):
     """A copy of `env` (default os.environ) for a child process under the shim:
     libvmmshim.so first in LD_PRELOAD (once), and the options of `vmmshim run`
-    as keywords: policy, min_bytes, config, stats, cache_limit, log_level,
-    log_file, snapshot (values as strings or ints; None leaves the variable as it is).
-    For subprocess.run(cmd, env=vmmshim.environment(stats="/tmp/s.%p.json"))."""
+    as keywords, its flags without dashes ('-' as '_'): policy, min_bytes,
+    config, stats, cache_limit, log_level, log_file, snapshot, as `vmmshim
+    options` lists them (values as strings or ints; None leaves the variable
+    as it is). For subprocess.run(cmd, env=vmmshim.environment(stats="/tmp/s.%p.json"))."""
     out = dict(os.environ if env is None else env)
     out["LD_PRELOAD"] = _library.preload_with(out.get("LD_PRELOAD", ""), [library_path()])
+    known = _library.run_options() if options else {}
     for key, value in options.items():
-        if key not in _OPTIONS:
+        if key not in known:
             raise TypeError(f"vmmshim.environment: unknown option {key!r}; expected one of "
-                            + ", ".join(sorted(_OPTIONS)))
+                            + ", ".join(sorted(known)))
         if value is not None:
-            out[_OPTIONS[key]] = str(value)
+            out[known[key]] = str(value)
     return out
 
 

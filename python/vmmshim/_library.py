@@ -8,12 +8,16 @@ it, none of them another's private names.
 Thread safety: any thread (one lock for the library handle)."""
 import contextlib
 import ctypes
+import functools
+import json
 import os
+import subprocess
 import sys
 import threading
 import warnings
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+TMS_LIBRARY = "libvmmshim_tms.so"
 
 KEEP_CONTENTS = 1  # VMMSHIM_PAUSE_KEEP_CONTENTS
 SOLE_SUBMITTER = 8  # VMMSHIM_PAUSE_SOLE_SUBMITTER
@@ -170,14 +174,18 @@ def ptr(obj):
     raise TypeError(f"vmmshim: not a device pointer: {type(obj).__name__}")
 
 
-def mapped_library(basename):
+def mapped_library(basename, prefix=False):
     """The path of the shared library `basename` mapped into this process
-    (/proc/self/maps), or None."""
+    (/proc/self/maps), or None. `prefix`: any file name that starts with
+    `basename` (libcudart.so.13 for "libcudart.so")."""
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 fields = line.split(None, 5)
-                if len(fields) == 6 and os.path.basename(fields[5].strip()) == basename:
+                if len(fields) < 6:
+                    continue
+                name = os.path.basename(fields[5].strip())
+                if name == basename or (prefix and name.startswith(basename)):
                     return fields[5].strip()
     except OSError:
         pass
@@ -207,19 +215,60 @@ def paused_address(obj, nbytes):
     return host.value
 
 
+def library_path():
+    """The libvmmshim.so to preload: the one this process runs under, else the
+    wheel's (vmmshim/lib/libvmmshim.so), else $VMMSHIM_LIBRARY. Raises
+    FileNotFoundError naming the places it looked."""
+    candidates = [loaded_library(), os.path.join(_PACKAGE_DIR, "lib", "libvmmshim.so"),
+                  os.environ.get("VMMSHIM_LIBRARY")]
+    for path in candidates:
+        if path and os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        "vmmshim: no libvmmshim.so: not loaded in this process, not in the package ("
+        + candidates[1] + "), and VMMSHIM_LIBRARY is not set; install the wheel "
+        "(tools/build/build-wheel.sh) or point VMMSHIM_LIBRARY at build/libvmmshim.so")
+
+
+def tms_library_path():
+    """libvmmshim_tms.so (torch_memory_saver's C entry points): the one this
+    process runs under, else the one next to libvmmshim.so (library_path())."""
+    return mapped_library(TMS_LIBRARY) or os.path.join(os.path.dirname(library_path()),
+                                                        TMS_LIBRARY)
+
+
 def command_path():
     """The `vmmshim` command (cli/vmmshim_cli.cc): the wheel's bin/vmmshim,
-    else the one next to the loaded libvmmshim.so (a build tree) or in its
-    ../bin (an install); None when there is none."""
+    else the one next to the loaded libvmmshim.so, or to $VMMSHIM_LIBRARY (a
+    build tree), or in their ../bin (an install); None when there is none."""
     candidates = [os.path.join(_PACKAGE_DIR, "bin", "vmmshim")]
-    loaded = loaded_library()
-    if loaded:
-        candidates += [os.path.join(os.path.dirname(loaded), "vmmshim"),
-                       os.path.join(os.path.dirname(loaded), "..", "bin", "vmmshim")]
+    for library in (loaded_library(), os.environ.get("VMMSHIM_LIBRARY")):
+        if library:
+            candidates += [os.path.join(os.path.dirname(library), "vmmshim"),
+                           os.path.join(os.path.dirname(library), "..", "bin", "vmmshim")]
     for c in candidates:
-        if os.access(c, os.X_OK):
+        if os.access(c, os.X_OK) and os.path.isfile(c):
             return c
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def run_options():
+    """{keyword: variable} of the options of `vmmshim run`, as the command
+    prints them (`vmmshim options --json`; the one table is
+    cli/run_options.h), not copied here. Raises FileNotFoundError when there
+    is no command (command_path()), VmmshimError when it fails."""
+    command = command_path()
+    if command is None:
+        raise FileNotFoundError(
+            "vmmshim: no vmmshim command to read the options of `vmmshim run` from: not in "
+            "this package's bin/, nor next to a loaded libvmmshim.so or $VMMSHIM_LIBRARY")
+    done = subprocess.run([command, "options", "--json"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    if done.returncode != 0:
+        raise VmmshimError(f"vmmshim: {command} options --json failed ({done.returncode}): "
+                           + done.stderr.strip())
+    return {o["keyword"]: o["variable"] for o in json.loads(done.stdout)}
 
 
 def preload_with(value, first):
@@ -229,7 +278,9 @@ def preload_with(value, first):
     real path), joined with colons (what torch_memory_saver's own
     configure_subprocess writes, and its tests read): how
     `vmmshim.environment()` and the drop-in's configure_subprocess put the
-    shim (and libvmmshim_tms.so) first."""
+    shim (and libvmmshim_tms.so) first. `vmmshim run` applies the same rule
+    (cli/run_options.h, PreloadWith); tests/python/test_preload_rule.py
+    holds the two to each other."""
     def same(a, b):
         return os.path.basename(a) == os.path.basename(b) or \
             os.path.realpath(a) == os.path.realpath(b)

@@ -39,7 +39,6 @@ __all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "is
 _TAG_DEFAULT = "default"
 _TMS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tms")
 _BACKENDS = (None, "pinned", "mmap")
-_TMS_LIBRARY = "libvmmshim_tms.so"
 
 
 def _torch():
@@ -64,16 +63,10 @@ def is_xpu() -> bool:
 
 def _loaded_tms_library():
     """The libvmmshim_tms.so mapped into this process (preloaded), or None."""
-    return _library.mapped_library(_TMS_LIBRARY)
+    return _library.mapped_library(_library.TMS_LIBRARY)
 
 
-def tms_library_path():
-    """libvmmshim_tms.so: the one this process runs under, else the one next
-    to libvmmshim.so (vmmshim.library_path())."""
-    loaded = _loaded_tms_library()
-    if loaded:
-        return loaded
-    return os.path.join(os.path.dirname(vmmshim.library_path()), _TMS_LIBRARY)
+tms_library_path = _library.tms_library_path
 
 
 class _Library(ctypes.CDLL):
@@ -111,15 +104,8 @@ class _Library(ctypes.CDLL):
 def _cudart():
     """The cudart mapped into this process (PyTorch's), else the process's
     global symbols."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(None, 5)[-1]
-                if os.path.basename(path).startswith("libcudart.so"):
-                    return ctypes.CDLL(path)
-    except OSError:
-        pass
-    return ctypes.CDLL(None)
+    path = _library.mapped_library("libcudart.so", prefix=True)
+    return ctypes.CDLL(path)
 
 
 class _Impl:

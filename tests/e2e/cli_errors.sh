@@ -24,11 +24,11 @@ expect_error "vmmshim run: unknown option '--polcy' (did you mean --policy?)" \
   run --polcy none -- /bin/true
 expect_error "vmmshim run: unknown option '--verbose'; the program's own options go after --" \
   run /bin/true --verbose
-expect_error "vmmshim: unknown subcommand 'runn'; expected one of run, report, compare, trace, ps, sleep, wake (did you mean run?)" \
+expect_error "vmmshim: unknown subcommand 'runn'; expected one of run, report, compare, trace, ps, sleep, wake, options (did you mean run?)" \
   runn -- /bin/true
-expect_error "vmmshim: unknown subcommand 'frobnicate'; expected one of run, report, compare, trace, ps, sleep, wake" \
+expect_error "vmmshim: unknown subcommand 'frobnicate'; expected one of run, report, compare, trace, ps, sleep, wake, options" \
   frobnicate
-expect_error "vmmshim: a subcommand is required: run, report, compare, trace, ps, sleep or wake"
+expect_error "vmmshim: a subcommand is required: run, report, compare, trace, ps, sleep, wake or options"
 expect_error "vmmshim: unknown option '--verbose'; expected one of --help, --version" \
   --verbose run -- /bin/true
 expect_error "vmmshim compare: --repeat: 'abc' is not a number; expected a whole number from 1 to 1000" \

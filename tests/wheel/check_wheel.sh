@@ -60,8 +60,10 @@ preload=$("$venv/vmmshim" run -- /bin/sh -c 'echo "$LD_PRELOAD"')
 [ "$(realpath "$preload")" = "$(realpath "$site/lib/libvmmshim.so")" ] || fail "vmmshim run preloaded '$preload'"
 # --torch-memory-saver: torch_memory_saver's C entry points too, and the drop-in first.
 tms=$("$venv/vmmshim" run --torch-memory-saver -- /bin/sh -c 'echo "$LD_PRELOAD|$PYTHONPATH"')
-[ "${tms%%|*}" = "$site/lib/libvmmshim.so $site/lib/libvmmshim_tms.so" ] ||
-  [ "$(realpath -m ${tms%%|*} | xargs)" = "$(realpath "$site/lib/libvmmshim.so") $(realpath "$site/lib/libvmmshim_tms.so")" ] ||
+# Colon-separated, as Python's configure_subprocess writes it (cli/run_options.h).
+IFS=: read -r first second rest <<<"${tms%%|*}"
+[ "$(realpath "$first")" = "$(realpath "$site/lib/libvmmshim.so")" ] &&
+  [ "$(realpath "$second")" = "$(realpath "$site/lib/libvmmshim_tms.so")" ] && [ -z "$rest" ] ||
   fail "vmmshim run --torch-memory-saver preloaded '${tms%%|*}'"
 [[ "${tms#*|}" == "$site/_tms"* || "$(realpath -m "${tms#*|}")" == "$(realpath "$site/_tms")"* ]] ||
   fail "vmmshim run --torch-memory-saver: PYTHONPATH '${tms#*|}'"

@@ -2,7 +2,7 @@
 """What the driver's process checkpoint (cuCheckpointProcess*, as cuda-checkpoint
 calls it) costs a process for the page-locked host memory it holds, by the way
 that memory was made: the question behind a pinned pool that survives a deep
-sleep cheaply (docs/deep-sleep.md, "Measured on the H200": 20 GiB registered
+sleep cheaply (docs/deep-sleep-design.md, "Measured on the H200": 20 GiB registered
 with cuMemHostRegister added about 0.4 s to the checkpoint and 0.4-0.55 s to
 the restore).
 

@@ -48,8 +48,8 @@ def get_binary_path_from_package(stem: str) -> Path:
         if candidate.exists():
             return candidate
     if stem == _PRELOAD_STEM:
-        from vmmshim.torch_memory_saver import tms_library_path
-        candidate = Path(tms_library_path())
+        from vmmshim import _library
+        candidate = Path(_library.tms_library_path())
         if candidate.exists():
             return candidate
     raise FileNotFoundError(f"torch_memory_saver (served by vmmshim): no {name} in "
