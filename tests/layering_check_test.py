@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The layering check fails on what it is meant to catch: an include of a higher room, an
-unlisted callback and an unlisted upward interface, each planted in a copy of core/.
+unlisted callback and an unlisted upward interface, each planted in a copy of core/ (nested
+folders such as core/peer/enable too).
 usage: layering_check_test.py SOURCE_DIR
 """
 import pathlib
@@ -12,6 +13,12 @@ import tempfile
 PLANTS = {
     "an include of a higher room": (
         "core/heap/heap_table.h", '#include "core/allocator.h"\n', "crosses the layering"),
+    "an include of a nested room above": (
+        "core/peer/policy/peer_policy.h", '#include "core/peer/enable/peer_grants.h"\n',
+        "crosses the layering"),
+    "an include from a nested room of a room above it": (
+        "core/peer/enable/peer_grants.h", '#include "core/memory_control.h"\n',
+        "crosses the layering"),
     "an unlisted callback": (
         "core/heap/heap_table.h", "namespace vmmshim {\nusing PlantedHook = std::function<void()>;\n",
         "callback 'PlantedHook' is not in ALLOWED_CALLBACKS"),
