@@ -42,7 +42,7 @@ namespace vmmshim {
 struct BackupKind {
   // cuMemHostRegister'ed (portable) after it is made: copies to and from it
   // go straight to the copy engine (no staging ring), and a backup kept
-  // across a resume (HeapArena::ResumeCommit with `retain`) pays the pinning
+  // across a resume (ArenaPause::ResumeCommit with `retain`) pays the pinning
   // once. Pinning new memory is slower than copying through the ring, so a
   // backup that is not kept is better pageable. A driver that refuses the pinning
   // (a memlock limit) leaves the backup pageable, logged; the pause goes on.
