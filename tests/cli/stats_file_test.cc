@@ -84,7 +84,6 @@ class StatsFileTest : public SimTest {
 
 TEST_F(StatsFileTest, AWrittenFileHasExactlyTheSchemasKeys) {
   ShimCore shim(api_);
-  Allocator& a = shim.allocator();
   Exercise(shim);
   const nlohmann::json doc = nlohmann::json::parse(StatsJson(shim.control(), 4242));
   EXPECT_EQ(KeysOf(doc), KeySet(k::kTopLevelKeys));
@@ -108,7 +107,6 @@ TEST_F(StatsFileTest, AWrittenFileHasExactlyTheSchemasKeys) {
 
 TEST_F(StatsFileTest, WhatWriteStatsFileWritesTheCliReadsBack) {
   ShimCore shim(api_);
-  Allocator& a = shim.allocator();
   Exercise(shim);
   const std::string path = TempPath("stats.json");
   ASSERT_TRUE(WriteStatsFile(shim.control(), 4242, path).ok());

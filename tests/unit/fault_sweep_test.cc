@@ -72,7 +72,6 @@ TEST_P(FaultSweepTest, EveryCallOfEveryEntryPoint) {
   sim::ResetCallCounts();
   {
     ShimCore shim(api, options);
-    Allocator& a = shim.allocator();
     ASSERT_TRUE(Scenario(shim).empty());
   }
   const std::vector<std::string> entries = {

@@ -94,7 +94,6 @@ class ForeignVmmTest : public SimTest {
 TEST_F(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {
   {
     ShimCore shim(api_);
-    Allocator& a = shim.allocator();
     ForeignVmm& f = shim.foreign();
     Buffer b = Make(f, 20 * kMiB, "kv");
     EXPECT_EQ(HeldOn(f, 0), 20 * kMiB);
@@ -120,7 +119,6 @@ TEST_F(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {
 TEST_F(ForeignVmmTest, TagsExportsAndImportsAreNamed) {
   {
     ShimCore shim(api_);
-    Allocator& a = shim.allocator();
     ForeignVmm& f = shim.foreign();
     Buffer weights = Make(f, 4 * kMiB, "weights");
     Buffer shared = Make(f, 6 * kMiB, "", {0}, /*exportable=*/true);
@@ -223,7 +221,6 @@ TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) 
 TEST_F(ForeignVmmTest, ReleaseAndUnmapWhilePausedNeedNoResume) {
   {
     ShimCore shim(api_);
-    Allocator& a = shim.allocator();
     ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 6 * kMiB, "kv");
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
@@ -241,7 +238,6 @@ TEST_F(ForeignVmmTest, ReleaseAndUnmapWhilePausedNeedNoResume) {
 TEST_F(ForeignVmmTest, TheLibrarysCallsWhilePausedActAsOnLiveMemory) {
   {
     ShimCore shim(api_);
-    Allocator& a = shim.allocator();
     ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 4 * kMiB, "kv");
     Fill(kv.va, kv.size, 3);
@@ -304,7 +300,6 @@ TEST_F(ForeignVmmTest, ValuesTheDriverReusesStayDistinct) {
   MakeCurrent(0);
   {
     ShimCore shim(api_);
-    Allocator& a = shim.allocator();
     ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 4 * kMiB, "kv");
     Fill(kv.va, kv.size, 5);
@@ -336,7 +331,6 @@ TEST_F(ForeignVmmTest, ValuesTheDriverReusesStayDistinct) {
 TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
   {
     ShimCore shim(api_);
-    Allocator& a = shim.allocator();
     ForeignVmm& f = shim.foreign();
     Buffer kv = Make(f, 8 * kMiB, "kv");
     Buffer weights = Make(f, 4 * kMiB, "weights");

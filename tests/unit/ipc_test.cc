@@ -273,7 +273,6 @@ TEST_F(IpcTest, BadHandlesGetInvalidValue) {
 
 TEST_F(IpcTest, NoCurrentContextIsInvalidContext) {
   ShimCore shim(api_);
-  Allocator& a = shim.allocator();
   Ipc& importer = NewIpc(shim);
   CUcontext none = nullptr;
   ASSERT_EQ(sim::cuCtxSetCurrent(none), CUDA_SUCCESS);

@@ -270,7 +270,6 @@ TEST_F(WorkQuiescerTest, AHostFunctionThatSubmitsWhileClosedTimesOutUnlessExempt
 
 TEST_F(WorkQuiescerTest, AStreamCaptureRefusesTheQuiesceUntouched) {
   ShimCore shim(api_);
-  Allocator& a = shim.allocator();
   WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(1000));
   const CUstream stream = reinterpret_cast<CUstream>(0x61);
   shim.captures().Began(stream, false);
