@@ -47,7 +47,7 @@ struct AllocatorStats {
   // together, whatever they returned.
   uint64_t peer_enable_calls = 0;
   double peer_enable_seconds = 0;
-  // PauseMemory: physical bytes released and not resumed yet, and the most
+  // Pauses (PauseCoordinator::Pause): physical bytes released and not resumed yet, and the most
   // at once, all devices together.
   uint64_t paused_bytes = 0;
   uint64_t peak_paused_bytes = 0;

@@ -2,8 +2,9 @@
 // per device, pause copy threads): the CPUs this process may run on
 // (sched_getaffinity, so a container's or taskset's limit counts), at least
 // 1 and at most `limit`. More arenas than threads allocating at once only
-// spread small allocations over more granules; more copy threads than 8 did
-// not copy faster on an H200 host (docs/pause-resume.md).
+// spread small allocations over more granules; copy threads: up to 16
+// copied faster (docs/performance.md, "Measurements behind the design",
+// "Host backups").
 #ifndef VMMSHIM_CORE_BASE_CPUS_H_
 #define VMMSHIM_CORE_BASE_CPUS_H_
 

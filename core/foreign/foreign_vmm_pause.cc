@@ -9,7 +9,7 @@
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 
-// ForeignVmm's pause and resume steps (core/pause drives them): what a pause
+// ForeignVmm's pause and resume steps (PauseCoordinator, core/heap/pause.h, drives them): what a pause
 // takes from other libraries' VMM memory and how a resume maps it back.
 
 namespace vmmshim {

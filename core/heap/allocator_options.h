@@ -52,7 +52,7 @@ struct AllocatorOptions {
   // Heap arenas per device (core/heap/device_heap.h); 0: the CPUs this process
   // may run on (sched_getaffinity), at most 8.
   int arenas = 0;
-  // Threads copying contents to host memory and back (PauseMemory with
+  // Threads copying contents to host memory and back (pauses with
   // contents; core/heap/host_backup.h); 0: the CPUs this process may run on, at
   // most 16 (more threads copy faster up to there: docs/performance.md, "Measurements behind the design", "Host backups").
   int copy_threads = 0;

@@ -152,7 +152,7 @@ class MemoryHistory {
   // The time of an event recorded now, as Record would stamp it.
   int64_t NowNs() const;
 
-  // fork(): the child gets a fresh, unlocked mutex (core/allocator.h).
+  // fork(): the child gets a fresh, unlocked mutex (core/shim_core.h, PrepareFork).
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;

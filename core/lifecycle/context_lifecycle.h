@@ -1,6 +1,6 @@
 // What the shim does around the driver's context-lifecycle calls, so that
 // the memory it served in a context goes when the driver frees that
-// context's cuMemAlloc memory (docs/architecture.md, "Context lifecycle").
+// context's cuMemAlloc memory (docs/architecture.md, "IPC, context lifecycle and fork").
 //
 // VMM memory belongs to no context: the driver frees a context's cuMemAlloc
 // memory when the context is destroyed or reset, but not the VMM handles the

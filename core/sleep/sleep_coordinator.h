@@ -30,7 +30,8 @@
 // succeed).
 //
 // Errors: the quiescer's (CUDA_ERROR_TIMEOUT, naming what did not finish;
-// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), then those of PauseCoordinator.
+// during a stream capture, Note [Calls during a stream capture] in
+// core/sync/capture.h, item 4), then those of PauseCoordinator.
 // Thread safety: every method from any thread, serialized (lock order:
 // "sleep coordinator mutex", first of all). Process exit: nothing; a held
 // thread ends with the process.

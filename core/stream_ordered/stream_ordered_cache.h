@@ -174,7 +174,8 @@ class StreamOrderedCache {
   // returns the ready blocks that leave the cache: beyond `keep` reserved
   // bytes, or the release threshold when `keep` is nullopt. The caller
   // frees them in the heap. Call only while no stream capture is in
-  // progress (queries are unsafe calls in a global capture).
+  // progress (queries are unsafe calls: Note [Calls during a stream
+  // capture], core/sync/capture.h).
   // Streams found busy are asked again only after the query interval,
   // unless `force`.
   ReleasedBlocks Harvest(std::optional<uint64_t> keep = std::nullopt, bool force = true)

@@ -55,7 +55,7 @@ inline constexpr std::array<LockRank, 11> kLockOrder = {{
 
 // Locks outside the allocator, each a leaf: held only around its own state,
 // never while calling into the allocator: PeerContexts::mu_
-// (core/peer/enable/peer_contexts.h), CallCounters::live_mu_ (core/allocator.h: the
+// (core/peer/enable/peer_contexts.h), CallCounters::live_mu_ (core/allocator_stats.h: the
 // passed-through allocations still live), Ipc::mu_ (core/ipc/ipc.h; held around driver calls of imports, never around the allocator's), Trace::mu_
 // (core/report/trace.h), the log's mutex (core/base/log.cc), CallerLibraries::mu_
 // (core/history/caller_library.h), MemoryHistory::mu_ (core/history/memory_history.h;

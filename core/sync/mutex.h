@@ -13,7 +13,7 @@
 //
 // Thread safety: as absl::Mutex (exclusive and shared locking, not
 // recursive). After fork(), a child re-creates a mutex in place with
-// `new (&mu) Mutex` (core/allocator.h explains why).
+// `new (&mu) Mutex` (core/shim_core.h, PrepareFork, explains why).
 #ifndef VMMSHIM_CORE_SYNC_MUTEX_H_
 #define VMMSHIM_CORE_SYNC_MUTEX_H_
 

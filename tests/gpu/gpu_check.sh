@@ -464,7 +464,7 @@ print(" ".join(sorted({e["library"] for t in d["device_traces"] for e in t if e[
     # without it, bench/pause_bandwidth.py at 2 GiB: one tensor, and a
     # trainer's mixed set under expandable segments (PyTorch's own VMM
     # memory); every tensor intact after every cycle. Speeds are shown, not
-    # judged (the benchmark judges them: docs/pause-resume.md).
+    # judged (the benchmark judges them: docs/pause-resume-design.md).
     have_torch
     out=$(PYTHONPATH=$src/python python3 "$src/bench/pause_bandwidth.py" --shim "$shim" \
           --rounds 1 --cycles 2 --gib 2 --pool-gib 3 --workloads tensor,mixed-expandable 2>&1) ||

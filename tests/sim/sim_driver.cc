@@ -49,7 +49,7 @@ struct Context {
   bool primary = true;
   // CU_LIMIT_STACK_SIZE (bytes per thread): the driver's default is 1 KiB;
   // the local memory it reserves for all resident threads scales with it
-  // (measured on H200: 1 KiB reserves 264 MiB, 0 none; docs/deep-sleep.md).
+  // (measured on H200: 1 KiB reserves 264 MiB, 0 none; docs/deep-sleep-design.md).
   size_t stack_limit = kSimDefaultStackBytes;
 };
 
