@@ -25,11 +25,6 @@ void ArenaAccounting::Paused(int64_t delta) {
   AddWithPeak(global_.paused, global_.paused_peak, delta);
 }
 
-void ArenaAccounting::Live(int64_t delta) {
-  stats_.live_bytes += delta;
-  AddWithPeak(shared_.live_bytes, shared_.peak_live_bytes, delta);
-}
-
 void ArenaAccounting::Cached(bool stream_ordered, int64_t delta) {
   cached_bytes_ += delta;
   cached_hint_.store(cached_bytes_, std::memory_order_relaxed);

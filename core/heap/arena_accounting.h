@@ -78,7 +78,10 @@ class ArenaAccounting {
   // Bytes released by a pause (> 0) or mapped again by a resume (< 0).
   void Paused(int64_t delta);
   // Requested bytes of live allocations.
-  void Live(int64_t delta);
+  void Live(int64_t delta) {
+    stats_.live_bytes += delta;
+    AddWithPeak(shared_.live_bytes, shared_.peak_live_bytes, delta);
+  }
   // Cached bytes of a block; `stream_ordered`: the block holds
   // stream-ordered memory, which leaves the pool's reserved bytes while
   // cached (and rejoins them when it leaves the cache). Growth must have

@@ -50,8 +50,7 @@ size_t BlockStore::Erase(CUdeviceptr base) {
   return uncached;
 }
 
-Bins* BlockStore::FindBins(const Placement& placement) {
-  if (last_bins_ != nullptr && last_placement_ == placement) return last_bins_;
+Bins* BlockStore::FindBinsSlow(const Placement& placement) {
   auto it = bins_.find(placement);
   if (it == bins_.end()) return nullptr;
   last_placement_ = placement;

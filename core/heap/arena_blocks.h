@@ -112,7 +112,11 @@ class BlockStore {
   // The bins of `placement`, or null. Remembers it, so that the next call
   // for the same placement (one placement per program and device is the
   // common case) compares instead of hashing.
-  Bins* FindBins(const Placement& placement);
+  // Inline: the hit path's first step (core/heap/heap_arena.h, fast path).
+  Bins* FindBins(const Placement& placement) {
+    if (last_bins_ != nullptr && last_placement_ == placement) return last_bins_;
+    return FindBinsSlow(placement);
+  }
   // The bins of `placement`, made when it has none.
   Bins& BinsOf(const Placement& placement) { return bins_[placement]; }
   const absl::node_hash_map<Placement, Bins>& bins() const { return bins_; }
@@ -139,6 +143,8 @@ class BlockStore {
   Blocks blocks_;
   // Node-based, so that a Bins stays where it is while others come and go.
   absl::node_hash_map<Placement, Bins> bins_;
+  Bins* FindBinsSlow(const Placement& placement);
+
   Placement last_placement_;
   Bins* last_bins_ = nullptr;  // bins_[last_placement_], or null
 };
