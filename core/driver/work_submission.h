@@ -241,7 +241,7 @@
 
 // Entry points that take a CUstream but submit no work that reads or writes
 // device memory, so they pass while the gate is closed: X(base name, why).
-// The checker above reads this table; docs/pause-resume.md shows it.
+// The checker above reads this table.
 #define VMMSHIM_UNGATED_STREAM_ENTRY_POINTS(X)                                                    \
   X(cuMemAllocAsync, "an allocation (the shim's or the driver's pool); no device work")         \
   X(cuMemAllocFromPoolAsync, "an allocation from a pool, no device work")                        \

@@ -91,8 +91,8 @@ struct HistoryEvent {
   uint64_t size = 0;       // bytes (header comment says which)
   uint64_t stream = 0;     // the CUstream as a number; 0: none or the legacy default stream
   uint64_t device_free = 0;  // kOom: the driver's free bytes on the device
-  uint32_t tag = 0;        // MemoryHistory::Tags() index; 0: untagged
-  uint32_t stack = 0;      // MemoryHistory::Stacks() index; 0: none recorded
+  uint32_t tag = 0;        // index into a snapshot's tags; 0: untagged
+  uint32_t stack = 0;      // MemoryHistory::InternStack id; 0: none recorded
   uint32_t thread = 0;     // kernel thread id
   uint16_t library = 0;    // CallerLibraries id; 0: unknown
   int16_t device = -1;

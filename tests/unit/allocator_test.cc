@@ -508,7 +508,7 @@ TEST_F(AllocatorTest, PackedHitMakesNoAllocationDriverCall) {
                         "cuDeviceGetCount"}) {
     EXPECT_EQ(sim::CallCount(e), 0u) << e;
   }
-  // After ForgetContext (a context was destroyed somewhere) the device is
+  // After ForgetContexts (a context was destroyed somewhere) the device is
   // asked for again, once.
   ForgetContexts();
   CUdeviceptr r = MustAllocate(a, 512);

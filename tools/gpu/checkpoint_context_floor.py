@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the driver's process checkpoint (cuCheckpointProcess*, as cuda-checkpoint
 calls it) costs for a context that holds almost nothing else: the floor of a
-deep sleep (docs/deep-sleep.md: 0.35-0.46 s "however little remains"), and
+deep sleep (docs/deep-sleep-design.md: the checkpoint of what is left after a pause), and
 whether lowering the context's per-thread stack (cuCtxSetLimit
 CU_LIMIT_STACK_SIZE, which sizes the local memory the driver reserves for every
 resident thread of the GPU) before the checkpoint lowers it.
