@@ -72,7 +72,6 @@ void RunOptionValues::AddTo(CLI::App* run) {
       case RunOption::Form::kShimValue:
         added->check(ShimOptionValue(o.key));
         break;
-      case RunOption::Form::kText:
       case RunOption::Form::kOutputPath:
         break;
     }

@@ -24,7 +24,6 @@ struct RunOption {
   OptionKey key;     // the variable it sets
   const char* help;
   enum class Form {
-    kText,          // taken as it is
     kPolicy,        // all, none, min-size, rules
     kBytes,         // a byte count as the shim reads it
     kExistingFile,  // a file that exists now

@@ -38,10 +38,7 @@ size_t ArenaPause::PauseCandidates(const TagSelection& tag, std::vector<CUcontex
   MutexLock lock(&arena_.mu_);
   size_t bytes = 0;
   for (const auto& [base, b] : arena_.blocks_.blocks()) {
-    if (!Selected(*b, tag) || b->paused || b->cached ||
-        (b->slab != nullptr && b->slab->empty())) {
-      continue;
-    }
+    if (!Selected(*b, tag) || b->paused || b->idle()) continue;
     bytes += b->size;
     if (std::find(contexts->begin(), contexts->end(), b->placement.context) == contexts->end()) {
       contexts->push_back(b->placement.context);
@@ -67,10 +64,7 @@ absl::StatusOr<size_t> ArenaPause::PausePrepare(const TagSelection& tag, BackupC
   MutexLock lock(&arena_.mu_);
   std::vector<CUdeviceptr> live;
   for (const auto& [base, b] : arena_.blocks_.blocks()) {
-    if (!Selected(*b, tag) || b->paused || b->pausing || b->cached ||
-        (b->slab != nullptr && b->slab->empty())) {
-      continue;
-    }
+    if (!Selected(*b, tag) || b->paused || b->pausing || b->idle()) continue;
     if (b->exported) {  // exported after CheckPausable
       Log().warn("vmmshim_pause_memory({}): refused: the memory at {:#x} on device {} is "
                  "exported to another process; nothing paused",
@@ -159,7 +153,7 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, PauseTim
     if (!Selected(*b, tag) || b->paused) continue;
     if (b->pausing) {
       marked.push_back(base);
-    } else if (b->cached || (b->slab != nullptr && b->slab->empty())) {
+    } else if (b->idle()) {
       cached.push_back(base);
     }
   }

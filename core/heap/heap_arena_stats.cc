@@ -26,7 +26,7 @@ void HeapArena::AddResidency(DeviceResidency* out) const {
   for (const auto& [base, b] : blocks_.blocks()) {
     if (b->unmapped()) {
       out->tags[b->placement.tag].paused_bytes += b->size;
-    } else if (b->cached || (b->slab != nullptr && b->slab->empty())) {
+    } else if (b->idle()) {
       out->cached_bytes += b->size;
     } else {
       out->tags[b->placement.tag].resident_bytes += b->size;
