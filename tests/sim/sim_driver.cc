@@ -63,6 +63,9 @@ struct PhysicalHandle {
   int fd = -1;              // memfd: exportable (POSIX-fd handle type) or imported
   bool imported = false;    // memory owned by another process's handle
   bool compressed = false;
+  // Host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA): a memfd, counted against
+  // the host's memory, not `device`'s (device is -1).
+  bool host = false;
 };
 
 struct Mapping {
@@ -70,6 +73,10 @@ struct Mapping {
   size_t offset = 0;
   CUmemGenericAllocationHandle handle = 0;
   std::vector<CUmemAccess_flags> access;  // per device
+  // Host memory with CPU access granted (cuMemSetAccess, a host location):
+  // the memfd mapped at the very address, so that the CPU reads and writes
+  // it through the VA as on the GPU host; unmapped with the mapping.
+  bool cpu_view = false;
 };
 
 struct LegacyAllocation {
@@ -106,6 +113,7 @@ struct State {
   std::map<CUdeviceptr, size_t> reservations;       // start -> size
   CUdeviceptr next_reserve = kReserveBase;
   std::map<CUdeviceptr, LegacyAllocation> legacy;   // by start address
+  size_t host_used = 0;  // host-located handles' bytes (SimOptions::host_memory)
   CUdeviceptr next_legacy = kLegacyBase;
   std::map<std::string, uint64_t> calls;
   std::vector<Failure> failures;
@@ -202,7 +210,11 @@ void FreeHandleMemory(State& s, CUmemGenericAllocationHandle h) {
   auto it = s.handles.find(h);
   munmap(it->second.memory, it->second.size);
   if (it->second.fd >= 0) close(it->second.fd);
-  if (!it->second.imported) s.devices[it->second.device].used -= it->second.size;
+  if (it->second.host) {
+    s.host_used -= it->second.size;
+  } else if (!it->second.imported) {
+    s.devices[it->second.device].used -= it->second.size;
+  }
   if (s.options.reuse_handle_values) s.free_handle_values.push_back(h);
   s.handles.erase(it);
 }
@@ -238,6 +250,10 @@ int MemfdDevice(int fd) {
 }
 
 void ResetLocked(State& s, const SimOptions& options) {
+  for (auto& [va, m] : s.mappings) {
+    if (m.cpu_view) munmap(reinterpret_cast<void*>(va), m.size);
+  }
+  s.host_used = 0;
   for (auto& [h, ph] : s.handles) {
     munmap(ph.memory, ph.size);
     if (ph.fd >= 0) close(ph.fd);
@@ -453,11 +469,26 @@ CUresult LegacyAllocate(State& s, CUdeviceptr* dptr, size_t bytes) {
   return CUDA_SUCCESS;
 }
 
+// Host memory made by cuMemCreate (CU_MEM_LOCATION_TYPE_HOST_NUMA): the
+// H100's driver 580 supports it on NUMA node 0 of a device reporting
+// CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+// (../shared/DESIGN.md section 8); another node is refused here.
+bool HostVmmSupported(const State& s) { return s.options.host_numa_vmm && !s.devices.empty(); }
+
 CUresult CheckProp(const State& s, const CUmemAllocationProp* prop) {
-  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+    if (!HostVmmSupported(s)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (prop->location.id != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->allocFlags.compressionType != 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+  }
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(s, prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
   if (!s.devices[prop->location.id].vmm) return CUDA_ERROR_NOT_SUPPORTED;
   if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
@@ -637,6 +668,17 @@ SimOptions OptionsFromEnv(std::string* error) {
       }
     }
   }
+  if (const char* v = std::getenv("SIMCUDA_NO_HOST_VMM")) {
+    o.host_numa_vmm = std::string(v) != "1";
+  }
+  if (const char* v = std::getenv("SIMCUDA_HOST_MEMORY_MIB")) {
+    size_t mib;
+    if (absl::SimpleAtoi(v, &mib) && mib > 0 && mib <= (size_t{1} << 24)) {
+      o.host_memory = mib << 20;
+    } else {
+      bad("SIMCUDA_HOST_MEMORY_MIB", v, "MiB of host memory for host VMM handles, from 1 to 16777216");
+    }
+  }
   if (const char* v = std::getenv("SIMCUDA_NO_VMM")) {
     for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
       int d;
@@ -703,8 +745,10 @@ Usage GetUsage() {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
   Usage u;
-  u.handles = s.handles.size();
-  for (auto& [h, ph] : s.handles) u.handle_bytes += ph.size;
+  for (auto& [h, ph] : s.handles) {
+    (ph.host ? u.host_handles : u.handles) += 1;
+    (ph.host ? u.host_handle_bytes : u.handle_bytes) += ph.size;
+  }
   u.mappings = s.mappings.size();
   u.reservations = s.reservations.size();
   for (auto& [p, n] : s.reservations) u.reserved_bytes += n;
@@ -736,7 +780,7 @@ size_t PeerMappedBytes(int peer) {
   std::lock_guard<std::mutex> lock(s.mu);
   size_t bytes = 0;
   for (const auto& [va, m] : s.mappings) {
-    if (ValidDevice(s, peer) && s.handles[m.handle].device != peer &&
+    if (ValidDevice(s, peer) && !s.handles[m.handle].host && s.handles[m.handle].device != peer &&
         m.access[peer] != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
       bytes += m.size;
     }
@@ -835,6 +879,12 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
       break;
     case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
       *value = s.options.generic_compression ? 1 : 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *value = s.options.host_numa_vmm ? 1 : 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+      *value = 0;
       break;
     default:
       *value = 0;
@@ -1712,6 +1762,20 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = CheckProp(s, prop); r != CUDA_SUCCESS) return r;
   if (size == 0 || !Aligned(size, s.options.granularity)) return CUDA_ERROR_INVALID_VALUE;
+  if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+    if (s.host_used + size > s.options.host_memory) return CUDA_ERROR_OUT_OF_MEMORY;
+    int fd = -1;
+    char* mem = MapSharedMemory(size, -1, &fd);
+    if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    s.host_used += size;
+    PhysicalHandle ph{-1, size, mem, 0, 1};
+    ph.fd = fd;
+    ph.host = true;
+    const CUmemGenericAllocationHandle h = NewHandleValue(s);
+    s.handles[h] = ph;
+    *handle = h;
+    return CUDA_SUCCESS;
+  }
   Device& d = s.devices[prop->location.id];
   if (d.used + size > s.options.memory_per_device) return CUDA_ERROR_OUT_OF_MEMORY;
   int fd = -1;
@@ -1739,7 +1803,7 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
   auto it = s.handles.find(handle);
   if (it == s.handles.end() || it->second.released()) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || it->second.fd < 0 ||
-      it->second.imported) {
+      it->second.imported || it->second.host) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
@@ -1781,9 +1845,10 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
   if (it == s.handles.end() || it->second.released()) return CUDA_ERROR_INVALID_VALUE;
   *prop = CUmemAllocationProp{};
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop->location.id = it->second.device;
-  if (it->second.fd >= 0) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop->location.type =
+      it->second.host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = it->second.host ? 0 : it->second.device;
+  if (it->second.fd >= 0 && !it->second.host) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   if (it->second.compressed) prop->allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
   return CUDA_SUCCESS;
 }
@@ -1863,6 +1928,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   if (whole.empty()) return CUDA_ERROR_INVALID_VALUE;
   for (auto it : whole) {
     CUmemGenericAllocationHandle h = it->second.handle;
+    if (it->second.cpu_view) munmap(reinterpret_cast<void*>(it->first), it->second.size);
     s.mappings.erase(it);
     PhysicalHandle& ph = s.handles[h];
     if (--ph.mappings == 0 && ph.released()) FreeHandleMemory(s, h);
@@ -1874,19 +1940,46 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
                         size_t count) {
   SIM_ENTER("cuMemSetAccess");
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  bool cpu = false;
   for (size_t i = 0; i < count; ++i) {
-    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (!ValidDevice(s, desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
     if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
       return CUDA_ERROR_INVALID_VALUE;
     }
+    if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+      // The CPU's access: host memory only, on its own node, read-write.
+      if (desc[i].location.id != 0 || desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      cpu = true;
+      continue;
+    }
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!ValidDevice(s, desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
   }
   auto whole = WholeMappings(s, ptr, size);
   if (whole.empty()) return CUDA_ERROR_INVALID_VALUE;
   for (auto it : whole) {
-    for (size_t i = 0; i < count; ++i) it->second.access[desc[i].location.id] = desc[i].flags;
+    const PhysicalHandle& ph = s.handles[it->second.handle];
+    if (cpu && !ph.host) return CUDA_ERROR_INVALID_VALUE;  // device memory: no CPU access
+    // A device reaches host memory only where the driver supports it.
+    if (ph.host && !s.options.host_numa_vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  for (auto it : whole) {
+    for (size_t i = 0; i < count; ++i) {
+      if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        it->second.access[desc[i].location.id] = desc[i].flags;
+      }
+    }
+    if (cpu && !it->second.cpu_view) {
+      const PhysicalHandle& ph = s.handles[it->second.handle];
+      void* at = mmap(reinterpret_cast<void*>(it->first), it->second.size,
+                      PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, ph.fd,
+                      static_cast<off_t>(it->second.offset));
+      if (at == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+      it->second.cpu_view = true;
+    }
   }
   return CUDA_SUCCESS;
 }
@@ -1944,6 +2037,40 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CU
   if (SpansRegistrations(s, src, bytes)) return CUDA_ERROR_INVALID_VALUE;
   return AccessLocked(s, CurrentDevice(), dst, static_cast<char*>(const_cast<void*>(src)),
                       bytes, true);
+}
+
+namespace {
+// Device memory to device memory (either may be host memory mapped by VMM),
+// as a device access of the current context's device on both sides.
+CUresult CopyDtoDLocked(State& s, CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  const int device = CurrentDevice();
+  if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  std::vector<char> staging(std::min<size_t>(bytes, size_t{8} << 20));
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(staging.size(), bytes - done);
+    if (CUresult r = AccessLocked(s, device, src + done, staging.data(), n, false);
+        r != CUDA_SUCCESS) {
+      return r;
+    }
+    if (CUresult r = AccessLocked(s, device, dst + done, staging.data(), n, true);
+        r != CUDA_SUCCESS) {
+      return r;
+    }
+    done += n;
+  }
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  SIM_ENTER("cuMemcpyDtoD_v2");
+  return CopyDtoDLocked(s, dst, src, bytes);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  SIM_ENTER("cuMemcpyDtoDAsync_v2");
+  if (stream != nullptr && s.streams.count(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return CopyDtoDLocked(s, dst, src, bytes);
 }
 
 // Page-locked host memory: ordinary host memory here (the simulation's

@@ -57,6 +57,16 @@ struct SimOptions {
   // A freed handle's value is given to the next cuMemCreate or import, as
   // the real driver may (its handle values are not unique over time).
   bool reuse_handle_values = false;
+  // cuMemCreate of host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA, node 0),
+  // mapped and accessed as device memory is, and by the CPU through its VA
+  // once cuMemSetAccess grants the host location: every device reports
+  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED so
+  // (and HOST_NUMA_ID 0), as the H100 and H200 do; false: refused with
+  // CUDA_ERROR_NOT_SUPPORTED. SIMCUDA_NO_HOST_VMM=1 turns it off.
+  bool host_numa_vmm = true;
+  // The host memory such handles may hold (CUDA_ERROR_OUT_OF_MEMORY past it;
+  // SIMCUDA_HOST_MEMORY_MIB).
+  size_t host_memory = size_t{64} << 30;
 };
 
 // Streams: any non-null CUstream value names a stream (cuStreamCreate makes
@@ -89,6 +99,8 @@ void ReleaseStream(CUstream stream);
 // SIMCUDA_DEVICES (device count, 1 to kMaxSimDevices; default 2),
 // SIMCUDA_MEMORY_MIB (memory per device, MiB), SIMCUDA_COMPRESSION=1 (generic
 // compression supported), SIMCUDA_NO_VMM (comma-separated ordinals),
+// SIMCUDA_NO_HOST_VMM=1 (no host-located cuMemCreate), SIMCUDA_HOST_MEMORY_MIB
+// (the host memory such handles may hold),
 // SIMCUDA_NO_P2P (pairs without peer capability, "0-3,1-2"), SIMCUDA_FAIL
 // (entry:nth:code[,...], libcuda.so.1 only). A malformed value sets *error
 // (when given) to a message naming the variable and what it takes; the
@@ -117,8 +129,10 @@ uint64_t CallCount(const std::string& entry);
 void ResetCallCounts();
 
 struct Usage {
-  size_t handles = 0;        // physical handles not yet freed
+  size_t handles = 0;        // device memory handles not yet freed
   size_t handle_bytes = 0;   // their bytes
+  size_t host_handles = 0;   // host memory handles (CU_MEM_LOCATION_TYPE_HOST_NUMA)
+  size_t host_handle_bytes = 0;
   size_t mappings = 0;
   size_t reservations = 0;
   size_t reserved_bytes = 0;
@@ -229,6 +243,9 @@ void WaitWhileCheckpointLocked();
   X(cuMemcpyDtoHAsync_v2, (void* dst, CUdeviceptr src, size_t bytes, CUstream stream), \
     (dst, src, bytes, stream))                                                       \
   X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream), \
+    (dst, src, bytes, stream))                                                       \
+  X(cuMemcpyDtoD_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes), (dst, src, bytes)) \
+  X(cuMemcpyDtoDAsync_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream), \
     (dst, src, bytes, stream))                                                       \
   X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t count),             \
     (dst, value, count))                                                             \
