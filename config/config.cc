@@ -99,6 +99,24 @@ bool ApplyPinnedPool(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyPausedAccess(absl::string_view value, int, Config* config) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (v != "host" && v != "fault") return false;
+  config->paused_memory_addressable = v == "host";
+  return true;
+}
+
+bool ApplyHostPoolIdle(absl::string_view value, int, Config* config) {
+  double seconds;
+  // Written so that NaN fails too.
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(value), &seconds) ||
+      !(seconds >= 0 && seconds <= 86400 * 365)) {
+    return false;
+  }
+  config->host_pool_idle_seconds = seconds;
+  return true;
+}
+
 bool ApplyTraceFile(absl::string_view value, int pid, Config* config) {
   return ApplyPidPath(value, pid, &config->trace_file);
 }
@@ -326,6 +344,20 @@ constexpr OptionInfo kOptions[] = {
      "the memory cgroup's limit less its use), with a warning naming the limit, so that it "
      "never gets the process OOM-killed.",
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
+    {"VMMSHIM_PAUSED_ACCESS", "enum", "host", "host, fault",
+     "What a kernel or copy that touches paused memory meets (docs/pause-resume.md, "
+     "\"Touching paused memory\"). host: the kept contents themselves, in host memory mapped "
+     "at the paused address (read and written over the bus, slowly; the writes are there "
+     "after the resume), or scratch memory where the contents were dropped (undefined data), "
+     "so that no access kills the CUDA context; the host memory is pinned and kept for the "
+     "next pause (VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and an access "
+     "kills the context, with everything paused.",
+     &ApplyPausedAccess, false, OptionKey::kPausedAccess},
+    {"VMMSHIM_HOST_POOL_IDLE", "seconds", "300", "0 to 31536000",
+     "Host memory that held paused contents is kept, pinned, for the next pause (which then "
+     "copies at the copy engine's speed); unused this long, it is released. 0: kept until "
+     "the process ends.",
+     &ApplyHostPoolIdle, false, OptionKey::kHostPoolIdle},
     {"VMMSHIM_SLEEP_LOWERS_STACK", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: a deep sleep lowers each active primary context's stack limit (CU_LIMIT_STACK_SIZE) "
      "to 0 before the driver's checkpoint and the wake sets it back, so that the checkpoint "

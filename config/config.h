@@ -77,6 +77,12 @@ struct Config {
   // VMMSHIM_PINNED_POOL: page-locked host memory made ahead for pauses that
   // keep contents (core/heap/pinned_pool.h); 0 = none.
   size_t pinned_pool_bytes = 0;
+  // VMMSHIM_PAUSED_ACCESS: host (true) or fault (false): what paused memory
+  // maps (core/heap/host_mapped_pool.h).
+  bool paused_memory_addressable = true;
+  // VMMSHIM_HOST_POOL_IDLE: seconds before unused host memory kept for the
+  // next pause is released; 0 = kept until exit.
+  double host_pool_idle_seconds = 300;
   // VMMSHIM_SLEEP_LOWERS_STACK: a deep sleep lowers the contexts' stack
   // limit for the driver's checkpoint (core/lifecycle/stack_reservation.h).
   bool sleep_lowers_stack = true;
@@ -113,6 +119,8 @@ enum class OptionKey {
   kAttribution,
   kControl,
   kPinnedPool,
+  kPausedAccess,
+  kHostPoolIdle,
   kSleepLowersStack,
   kQuiesceTimeout,
   kStatsPid,  // the last: config.cc checks that the table has a row for each

@@ -22,7 +22,8 @@ ShimCore::ShimCore(const DriverApi& driver, AllocatorOptions options)
       foreign_(driver),
       pause_(driver, heaps_, captures_,
              options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(16),
-             {options_.pinned_pool_bytes, options_.pinned_pool_chunk_bytes}, &foreign_),
+             {options_.pinned_pool_bytes, options_.pinned_pool_chunk_bytes}, &foreign_,
+             {options_.paused_memory_addressable, options_.host_pool_idle_seconds}),
       allocator_(driver, options_, heaps_, captures_, free_syncs_, stream_ordered_,
                  memory_margin_bytes_),
       control_(MemoryControl::Rooms{driver, options_, heaps_, captures_, free_syncs_,
@@ -76,6 +77,10 @@ void ShimCore::AfterFork(bool in_child) {
   captures_.AfterForkParentGate();
 }
 
-absl::Status ShimCore::ReleaseAll() { return heaps_.ReleaseAll(); }
+absl::Status ShimCore::ReleaseAll() {
+  absl::Status status = heaps_.ReleaseAll();
+  pause_.ReleaseHostMemory();  // after the heaps: their paused blocks gave theirs back
+  return status;
+}
 
 }  // namespace vmmshim

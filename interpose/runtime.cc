@@ -182,6 +182,8 @@ const Runtime* Initialize() {
     options.compression = rt->config.compression;
     options.arenas = rt->config.arenas;
     options.pinned_pool_bytes = rt->config.pinned_pool_bytes;
+    options.paused_memory_addressable = rt->config.paused_memory_addressable;
+    options.host_pool_idle_seconds = rt->config.host_pool_idle_seconds;
     rt->history = new MemoryHistory;
     options.history = rt->history;
     if (rt->config.attribution) rt->callers = new CallerLibraries;

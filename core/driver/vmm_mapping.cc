@@ -1,5 +1,6 @@
 #include "core/driver/vmm_mapping.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -74,6 +75,33 @@ absl::Status VmmMapper::SetAccess(CUdeviceptr va, size_t size, DeviceSet grant,
 
 absl::Status VmmMapper::Unmap(CUdeviceptr va, size_t size) const {
   return DriverError(driver_.cuMemUnmap(va, size), "cuMemUnmap");
+}
+
+absl::Status VmmMapper::GrantHostAccess(CUdeviceptr va, size_t size, int numa_node) const {
+  CUmemAccessDesc desc = {};
+  desc.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  desc.location.id = numa_node;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return DriverError(driver_.cuMemSetAccess(va, size, &desc, 1), "cuMemSetAccess (host)");
+}
+
+absl::Status VmmMapper::MapRepeated(CUdeviceptr va, size_t size,
+                                    CUmemGenericAllocationHandle handle, size_t piece,
+                                    DeviceSet access) const {
+  size_t mapped = 0;
+  absl::Status status;
+  while (mapped < size && status.ok()) {
+    const size_t n = std::min(piece, size - mapped);
+    status = DriverError(driver_.cuMemMap(va + mapped, n, 0, handle, 0), "cuMemMap");
+    if (status.ok()) mapped += n;
+  }
+  if (status.ok()) status = SetAccess(va, size, access, DeviceSet());
+  if (!status.ok()) {
+    for (size_t at = 0; at < mapped; at += piece) {
+      driver_.cuMemUnmap(va + at, std::min(piece, mapped - at));
+    }
+  }
+  return status;
 }
 
 absl::StatusOr<CUdeviceptr> VmmMapper::ImportAndMap(int fd, size_t size, size_t alignment,

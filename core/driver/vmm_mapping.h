@@ -70,6 +70,19 @@ class VmmMapper {
   // cuMemUnmap of [va, va + size). On failure the range stays mapped.
   absl::Status Unmap(CUdeviceptr va, size_t size) const;
 
+  // Host memory (cuMemCreate at CU_MEM_LOCATION_TYPE_HOST_NUMA): the CPU's
+  // read-write access to [va, va + size), which must map host memory of
+  // NUMA node `numa_node` (device memory: CUDA_ERROR_INVALID_VALUE).
+  absl::Status GrantHostAccess(CUdeviceptr va, size_t size, int numa_node) const;
+
+  // Virtual aliasing (guide 4.16.5.3): the first `piece` bytes of `handle`
+  // mapped again and again over [va, va + size), the last time only as much
+  // as is left (a multiple of the granularity), then read-write access for
+  // `access` over the whole range in one cuMemSetAccess. On failure nothing
+  // stays mapped.
+  absl::Status MapRepeated(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle,
+                           size_t piece, DeviceSet access) const;
+
   // IPC import (guide 4.16.3): imports the POSIX file descriptor `fd`
   // (which stays the caller's), reserves `size` bytes aligned to
   // `alignment`, maps the whole handle and grants `access`. On failure

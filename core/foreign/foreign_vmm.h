@@ -144,15 +144,19 @@ class ForeignVmm final : public PausableMemory {
   absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                       PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void PauseAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) override
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // `views`: not used; other libraries' paused memory maps nothing and an
+  // access to it faults (docs/pause-resume.md, "Touching paused memory").
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
+                                     PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                       HostMappedPools* views,
                                        PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Drops the host copy whatever `retain_contents` asks (PauseCoordinator::
   // Resume: other libraries' VMM memory keeps no copy across a resume).
   void ResumeCommit(const TagSelection& tag, bool retain_contents) override
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  void ResumeAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void ResumeAbort(const TagSelection& tag, HostMappedPools* views) override
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }

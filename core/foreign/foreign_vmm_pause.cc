@@ -203,7 +203,8 @@ void ForeignVmm::PauseAbort(const TagSelection&) {
   }
 }
 
-absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, PauseTimes* times) {
+absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMappedPools*,
+                                               PauseTimes* times) {
   const auto start = std::chrono::steady_clock::now();
   ReleaseOrphansLocked();
   std::vector<HandleValue> marked;
@@ -269,6 +270,7 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, PauseTim
 }
 
 absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
+                                                 HostMappedPools*,
                                                  PauseTimes* times) {
   ReleaseOrphansLocked();
   std::vector<HandleValue> chosen;
@@ -293,7 +295,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
       Log().warn("vmmshim_resume_memory({}): {} bytes of another library's VMM memory on device "
                  "{}: {}; everything stays paused",
                  tag.Describe(), h.size, h.device, status.ToString());
-      ResumeAbort(tag);
+      ResumeAbort(tag, nullptr);
       return status;
     }
     h.real = real;
@@ -316,7 +318,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
                  "stays paused",
                  tag.Describe(), value, h.size, copied.ToString());
       copier.Finish().IgnoreError();  // copies under way into memory unmapped now
-      ResumeAbort(tag);
+      ResumeAbort(tag, nullptr);
       return copied;
     }
     times->copied_bytes += h.size;
@@ -343,7 +345,7 @@ void ForeignVmm::ResumeCommit(const TagSelection&, bool /*retain_contents*/) {
   }
 }
 
-void ForeignVmm::ResumeAbort(const TagSelection&) {
+void ForeignVmm::ResumeAbort(const TagSelection&, HostMappedPools*) {
   for (auto& [value, h] : handles_) {
     if (!h.paused || h.real == 0) continue;
     if (absl::Status s = UnmapAllLocked(value); !s.ok()) {

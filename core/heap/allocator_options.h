@@ -60,6 +60,14 @@ struct AllocatorOptions {
   // device allocation, kept to the end of the process (core/heap/pinned_pool.h;
   // VMMSHIM_PINNED_POOL); 0: none.
   size_t pinned_pool_bytes = 0;
+  // Paused memory stays addressable (VMMSHIM_PAUSED_ACCESS=host): kept
+  // contents in host memory mapped at the paused address, scratch memory
+  // where contents were dropped (core/heap/host_mapped_pool.h); false
+  // (=fault): nothing is mapped there and an access faults.
+  bool paused_memory_addressable = true;
+  // The host memory kept for the next pause is released after this many
+  // seconds unused (VMMSHIM_HOST_POOL_IDLE); 0: kept until exit.
+  double host_pool_idle_seconds = 300;
   // What one registration of the pinned pool covers (PinnedPool; not a
   // VMMSHIM_* setting: tests make it small to cut copies at its ends).
   size_t pinned_pool_chunk_bytes = PinnedPool::kDefaultChunkBytes;

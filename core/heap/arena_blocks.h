@@ -40,6 +40,14 @@
 namespace vmmshim {
 
 // One physical handle mapped at its base address.
+// What a paused block's address maps while it is paused
+// (docs/pause-resume.md, "Touching paused memory").
+enum class PausedView : uint8_t {
+  kNothing,   // an access faults (VMMSHIM_PAUSED_ACCESS=fault, or no host VMM memory)
+  kContents,  // its backup's host VMM memory: reads and writes reach the kept contents
+  kScratch,   // the device's scratch granule, again and again: undefined data
+};
+
 struct Block {
   size_t size = 0;  // mapped bytes, a multiple of the granularity
   CUmemGenericAllocationHandle handle = 0;
@@ -60,6 +68,8 @@ struct Block {
   bool paused = false;
   bool pausing = false;  // PausePrepare marked it (contents copied); live until PauseCommit
   std::optional<HostBackup> backup;
+  PausedView view = PausedView::kNothing;  // paused: what its address maps
+  size_t view_piece = 0;                   // the bytes each of the view's mappings covers
 
   size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
   bool unmapped() const { return paused && handle == 0; }

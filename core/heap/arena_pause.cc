@@ -75,35 +75,51 @@ absl::StatusOr<size_t> ArenaPause::PausePrepare(const TagSelection& tag, BackupC
   }
   // Backups first, all of them: host memory that runs out pauses nothing.
   // A block's retained backup is written again in place (same address).
-  std::vector<HostBackup> backups;
-  const auto copy_start = std::chrono::steady_clock::now();
+  std::vector<HostBackup> backups(live.size());
   if (copier != nullptr) {
-    for (CUdeviceptr base : live) {
-      Block& b = arena_.blocks_.Get(base);
-      // The block's context: the pool's check and a pinning need one.
-      ScopedContext ctx(arena_.driver_, b.placement.context);
-      absl::StatusOr<HostBackup> backup =
-          b.backup.has_value()
-              ? std::move(*b.backup)
-              : copier->NewBackup(b.size, absl::StrFormat("vmmshim-%d-device%d-%#x.backup",
-                                                          getpid(), arena_.options_.device, base));
-      b.backup.reset();
-      if (backup.ok() && copier->kind().page_locked && !backup->in_file() &&
-          !backup->page_locked()) {
-        // Pinning is for speed: a refusal (a memlock limit) leaves it pageable.
-        if (absl::Status s = backup->PageLock(arena_.driver_); !s.ok()) {
-          Log().warn("vmmshim_pause_memory({}): page-locking the copy of {:#x}: {}; kept "
-                     "pageable",
-                     tag.Describe(), base, s.ToString());
-        }
+    const auto backups_start = std::chrono::steady_clock::now();
+    std::vector<size_t> fresh, sizes;  // blocks without a retained backup
+    std::vector<std::string> names;
+    for (size_t i = 0; i < live.size(); ++i) {
+      Block& b = arena_.blocks_.Get(live[i]);
+      if (b.backup.has_value()) {
+        backups[i] = std::move(*b.backup);
+        b.backup.reset();
+      } else {
+        fresh.push_back(i);
+        sizes.push_back(b.size);
+        names.push_back(absl::StrFormat("vmmshim-%d-device%d-%#x.backup", getpid(),
+                                        arena_.options_.device, live[i]));
       }
-      if (!backup.ok()) {
-        Log().error("vmmshim_pause_memory({}): {}; nothing paused", tag.Describe(),
-                    backup.status().ToString());
-        return backup.status();
-      }
-      backups.push_back(*std::move(backup));
     }
+    if (!fresh.empty()) {
+      // A context: the pinned pool's check and a pinning need one.
+      ScopedContext ctx(arena_.driver_, arena_.blocks_.Get(live[fresh[0]]).placement.context);
+      absl::StatusOr<std::vector<HostBackup>> made =
+          copier->NewBackups(arena_.options_.device, sizes, names);
+      if (!made.ok()) {
+        Log().error("vmmshim_pause_memory({}): {}; nothing paused", tag.Describe(),
+                    made.status().ToString());
+        for (size_t i = 0; i < live.size(); ++i) {  // retained backups stay theirs
+          if (backups[i].data() != nullptr) arena_.blocks_.Get(live[i]).backup = std::move(backups[i]);
+        }
+        return made.status();
+      }
+      for (size_t k = 0; k < fresh.size(); ++k) backups[fresh[k]] = std::move((*made)[k]);
+    }
+    for (size_t i = 0; i < live.size(); ++i) {
+      HostBackup& backup = backups[i];
+      if (!copier->kind().page_locked || backup.in_file() || backup.page_locked()) continue;
+      // Pinning is for speed: a refusal (a memlock limit) leaves it pageable.
+      ScopedContext ctx(arena_.driver_, arena_.blocks_.Get(live[i]).placement.context);
+      if (absl::Status st = backup.PageLock(arena_.driver_); !st.ok()) {
+        Log().warn("vmmshim_pause_memory({}): page-locking the copy of {:#x}: {}; kept "
+                   "pageable",
+                   tag.Describe(), live[i], st.ToString());
+      }
+    }
+    times->backups += PauseTimes::Since(backups_start);
+    const auto copy_start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < live.size(); ++i) {
       const Block& b = arena_.blocks_.Get(live[i]);
       ScopedContext ctx(arena_.driver_, b.placement.context);
@@ -145,7 +161,8 @@ void ArenaPause::PauseAbort(const TagSelection& tag) {
   }
 }
 
-absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, PauseTimes* times) {
+absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, HostMappedPools* views,
+                                               PauseTimes* times) {
   MutexLock lock(&arena_.mu_);
   const auto start = std::chrono::steady_clock::now();
   std::vector<CUdeviceptr> marked, cached;
@@ -182,11 +199,17 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, PauseTim
     arena_.acct_.Mapped(b.access - DeviceSet::Of(arena_.options_.device), -static_cast<int64_t>(b.size));
     arena_.acct_.PoolReserved(b.placement.stream_ordered, -static_cast<int64_t>(b.size));
     arena_.RecordSegmentLocked(HistoryAction::kSegmentUnmap, base, b);
+    const DeviceSet had_access = b.access | DeviceSet::Of(arena_.options_.device);
     b.handle = 0;
     b.access = DeviceSet();
     b.paused = true;
     arena_.acct_.Paused(static_cast<int64_t>(b.size));
     ++times->blocks;
+    if (views != nullptr) {
+      const auto step = std::chrono::steady_clock::now();
+      MapViewLocked(base, b, had_access, *views);
+      times->views += PauseTimes::Since(step);
+    }
   }
   // The tag's freed memory goes too: it is memory the program gave up.
   for (CUdeviceptr base : cached) {
@@ -203,8 +226,53 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, PauseTim
   return released;
 }
 
+void ArenaPause::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
+  MutexLock lock(&arena_.mu_);
+  for (const auto& [base, b] : arena_.blocks_.blocks()) {
+    if (!Selected(*b, tag) || !b->paused || b->view == PausedView::kNothing) continue;
+    if (std::find(contexts->begin(), contexts->end(), b->placement.context) == contexts->end()) {
+      contexts->push_back(b->placement.context);
+    }
+  }
+}
+
+void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
+                               HostMappedPools& views) {
+  if (b.view != PausedView::kNothing) return;  // mapped already (a view the resume kept)
+  const int device = arena_.options_.device;
+  const HostMappedMemory* contents = b.backup.has_value() ? b.backup->host_mapped() : nullptr;
+  if (b.backup.has_value() && contents == nullptr) return;  // kept elsewhere: faults
+  HostMappedPool* pool = contents == nullptr ? views.For(device) : nullptr;
+  if (contents == nullptr && pool == nullptr) return;  // no host VMM memory here
+  // The owner's and the peers' access as before the pause; where a peer's
+  // is refused, the owner's alone.
+  absl::Status status;
+  for (DeviceSet grant : {access, DeviceSet::Of(device)}) {
+    if (contents != nullptr) {
+      status = arena_.mapper_.MapWithAccess(base, b.size, contents->handle(), grant);
+      if (status.ok()) {
+        b.view = PausedView::kContents;
+        b.view_piece = b.size;
+      }
+    } else {
+      absl::StatusOr<size_t> piece = pool->MapScratch(base, b.size, grant);
+      status = piece.status();
+      if (piece.ok()) {
+        b.view = PausedView::kScratch;
+        b.view_piece = *piece;
+      }
+    }
+    if (status.ok() || grant == DeviceSet::Of(device)) break;
+  }
+  if (!status.ok()) {
+    Log().warn("device {}: paused memory at {:#x} ({} bytes) is not addressable: {}; an access "
+               "to it faults",
+               device, base, b.size, status.ToString());
+  }
+}
+
 absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                                PauseTimes* times) {
+                                                HostMappedPools* views, PauseTimes* times) {
   MutexLock lock(&arena_.mu_);
   // Handles a pause or an earlier undo could not release hold memory the
   // resume may need.
@@ -213,8 +281,19 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
   for (const auto& [base, owned] : arena_.blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused) paused.push_back(base);
   }
+  // Mapped again with their views (when they had one) after the undo.
+  auto view_again = [&](CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) {
+    Block& b = arena_.blocks_.Get(base);
+    if (views != nullptr && b.handle == 0) {
+      MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
+                    *views);
+    }
+  };
   auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) {
-    for (CUdeviceptr base : mapped_now) arena_.UnmapPausedLocked(base);
+    for (CUdeviceptr base : mapped_now) {
+      arena_.UnmapPausedLocked(base);
+      view_again(base);
+    }
   };
   size_t bytes = 0;
   for (CUdeviceptr base : paused) {
@@ -236,7 +315,16 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
     // peers the policy or explicit grants allow among those enabled now.
     const DeviceSet target = arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device);
     absl::Status status = handle.status();
-    if (handle.ok()) {
+    if (handle.ok() && b.view != PausedView::kNothing) {  // the contexts were synchronized
+      step = std::chrono::steady_clock::now();
+      status = arena_.UnmapPausedViewLocked(base, b);
+      times->views += PauseTimes::Since(step);
+      if (!status.ok() && !arena_.mapper_.Release(*handle).ok()) {
+        arena_.orphans_.AddHandle(*handle, b.size);
+        arena_.acct_.Handle(static_cast<int64_t>(b.size));  // counted until released
+      }
+    }
+    if (handle.ok() && status.ok()) {
       step = std::chrono::steady_clock::now();
       status = arena_.mapper_.MapWithAccess(base, b.size, *handle, target);
       times->map += PauseTimes::Since(step);
@@ -249,6 +337,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
       Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
                  "stays paused",
                  tag.Describe(), b.size, base, arena_.options_.device, status.ToString());
+      view_again(base);
       undo();
       return status;
     }
@@ -296,13 +385,20 @@ void ArenaPause::ResumeCommit(const TagSelection& tag, bool retain) {
   }
 }
 
-void ArenaPause::ResumeAbort(const TagSelection& tag) {
+void ArenaPause::ResumeAbort(const TagSelection& tag, HostMappedPools* views) {
   MutexLock lock(&arena_.mu_);
   std::vector<CUdeviceptr> mapped;
   for (const auto& [base, owned] : arena_.blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused && owned->handle != 0) mapped.push_back(base);
   }
-  for (CUdeviceptr base : mapped) arena_.UnmapPausedLocked(base);
+  for (CUdeviceptr base : mapped) {
+    arena_.UnmapPausedLocked(base);
+    Block& b = arena_.blocks_.Get(base);
+    if (views != nullptr && b.handle == 0) {
+      MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
+                    *views);
+    }
+  }
 }
 
 }  // namespace vmmshim

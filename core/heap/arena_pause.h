@@ -56,10 +56,14 @@ class ArenaPause final : public PausableMemory {
   // blocks (the VA stays theirs) and releases the tag's cached memory;
   // returns the physical bytes the driver got back; a block whose unmap
   // fails stays live and the first such error is returned after the rest.
+  // With `views`, each paused block's address maps its view (MapViewLocked).
   absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                       PauseTimes* times) override;
   void PauseAbort(const TagSelection& tag) override;
-  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) override;
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
+                                     PauseTimes* times) override;
+  // The contexts of the selected paused blocks that have a view.
+  void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override;
   // Resume in two steps, likewise: Prepare maps new memory at each paused
   // block's address with the access it would have had (Target), unless a
   // failed undo left it mapped, and copies the backup in; Commit forgets the
@@ -69,10 +73,10 @@ class ArenaPause final : public PausableMemory {
   // once before failing with CUDA_ERROR_OUT_OF_MEMORY; on failure it undoes
   // what it mapped. Returns the bytes mapped.
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                       PauseTimes* times) override;
+                                       HostMappedPools* views, PauseTimes* times) override;
   // `retain`: the blocks keep their backups (PauseCoordinator::Resume).
   void ResumeCommit(const TagSelection& tag, bool retain) override;
-  void ResumeAbort(const TagSelection& tag) override;
+  void ResumeAbort(const TagSelection& tag, HostMappedPools* views) override;
 
  private:
   // Whether `b` is selected by a pause or resume of `tag` (stream-ordered
@@ -80,6 +84,13 @@ class ArenaPause final : public PausableMemory {
   static bool Selected(const Block& b, const TagSelection& tag) {
     return tag.Matches(b.placement.tag);
   }
+
+  // Maps paused `b`'s view at `base` (Block::view) with read-write access
+  // for `access` (or the owner's alone where a peer's is refused): its
+  // backup's host VMM memory, or `views`' scratch when its contents were
+  // dropped; nothing when they were kept in other host memory. A failure is
+  // logged and leaves no view (an access faults).
+  void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views);
 
   HeapArena& arena_;
 };

@@ -295,7 +295,8 @@ void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
 
 absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
   Block& b = blocks_.Get(base);
-  if (b.unmapped()) {  // paused: nothing mapped, no handle; only the VA goes back
+  if (b.unmapped()) {  // paused: no handle; its view and the VA go back
+    if (absl::Status s = UnmapPausedViewLocked(base, b); !s.ok()) return s;
     ForgetBlockLocked(base, Forget::kReleased);
     return absl::OkStatus();
   }

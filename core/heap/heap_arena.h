@@ -237,6 +237,11 @@ class HeapArena final {
   // again (a failing unmap keeps it mapped for the next resume; a failing
   // release leaves an orphan handle, still counted, retried by Trim).
   void UnmapPausedLocked(CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A paused block's view (Block::view) unmapped: in one call where the
+  // driver takes the whole range, else mapping by mapping. On failure the
+  // view stays (an access still reaches it) and the error is returned.
+  absl::Status UnmapPausedViewLocked(CUdeviceptr base, Block& b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block leaves the search for new allocations, and the cache.
   void Seal(CUdeviceptr base, Block& block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a new allocation of `bytes` and the peers' grants or denials.

@@ -129,6 +129,25 @@ void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
   b.access = DeviceSet();
 }
 
+absl::Status HeapArena::UnmapPausedViewLocked(CUdeviceptr base, Block& b) {
+  if (b.view == PausedView::kNothing) return absl::OkStatus();
+  absl::Status s = mapper_.Unmap(base, b.size);
+  if (!s.ok() && b.view_piece > 0 && b.view_piece < b.size) {
+    s = absl::OkStatus();
+    for (size_t at = 0; at < b.size; at += b.view_piece) {
+      s.Update(mapper_.Unmap(base + at, std::min(b.view_piece, b.size - at)));
+    }
+  }
+  if (!s.ok()) {
+    Log().warn("device {}: unmapping the host memory at paused {:#x} ({} bytes): {}",
+               options_.device, base, b.size, s.ToString());
+    return s;
+  }
+  b.view = PausedView::kNothing;
+  b.view_piece = 0;
+  return s;
+}
+
 absl::Status HeapArena::ReleaseAll() {
   MutexLock lock(&mu_);
   absl::Status first;

@@ -135,9 +135,20 @@ HostBackup HostBackup::FromPool(PinnedPool& pool, size_t bytes) {
   return b;
 }
 
+HostBackup HostBackup::FromHostMapped(HostMappedMemory memory, HostMappedPool& pool) {
+  HostBackup b;
+  b.data_ = memory.data();
+  b.size_ = memory.size();
+  b.host_mapped_ = std::move(memory);
+  b.host_pool_ = &pool;
+  return b;
+}
+
 HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
   if (this != &o) {
     Reset();
+    host_mapped_ = std::move(o.host_mapped_);
+    host_pool_ = std::exchange(o.host_pool_, nullptr);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     path_ = std::move(o.path_);
@@ -151,6 +162,14 @@ HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
 
 void HostBackup::Reset() {
   if (data_ == nullptr) return;
+  if (!host_mapped_.empty()) {
+    host_pool_->Give(std::move(host_mapped_));
+    host_mapped_ = HostMappedMemory();
+    host_pool_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+    return;
+  }
   if (pool_ != nullptr) {
     pool_->Give(data_, size_);
     data_ = nullptr;
@@ -234,8 +253,12 @@ absl::Status StagingRing::Ready() {
 }
 
 BackupCopier::BackupCopier(const DriverApi& driver, StagingRing& ring, int threads,
-                           PinnedPool* pool)
-    : driver_(driver), ring_(ring), threads_(std::max(1, threads)), pool_(pool) {}
+                           PinnedPool* pool, HostMappedPools* host_pools)
+    : driver_(driver),
+      ring_(ring),
+      threads_(std::max(1, threads)),
+      pool_(pool),
+      host_pools_(host_pools) {}
 
 BackupCopier::~BackupCopier() {
   if (absl::Status s = Finish(); !s.ok()) {
@@ -254,6 +277,47 @@ absl::StatusOr<HostBackup> BackupCopier::NewBackup(size_t bytes, const std::stri
   }
   return in_file ? HostBackup::CreateInFile(bytes, kind_.directory, file_name)
                  : HostBackup::Create(bytes);
+}
+
+absl::StatusOr<std::vector<HostBackup>> BackupCopier::NewBackups(
+    int device, const std::vector<size_t>& sizes, const std::vector<std::string>& file_names) {
+  std::vector<HostBackup> out(sizes.size());
+  std::vector<bool> made(sizes.size(), false);
+  HostMappedPool* host_pool = kind_.addressable && kind_.directory.empty() && host_pools_ != nullptr
+                                  ? host_pools_->For(device)
+                                  : nullptr;
+  if (host_pool != nullptr) {
+    std::vector<size_t> wanted;  // indexes of `sizes` the node's granularity divides
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] % host_pool->node().granularity == 0) wanted.push_back(i);
+    }
+    std::vector<size_t> wanted_sizes;
+    for (size_t i : wanted) wanted_sizes.push_back(sizes[i]);
+    std::vector<absl::StatusOr<HostMappedMemory>> taken = host_pool->Take(wanted_sizes);
+    size_t refused = 0;
+    absl::Status why;
+    for (size_t k = 0; k < wanted.size(); ++k) {
+      if (!taken[k].ok()) {
+        refused += wanted_sizes[k];
+        why.Update(taken[k].status());
+        continue;
+      }
+      out[wanted[k]] = HostBackup::FromHostMapped(*std::move(taken[k]), *host_pool);
+      made[wanted[k]] = true;
+    }
+    if (refused > 0) {
+      Log().warn("device {}: host VMM memory for {} bytes of paused contents: {}; those are "
+                 "kept in other host memory and fault if touched while paused",
+                 device, refused, why.ToString());
+    }
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (made[i]) continue;
+    absl::StatusOr<HostBackup> b = NewBackup(sizes[i], file_names[i]);
+    if (!b.ok()) return b.status();
+    out[i] = *std::move(b);
+  }
+  return out;
 }
 
 absl::StatusOr<CUstream> BackupCopier::StreamForCurrentContext() {
@@ -316,7 +380,26 @@ absl::Status BackupCopier::Finish() {
   return first;
 }
 
+absl::Status BackupCopier::CopyDeviceToDevice(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  if (driver_.cuMemcpyDtoDAsync_v2 == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemcpyDtoDAsync");
+  }
+  absl::StatusOr<CUstream> stream = StreamForCurrentContext();
+  if (!stream.ok()) return stream.status();
+  for (size_t off = 0, n; off < bytes; off += n) {
+    n = std::min(kCopyPartBytes, bytes - off);
+    if (CUresult r = driver_.cuMemcpyDtoDAsync_v2(dst + off, src + off, n, *stream);
+        r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemcpyDtoDAsync (host VMM memory)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
+  if (const HostMappedMemory* m = dst.host_mapped()) {
+    return CopyDeviceToDevice(m->address(), src, dst.size());
+  }
   if (dst.page_locked()) {
     if (absl::Status s = CopyPageLocked(dst.data(), src, dst.size(), true, dst.from_pool()); !s.ok()) return s;
   } else if (absl::Status s = ToHost(dst.data(), src, dst.size()); !s.ok()) {
@@ -326,6 +409,9 @@ absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
 }
 
 absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const HostBackup& src) {
+  if (const HostMappedMemory* m = src.host_mapped()) {
+    return CopyDeviceToDevice(dst, m->address(), src.size());
+  }
   if (!src.page_locked()) return ToDevice(dst, src.data(), src.size());
   return CopyPageLocked(src.data(), dst, src.size(), false, src.from_pool());
 }

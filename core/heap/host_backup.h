@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/driver/driver_api.h"
+#include "core/heap/host_mapped_pool.h"
 #include "core/heap/pinned_pool.h"
 
 namespace vmmshim {
@@ -51,6 +52,16 @@ struct BackupKind {
   // to the disk and dropped from the page cache after the copy (host memory
   // too small for the contents), removed with the backup.
   std::string directory;
+  // Host VMM memory from the device's HostMappedPool
+  // (core/heap/host_mapped_pool.h), which the pause maps at the paused
+  // address so that the memory stays addressable, and scratch memory mapped
+  // where contents are dropped; only where VMMSHIM_PAUSED_ACCESS=host (the
+  // default; PauseCoordinator decides), never with `directory`. Where the
+  // device has none, or the driver refuses it, the backup is made as without
+  // it, and that block faults if touched. false: as with
+  // VMMSHIM_PAUSED_ACCESS=fault (a deep sleep's pause: nothing runs until
+  // the wake).
+  bool addressable = true;
 };
 
 // Host memory holding one block's contents: anonymous memory (mmap),
@@ -76,6 +87,9 @@ class HostBackup {
   // A range of `pool` (page-locked already), or an empty backup (data()
   // null) when the pool has none that large. Given back at destruction.
   static HostBackup FromPool(PinnedPool& pool, size_t bytes);
+  // Host VMM memory from `pool` (HostMappedPool::Take), given back to it at
+  // destruction; data() is its CPU view.
+  static HostBackup FromHostMapped(HostMappedMemory memory, HostMappedPool& pool);
   HostBackup() = default;
   HostBackup(HostBackup&& o) noexcept { *this = std::move(o); }
   HostBackup& operator=(HostBackup&& o) noexcept;
@@ -94,7 +108,13 @@ class HostBackup {
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
-  bool page_locked() const { return driver_ != nullptr || pool_ != nullptr; }
+  bool page_locked() const {
+    return driver_ != nullptr || pool_ != nullptr || !host_mapped_.empty();
+  }
+  // The host VMM memory holding it (FromHostMapped), else nullptr.
+  const HostMappedMemory* host_mapped() const {
+    return host_mapped_.empty() ? nullptr : &host_mapped_;
+  }
   bool from_pool() const { return pool_ != nullptr; }
   bool in_file() const { return !path_.empty(); }
   const std::string& path() const { return path_; }
@@ -108,6 +128,8 @@ class HostBackup {
   const DriverApi* driver_ = nullptr;   // set while page-locked by PageLock
   CUcontext context_ = nullptr;         // current at the registration
   PinnedPool* pool_ = nullptr;          // set for a range of the pinned pool
+  HostMappedMemory host_mapped_;        // FromHostMapped
+  HostMappedPool* host_pool_ = nullptr; // where host_mapped_ goes back
 };
 
 // The host memory available for backups now (HostMemoryHeadroomNow in
@@ -169,10 +191,10 @@ class BackupCopier {
   static constexpr size_t kCopyPartBytes = size_t{1} << 30;
 
   // `threads` >= 1 copy threads (the CPUs the process may use, at most 16,
-  // is what the measurement above used). `driver`, `ring` and `pool`
-  // (nullable: no pool) must outlive the copier.
+  // is what the measurement above used). `driver`, `ring`, `pool` and
+  // `host_pools` (nullable: none) must outlive the copier.
   BackupCopier(const DriverApi& driver, StagingRing& ring, int threads,
-               PinnedPool* pool = nullptr);
+               PinnedPool* pool = nullptr, HostMappedPools* host_pools = nullptr);
   // Waits for copies still under way (their errors logged).
   ~BackupCopier();
   BackupCopier(const BackupCopier&) = delete;
@@ -184,6 +206,12 @@ class BackupCopier {
   // kind is a directory and `file_name` is not empty; anonymous memory
   // otherwise).
   absl::StatusOr<HostBackup> NewBackup(size_t bytes, const std::string& file_name);
+  // Backups for one device's blocks of `sizes`: with BackupKind::addressable,
+  // host VMM memory of `device`'s pool (made at once for those it does not
+  // keep); the others, and every one without it, as NewBackup makes them
+  // (`file_names[i]` names the i-th's file). The first error, nothing kept.
+  absl::StatusOr<std::vector<HostBackup>> NewBackups(int device, const std::vector<size_t>& sizes,
+                                                     const std::vector<std::string>& file_names);
 
   // Device memory [src, src + dst.size()) -> `dst`, in the current
   // context: page-locked, started on the copy engine (complete at Finish);
@@ -213,11 +241,15 @@ class BackupCopier {
   // each lie in one of its registrations (PinnedPool::PinForCopy).
   absl::Status CopyPageLocked(char* host, CUdeviceptr device, size_t bytes, bool to_host,
                               bool in_pool);
+  // Between two device addresses, one of them host VMM memory (its own
+  // range), on the copy engine, in parts of kCopyPartBytes.
+  absl::Status CopyDeviceToDevice(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 
   const DriverApi& driver_;
   StagingRing& ring_;
   const int threads_;
   PinnedPool* const pool_;
+  HostMappedPools* const host_pools_;
   int pool_usable_ = -1;  // -1: not asked yet
   BackupKind kind_;
   std::vector<std::pair<CUcontext, CUstream>> streams_;

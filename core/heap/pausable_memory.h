@@ -16,7 +16,11 @@
 // Lock and Unlock empty.
 //
 // `tag` selects what each step covers (core/heap/tag_selection.h); `times`
-// (never null) collects where the time went.
+// (never null) collects where the time went. `views` (nullptr: none,
+// VMMSHIM_PAUSED_ACCESS=fault): the host memory paused memory stays
+// addressable through (core/heap/host_mapped_pool.h); memory that cannot
+// map it (other libraries' VMM memory in this version) ignores it, and an
+// access to it faults.
 #ifndef VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
 #define VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
 
@@ -29,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/host_mapped_pool.h"
 #include "core/heap/tag_selection.h"
 
 namespace vmmshim {
@@ -37,8 +42,10 @@ namespace vmmshim {
 // memories (PauseCoordinator logs it; core/heap/pause.h).
 struct PauseTimes {
   double synchronize = 0;  // the owning contexts (and stream-ordered frees) synchronized
+  double backups = 0;      // host memory for the contents made or taken from a pool
   double copy = 0;         // contents to host memory, or back
   size_t copied_bytes = 0; // of them
+  double views = 0;        // paused ranges mapped to host memory, or unmapped at resume
   double release = 0;      // cuMemUnmap + cuMemRelease of paused and cached blocks
   double create = 0;       // cuMemCreate at resume
   double map = 0;          // cuMemMap + cuMemSetAccess at resume
@@ -68,15 +75,22 @@ class PausableMemory {
   virtual absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                               PauseTimes* times) = 0;
   virtual void PauseAbort(const TagSelection& tag) = 0;
-  // The physical bytes released.
-  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, PauseTimes* times) = 0;
-  // The bytes restored.
+  // The physical bytes released; with `views`, the paused ranges mapped to
+  // their host copy (kept contents) or to scratch memory (dropped ones).
+  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
+                                             PauseTimes* times) = 0;
+  // Adds the contexts whose work may be touching the selection's paused
+  // memory through its views (once each): synchronized before
+  // ResumePrepare takes the views away.
+  virtual void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {}
+  // The bytes restored. A paused range's view goes before device memory is
+  // mapped there; on failure (and at ResumeAbort) it comes back with `views`.
   virtual absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                               PauseTimes* times) = 0;
+                                               HostMappedPools* views, PauseTimes* times) = 0;
   // `retain_contents`: keep the host copy (PauseCoordinator::Resume); memory
   // that cannot keep it drops it.
   virtual void ResumeCommit(const TagSelection& tag, bool retain_contents) = 0;
-  virtual void ResumeAbort(const TagSelection& tag) = 0;
+  virtual void ResumeAbort(const TagSelection& tag, HostMappedPools* views) = 0;
 
  protected:
   ~PausableMemory() = default;

@@ -37,13 +37,14 @@ absl::StatusOr<size_t> SumOverAll(const std::vector<PausableMemory*>& memories, 
 // One line per pause or resume: what it moved and where the time went.
 void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const PauseTimes& t,
               double total) {
-  Log().info("{}({}): {} bytes in {} blocks, {:.3f} ms: synchronize {:.3f} ms, copies of {} "
-             "bytes {:.3f} ms ({:.1f} GiB/s), unmap+release {:.3f} ms, cuMemCreate {:.3f} ms, "
-             "map+access {:.3f} ms, caches released {:.3f} ms",
+  Log().info("{}({}): {} bytes in {} blocks, {:.3f} ms: synchronize {:.3f} ms, host memory "
+             "{:.3f} ms, copies of {} bytes {:.3f} ms ({:.1f} GiB/s), unmap+release {:.3f} ms, "
+             "cuMemCreate {:.3f} ms, map+access {:.3f} ms, host mappings {:.3f} ms, caches "
+             "released {:.3f} ms",
              what, tag.Describe(), bytes, t.blocks, total * 1e3, t.synchronize * 1e3,
-             t.copied_bytes, t.copy * 1e3,
+             t.backups * 1e3, t.copied_bytes, t.copy * 1e3,
              t.copy > 0 ? static_cast<double>(t.copied_bytes) / t.copy / (1u << 30) : 0.0,
-             t.release * 1e3, t.create * 1e3, t.map * 1e3, t.trim * 1e3);
+             t.release * 1e3, t.create * 1e3, t.map * 1e3, t.views * 1e3, t.trim * 1e3);
 }
 
 // A pause or resume that failed because the context is lost (a sticky error
@@ -86,15 +87,19 @@ class MemoriesLock {
 
 PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
                                    CaptureTracker& captures, int copy_threads,
-                                   PinnedPoolOptions pinned_pool, PausableMemory* other)
+                                   PinnedPoolOptions pinned_pool, PausableMemory* other,
+                                   PausedAccessOptions paused_access)
     : driver_(driver),
       heaps_(heaps),
       captures_(captures),
       copy_threads_(copy_threads),
       pinned_pool_options_(pinned_pool),
       other_(other),
+      addressable_(paused_access.addressable),
       ring_(driver),
-      pool_(driver) {}
+      pool_(driver),
+      host_pools_(driver, HostMappedPool::Options{paused_access.host_pool_idle_seconds,
+                                                  copy_threads}) {}
 
 void PauseCoordinator::AddParticipant(PauseParticipant* participant) {
   MutexLock lock(&mu_);
@@ -109,6 +114,12 @@ void PauseCoordinator::HeapCreated(int /*device*/) {
     pool_.Start(pinned_pool_options_.bytes, context, copy_threads_,
                 pinned_pool_options_.chunk_bytes);
   }
+}
+
+size_t PauseCoordinator::ReleaseHostMemory() {
+  size_t released = 0;
+  for (HostMappedPool* pool : host_pools_.All()) released += pool->Release();
+  return released;
 }
 
 size_t PauseCoordinator::UnpinPinnedPool() {
@@ -170,10 +181,16 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     live += memory->PauseCandidates(tag, &contexts);
     memory->Unlock();
   }
-  // The pinned pool's free part holds that much without new host memory
-  // (a fill under way is waited for: the copies would wait for it anyway).
+  // Host memory the pause maps at the paused addresses (BackupKind::addressable).
+  HostMappedPools* const views = addressable_ && kind.addressable ? &host_pools_ : nullptr;
+  // The pinned pool's free part, or the host memory the pools keep, holds
+  // that much without new host memory (a fill under way is waited for: the
+  // copies would wait for it anyway).
   if (keep_contents) pool_.AwaitFill();
-  const size_t in_pool = pool_.stats().free_bytes;
+  size_t in_pool = pool_.stats().free_bytes;
+  if (views != nullptr) {
+    for (HostMappedPool* p : views->All()) in_pool += p->stats().kept_bytes;
+  }
   if (keep_contents && kind.directory.empty() && live > in_pool &&
       live - in_pool > AvailableHostMemory()) {
     const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
@@ -193,8 +210,10 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   MemoriesLock locked(memories);
   std::optional<BackupCopier> copier;
   if (keep_contents) {
-    copier.emplace(driver_, ring_, copy_threads_, &pool_);
-    copier->set_kind(kind);
+    copier.emplace(driver_, ring_, copy_threads_, &pool_, &host_pools_);
+    BackupKind chosen = kind;
+    chosen.addressable = views != nullptr;
+    copier->set_kind(chosen);
   }
   // All or nothing: every memory copies and marks first; only then is
   // memory released anywhere. A failed prepare undoes its own marks; the
@@ -220,7 +239,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     }
   }
   absl::StatusOr<size_t> released = SumOverAll(
-      memories, [&](PausableMemory* memory) { return memory->PauseCommit(tag, &times); });
+      memories, [&](PausableMemory* memory) { return memory->PauseCommit(tag, views, &times); });
   if (released.ok() && (*released > 0 || times.blocks > 0)) {
     LogTimes("vmmshim_pause_memory", tag, *released, times, PauseTimes::Since(start));
   }
@@ -236,15 +255,31 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
   MutexLock lock(&mu_);
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
-  BackupCopier copier(driver_, ring_, copy_threads_, &pool_);  // the ring readied only for a copy
+  // the ring readied only for a copy
+  BackupCopier copier(driver_, ring_, copy_threads_, &pool_, &host_pools_);
+  HostMappedPools* const views = addressable_ ? &host_pools_ : nullptr;
   const std::vector<PausableMemory*> memories = Memories();
+  // Work in flight may be touching paused memory through its views, which
+  // the resume takes away: the contexts that own it finish first (outside
+  // the memories' locks, as at a pause).
+  std::vector<CUcontext> contexts;
+  for (PausableMemory* memory : memories) {
+    memory->Lock();
+    memory->ResumeCandidates(tag, &contexts);
+    memory->Unlock();
+  }
+  const auto sync_start = std::chrono::steady_clock::now();
+  for (CUcontext ctx : contexts) {
+    if (absl::Status s = SynchronizeContext(driver_, ctx); !s.ok()) return s;
+  }
+  times.synchronize = PauseTimes::Since(sync_start);
   MemoriesLock locked(memories);
   absl::Status status;
   for (int attempt = 0; attempt < 2; ++attempt) {
     size_t restored = 0;
     status = absl::OkStatus();
     for (PausableMemory* memory : memories) {
-      absl::StatusOr<size_t> r = memory->ResumePrepare(tag, copier, &times);
+      absl::StatusOr<size_t> r = memory->ResumePrepare(tag, copier, views, &times);
       if (!r.ok()) {
         status = r.status();
         break;
@@ -271,7 +306,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
     // All or nothing: what other memories prepared goes again, once (after
     // the copies into it).
     copier.Finish().IgnoreError();
-    for (PausableMemory* memory : memories) memory->ResumeAbort(tag);
+    for (PausableMemory* memory : memories) memory->ResumeAbort(tag, views);
     if (ToCuResult(status) != CUDA_ERROR_OUT_OF_MEMORY) break;
     // Out of memory: every cache the shim holds (deferred frees, the
     // participants' caches, all arenas) goes back to the driver, then once

@@ -8,7 +8,12 @@
 // the stream-ordered cache first (their streams' contexts synchronized), the
 // owning contexts are synchronized, with `keep_contents` the contents are
 // copied to host memory (core/heap/host_backup.h), then each block is
-// unmapped and released; an access to paused memory faults. The
+// unmapped and released. The paused range then maps host memory, so that a
+// kernel that touches it does not kill the context (docs/pause-resume.md,
+// "Touching paused memory"; BackupKind::addressable): the kept contents
+// themselves (read and written over the bus; the writes are there after the
+// resume), or scratch memory where contents were dropped (undefined data);
+// with VMMSHIM_PAUSED_ACCESS=fault, nothing (an access faults). The
 // selection's cached (freed) memory is released too. Returns the physical
 // bytes released (0 when all of it is paused already). Pointers stay valid
 // for cudaFree and cuMemFreeAsync (which free a paused allocation as any
@@ -25,7 +30,9 @@
 // cuMemUnmap failure (a driver failure after the copies): that block stays
 // live, the others are paused, and the error is returned.
 //
-// Resume maps new physical memory at the paused addresses with the access
+// Resume synchronizes the contexts that own paused memory with a view (work
+// in flight may be touching it), unmaps the views, maps new physical memory
+// at the paused addresses with the access
 // each allocation would have had never paused (the owner, the peers that
 // policy or explicit grants allow among those enabled now, by
 // cuCtxEnablePeerAccess or, for stream-ordered memory, cuMemPoolSetAccess)
@@ -87,6 +94,16 @@ class PauseParticipant {
   ~PauseParticipant() = default;
 };
 
+// What paused memory maps (VMMSHIM_PAUSED_ACCESS, VMMSHIM_HOST_POOL_IDLE;
+// docs/pause-resume.md, "Touching paused memory").
+struct PausedAccessOptions {
+  // true: kept contents stay addressable in host memory and dropped ones
+  // map scratch memory (core/heap/host_mapped_pool.h); false: an access
+  // faults.
+  bool addressable = true;
+  double host_pool_idle_seconds = 300;
+};
+
 class PauseCoordinator : public HeapTable::Listener {
  public:
   // The pinned pool (core/heap/pinned_pool.h; VMMSHIM_PINNED_POOL), started
@@ -100,7 +117,8 @@ class PauseCoordinator : public HeapTable::Listener {
   // (host-backup copy threads). `other`: memory the heaps do not own that
   // pauses with them (nullptr: none).
   PauseCoordinator(const DriverApi& driver, HeapTable& heaps, CaptureTracker& captures,
-                   int copy_threads, PinnedPoolOptions pinned_pool, PausableMemory* other);
+                   int copy_threads, PinnedPoolOptions pinned_pool, PausableMemory* other,
+                   PausedAccessOptions paused_access = PausedAccessOptions());
   // `participant` (not owned; must outlive the coordinator) takes part in
   // every pause and resume from now on. Before the first pause.
   void AddParticipant(PauseParticipant* participant) ABSL_LOCKS_EXCLUDED(mu_);
@@ -142,6 +160,11 @@ class PauseCoordinator : public HeapTable::Listener {
   }
   // Now, without waiting (a report: 0 while the pool is being made).
   PinnedPool::Stats pinned_pool_stats_now() const { return pool_.stats(); }
+  // The host memory paused memory stays addressable through, per device.
+  std::vector<HostMappedPool*> host_pools() const { return host_pools_.All(); }
+  // What those pools keep for the next pause, released now (teardown); the
+  // bytes released.
+  size_t ReleaseHostMemory();
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
@@ -149,6 +172,7 @@ class PauseCoordinator : public HeapTable::Listener {
     new (&mu_) Mutex;
     ring_.AfterForkChild();
     pool_.AfterForkChild();
+    host_pools_.AfterForkChild();
   }
 
  private:
@@ -167,11 +191,14 @@ class PauseCoordinator : public HeapTable::Listener {
   const int copy_threads_;
   const PinnedPoolOptions pinned_pool_options_;
   PausableMemory* const other_;
+  const bool addressable_;
   std::vector<PauseParticipant*> participants_ ABSL_GUARDED_BY(mu_);
   // Kept from the first pause with contents on (core/heap/host_backup.h).
   StagingRing ring_ ABSL_GUARDED_BY(mu_);
   // Page-locked memory made ahead for kept contents (core/heap/pinned_pool.h).
   PinnedPool pool_;
+  // Host VMM memory paused memory maps (core/heap/host_mapped_pool.h).
+  HostMappedPools host_pools_;
   Mutex mu_;  // lock order: "pause mutex"
 };
 

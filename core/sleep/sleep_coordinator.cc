@@ -114,13 +114,18 @@ absl::StatusOr<size_t> SleepCoordinator::Sleep(const std::vector<std::string>& d
   if (quiesce) {
     if (absl::Status quiet = quiescer_.Quiesce(); !quiet.ok()) return quiet;
   }
+  // Nothing runs from the checkpoint to the wake, so nothing could touch
+  // paused memory: the sleep maps no host memory there (BackupKind::addressable)
+  // and its copies take the pinned pool, whose pinning the checkpoint gets back.
+  BackupKind kind;
+  kind.addressable = false;
   size_t released = 0;
   for (const std::string& tag : drop) {
-    absl::StatusOr<size_t> n = PauseRecorded(TagSelection::Only(tag), false, BackupKind());
+    absl::StatusOr<size_t> n = PauseRecorded(TagSelection::Only(tag), false, kind);
     if (!n.ok()) return UndoSleep(n.status(), quiesce);
     released += *n;
   }
-  absl::StatusOr<size_t> n = PauseRecorded(TagSelection::All(), true, BackupKind());
+  absl::StatusOr<size_t> n = PauseRecorded(TagSelection::All(), true, kind);
   if (!n.ok()) return UndoSleep(n.status(), quiesce);
   released += *n;
   ReleaseForCheckpoint();

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #if defined(VMMSHIM_TSAN)
 #include <condition_variable>
@@ -68,7 +69,8 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
   Mutex* const mu_;
 };
 
-// absl::CondVar's subset: Wait(mu) with `mu` held exclusively, SignalAll.
+// absl::CondVar's subset: Wait(mu) and WaitWithTimeout(mu, timeout) with
+// `mu` held exclusively, SignalAll.
 class CondVar {
  public:
   void Wait(Mutex* mu) {
@@ -78,6 +80,15 @@ class CondVar {
       void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
     } lockable{mu};
     cv_.wait(lockable);
+  }
+  // Returns true when the timeout passed (absl::CondVar's meaning).
+  bool WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
+    struct Adapter {
+      Mutex* mu;
+      void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Lock(); }
+      void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
+    } lockable{mu};
+    return cv_.wait_for(lockable, absl::ToChronoNanoseconds(timeout)) == std::cv_status::timeout;
   }
   void SignalAll() { cv_.notify_all(); }
 

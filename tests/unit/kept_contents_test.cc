@@ -52,7 +52,7 @@ class KeptContentsTest : public SimTest {
 };
 
 TEST_F(KeptContentsTest, ARetainedCopyStaysAtItsAddressAndIsWrittenAgainInPlace) {
-  ShimCore shim(api_);
+  ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 1);
@@ -78,7 +78,7 @@ TEST_F(KeptContentsTest, ARetainedCopyStaysAtItsAddressAndIsWrittenAgainInPlace)
 }
 
 TEST_F(KeptContentsTest, APauseWithoutContentsDropsARetainedCopy) {
-  ShimCore shim(api_);
+  ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
@@ -94,7 +94,7 @@ TEST_F(KeptContentsTest, APauseWithoutContentsDropsARetainedCopy) {
 TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
   for (bool free_while_paused : {false, true}) {
     SCOPED_TRACE(free_while_paused ? "freed while paused" : "freed after a retaining resume");
-    ShimCore shim(api_);
+    ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
     Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
     Fill(kv, 4 * kMiB, 3);
@@ -124,7 +124,7 @@ TEST_F(KeptContentsTest, APageLockedCopyIsRegisteredUntilItsAllocationGoes) {
 // has no current context: the page-locked copy is still made, and dropped
 // at the resume (asked about in its own context), not leaked.
 TEST_F(KeptContentsTest, APageLockedCopyIsDroppedFromAThreadWithoutAContext) {
-  ShimCore shim(api_);
+  ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 5);
@@ -148,7 +148,7 @@ TEST_F(KeptContentsTest, APageLockedCopyIsDroppedFromAThreadWithoutAContext) {
 // Pinning is for speed: a driver that refuses it (a memlock limit) still
 // gets the pause, with a pageable copy.
 TEST_F(KeptContentsTest, ARefusedPageLockKeepsTheCopyPageable) {
-  ShimCore shim(api_);
+  ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 7);
@@ -171,7 +171,7 @@ TEST_F(KeptContentsTest, ARefusedPageLockKeepsTheCopyPageable) {
 TEST_F(KeptContentsTest, ACopyToADirectoryIsAFileOfItsOwnRemovedAtResume) {
   char dir[] = "/tmp/vmmshim-kept-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  ShimCore shim(api_);
+  ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   const CUdeviceptr more = Alloc(a, 6 * kMiB, "kv");
@@ -207,7 +207,7 @@ TEST_F(KeptContentsTest, ACopyToADirectoryIsAFileOfItsOwnRemovedAtResume) {
 }
 
 TEST_F(KeptContentsTest, ADirectoryThatCannotHoldTheFilesPausesNothing) {
-  ShimCore shim(api_);
+  ShimCore shim(api_, FaultingPauses());  // page-locked copies: the faulting path
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 4 * kMiB, "kv");
   Fill(kv, 4 * kMiB, 6);

@@ -37,8 +37,10 @@ class PinnedPoolTest : public SimTest {
     api_.cuCtxGetCurrent(&c);
     return c;
   }
+  // The pinned pool serves pauses whose memory faults while paused (and the
+  // deep sleep's): VMMSHIM_PAUSED_ACCESS=fault.
   AllocatorOptions WithPool(size_t bytes, size_t chunk_bytes = size_t{1} << 30) {
-    AllocatorOptions o;
+    AllocatorOptions o = FaultingPauses();
     o.pinned_pool_bytes = bytes;
     o.pinned_pool_chunk_bytes = chunk_bytes;
     return o;

@@ -62,6 +62,15 @@ class SimTest : public ::testing::Test {
     EXPECT_EQ(sim::cuCtxSetCurrent(ctx), CUDA_SUCCESS);
     return ctx;
   }
+  // Options under which an access to paused memory faults
+  // (VMMSHIM_PAUSED_ACCESS=fault): the tests of the copies' own paths
+  // (staging ring, pinned pool, page-locked copies) and of exact driver call
+  // sequences, which host-mapped views would change.
+  static AllocatorOptions FaultingPauses() {
+    AllocatorOptions o;
+    o.paused_memory_addressable = false;
+    return o;
+  }
   // An allocation that must be served from VMM.
   static CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);

@@ -1,0 +1,246 @@
+#include "core/heap/host_mapped_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <new>
+#include <system_error>
+#include <utility>
+
+#include "core/base/host_memory.h"
+#include "core/base/log.h"
+#include "core/driver/cu_status.h"
+#include "core/driver/vmm_mapping.h"
+
+namespace vmmshim {
+
+HostMappedPool::HostMappedPool(const DriverApi& driver, int device, HostNode node, Options options)
+    : driver_(driver),
+      device_(device),
+      node_(node),
+      options_(options),
+      last_use_(std::chrono::steady_clock::now()) {}
+
+HostMappedPool::~HostMappedPool() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  if (trimmer_.joinable()) trimmer_.join();
+}
+
+std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
+    const std::vector<size_t>& sizes) {
+  std::vector<absl::StatusOr<HostMappedMemory>> out(sizes.size());
+  std::vector<size_t> missing;  // indexes of `sizes` to make
+  {
+    MutexLock lock(&mu_);
+    last_use_ = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto it = kept_.find(sizes[i]);
+      if (it == kept_.end()) {
+        missing.push_back(i);
+        continue;
+      }
+      kept_bytes_ -= it->first;
+      in_use_bytes_ += it->first;
+      figures_.reused_bytes += it->first;
+      out[i] = std::move(it->second);
+      kept_.erase(it);
+    }
+    changed_.SignalAll();
+  }
+  if (missing.empty()) return out;
+  // Made by several threads at once: the driver pins each handle's pages as
+  // it makes them (bench/host_vmm_costs).
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  auto make = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < missing.size();) {
+      const size_t i = missing[k];
+      out[i] = HostMappedMemory::Create(driver_, node_, device_, sizes[i]);
+    }
+  };
+  std::vector<std::thread> makers;
+  const int threads = std::clamp<int>(options_.threads, 1, static_cast<int>(missing.size()));
+  for (int t = 1; t < threads; ++t) {
+    try {
+      makers.emplace_back(make);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a pids limit): fewer makers
+    }
+  }
+  make();
+  for (std::thread& t : makers) t.join();
+  MutexLock lock(&mu_);
+  figures_.make_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i : missing) {
+    if (!out[i].ok()) continue;
+    figures_.made_bytes += sizes[i];
+    in_use_bytes_ += sizes[i];
+  }
+  return out;
+}
+
+void HostMappedPool::Give(HostMappedMemory memory) {
+  if (memory.empty()) return;
+  const size_t size = memory.size();
+  MutexLock lock(&mu_);
+  in_use_bytes_ -= std::min(in_use_bytes_, size);
+  last_use_ = std::chrono::steady_clock::now();
+  // Kept only while the pool holds at most 3/4 of what it holds plus what
+  // the host has left: page-locked memory is never reclaimed.
+  const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
+  const size_t held = kept_bytes_ + in_use_bytes_ + size;
+  const bool fits = headroom.bytes == SIZE_MAX || held / 3 <= headroom.bytes;
+  if (!fits) {
+    if (figures_.limited_by.empty()) {
+      Log().info("device {}: host memory for paused contents: {} bytes released rather than "
+                 "kept for the next pause: the pool would hold {} bytes with {} left ({})",
+                 device_, size, held, headroom.bytes, headroom.limited_by);
+    }
+    figures_.limited_by = headroom.limited_by;
+    figures_.trimmed_bytes += size;
+    return;  // `memory` is released as it goes
+  }
+  kept_bytes_ += size;
+  kept_.emplace(size, std::move(memory));
+  if (options_.idle_seconds > 0 && !trimmer_.joinable() && !stopping_) {
+    try {
+      trimmer_ = std::thread([this] { TrimWhenIdle(); });
+    } catch (const std::system_error&) {
+      // No thread: the pool keeps its memory until exit or Trim.
+    }
+  }
+  changed_.SignalAll();
+}
+
+void HostMappedPool::TrimWhenIdle() {
+  const absl::Duration idle = absl::Seconds(options_.idle_seconds);
+  for (;;) {
+    std::multimap<size_t, HostMappedMemory> going;
+    size_t released = 0;
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      if (kept_.empty()) {
+        changed_.Wait(&mu_);
+        continue;
+      }
+      const absl::Duration since =
+          absl::FromChrono(std::chrono::steady_clock::now() - last_use_);
+      if (since < idle) {
+        changed_.WaitWithTimeout(&mu_, idle - since);
+        continue;
+      }
+      going = std::move(kept_);
+      kept_.clear();
+      released = kept_bytes_;
+      kept_bytes_ = 0;
+      figures_.trimmed_bytes += released;
+    }
+    // Released outside the lock: cuMemRelease of pinned memory takes time.
+    going.clear();
+    Log().info("device {}: {} bytes of host memory for paused contents released: unused for "
+               "{} s",
+               device_, released, options_.idle_seconds);
+  }
+}
+
+size_t HostMappedPool::Trim() {
+  std::multimap<size_t, HostMappedMemory> going;
+  size_t released;
+  {
+    MutexLock lock(&mu_);
+    going = std::move(kept_);
+    kept_.clear();
+    released = kept_bytes_;
+    kept_bytes_ = 0;
+    figures_.trimmed_bytes += released;
+  }
+  return released;  // `going` released here, outside the lock
+}
+
+size_t HostMappedPool::Release() {
+  size_t released = Trim();
+  HostMappedMemory scratch;
+  {
+    MutexLock lock(&mu_);
+    released += scratch_.size();
+    scratch = std::move(scratch_);
+    scratch_ = HostMappedMemory();
+  }
+  return released;
+}
+
+absl::StatusOr<size_t> HostMappedPool::MapScratch(CUdeviceptr va, size_t size, DeviceSet access) {
+  MutexLock lock(&mu_);
+  if (scratch_.empty()) {
+    absl::StatusOr<HostMappedMemory> made =
+        HostMappedMemory::Create(driver_, node_, device_, node_.granularity);
+    if (!made.ok()) return made.status();
+    scratch_ = *std::move(made);
+  }
+  const VmmMapper mapper(driver_);
+  if (absl::Status s = mapper.MapRepeated(va, size, scratch_.handle(), scratch_.size(), access);
+      !s.ok()) {
+    return s;
+  }
+  return scratch_.size();
+}
+
+HostMappedPool::Stats HostMappedPool::stats() const {
+  MutexLock lock(&mu_);
+  Stats s = figures_;
+  s.kept_bytes = kept_bytes_;
+  s.in_use_bytes = in_use_bytes_;
+  s.scratch_bytes = scratch_.size();
+  return s;
+}
+
+void HostMappedPool::AfterForkChild() {
+  new (&trimmer_) std::thread();
+  new (&mu_) Mutex;
+  new (&changed_) CondVar;
+  // The parent's handles are not the child's: forgotten, never released.
+  for (auto& [size, memory] : kept_) new (&memory) HostMappedMemory();
+  kept_.clear();
+  new (&scratch_) HostMappedMemory();
+  kept_bytes_ = 0;
+  in_use_bytes_ = 0;
+}
+
+HostMappedPool* HostMappedPools::For(int device) {
+  MutexLock lock(&mu_);
+  auto it = pools_.find(device);
+  if (it != pools_.end()) return it->second.get();
+  const HostNode node = HostNode::Query(driver_, device);
+  std::unique_ptr<HostMappedPool> pool;
+  if (node.supported) {
+    pool = std::make_unique<HostMappedPool>(driver_, device, node, options_);
+  } else {
+    Log().info("device {}: no host VMM memory (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_"
+               "MANAGEMENT_SUPPORTED): its paused memory is not addressable; an access faults",
+               device);
+  }
+  return pools_.emplace(device, std::move(pool)).first->second.get();
+}
+
+std::vector<HostMappedPool*> HostMappedPools::All() const {
+  MutexLock lock(&mu_);
+  std::vector<HostMappedPool*> out;
+  for (const auto& [device, pool] : pools_) {
+    if (pool != nullptr) out.push_back(pool.get());
+  }
+  return out;
+}
+
+void HostMappedPools::AfterForkChild() {
+  new (&mu_) Mutex;
+  for (auto& [device, pool] : pools_) {
+    if (pool != nullptr) pool->AfterForkChild();
+  }
+}
+
+}  // namespace vmmshim

@@ -1,0 +1,152 @@
+// The host memory that paused allocations stay addressable through
+// (docs/pause-resume-design.md, "Paused memory stays addressable"), one
+// pool per device: host VMM memory (core/heap/host_mapped_memory.h) at the
+// device's host NUMA node.
+//
+// Why a pool: making pinned host memory is several times slower than the
+// copy engine fills it (docs/performance.md, "Measurements behind the
+// design": "Pinning host memory"), so a pause that had to make its host
+// memory runs at the pinning's speed. The memory a resume frees is kept,
+// by size, for the next pause: a loop that pauses and resumes the same set
+// (an RL step) makes host memory once, at its first pause, and copies at the
+// copy engine's speed from the second on. Sized to the work: what the
+// process paused last, no setting.
+//
+// Limits: what the pool keeps is page-locked host memory, never reclaimed
+// by the kernel; it keeps memory only while it holds at most 3/4 of what it
+// holds plus the host memory left (core/base/host_memory.h: MemAvailable or
+// the memory cgroup's headroom), and releases the rest, logged once naming
+// the limit. Kept memory unused for `idle_seconds` is released (a pool
+// trimmed so makes it again at the next pause).
+//
+// Dropped contents: a pause without contents maps one scratch granule of
+// host memory read-write over the whole range (virtual aliasing, guide
+// section 4.16.5.3), so that a stray access reads and writes undefined data
+// instead of faulting; the scratch is made once per pool and kept.
+//
+// Units: bytes, multiples of the node's granularity.
+//
+// Thread safety: every member may be called from any thread.
+//
+// At process exit the trimming thread is joined by the destructor and the
+// memory released; a fork's child forgets the parent's (AfterForkChild).
+#ifndef VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
+#define VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
+
+#include <cuda.h>
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "core/base/device_set.h"
+#include "core/driver/driver_api.h"
+#include "core/heap/host_mapped_memory.h"
+#include "core/sync/mutex.h"
+
+namespace vmmshim {
+
+class HostMappedPool {
+ public:
+  struct Options {
+    // Kept memory unused this long is released; 0: kept until exit.
+    double idle_seconds = 300;
+    // Threads that make host memory at a pause (the copy threads' number).
+    int threads = 1;
+  };
+  // `driver` must outlive the pool.
+  HostMappedPool(const DriverApi& driver, int device, HostNode node, Options options);
+  ~HostMappedPool();
+  HostMappedPool(const HostMappedPool&) = delete;
+  HostMappedPool& operator=(const HostMappedPool&) = delete;
+
+  const HostNode& node() const { return node_; }
+  int device() const { return device_; }
+
+  // Host memory of each of `sizes`: kept memory of exactly that size, the
+  // rest made now by up to Options::threads threads. An entry the driver
+  // refused holds its error (CUDA_ERROR_OUT_OF_MEMORY: host memory).
+  std::vector<absl::StatusOr<HostMappedMemory>> Take(const std::vector<size_t>& sizes);
+  // Memory Take returned, kept for the next pause within the limits above.
+  void Give(HostMappedMemory memory);
+
+  // The scratch granule mapped over [va, va + size) with read-write access
+  // for `access` (MapRepeated, core/driver/vmm_mapping.h); the scratch is
+  // made at the first call. Returns the bytes each mapping covers (what
+  // UnmapRepeated needs), or the driver's error (nothing mapped).
+  absl::StatusOr<size_t> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
+
+  // Every kept allocation released now; the bytes released.
+  size_t Trim();
+  // Trim, and the scratch too (a view still mapping it keeps its memory
+  // until it is unmapped: guide 4.16.3); the bytes released. Teardown.
+  size_t Release();
+
+  struct Stats {
+    size_t kept_bytes = 0;      // held for the next pause
+    size_t in_use_bytes = 0;    // taken: holding paused contents now
+    size_t scratch_bytes = 0;
+    size_t made_bytes = 0;      // made at pauses, over the process's life
+    double make_seconds = 0;    // the time those pauses spent making it
+    size_t reused_bytes = 0;    // taken from what was kept
+    size_t trimmed_bytes = 0;   // released idle or over the limit
+    std::string limited_by;     // the limit that last cut what is kept ("" none)
+  };
+  Stats stats() const;
+
+  // A fork's child: the parent's memory means nothing to the driver there.
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  // Waits for the idle deadline and trims; ends at destruction.
+  void TrimWhenIdle();
+
+  const DriverApi& driver_;
+  const int device_;
+  const HostNode node_;
+  const Options options_;
+  mutable Mutex mu_;
+  CondVar changed_;  // a Take, a Give or the destructor
+  std::multimap<size_t, HostMappedMemory> kept_ ABSL_GUARDED_BY(mu_);
+  size_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t in_use_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  HostMappedMemory scratch_ ABSL_GUARDED_BY(mu_);
+  Stats figures_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_use_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread trimmer_;  // started at the first Give when idle_seconds > 0
+};
+
+// The pools of every device, made on first use (HostMappedPools::For); what
+// a pause's steps are handed to map paused memory (core/heap/pausable_memory.h).
+class HostMappedPools {
+ public:
+  // `driver` must outlive the pools.
+  HostMappedPools(const DriverApi& driver, HostMappedPool::Options options)
+      : driver_(driver), options_(options) {}
+  HostMappedPools(const HostMappedPools&) = delete;
+  HostMappedPools& operator=(const HostMappedPools&) = delete;
+
+  // `device`'s pool, made at the first call; nullptr where the device has no
+  // host VMM memory (HostNode::Query), logged once.
+  HostMappedPool* For(int device) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every pool made so far.
+  std::vector<HostMappedPool*> All() const ABSL_LOCKS_EXCLUDED(mu_);
+  void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  const DriverApi& driver_;
+  const HostMappedPool::Options options_;
+  mutable Mutex mu_;
+  // device -> pool (nullptr: unsupported, asked once).
+  std::map<int, std::unique_ptr<HostMappedPool>> pools_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace vmmshim
+
+#endif  // VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
