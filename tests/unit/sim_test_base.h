@@ -105,7 +105,8 @@ class SimTest : public ::testing::Test {
   // (core/heap/pause.h), for fault injection.
   static std::vector<const char*> PauseDriverCalls() {
     return {"cuCtxSynchronize", "cuMemHostRegister_v2", "cuMemcpyDtoH_v2", "cuMemUnmap",
-            "cuMemRelease", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemcpyHtoD_v2"};
+            "cuMemRelease", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemcpyHtoD_v2",
+            "cuMemcpyDtoDAsync_v2", "cuMemAddressReserve"};
   }
 
   // Fault injection in a pause with contents of `selection` and its resume:
@@ -144,6 +145,7 @@ class SimTest : public ::testing::Test {
           }
           const sim::Usage u = sim::GetUsage();
           EXPECT_EQ(u.handles, 0u) << what;
+          EXPECT_EQ(u.host_handles, 0u) << what;
           EXPECT_EQ(u.mappings, 0u) << what;
           EXPECT_EQ(sim::LiveHostAllocations(), 0u) << what;
           ++runs;

@@ -1,0 +1,293 @@
+// Paused memory stays addressable (core/heap/host_mapped_pool.h,
+// docs/pause-resume.md, "Touching paused memory") on the simulated driver:
+// the kept contents mapped at the paused address in host VMM memory, writes
+// made while paused kept by the resume, scratch memory over dropped
+// contents, peers' access, the host memory kept for the next pause and its
+// limits, and VMMSHIM_PAUSED_ACCESS=fault.
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/driver/cu_status.h"
+#include "core/shim_core.h"
+#include "gtest/gtest.h"
+#include "tests/sim/sim_driver.h"
+#include "tests/unit/sim_test_base.h"
+
+namespace vmmshim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+class AddressablePauseTest : public SimTest {
+ protected:
+  void SetUp() override { Start(sim::SimOptions()); }
+  void Start(sim::SimOptions o) {
+    o.device_count = 2;
+    o.memory_per_device = 256 * kMiB;
+    sim::Reset(o);
+    ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+    api_ = sim::Api();
+    MakeCurrent(0);
+  }
+  CUdeviceptr Alloc(Allocator& a, size_t bytes, const std::string& tag) {
+    absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes, tag);
+    EXPECT_TRUE(r.ok() && r->served) << r.status();
+    return r.ok() ? r->ptr : 0;
+  }
+  static HostMappedPool::Stats PoolStats(ShimCore& shim, int device) {
+    for (HostMappedPool* p : shim.pause().host_pools()) {
+      if (p->device() == device) return p->stats();
+    }
+    return HostMappedPool::Stats();
+  }
+  // Nothing left behind: no device or host handle, mapping or reservation.
+  static void ExpectNothingLeft() {
+    const sim::Usage u = sim::GetUsage();
+    EXPECT_EQ(u.handles, 0u);
+    EXPECT_EQ(u.host_handles, 0u);
+    EXPECT_EQ(u.mappings, 0u);
+    EXPECT_EQ(u.reservations, 0u);
+  }
+};
+
+TEST_F(AddressablePauseTest, AKernelReadsAndWritesKeptContentsWhilePausedAndTheResumeKeepsTheWrites) {
+  {
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr big = Alloc(a, 16 * kMiB, "kv");
+    const CUdeviceptr small = Alloc(a, 4096, "kv");  // in a packed granule
+    Fill(big, 16 * kMiB, 1);
+    Fill(small, 4096, 2);
+    const size_t free_before = FreeMemory();
+    absl::StatusOr<size_t> released = shim.pause().Pause(TagSelection::Only("kv"), true);
+    ASSERT_TRUE(released.ok()) << released.status();
+    // The device memory went back to the driver; the host holds the contents.
+    EXPECT_EQ(FreeMemory(), free_before + *released);
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    EXPECT_EQ(sim::GetUsage().host_handle_bytes, *released);
+    EXPECT_TRUE(Holds(big, 16 * kMiB, 1));
+    EXPECT_TRUE(Holds(small, 4096, 2));
+    // A kernel writes paused memory: the write lands in the kept contents...
+    Fill(big + 4 * kMiB, 2 * kMiB, 7);
+    Fill(small, 4096, 8);
+    // ...which the CPU reads too (torch_memory_saver's get_cpu_backup).
+    absl::StatusOr<const void*> host = shim.control().PausedContents(small, 4096);
+    ASSERT_TRUE(host.ok()) << host.status();
+    EXPECT_EQ(static_cast<const unsigned char*>(*host)[100], static_cast<unsigned char>(100 * 13 + 8));
+    // ...and is there after the resume, in device memory again.
+    ASSERT_EQ(*shim.pause().Resume(TagSelection::Only("kv")), *released);
+    EXPECT_EQ(sim::GetUsage().handles, 2u);
+    EXPECT_TRUE(Holds(big, 4 * kMiB, 1));
+    EXPECT_TRUE(Holds(big + 4 * kMiB, 2 * kMiB, 7));
+    EXPECT_TRUE(Holds(small, 4096, 8));
+    for (CUdeviceptr p : {big, small}) ASSERT_TRUE(a.Free(p).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+TEST_F(AddressablePauseTest, DroppedContentsMapScratchThatNeverFaultsAndHoldsNoDeviceMemory) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 64 * kMiB, "kv");
+  Fill(kv, 64 * kMiB, 3);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false).ok());
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+  // One granule of host memory stands for all 64 MiB.
+  EXPECT_EQ(sim::GetUsage().host_handle_bytes, 2 * kMiB);
+  EXPECT_EQ(PoolStats(shim, 0).scratch_bytes, 2 * kMiB);
+  std::vector<unsigned char> v(64 * kMiB);
+  EXPECT_EQ(sim::DeviceWrite(0, kv, v.data(), v.size()), CUDA_SUCCESS);
+  EXPECT_EQ(sim::DeviceRead(0, v.data(), kv, v.size()), CUDA_SUCCESS);
+  EXPECT_EQ(ToCuResult(shim.control().PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  Fill(kv, 64 * kMiB, 4);  // device memory again, its own
+  EXPECT_TRUE(Holds(kv, 64 * kMiB, 4));
+  ASSERT_TRUE(a.Free(kv).ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
+  ExpectNothingLeft();
+}
+
+TEST_F(AddressablePauseTest, PeersThatHadAccessKeepItToTheHostMemory) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());  // device 1 reaches device 0's memory
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  Fill(kv, 8 * kMiB, 5);
+  std::vector<unsigned char> got(8 * kMiB);
+  ASSERT_EQ(sim::DeviceRead(1, got.data(), kv, got.size()), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  // The peer reads the kept contents in host memory, as the owner does.
+  ASSERT_EQ(sim::DeviceRead(1, got.data(), kv, got.size()), CUDA_SUCCESS);
+  EXPECT_EQ(got[4321], static_cast<unsigned char>(4321 * 13 + 5));
+  EXPECT_TRUE(Holds(kv, 8 * kMiB, 5));
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_EQ(sim::DeviceRead(1, got.data(), kv, got.size()), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+TEST_F(AddressablePauseTest, TheSecondPauseTakesTheHostMemoryTheFirstMade) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 32 * kMiB, "kv");
+  const CUdeviceptr w = Alloc(a, 6 * kMiB, "kv");
+  Fill(kv, 32 * kMiB, 6);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  HostMappedPool::Stats s = PoolStats(shim, 0);
+  EXPECT_EQ(s.made_bytes, 38 * kMiB);
+  EXPECT_EQ(s.kept_bytes, 38 * kMiB);  // sized to what was paused last
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  sim::ResetCallCounts();
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_EQ(PoolStats(shim, 0).in_use_bytes, 38 * kMiB);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv, 32 * kMiB, 6));
+  }
+  s = PoolStats(shim, 0);
+  EXPECT_EQ(s.made_bytes, 38 * kMiB);  // nothing made after the first pause
+  EXPECT_EQ(s.reused_bytes, 3 * 38 * kMiB);
+  // Only the device memory of the resumes: no host memory made or reserved.
+  EXPECT_EQ(sim::CallCount("cuMemCreate"), 3 * 2u);
+  EXPECT_EQ(sim::CallCount("cuMemAddressReserve"), 0u);
+  for (CUdeviceptr p : {kv, w}) ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
+  ExpectNothingLeft();
+}
+
+TEST_F(AddressablePauseTest, UnusedHostMemoryIsReleasedAfterTheIdleTime) {
+  AllocatorOptions o;
+  o.host_pool_idle_seconds = 0.05;
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_GT(sim::GetUsage().host_handles, 0u);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (PoolStats(shim, 0).kept_bytes > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 0u);
+  EXPECT_EQ(PoolStats(shim, 0).trimmed_bytes, 8 * kMiB);
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  // The next pause makes it again.
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  EXPECT_EQ(PoolStats(shim, 0).made_bytes, 16 * kMiB);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+TEST_F(AddressablePauseTest, HostMemoryTheDriverRefusesLeavesThoseBlocksKeptButFaulting) {
+  sim::SimOptions o;
+  o.host_memory = 24 * kMiB;  // room for one of the two
+  Start(o);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr first = Alloc(a, 20 * kMiB, "kv");
+  const CUdeviceptr second = Alloc(a, 20 * kMiB, "kv");
+  Fill(first, 20 * kMiB, 1);
+  Fill(second, 20 * kMiB, 2);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  const int readable = Holds(first, 20 * kMiB, 1) + Holds(second, 20 * kMiB, 2);
+  EXPECT_EQ(readable, 1);  // one in host VMM memory, the other kept elsewhere
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_TRUE(Holds(first, 20 * kMiB, 1));
+  EXPECT_TRUE(Holds(second, 20 * kMiB, 2));
+  for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
+  ExpectNothingLeft();
+}
+
+TEST_F(AddressablePauseTest, WithoutHostVmmMemoryAPauseWorksAsBeforeAndFaults) {
+  sim::SimOptions o;
+  o.host_numa_vmm = false;
+  Start(o);
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr dropped = Alloc(a, 8 * kMiB, "tmp");
+  Fill(kv, 8 * kMiB, 9);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+  char c;
+  EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);
+  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);
+  EXPECT_TRUE(shim.pause().host_pools().empty());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 8 * kMiB, 9));
+  for (CUdeviceptr p : {kv, dropped}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+TEST_F(AddressablePauseTest, PausedAccessFaultMapsNothing) {
+  ShimCore shim(api_, FaultingPauses());
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr dropped = Alloc(a, 8 * kMiB, "tmp");
+  Fill(kv, 8 * kMiB, 9);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+  char c;
+  EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);
+  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
+  EXPECT_TRUE(Holds(kv, 8 * kMiB, 9));
+  for (CUdeviceptr p : {kv, dropped}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// cudaFree of paused memory unmaps its host view; the host memory goes back
+// to the pool (kept for the next pause), the scratch stays the pool's.
+TEST_F(AddressablePauseTest, FreeingPausedMemoryUnmapsItsView) {
+  {
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr kept = Alloc(a, 8 * kMiB, "kv");
+    const CUdeviceptr dropped = Alloc(a, 8 * kMiB, "tmp");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+    ASSERT_TRUE(a.Free(kept).ok());
+    ASSERT_TRUE(a.Free(dropped).ok());
+    char c;
+    EXPECT_NE(sim::DeviceRead(0, &c, kept, 1), CUDA_SUCCESS);  // freed: nothing there
+    EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);
+    EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
+    EXPECT_EQ(PoolStats(shim, 0).in_use_bytes, 0u);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// A resume that fails after taking some views away maps them again: the
+// memory stays paused and addressable, and a later resume succeeds.
+TEST_F(AddressablePauseTest, AFailedResumeMapsTheViewsAgain) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr dropped = Alloc(a, 8 * kMiB, "kv");
+  Fill(first, 8 * kMiB, 1);
+  Fill(second, 8 * kMiB, 2);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  Fill(second, 8 * kMiB, 3);  // written while paused
+  // The second block's device mapping fails: the first is undone.
+  sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  sim::ClearFailures();
+  EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
+  EXPECT_TRUE(Holds(second, 8 * kMiB, 3));
+  char c;
+  EXPECT_EQ(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
+  EXPECT_TRUE(Holds(second, 8 * kMiB, 3));
+  for (CUdeviceptr p : {first, second, dropped}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+}  // namespace
+}  // namespace vmmshim
