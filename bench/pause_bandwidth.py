@@ -1,8 +1,11 @@
 """How fast a pause and resume with contents move a PyTorch process's memory
-to host memory and back, under vmmshim with and without the pinned pool
-(VMMSHIM_PINNED_POOL, core/heap/pinned_pool.h), beside the copy engine's own
-speed for the same bytes through page-locked memory made beforehand (the
-"native" column: what no pause can beat).
+to host memory and back, under vmmshim's settings (CONFIGS: by default paused
+memory stays addressable in host VMM memory kept for the next pause,
+core/heap/host_mapped_pool.h; VMMSHIM_PAUSED_ACCESS=fault maps nothing and
+copies through pageable memory, or through the pinned pool with
+VMMSHIM_PINNED_POOL), beside the copy engine's own speed for the same bytes
+through page-locked memory made beforehand (the "native" column: what no
+pause can beat).
 
 Workloads (each in a process of its own, started under the shim):
   tensor     one tensor of --gib GiB (default 16)
@@ -17,14 +20,16 @@ Each process: the native copy out and back (after a warm-up copy), then
 CYCLES pause/resume cycles of everything with contents (vmmshim.pause(),
 vmmshim.resume()), the first reported apart (it is what a program that
 pauses once sees), then a check that every tensor holds what it held.
-Pool and no pool alternate, ROUNDS rounds. GiB/s = the tensors' bytes (2^30)
-per second of the whole call.
+The configurations alternate, ROUNDS rounds. GiB/s = the tensors' bytes
+(2^30) per second of the whole call. Under each process's line, the shim's
+own account of its last pause and resume (where the time went: host memory,
+copies, unmaps, host mappings).
 
 Prints one line per process:
-  workload pool round: native out/in GiB/s | first pause/resume GiB/s | later pause/resume GiB/s | intact
+  workload config round: native out/in GiB/s | first pause/resume GiB/s | later pause/resume GiB/s | intact
 usage (on a GPU host, from the repository root, after tools/gpu/bundle.sh):
   python3 bench/pause_bandwidth.py --shim build/libvmmshim.so [--rounds 2] [--gib 16]
-      [--pool-gib 20] [--workloads tensor,mixed,...]"""
+      [--pool-gib 20] [--workloads tensor,mixed,...] [--configs default,fault,...]"""
 import argparse
 import os
 import subprocess
@@ -33,6 +38,9 @@ import time
 
 WORKLOADS = {"tensor": "", "mixed": "", "mixed-async": "backend:cudaMallocAsync",
              "mixed-expandable": "expandable_segments:True"}
+# The shim's settings compared (POOL: VMMSHIM_PINNED_POOL of --pool-gib).
+CONFIGS = {"default": {}, "fault": {"VMMSHIM_PAUSED_ACCESS": "fault"},
+           "fault-pool": {"VMMSHIM_PAUSED_ACCESS": "fault", "VMMSHIM_PINNED_POOL": "POOL"}}
 
 
 def gibps(nbytes, seconds):
@@ -140,29 +148,34 @@ def main():
     parser.add_argument("--gib", type=float, default=16)
     parser.add_argument("--pool-gib", type=float, default=20)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--configs", default="default,fault")
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.gib, args.cycles)
     failed = 0
     for workload in args.workloads.split(","):
         for rnd in range(1, args.rounds + 1):
-            for pool in ("pool", "no-pool"):
+            for config in args.configs.split(","):
                 env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.shim),
-                           PYTHONUNBUFFERED="1")
+                           PYTHONUNBUFFERED="1", VMMSHIM_LOG_LEVEL="info")
                 env["PYTHONPATH"] = os.pathsep.join(
                     [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")]
                     + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
                 if WORKLOADS[workload]:
                     env["PYTORCH_CUDA_ALLOC_CONF"] = WORKLOADS[workload]
-                if pool == "pool":
-                    env["VMMSHIM_PINNED_POOL"] = f"{int(args.pool_gib * 1024)}M"
-                else:
-                    env.pop("VMMSHIM_PINNED_POOL", None)
+                for name in ("VMMSHIM_PINNED_POOL", "VMMSHIM_PAUSED_ACCESS"):
+                    env.pop(name, None)
+                for name, value in CONFIGS[config].items():
+                    env[name] = f"{int(args.pool_gib * 1024)}M" if value == "POOL" else value
                 r = subprocess.run([sys.executable, __file__, "--child", workload, "--gib",
                                     str(args.gib), "--cycles", str(args.cycles)],
                                    env=env, capture_output=True, text=True, timeout=600)
                 line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-                print(f"{workload} {pool} round {rnd}: {line or 'FAILED'}", flush=True)
+                print(f"{workload} {config} round {rnd}: {line or 'FAILED'}", flush=True)
+                accounts = [l for l in r.stderr.splitlines()
+                            if "_memory(every allocation): " in l and " bytes in " in l]
+                for account in accounts[-2:]:
+                    print(f"    {account.split('] ', 1)[-1]}", flush=True)
                 if r.returncode != 0:
                     failed += 1
                     sys.stderr.write(r.stderr[-3000:])

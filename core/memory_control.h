@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,7 @@
 #include "core/driver/driver_api.h"
 #include "core/foreign/foreign_vmm.h"
 #include "core/heap/export_registry.h"
+#include "core/heap/host_mapped_pool.h"
 #include "core/heap/heap_table.h"
 #include "core/heap/pause.h"
 #include "core/heap/pinned_pool.h"
@@ -102,6 +104,13 @@ class MemoryControl {
   // The pinned pool now, without waiting for a fill under way (a report: 0
   // while the pool is being made).
   PinnedPool::Stats PinnedPoolNow() const { return r_.pause.pinned_pool_stats_now(); }
+  // The host memory paused memory stays addressable through, per device
+  // that has made any (core/heap/host_mapped_pool.h).
+  std::vector<std::pair<int, HostMappedPool::Stats>> HostMemoryForPauses() const {
+    std::vector<std::pair<int, HostMappedPool::Stats>> out;
+    for (HostMappedPool* pool : r_.pause.host_pools()) out.emplace_back(pool->device(), pool->stats());
+    return out;
+  }
   const PeerPolicy& peer_policy() const { return r_.options.peer_policy; }
 
   // ---- Steering ----

@@ -113,12 +113,26 @@ nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* d
 
 std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver) {
   const PinnedPool::Stats pool = control.PinnedPoolNow();
+  nlohmann::json host = nlohmann::json::array();
+  for (const auto& [device, s] : control.HostMemoryForPauses()) {
+    host.push_back({{"device", device},
+                    {"kept_bytes", s.kept_bytes},
+                    {"in_use_bytes", s.in_use_bytes},
+                    {"scratch_bytes", s.scratch_bytes},
+                    {"made_bytes", s.made_bytes},
+                    {"make_seconds", s.make_seconds},
+                    {"reused_bytes", s.reused_bytes},
+                    {"released_bytes", s.trimmed_bytes},
+                    {"sized_by", s.limited_by.empty() ? "what the process paused last"
+                                                      : "cut by " + s.limited_by}});
+  }
   return nlohmann::json{{"devices", ResidencyDevices(control, driver)},
                         {"pinned_pool",
                          {{"bytes", pool.bytes},
                           {"free_bytes", pool.free_bytes},
                           {"pinned_bytes", pool.pinned_bytes},
-                          {"fill_seconds", pool.fill_seconds}}}}
+                          {"fill_seconds", pool.fill_seconds}}},
+                        {"host_memory_for_pauses", host}}
       .dump(2);
 }
 

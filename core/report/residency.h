@@ -32,7 +32,14 @@
 //     pool (VMMSHIM_PINNED_POOL, core/heap/pinned_pool.h) as made so far (0
 //     while it is being made, when it failed or when there is none); bytes
 //     less free_bytes hold paused contents; pinned_bytes are page-locked now
-//     (a deep sleep gives the pinning back, and copies take it again).
+//     (a deep sleep gives the pinning back, and copies take it again);
+//   host_memory_for_pauses: [{device, kept_bytes, in_use_bytes,
+//     scratch_bytes, made_bytes, make_seconds, reused_bytes, released_bytes,
+//     sized_by}]: the pinned host memory paused memory stays addressable
+//     through (core/heap/host_mapped_pool.h): kept for the next pause, holding
+//     paused contents now, the scratch over dropped contents; made by pauses
+//     so far (and the seconds they spent), taken again, released idle or over
+//     the limit; and what sized it.
 //
 // Thread safety: any thread; the figures are a snapshot per arena, not one
 // instant across the process. Driver calls: only with a driver table (below);

@@ -460,14 +460,16 @@ print(" ".join(sorted({e["library"] for t in d["device_traces"] for e in t if e[
     "$bin" || fail "the driver refused one cuMemSetAccess over adjacent mappings"
     ;;
   pinned_pool)
-    # Pauses with contents into the pinned pool (VMMSHIM_PINNED_POOL) and
-    # without it, bench/pause_bandwidth.py at 2 GiB: one tensor, and a
+    # Pauses with contents into the pinned pool (VMMSHIM_PINNED_POOL, which
+    # serves VMMSHIM_PAUSED_ACCESS=fault and the deep sleep) and without it,
+    # bench/pause_bandwidth.py at 2 GiB: one tensor, and a
     # trainer's mixed set under expandable segments (PyTorch's own VMM
     # memory); every tensor intact after every cycle. Speeds are shown, not
     # judged (the benchmark judges them: docs/pause-resume-design.md).
     have_torch
     out=$(PYTHONPATH=$src/python python3 "$src/bench/pause_bandwidth.py" --shim "$shim" \
-          --rounds 1 --cycles 2 --gib 2 --pool-gib 3 --workloads tensor,mixed-expandable 2>&1) ||
+          --rounds 1 --cycles 2 --gib 2 --pool-gib 3 --workloads tensor,mixed-expandable \
+          --configs fault-pool,fault 2>&1) ||
       fail "$out"
     echo "$out"
     [ "$(grep -c 'intact$' <<<"$out")" = 4 ] || fail "not every run intact"
@@ -554,6 +556,26 @@ print(p['pinned_bytes'], p['bytes'])")
       [ $rc = 0 ] || fail "$m: the slept workload exited with $rc: $(tail -20 "$dir/err")"
       [ "$got" = "$want" ] || fail "$m: the result differs from the run nobody slept"
     done
+    ;;
+  paused_access)
+    # Paused memory stays addressable (examples/paused_access.py): kernels,
+    # a CUDA graph and an optimizer step on paused tensors, kept and
+    # dropped, with 0 faults and every kept tensor equal to a never-paused
+    # run's, under PyTorch's default allocator and cudaMallocAsync; then the
+    # host memory kept for the next pause: a second cycle of
+    # bench/pause_bandwidth.py copies without making any.
+    have_torch
+    export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
+    for conf in "" backend:cudaMallocAsync; do
+      out=$(LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" \
+            python3 "$src/examples/paused_access.py" --gib 2 2>&1) || fail "${conf:-default}: $out"
+      echo "${conf:-default}:"; grep '^paused-access' <<<"$out" | sed 's/^/  /'
+      grep -q '^paused-access: identical' <<<"$out" || fail "${conf:-default}: not identical"
+    done
+    out=$(python3 "$src/bench/pause_bandwidth.py" --shim "$shim" --rounds 1 --cycles 2 --gib 2 \
+          --workloads mixed --configs default 2>&1) || fail "$out"
+    echo "$out"
+    grep -q 'intact$' <<<"$out" || fail "not intact"
     ;;
   busy_pause)
     # The same workload pausing everything from a thread of its own while

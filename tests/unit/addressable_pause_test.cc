@@ -11,8 +11,10 @@
 
 #include "core/allocator.h"
 #include "core/driver/cu_status.h"
+#include "core/report/residency.h"
 #include "core/shim_core.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"
 
@@ -152,6 +154,13 @@ TEST_F(AddressablePauseTest, TheSecondPauseTakesTheHostMemoryTheFirstMade) {
   s = PoolStats(shim, 0);
   EXPECT_EQ(s.made_bytes, 38 * kMiB);  // nothing made after the first pause
   EXPECT_EQ(s.reused_bytes, 3 * 38 * kMiB);
+  // The residency report shows it (vmmshim.residency()).
+  const nlohmann::json r = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
+  const nlohmann::json& host = r.at("host_memory_for_pauses").at(0);
+  EXPECT_EQ(host.at("device").get<int>(), 0);
+  EXPECT_EQ(host.at("kept_bytes").get<size_t>(), 38 * kMiB);
+  EXPECT_EQ(host.at("made_bytes").get<size_t>(), 38 * kMiB);
+  EXPECT_EQ(host.at("sized_by").get<std::string>(), "what the process paused last");
   // Only the device memory of the resumes: no host memory made or reserved.
   EXPECT_EQ(sim::CallCount("cuMemCreate"), 3 * 2u);
   EXPECT_EQ(sim::CallCount("cuMemAddressReserve"), 0u);
