@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -149,19 +150,28 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
     if (!h.paused && !h.pausing && SelectedLocked(h, tag)) chosen.push_back(value);
   }
   // Backups first, all of them: host memory that runs out pauses nothing.
-  std::vector<HostBackup> backups;
+  std::vector<HostBackup> backups(chosen.size());
   if (copier != nullptr) {
     const auto start = std::chrono::steady_clock::now();
-    for (HandleValue value : chosen) {
-      // Never a file: this memory is the library's, kept in host memory.
-      ContextScope scope(driver_, ContextForLocked(handles_.at(value)));
-      absl::StatusOr<HostBackup> backup = copier->NewBackup(handles_.at(value).size, "");
-      if (!backup.ok()) {
+    // By device: host memory a pool keeps for the next pause, where the
+    // pause maps host memory (the copy engine's speed from the second
+    // cycle; BackupKind::addressable), else new host memory. Never a file:
+    // this memory is the library's, kept in host memory. Not mapped at the
+    // library's addresses: an access to it while paused faults.
+    std::map<int, std::vector<size_t>> by_device;
+    for (size_t i = 0; i < chosen.size(); ++i) by_device[handles_.at(chosen[i]).device].push_back(i);
+    for (const auto& [device, indexes] : by_device) {
+      std::vector<size_t> sizes;
+      for (size_t i : indexes) sizes.push_back(handles_.at(chosen[i]).size);
+      ContextScope scope(driver_, ContextForLocked(handles_.at(chosen[indexes[0]])));
+      absl::StatusOr<std::vector<HostBackup>> made =
+          copier->NewBackups(device, sizes, std::vector<std::string>(sizes.size()));
+      if (!made.ok()) {
         Log().error("vmmshim_pause_memory({}): other libraries' VMM memory: {}; nothing paused",
-                    tag.Describe(), backup.status().ToString());
-        return backup.status();
+                    tag.Describe(), made.status().ToString());
+        return made.status();
       }
-      backups.push_back(*std::move(backup));
+      for (size_t k = 0; k < indexes.size(); ++k) backups[indexes[k]] = std::move((*made)[k]);
     }
     // The whole handle, whatever of it is mapped: the library may map any
     // part of it later, and natively its contents stay.
