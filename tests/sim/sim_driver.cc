@@ -32,7 +32,15 @@ namespace vmmshim::sim {
 namespace {
 
 constexpr CUdeviceptr kLegacyBase = 0x100000000000ull;
+// Host memory's CPU view (Mapping::cpu_view) is mapped at its VA: under
+// ThreadSanitizer, whose shadow lies where kReserveBase is otherwise (an mmap
+// there ends the process), reservations start in the application range it
+// allows (below 0x008000000000).
+#if defined(__SANITIZE_THREAD__) || defined(VMMSHIM_TSAN)
+constexpr CUdeviceptr kReserveBase = 0x001000000000ull;
+#else
 constexpr CUdeviceptr kReserveBase = 0x200000000000ull;
+#endif
 constexpr size_t kLegacyAlign = 512;
 constexpr CUdeviceptr kAsyncBase = 0x300000000000ull;  // stream-ordered allocations
 constexpr CUdeviceptr kGraphBase = 0x380000000000ull;  // graph memory nodes (never backed)
