@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Paused memory that stays addressable, on a GPU host (after tools/gpu/bundle.sh),
+# into $out/addressable-pause.log (docs/data/addressable-pause-<gpu>.log):
+#   1. the driver alone: bench/host_vmm_costs (host cuMemCreate by 1-16 threads, partial
+#      and offset maps, the remap at a device allocation's address, kernel and CPU access,
+#      a scratch granule over a range);
+#   2. examples/paused_access.py under PyTorch's default allocator and cudaMallocAsync:
+#      kernels, a graph and an optimizer step on paused tensors, compared bit for bit with
+#      a never-paused run, and the kernels' GiB/s on paused memory;
+#   3. the driver's checkpoint of a process holding host VMM memory, beside none and a
+#      cuMemHostRegister'ed pool (tools/gpu/checkpoint_host_memory.py);
+#   4. bench/pause_bandwidth.py: a trainer's 16 GiB (GIB) in PyTorch's three allocator
+#      modes, the shim's default (addressable) against VMMSHIM_PAUSED_ACCESS=fault, ROUNDS
+#      rounds of 3 cycles each (the first cycle apart).
+# STEPS=1,2,3,4 picks steps. usage: tools/gpu/addressable-pause.sh [ROUNDS]
+set -uo pipefail
+source "$(dirname "$0")/host-env.sh"
+rounds=${1:-2} steps=${STEPS:-1,2,3,4}
+export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
+log=$out/addressable-pause.log
+step() { [[ ",$steps," == *",$1,"* ]]; }
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  if step 1; then
+    echo "== bench/host_vmm_costs 4 512"
+    timeout 120 "$b/bench/host_vmm_costs" 4 512 2>&1; echo "rc=$?"
+  fi
+  if step 2; then
+    for conf in "" backend:cudaMallocAsync; do
+      echo "== examples/paused_access.py --gib 4 (${conf:-default allocator})"
+      timeout 200 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_LOG_LEVEL=info \
+        python3 "$root/examples/paused_access.py" --gib 4 2>&1 |
+        grep -E "^paused-access|_memory\(|rror"
+      echo "rc=${PIPESTATUS[0]}"
+    done
+  fi
+  if step 3; then
+    echo "== tools/gpu/checkpoint_host_memory.py --gib 4 --rounds 1 --ways none,register,vmm_host"
+    timeout 200 python3 "$root/tools/gpu/checkpoint_host_memory.py" --gib 4 --rounds 1 \
+      --ways none,register,vmm_host 2>&1; echo "rc=$?"
+  fi
+  if step 4; then
+    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs default,fault"
+    timeout 560 python3 "$root/bench/pause_bandwidth.py" --shim "$shim" --rounds "$rounds" \
+      --cycles 3 --gib "${GIB:-16}" --workloads mixed,mixed-async,mixed-expandable \
+      --configs default,fault 2>&1; echo "rc=$?"
+  fi
+} 2>&1 | tee "$log"
