@@ -107,7 +107,11 @@ PROGRAM = textwrap.dedent(f"""
             time.sleep(0.1)
             child = os.fork()
             if child == 0:
-                gil.cuMemsetD8Async(buffers[0], 1, 1, None)  # returns: the gate is open here
+                # Returns: the gate is open here. Zero bytes: the paused
+                # memory is host memory the simulated driver shares with
+                # the child (a real child has no CUDA), which a write
+                # would change under the parent's launchers.
+                gil.cuMemsetD8Async(buffers[0], 1, 0, None)
                 os._exit(0)
             _, status = os.waitpid(child, 0)
             print("child", os.waitstatus_to_exitcode(status), flush=True)
