@@ -1,9 +1,9 @@
 """How fast a pause and resume with contents move a PyTorch process's memory
-to host memory and back, under vmmshim's settings (CONFIGS: by default paused
+to host memory and back, under vmmshim's settings (CONFIGS: host, paused
 memory stays addressable in host VMM memory kept for the next pause,
-core/heap/host_mapped_pool.h; VMMSHIM_PAUSED_ACCESS=fault maps nothing and
-copies through pageable memory, or through the pinned pool with
-VMMSHIM_PINNED_POOL), beside the copy engine's own speed for the same bytes
+core/heap/host_mapped_pool.h; fault, nothing mapped and copies through
+pageable memory, or through the pinned pool with VMMSHIM_PINNED_POOL),
+beside the copy engine's own speed for the same bytes
 through page-locked memory made beforehand (the "native" column: what no
 pause can beat).
 
@@ -29,7 +29,7 @@ Prints one line per process:
   workload config round: native out/in GiB/s | first pause/resume GiB/s | later pause/resume GiB/s | intact
 usage (on a GPU host, from the repository root, after tools/gpu/bundle.sh):
   python3 bench/pause_bandwidth.py --shim build/libvmmshim.so [--rounds 2] [--gib 16]
-      [--pool-gib 20] [--workloads tensor,mixed,...] [--configs default,fault,...]"""
+      [--pool-gib 20] [--workloads tensor,mixed,...] [--configs host,fault,...]"""
 import argparse
 import os
 import subprocess
@@ -39,7 +39,7 @@ import time
 WORKLOADS = {"tensor": "", "mixed": "", "mixed-async": "backend:cudaMallocAsync",
              "mixed-expandable": "expandable_segments:True"}
 # The shim's settings compared (POOL: VMMSHIM_PINNED_POOL of --pool-gib).
-CONFIGS = {"default": {}, "fault": {"VMMSHIM_PAUSED_ACCESS": "fault"},
+CONFIGS = {"host": {"VMMSHIM_PAUSED_ACCESS": "host"}, "fault": {"VMMSHIM_PAUSED_ACCESS": "fault"},
            "fault-pool": {"VMMSHIM_PAUSED_ACCESS": "fault", "VMMSHIM_PINNED_POOL": "POOL"}}
 
 
@@ -148,7 +148,7 @@ def main():
     parser.add_argument("--gib", type=float, default=16)
     parser.add_argument("--pool-gib", type=float, default=20)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--configs", default="default,fault")
+    parser.add_argument("--configs", default="host,fault")
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.gib, args.cycles)

@@ -344,9 +344,10 @@ constexpr OptionInfo kOptions[] = {
      "the memory cgroup's limit less its use), with a warning naming the limit, so that it "
      "never gets the process OOM-killed.",
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
-    {"VMMSHIM_PAUSED_ACCESS", "enum", "host", "host, fault",
+    {"VMMSHIM_PAUSED_ACCESS", "enum", "fault", "host, fault",
      "What a kernel or copy that touches paused memory meets (docs/pause-resume.md, "
-     "\"Touching paused memory\"). host: the kept contents themselves, in host memory mapped "
+     "\"Touching paused memory\"; host becomes the default once it is measured on a GPU). "
+     "host: the kept contents themselves, in host memory mapped "
      "at the paused address (read and written over the bus, slowly; the writes are there "
      "after the resume), or scratch memory where the contents were dropped (undefined data), "
      "so that no access kills the CUDA context; the host memory is pinned and kept for the "

@@ -78,8 +78,9 @@ struct Config {
   // keep contents (core/heap/pinned_pool.h); 0 = none.
   size_t pinned_pool_bytes = 0;
   // VMMSHIM_PAUSED_ACCESS: host (true) or fault (false): what paused memory
-  // maps (core/heap/host_mapped_pool.h).
-  bool paused_memory_addressable = true;
+  // maps (core/heap/host_mapped_pool.h). fault until the host mapping is
+  // measured on a GPU (docs/pause-resume.md, "Touching paused memory").
+  bool paused_memory_addressable = false;
   // VMMSHIM_HOST_POOL_IDLE: seconds before unused host memory kept for the
   // next pause is released; 0 = kept until exit.
   double host_pool_idle_seconds = 300;

@@ -10,10 +10,10 @@ the bus) beside the same kernels on device memory, the pause and resume
 times, and "paused-access: identical" or the tensors that differ (exit 1).
 An access that faulted would end the process with CUDA's error.
 
-    LD_PRELOAD=libvmmshim.so python3 examples/paused_access.py [--gib 4]
+    LD_PRELOAD=libvmmshim.so VMMSHIM_PAUSED_ACCESS=host python3 examples/paused_access.py [--gib 4]
 
-Under VMMSHIM_PAUSED_ACCESS=fault the first touch kills the context: that is
-the hazard this removes.
+Under VMMSHIM_PAUSED_ACCESS=fault (the default for now) the first touch kills
+the context: that is the hazard host removes.
 """
 import argparse
 import hashlib

@@ -63,7 +63,9 @@ struct AllocatorOptions {
   // Paused memory stays addressable (VMMSHIM_PAUSED_ACCESS=host): kept
   // contents in host memory mapped at the paused address, scratch memory
   // where contents were dropped (core/heap/host_mapped_pool.h); false
-  // (=fault): nothing is mapped there and an access faults.
+  // (=fault): nothing is mapped there and an access faults. The preloaded
+  // library's default is the variable's (config/config.h: fault for now);
+  // this one is the tests' and an embedder's.
   bool paused_memory_addressable = true;
   // The host memory kept for the next pause is released after this many
   // seconds unused (VMMSHIM_HOST_POOL_IDLE); 0: kept until exit.

@@ -120,12 +120,13 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     keep_contents, their contents in host memory. `except_tags` (a list; not
     with `tag`): every allocation but those of these tags ("" the untagged).
     Returns the bytes released (0: nothing to pause, or paused already).
-    Paused memory stays addressable: a kernel that touches a tensor paused
-    with its contents reads and writes those contents in pinned host memory,
-    over the bus (slowly; the resume keeps the writes), so a tag paused with
-    contents works as memory offloaded to the host; without contents it reads
-    undefined data. Neither faults (docs/pause-resume.md, "Touching paused
-    memory"; VMMSHIM_PAUSED_ACCESS=fault: it faults).
+    With VMMSHIM_PAUSED_ACCESS=host, paused memory stays addressable: a
+    kernel that touches a tensor paused with its contents reads and writes
+    those contents in pinned host memory, over the bus (slowly; the resume
+    keeps the writes), so a tag paused with contents works as memory
+    offloaded to the host; without contents it reads undefined data; neither
+    faults. Otherwise (the default for now) an access to it faults
+    (docs/pause-resume.md, "Touching paused memory").
     Allocations made while paused, from any thread, get memory that is not
     paused: PyTorch's and CuPy's free blocks inside paused memory are not
     handed out before the resume (vmmshim/_pools.py).

@@ -567,13 +567,13 @@ print(p['pinned_bytes'], p['bytes'])")
     have_torch
     export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
     for conf in "" backend:cudaMallocAsync; do
-      out=$(LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" \
+      out=$(LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_PAUSED_ACCESS=host \
             python3 "$src/examples/paused_access.py" --gib 2 2>&1) || fail "${conf:-default}: $out"
       echo "${conf:-default}:"; grep '^paused-access' <<<"$out" | sed 's/^/  /'
       grep -q '^paused-access: identical' <<<"$out" || fail "${conf:-default}: not identical"
     done
     out=$(python3 "$src/bench/pause_bandwidth.py" --shim "$shim" --rounds 1 --cycles 2 --gib 2 \
-          --workloads mixed --configs default 2>&1) || fail "$out"
+          --workloads mixed --configs host 2>&1) || fail "$out"
     echo "$out"
     grep -q 'intact$' <<<"$out" || fail "not intact"
     ;;

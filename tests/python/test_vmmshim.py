@@ -18,8 +18,8 @@ from sim_cuda import DeviceMemory, driver
 EXPECT_LOADED = os.environ.get("EXPECT_VMMSHIM_LOADED") == "1"
 MIB = 1 << 20
 # VMMSHIM_PAUSED_ACCESS=fault: nothing is mapped at paused memory and an
-# access faults; by default the kept contents are read there from host memory.
-PAUSED_ACCESS_FAULTS = os.environ.get("VMMSHIM_PAUSED_ACCESS", "host") == "fault"
+# access faults (the default); with host, the kept contents are read there.
+PAUSED_ACCESS_FAULTS = os.environ.get("VMMSHIM_PAUSED_ACCESS", "fault") == "fault"
 
 
 @unittest.skipIf(EXPECT_LOADED, "runs without the shim")

@@ -10,7 +10,7 @@
 #   3. the driver's checkpoint of a process holding host VMM memory, beside none and a
 #      cuMemHostRegister'ed pool (tools/gpu/checkpoint_host_memory.py);
 #   4. bench/pause_bandwidth.py: a trainer's 16 GiB (GIB) in PyTorch's three allocator
-#      modes, the shim's default (addressable) against VMMSHIM_PAUSED_ACCESS=fault, ROUNDS
+#      modes, VMMSHIM_PAUSED_ACCESS=host (addressable) against fault, ROUNDS
 #      rounds of 3 cycles each (the first cycle apart).
 # STEPS=1,2,3,4 picks steps. usage: tools/gpu/addressable-pause.sh [ROUNDS]
 set -uo pipefail
@@ -29,6 +29,7 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
     for conf in "" backend:cudaMallocAsync; do
       echo "== examples/paused_access.py --gib 4 (${conf:-default allocator})"
       timeout 200 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_LOG_LEVEL=info \
+        VMMSHIM_PAUSED_ACCESS=host \
         python3 "$root/examples/paused_access.py" --gib 4 2>&1 |
         grep -E "^paused-access|_memory\(|rror"
       echo "rc=${PIPESTATUS[0]}"
@@ -40,9 +41,9 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
       --ways none,register,vmm_host 2>&1; echo "rc=$?"
   fi
   if step 4; then
-    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs default,fault"
+    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs host,fault"
     timeout 560 python3 "$root/bench/pause_bandwidth.py" --shim "$shim" --rounds "$rounds" \
       --cycles 3 --gib "${GIB:-16}" --workloads mixed,mixed-async,mixed-expandable \
-      --configs default,fault 2>&1; echo "rc=$?"
+      --configs host,fault 2>&1; echo "rc=$?"
   fi
 } 2>&1 | tee "$log"
