@@ -271,6 +271,13 @@ void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
   }
 }
 
+void ArenaPause::MapViewAgainLocked(CUdeviceptr base, HostMappedPools* views) {
+  Block& b = arena_.blocks_.Get(base);
+  if (views == nullptr || b.handle != 0) return;  // fault mode, or device memory still mapped
+  MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
+                *views);
+}
+
 absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
                                                 HostMappedPools* views, PauseTimes* times) {
   MutexLock lock(&arena_.mu_);
@@ -281,18 +288,10 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
   for (const auto& [base, owned] : arena_.blocks_.blocks()) {
     if (Selected(*owned, tag) && owned->paused) paused.push_back(base);
   }
-  // Mapped again with their views (when they had one) after the undo.
-  auto view_again = [&](CUdeviceptr base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) {
-    Block& b = arena_.blocks_.Get(base);
-    if (views != nullptr && b.handle == 0) {
-      MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
-                    *views);
-    }
-  };
   auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) {
     for (CUdeviceptr base : mapped_now) {
       arena_.UnmapPausedLocked(base);
-      view_again(base);
+      MapViewAgainLocked(base, views);
     }
   };
   size_t bytes = 0;
@@ -337,7 +336,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
       Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
                  "stays paused",
                  tag.Describe(), b.size, base, arena_.options_.device, status.ToString());
-      view_again(base);
+      MapViewAgainLocked(base, views);
       undo();
       return status;
     }
@@ -393,11 +392,7 @@ void ArenaPause::ResumeAbort(const TagSelection& tag, HostMappedPools* views) {
   }
   for (CUdeviceptr base : mapped) {
     arena_.UnmapPausedLocked(base);
-    Block& b = arena_.blocks_.Get(base);
-    if (views != nullptr && b.handle == 0) {
-      MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
-                    *views);
-    }
+    MapViewAgainLocked(base, views);
   }
 }
 

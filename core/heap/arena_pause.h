@@ -91,6 +91,10 @@ class ArenaPause final : public PausableMemory {
   // dropped; nothing when they were kept in other host memory. A failure is
   // logged and leaves no view (an access faults).
   void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views);
+  // A block still paused after a failed resume or its undo: its view again
+  // (with the access its resume would have given), when `views` and no
+  // device memory is mapped there.
+  void MapViewAgainLocked(CUdeviceptr base, HostMappedPools* views);
 
   HeapArena& arena_;
 };

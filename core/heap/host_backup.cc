@@ -163,8 +163,7 @@ HostBackup& HostBackup::operator=(HostBackup&& o) noexcept {
 void HostBackup::Reset() {
   if (data_ == nullptr) return;
   if (!host_mapped_.empty()) {
-    host_pool_->Give(std::move(host_mapped_));
-    host_mapped_ = HostMappedMemory();
+    host_pool_->Give(std::move(host_mapped_));  // leaves host_mapped_ empty
     host_pool_ = nullptr;
     data_ = nullptr;
     size_ = 0;

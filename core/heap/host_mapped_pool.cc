@@ -168,8 +168,7 @@ size_t HostMappedPool::Release() {
   {
     MutexLock lock(&mu_);
     released += scratch_.size();
-    scratch = std::move(scratch_);
-    scratch_ = HostMappedMemory();
+    scratch = std::move(scratch_);  // released outside the lock
   }
   return released;
 }

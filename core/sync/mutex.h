@@ -74,25 +74,22 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
 class CondVar {
  public:
   void Wait(Mutex* mu) {
-    struct Adapter {  // BasicLockable over our Mutex
-      Mutex* mu;
-      void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Lock(); }
-      void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
-    } lockable{mu};
+    Lockable lockable{mu};
     cv_.wait(lockable);
   }
   // Returns true when the timeout passed (absl::CondVar's meaning).
   bool WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
-    struct Adapter {
-      Mutex* mu;
-      void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Lock(); }
-      void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
-    } lockable{mu};
+    Lockable lockable{mu};
     return cv_.wait_for(lockable, absl::ToChronoNanoseconds(timeout)) == std::cv_status::timeout;
   }
   void SignalAll() { cv_.notify_all(); }
 
  private:
+  struct Lockable {  // BasicLockable over our Mutex
+    Mutex* mu;
+    void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Lock(); }
+    void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
+  };
   std::condition_variable_any cv_;
 };
 
