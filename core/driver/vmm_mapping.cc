@@ -104,6 +104,22 @@ absl::Status VmmMapper::MapRepeated(CUdeviceptr va, size_t size,
   return status;
 }
 
+absl::Status VmmMapper::UnmapRepeated(CUdeviceptr va, size_t size, size_t piece,
+                                      size_t* unmapped) const {
+  if (*unmapped >= size) return absl::OkStatus();
+  absl::Status status = Unmap(va + *unmapped, size - *unmapped);
+  if (status.ok() || piece == 0 || size - *unmapped <= piece) {
+    if (status.ok()) *unmapped = size;
+    return status;
+  }
+  while (*unmapped < size) {
+    const size_t n = std::min(piece, size - *unmapped);
+    if (status = Unmap(va + *unmapped, n); !status.ok()) return status;
+    *unmapped += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CUdeviceptr> VmmMapper::ImportAndMap(int fd, size_t size, size_t alignment,
                                                     DeviceSet access) const {
   if (driver_.cuMemImportFromShareableHandle == nullptr) {

@@ -82,6 +82,13 @@ class VmmMapper {
   // stays mapped.
   absl::Status MapRepeated(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle,
                            size_t piece, DeviceSet access) const;
+  // Undoes MapRepeated (or one mapping: `piece` >= `size`): unmaps
+  // [va + *unmapped, va + size) in one cuMemUnmap, else piece by piece,
+  // advancing *unmapped past each piece unmapped, so that a retry after a
+  // failure starts where this one stopped (a piece already unmapped would
+  // fail again). *unmapped is 0 or a multiple of `piece` on entry; `size`
+  // when everything is unmapped.
+  absl::Status UnmapRepeated(CUdeviceptr va, size_t size, size_t piece, size_t* unmapped) const;
 
   // IPC import (guide 4.16.3): imports the POSIX file descriptor `fd`
   // (which stays the caller's), reserves `size` bytes aligned to

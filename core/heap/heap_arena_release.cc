@@ -131,13 +131,7 @@ void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
 
 absl::Status HeapArena::UnmapPausedViewLocked(CUdeviceptr base, Block& b) {
   if (b.view == PausedView::kNothing) return absl::OkStatus();
-  absl::Status s = mapper_.Unmap(base, b.size);
-  if (!s.ok() && b.view_piece > 0 && b.view_piece < b.size) {
-    s = absl::OkStatus();
-    for (size_t at = 0; at < b.size; at += b.view_piece) {
-      s.Update(mapper_.Unmap(base + at, std::min(b.view_piece, b.size - at)));
-    }
-  }
+  absl::Status s = mapper_.UnmapRepeated(base, b.size, b.view_piece, &b.view_unmapped);
   if (!s.ok()) {
     Log().warn("device {}: unmapping the host memory at paused {:#x} ({} bytes): {}",
                options_.device, base, b.size, s.ToString());
@@ -145,6 +139,7 @@ absl::Status HeapArena::UnmapPausedViewLocked(CUdeviceptr base, Block& b) {
   }
   b.view = PausedView::kNothing;
   b.view_piece = 0;
+  b.view_unmapped = 0;
   return s;
 }
 
@@ -160,6 +155,7 @@ absl::Status HeapArena::ReleaseAll() {
   }
   orphans_.Retry(mapper_, va_, acct_);
   if (!orphans_.empty()) {
+    orphans_.AbandonViews();  // the host memory pools go before the arena
     first.Update(DriverError(CUDA_ERROR_UNKNOWN, "releasing handles that stayed mapped"));
   }
   for (const auto& [base, size] : va_.reservations()) {

@@ -186,6 +186,16 @@ void HostBackup::Reset() {
   context_ = nullptr;
 }
 
+void HostBackup::Abandon() {
+  if (!host_mapped_.empty()) {
+    host_mapped_.Forget();
+    host_pool_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+  Reset();
+}
+
 absl::Status HostBackup::PageLock(const DriverApi& driver) {
   if (page_locked() || data_ == nullptr) return absl::OkStatus();
   if (driver.cuMemHostRegister_v2 == nullptr || driver.cuMemHostUnregister == nullptr) {
@@ -380,17 +390,19 @@ absl::Status BackupCopier::Finish() {
 }
 
 absl::Status BackupCopier::CopyDeviceToDevice(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
-  if (driver_.cuMemcpyDtoDAsync_v2 == nullptr) {
-    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemcpyDtoDAsync");
+  if (driver_.cuMemcpyDtoDAsync_v2 == nullptr || driver_.cuMemcpyDtoD_v2 == nullptr) {
+    return DriverError(CUDA_ERROR_NOT_SUPPORTED, "the driver lacks cuMemcpyDtoD");
   }
   absl::StatusOr<CUstream> stream = StreamForCurrentContext();
   if (!stream.ok()) return stream.status();
   for (size_t off = 0, n; off < bytes; off += n) {
     n = std::min(kCopyPartBytes, bytes - off);
-    if (CUresult r = driver_.cuMemcpyDtoDAsync_v2(dst + off, src + off, n, *stream);
-        r != CUDA_SUCCESS) {
-      return DriverError(r, "cuMemcpyDtoDAsync (host VMM memory)");
-    }
+    // No stream of the copier's (the driver lacks the calls it needs):
+    // complete at return, as Finish would not wait for it.
+    CUresult r = *stream == nullptr
+                     ? driver_.cuMemcpyDtoD_v2(dst + off, src + off, n)
+                     : driver_.cuMemcpyDtoDAsync_v2(dst + off, src + off, n, *stream);
+    if (r != CUDA_SUCCESS) return DriverError(r, "cuMemcpyDtoD (host VMM memory)");
   }
   return absl::OkStatus();
 }

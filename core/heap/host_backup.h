@@ -106,6 +106,11 @@ class HostBackup {
   // for anonymous memory. An I/O error: CUDA_ERROR_UNKNOWN naming the file.
   absl::Status Persist();
 
+  // Empty after, its host VMM memory forgotten (HostMappedMemory::Forget)
+  // rather than given back to its pool; other memory is released as at
+  // destruction. For memory still mapped where it cannot be unmapped.
+  void Abandon();
+
   char* data() const { return data_; }
   size_t size() const { return size_; }
   bool page_locked() const {

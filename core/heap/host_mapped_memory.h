@@ -69,6 +69,16 @@ class HostMappedMemory {
   size_t size() const { return size_; }
   int device() const { return device_; }
   bool empty() const { return handle_ == 0; }
+  // Leaves the memory to the driver with no call, empty after: a fork
+  // child's copy of the parent's (whose handles mean nothing there), or
+  // memory still mapped at a view that would not unmap (teardown), which
+  // must never be handed out again.
+  void Forget() {
+    driver_ = nullptr;
+    handle_ = 0;
+    address_ = 0;
+    size_ = 0;
+  }
 
  private:
   void Reset();

@@ -24,6 +24,15 @@ void OrphanedMemory::Retry(const VmmMapper& mapper, VaFreeList& va,
     }
   }
   handles_ = std::move(left);
+  std::vector<View> views_left;
+  for (View& v : views_) {
+    if (!mapper.UnmapRepeated(v.base, v.size, v.piece, &v.unmapped).ok()) {
+      views_left.push_back(std::move(v));
+      continue;
+    }
+    va.Free(v.base, v.size);
+  }
+  views_ = std::move(views_left);  // the unmapped views' backups go here
 }
 
 size_t OrphanedMemory::bytes() const {
