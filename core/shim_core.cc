@@ -52,6 +52,7 @@ void ShimCore::PrepareFork() {
   stream_ordered_.PrepareFork();
   heaps_.PrepareForkHeaps();
   captures_.PrepareForkState();
+  pause_.PrepareForkHostPools();
 }
 
 void ShimCore::AfterFork(bool in_child) {
@@ -68,6 +69,7 @@ void ShimCore::AfterFork(bool in_child) {
     pause_.AfterForkChild();
     return;
   }
+  pause_.AfterForkParentHostPools();
   captures_.AfterForkParentState();
   heaps_.AfterForkParentHeaps();
   stream_ordered_.AfterForkParent();
@@ -79,6 +81,7 @@ void ShimCore::AfterFork(bool in_child) {
 
 absl::Status ShimCore::ReleaseAll() {
   absl::Status status = heaps_.ReleaseAll();
+  foreign_.DropBackups();  // from pools pause_ owns, which go before foreign_
   pause_.ReleaseHostMemory();  // after the heaps: their paused blocks gave theirs back
   return status;
 }

@@ -80,8 +80,9 @@ class ShimCore {
   void AfterFork(bool in_child) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Unmaps and releases every handle and frees every reservation, in the
-  // guide's order (unmap -> release -> address free). Live allocations become
-  // invalid. Returns the first driver error; continues past errors.
+  // guide's order (unmap -> release -> address free), and drops the host
+  // copies of paused memory. Live allocations become invalid. Returns the
+  // first driver error; continues past errors. Teardown.
   absl::Status ReleaseAll();
 
  private:

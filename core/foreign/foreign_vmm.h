@@ -158,6 +158,11 @@ class ForeignVmm final : public PausableMemory {
   void ResumeAbort(const TagSelection& tag, HostMappedPools* views) override
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
+  // Teardown (ShimCore::ReleaseAll): the host copies of paused memory go
+  // now, while the pools they may come from exist (the pause coordinator's,
+  // destroyed before this); those handles stay paused, their contents lost.
+  void DropBackups() ABSL_LOCKS_EXCLUDED(mu_);
+
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS { new (&mu_) Mutex; }

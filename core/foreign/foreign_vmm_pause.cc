@@ -355,6 +355,11 @@ void ForeignVmm::ResumeCommit(const TagSelection&, bool /*retain_contents*/) {
   }
 }
 
+void ForeignVmm::DropBackups() {
+  MutexLock lock(&mu_);
+  for (auto& [value, h] : handles_) h.backup.reset();
+}
+
 void ForeignVmm::ResumeAbort(const TagSelection&, HostMappedPools*) {
   for (auto& [value, h] : handles_) {
     if (!h.paused || h.real == 0) continue;

@@ -33,6 +33,7 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
     const std::vector<size_t>& sizes) {
   std::vector<absl::StatusOr<HostMappedMemory>> out(sizes.size());
   std::vector<size_t> missing;  // indexes of `sizes` to make
+  std::multimap<size_t, HostMappedMemory> unmatched;  // released before making
   {
     MutexLock lock(&mu_);
     last_use_ = std::chrono::steady_clock::now();
@@ -48,8 +49,26 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
       out[i] = std::move(it->second);
       kept_.erase(it);
     }
+    // Kept memory of other sizes gives way when what is to be made would
+    // not fit beside it (it is page-locked: the kernel cannot reclaim it).
+    size_t to_make = 0;
+    for (size_t i : missing) to_make += sizes[i];
+    if (to_make > 0 && !kept_.empty()) {
+      const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
+      if (headroom.bytes != SIZE_MAX && to_make > headroom.bytes) {
+        Log().info("device {}: {} bytes of host memory kept for paused contents of other sizes "
+                   "released: {} bytes are to be made and {} are left ({})",
+                   device_, kept_bytes_, to_make, headroom.bytes, headroom.limited_by);
+        figures_.limited_by = headroom.limited_by;
+        figures_.trimmed_bytes += kept_bytes_;
+        unmatched = std::move(kept_);
+        kept_.clear();
+        kept_bytes_ = 0;
+      }
+    }
     changed_.SignalAll();
   }
+  unmatched.clear();  // released outside the lock
   if (missing.empty()) return out;
   // Made by several threads at once: the driver pins each handle's pages as
   // it makes them (bench/host_vmm_costs).
@@ -87,6 +106,10 @@ void HostMappedPool::Give(HostMappedMemory memory) {
   if (memory.empty()) return;
   const size_t size = memory.size();
   MutexLock lock(&mu_);
+  if (in_fork_child_) {
+    memory.Forget();
+    return;
+  }
   in_use_bytes_ -= std::min(in_use_bytes_, size);
   last_use_ = std::chrono::steady_clock::now();
   // Kept only while the pool holds at most 3/4 of what it holds plus what
@@ -203,11 +226,26 @@ void HostMappedPool::AfterForkChild() {
   new (&mu_) Mutex;
   new (&changed_) CondVar;
   // The parent's handles are not the child's: forgotten, never released.
-  for (auto& [size, memory] : kept_) new (&memory) HostMappedMemory();
+  for (auto& [size, memory] : kept_) memory.Forget();
   kept_.clear();
-  new (&scratch_) HostMappedMemory();
+  scratch_.Forget();
   kept_bytes_ = 0;
   in_use_bytes_ = 0;
+  in_fork_child_ = true;  // what the child's paused blocks give back is the parent's too
+}
+
+void HostMappedPools::PrepareFork() {
+  mu_.Lock();
+  for (auto& [device, pool] : pools_) {
+    if (pool != nullptr) pool->mu_.Lock();
+  }
+}
+
+void HostMappedPools::AfterForkParent() {
+  for (auto it = pools_.rbegin(); it != pools_.rend(); ++it) {
+    if (it->second != nullptr) it->second->mu_.Unlock();
+  }
+  mu_.Unlock();
 }
 
 HostMappedPool* HostMappedPools::For(int device) {

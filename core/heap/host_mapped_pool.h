@@ -28,8 +28,10 @@
 //
 // Thread safety: every member may be called from any thread.
 //
-// At process exit the trimming thread is joined by the destructor and the
-// memory released; a fork's child forgets the parent's (AfterForkChild).
+// At destruction the trimming thread is joined and the memory released.
+// The preloaded shim never destroys its core (interpose/runtime.cc), so at
+// process exit the thread is left waiting and the memory goes with the
+// process. A fork's child forgets the parent's (AfterForkChild).
 #ifndef VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
 #define VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
 
@@ -69,8 +71,10 @@ class HostMappedPool {
   int device() const { return device_; }
 
   // Host memory of each of `sizes`: kept memory of exactly that size, the
-  // rest made now by up to Options::threads threads. An entry the driver
-  // refused holds its error (CUDA_ERROR_OUT_OF_MEMORY: host memory).
+  // rest made now by up to Options::threads threads (kept memory of other
+  // sizes is released first when the host's headroom would not hold what
+  // is to be made). An entry the driver refused holds its error
+  // (CUDA_ERROR_OUT_OF_MEMORY: host memory).
   std::vector<absl::StatusOr<HostMappedMemory>> Take(const std::vector<size_t>& sizes);
   // Memory Take returned, kept for the next pause within the limits above.
   void Give(HostMappedMemory memory);
@@ -99,10 +103,13 @@ class HostMappedPool {
   };
   Stats stats() const;
 
-  // A fork's child: the parent's memory means nothing to the driver there.
+  // A fork's child: the parent's memory means nothing to the driver there;
+  // it is forgotten, now and as the child's paused blocks give it back.
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
+  friend class HostMappedPools;  // PrepareFork takes every pool's mutex
+
   // Waits for the idle deadline and trims; ends at destruction.
   void TrimWhenIdle();
 
@@ -119,6 +126,7 @@ class HostMappedPool {
   Stats figures_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_use_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool in_fork_child_ ABSL_GUARDED_BY(mu_) = false;
   std::thread trimmer_;  // started at the first Give when idle_seconds > 0
 };
 
@@ -137,6 +145,10 @@ class HostMappedPools {
   HostMappedPool* For(int device) ABSL_LOCKS_EXCLUDED(mu_);
   // Every pool made so far.
   std::vector<HostMappedPool*> All() const ABSL_LOCKS_EXCLUDED(mu_);
+  // fork(): every mutex here (this one, then each pool's), taken last
+  // (core/sync/lock_order.h: leaves) and released in reverse in the parent.
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:

@@ -122,6 +122,12 @@ size_t PauseCoordinator::ReleaseHostMemory() {
   return released;
 }
 
+size_t PauseCoordinator::TrimHostMemory() {
+  size_t released = 0;
+  for (HostMappedPool* pool : host_pools_.All()) released += pool->Trim();
+  return released;
+}
+
 size_t PauseCoordinator::UnpinPinnedPool() {
   MutexLock lock(&mu_);
   return pool_.Unpin();

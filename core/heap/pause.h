@@ -162,12 +162,18 @@ class PauseCoordinator : public HeapTable::Listener {
   PinnedPool::Stats pinned_pool_stats_now() const { return pool_.stats(); }
   // The host memory paused memory stays addressable through, per device.
   std::vector<HostMappedPool*> host_pools() const { return host_pools_.All(); }
-  // What those pools keep for the next pause, released now (teardown); the
-  // bytes released.
+  // What those pools keep for the next pause, released now, with their
+  // scratch (teardown); the bytes released.
   size_t ReleaseHostMemory();
+  // What those pools keep for the next pause, released now (the scratch
+  // stays: views of paused memory may map it); the bytes released.
+  size_t TrimHostMemory();
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
+  // The host memory pools' mutexes, leaves: taken after every other lock.
+  void PrepareForkHostPools() { host_pools_.PrepareFork(); }
+  void AfterForkParentHostPools() { host_pools_.AfterForkParent(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     new (&mu_) Mutex;
     ring_.AfterForkChild();

@@ -89,6 +89,12 @@ void SleepCoordinator::ReleaseForCheckpoint() {
     Log().info("pinned pool: {} bytes unpinned for the checkpoint in {:.3f} s", unpinned,
                SecondsSince(start));
   }
+  // Host memory kept for the next addressable pause: page-locked, unused
+  // while asleep (the sleep maps none), and in the way of the host memory
+  // the checkpoint fills; made again by the next pause after the wake.
+  if (size_t trimmed = pause_.TrimHostMemory(); trimmed > 0) {
+    Log().info("host memory for paused contents: {} bytes released for the checkpoint", trimmed);
+  }
   // The contexts' stack reservation, which the checkpoint would copy
   // (core/lifecycle/stack_reservation.h; VMMSHIM_SLEEP_LOWERS_STACK=0: none).
   int lowered = 0;

@@ -60,6 +60,10 @@ inline constexpr std::array<LockRank, 11> kLockOrder = {{
 // (core/report/trace.h), the log's mutex (core/base/log.cc), CallerLibraries::mu_
 // (core/history/caller_library.h), MemoryHistory::mu_ (core/history/memory_history.h;
 // taken under an arena mutex when a heap records a segment event, never the other way).
+// The host memory pools' mutexes (HostMappedPools::mu_ and each
+// HostMappedPool::mu_, core/heap/host_mapped_pool.h) are leaves too, taken
+// under an arena mutex or the other libraries' VMM mutex at a pause and
+// never around another lock; ShimCore::PrepareFork takes them last.
 
 }  // namespace vmmshim
 

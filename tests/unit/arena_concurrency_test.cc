@@ -20,43 +20,11 @@
 #include "core/sync/thread_slot.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/in_child.h"
 #include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
 namespace {
-
-// Runs `fn` in a forked child (only this thread exists there) with a
-// deadline of `seconds`; returns "" when it finished, else why not. `fn`
-// returns an error message ("" for success).
-std::string InChild(const std::function<std::string()>& fn, int seconds) {
-  int pipefd[2];
-  if (pipe(pipefd) != 0) return "pipe failed";
-  fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(pipefd[0]);
-    alarm(seconds);
-    const std::string msg = fn();
-    if (!msg.empty()) (void)!write(pipefd[1], msg.data(), msg.size());
-    _exit(msg.empty() ? 0 : 1);
-  }
-  close(pipefd[1]);
-  std::string msg;
-  char buf[256];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) msg.append(buf, n);
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) {
-    return "child killed by signal " + std::to_string(WTERMSIG(status)) +
-           (WTERMSIG(status) == SIGALRM ? " (deadline passed: hang)" : "");
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return msg.empty() ? "child failed" : msg;
-  }
-  return "";
-}
 
 // ---- Bug 1: SharedGate, a nested read lock while a writer waits ----
 //

@@ -320,5 +320,27 @@ TEST_F(WorkQuiescerTest, ASleepHoldsEveryThreadUntilTheWakeAndAFailedStepUndoesI
   EXPECT_TRUE(Holds(weights->ptr, kBytes, 5));
 }
 
+// The host memory kept for the next addressable pause is page-locked and
+// unused while asleep: the sleep releases it before the checkpoint and
+// maps no host memory of its own; the wake brings everything back.
+TEST_F(WorkQuiescerTest, ASleepReleasesTheHostMemoryKeptForPausesAndMapsNone) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
+  ASSERT_TRUE(kv.ok());
+  Fill(kv->ptr, kBytes, 6);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_EQ(sim::GetUsage().host_handle_bytes, kBytes);  // kept for the next pause
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
+  ASSERT_TRUE(sleeper.Sleep({}).ok());
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+  ASSERT_TRUE(sleeper.Wake().ok());
+  EXPECT_TRUE(Holds(kv->ptr, kBytes, 6));
+  ASSERT_TRUE(a.Free(kv->ptr).ok());
+}
+
 }  // namespace
 }  // namespace vmmshim
