@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/arena_pause.h"
 #include "core/heap/heap_arena.h"
@@ -32,18 +33,33 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
+void AddOnce(CUcontext ctx, std::vector<CUcontext>* contexts) {
+  if (std::find(contexts->begin(), contexts->end(), ctx) == contexts->end()) {
+    contexts->push_back(ctx);
+  }
+}
+
 }  // namespace
+
+void ArenaPause::AddPeerContexts(DeviceSet access, std::vector<CUcontext>* contexts) const {
+  for (int peer : access - DeviceSet::Of(arena_.options_.device)) {
+    if (CUcontext ctx = ActivePrimaryContext(arena_.driver_, peer); ctx != nullptr) {
+      AddOnce(ctx, contexts);
+    }
+  }
+}
 
 size_t ArenaPause::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
   MutexLock lock(&arena_.mu_);
   size_t bytes = 0;
+  DeviceSet peers;
   for (const auto& [base, b] : arena_.blocks_.blocks()) {
     if (!Selected(*b, tag) || b->paused || b->idle()) continue;
     bytes += b->size;
-    if (std::find(contexts->begin(), contexts->end(), b->placement.context) == contexts->end()) {
-      contexts->push_back(b->placement.context);
-    }
+    AddOnce(b->placement.context, contexts);
+    peers |= b->access;
   }
+  AddPeerContexts(peers, contexts);
   return bytes;
 }
 
@@ -205,6 +221,7 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, HostMapp
     b.paused = true;
     arena_.acct_.Paused(static_cast<int64_t>(b.size));
     ++times->blocks;
+    b.wants_view = views != nullptr;
     if (views != nullptr) {
       const auto step = std::chrono::steady_clock::now();
       MapViewLocked(base, b, had_access, *views);
@@ -228,12 +245,13 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, HostMapp
 
 void ArenaPause::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
   MutexLock lock(&arena_.mu_);
+  DeviceSet peers;
   for (const auto& [base, b] : arena_.blocks_.blocks()) {
     if (!Selected(*b, tag) || !b->paused || b->view == PausedView::kNothing) continue;
-    if (std::find(contexts->begin(), contexts->end(), b->placement.context) == contexts->end()) {
-      contexts->push_back(b->placement.context);
-    }
+    AddOnce(b->placement.context, contexts);
+    peers |= arena_.access_.Target(*b);
   }
+  AddPeerContexts(peers, contexts);
 }
 
 void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
@@ -271,9 +289,10 @@ void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
   }
 }
 
-void ArenaPause::MapViewAgainLocked(CUdeviceptr base, HostMappedPools* views) {
-  Block& b = arena_.blocks_.Get(base);
-  if (views == nullptr || b.handle != 0) return;  // fault mode, or device memory still mapped
+void ArenaPause::MapViewAgainLocked(CUdeviceptr base, Block& b, HostMappedPools* views) {
+  // Fault mode, a block paused without a view (a deep sleep's), or device
+  // memory still mapped.
+  if (views == nullptr || !b.wants_view || b.handle != 0) return;
   MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
                 *views);
 }
@@ -291,7 +310,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
   auto undo = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) {
     for (CUdeviceptr base : mapped_now) {
       arena_.UnmapPausedLocked(base);
-      MapViewAgainLocked(base, views);
+      MapViewAgainLocked(base, arena_.blocks_.Get(base), views);
     }
   };
   size_t bytes = 0;
@@ -336,7 +355,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
       Log().warn("vmmshim_resume_memory({}): {} bytes at {:#x} on device {}: {}; everything "
                  "stays paused",
                  tag.Describe(), b.size, base, arena_.options_.device, status.ToString());
-      MapViewAgainLocked(base, views);
+      MapViewAgainLocked(base, b, views);
       undo();
       return status;
     }
@@ -377,6 +396,7 @@ void ArenaPause::ResumeCommit(const TagSelection& tag, bool retain) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.paused || b.handle == 0) continue;
     b.paused = false;
+    b.wants_view = false;
     if (!retain) b.backup.reset();
     arena_.acct_.Paused(-static_cast<int64_t>(b.size));
     arena_.blocks_.Reopen(base, b);
@@ -392,7 +412,7 @@ void ArenaPause::ResumeAbort(const TagSelection& tag, HostMappedPools* views) {
   }
   for (CUdeviceptr base : mapped) {
     arena_.UnmapPausedLocked(base);
-    MapViewAgainLocked(base, views);
+    MapViewAgainLocked(base, arena_.blocks_.Get(base), views);
   }
 }
 

@@ -41,7 +41,8 @@ class ArenaPause final : public PausableMemory {
   // collects where the time went.
   //
   // The bytes of the live blocks a pause of `tag` would back up; their
-  // contexts are added to `contexts` (once each).
+  // contexts and their peers' (AddPeerContexts) are added to `contexts`
+  // (once each).
   size_t PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override;
   // CUDA_ERROR_NOT_PERMITTED (and a log line naming it) when a block the
   // pause would select holds exported memory; nothing changes.
@@ -62,7 +63,8 @@ class ArenaPause final : public PausableMemory {
   void PauseAbort(const TagSelection& tag) override;
   absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
                                      PauseTimes* times) override;
-  // The contexts of the selected paused blocks that have a view.
+  // The contexts of the selected paused blocks that have a view, and their
+  // peers' (AddPeerContexts).
   void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override;
   // Resume in two steps, likewise: Prepare maps new memory at each paused
   // block's address with the access it would have had (Target), unless a
@@ -91,10 +93,16 @@ class ArenaPause final : public PausableMemory {
   // dropped; nothing when they were kept in other host memory. A failure is
   // logged and leaves no view (an access faults).
   void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views);
-  // A block still paused after a failed resume or its undo: its view again
-  // (with the access its resume would have given), when `views` and no
-  // device memory is mapped there.
-  void MapViewAgainLocked(CUdeviceptr base, HostMappedPools* views);
+  // Adds the active primary context of each peer in `access` (a kernel
+  // there may be reading the memory; a peer's other contexts are not seen),
+  // once each.
+  void AddPeerContexts(DeviceSet access, std::vector<CUcontext>* contexts) const;
+  // Block `b` at `base`, still paused after a failed resume or its undo:
+  // its view again (with the access its resume would have given), when
+  // `views` and no device memory is mapped there. The caller holds the
+  // arena's mutex and looked `b` up under it (HeapArena is incomplete
+  // here, so the lock contract is the caller's).
+  void MapViewAgainLocked(CUdeviceptr base, Block& b, HostMappedPools* views);
 
   HeapArena& arena_;
 };

@@ -77,7 +77,22 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   // An untagged granule with explicit state takes no new allocations, which
   // would inherit it.
   if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
-  if (block.unmapped()) {  // paused: applied at resume
+  if (block.unmapped()) {  // paused: applied to device memory at resume
+    if (block.view != PausedView::kNothing) {
+      // The host memory mapped there meanwhile follows the change now.
+      absl::Status view = mapper_.SetAccess(info->range_base, block.size,
+                                            grant ? bit : DeviceSet(), grant ? DeviceSet() : bit);
+      if (!view.ok() && !grant) {
+        block.explicit_grant = old_grant;
+        block.explicit_revoke = old_revoke;
+        return view;
+      }
+      if (!view.ok()) {
+        Log().info("device {}: peer {} gets access to paused {:#x} at its resume; its host "
+                   "memory refused it until then: {}",
+                   options_.device, peer, info->range_base, view.ToString());
+      }
+    }
     if (grant && !had_access) acct_.stats().peers[peer].grants += block.allocations();
     return absl::OkStatus();
   }

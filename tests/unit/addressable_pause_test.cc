@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/sim/sim_driver.h"
+#include "tests/unit/in_child.h"
 #include "tests/unit/sim_test_base.h"
 
 namespace vmmshim {
@@ -296,6 +297,137 @@ TEST_F(AddressablePauseTest, AFailedResumeMapsTheViewsAgain) {
   EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
   EXPECT_TRUE(Holds(second, 8 * kMiB, 3));
   for (CUdeviceptr p : {first, second, dropped}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// A view whose unmap fails midway: the free fails and the block stays
+// paused; the next free unmaps from where the first stopped (the pieces
+// already unmapped are not unmapped again).
+TEST_F(AddressablePauseTest, AFreeWhoseViewUnmapFailsMidwayFinishesItNextTime) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr dropped = Alloc(a, 8 * kMiB, "tmp");  // four 2 MiB scratch mappings
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+  // The whole-range unmap fails, then the second piece's (the simulated
+  // driver counts the second failure from the call after the first).
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_FALSE(a.Free(dropped).ok());
+  sim::ClearFailures();
+  char c;
+  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);              // unmapped
+  EXPECT_EQ(sim::DeviceRead(0, &c, dropped + 2 * kMiB, 1), CUDA_SUCCESS);  // still mapped
+  ASSERT_TRUE(a.Free(dropped).ok());
+  for (size_t at = 0; at < 8 * kMiB; at += 2 * kMiB) {
+    EXPECT_NE(sim::DeviceRead(0, &c, dropped + at, 1), CUDA_SUCCESS) << at;
+  }
+  EXPECT_EQ(sim::GetUsage().mappings, 1u);  // the scratch's own range alone
+}
+
+// A paused block whose context goes while its view will not unmap: the
+// view keeps its host memory, which no other pause is handed while it is
+// still mapped there; a later trim unmaps it and the pool keeps it.
+TEST_F(AddressablePauseTest, HostMemoryStillMappedAtAViewIsNeverHandedToAnotherPause) {
+  {
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    const CUcontext ctx = MakeCurrent(0);
+    const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+    Fill(kv, 8 * kMiB, 1);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+    a.ReleaseContext(ctx, /*synchronize=*/true);
+    sim::ClearFailures();
+    EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 0u);
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));  // still mapped at the old address
+    const CUdeviceptr other = Alloc(a, 8 * kMiB, "other");
+    Fill(other, 8 * kMiB, 2);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("other"), true).ok());
+    EXPECT_EQ(sim::GetUsage().host_handle_bytes, 16 * kMiB);  // made, not taken from kv's
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    EXPECT_TRUE(Holds(other, 8 * kMiB, 2));
+    shim.control().Trim();
+    char c;
+    EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);
+    EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("other")).ok());
+    EXPECT_TRUE(Holds(other, 8 * kMiB, 2));
+    ASSERT_TRUE(a.Free(other).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// Other libraries' paused memory keeps its contents in host memory of the
+// pools the pause coordinator owns: a teardown without a resume gives it
+// back before the pools go.
+TEST_F(AddressablePauseTest, TeardownWithOtherLibrariesMemoryPausedLeavesNoHostMemory) {
+  CUdeviceptr va = 0;
+  {
+    ShimCore shim(api_);
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemGenericAllocationHandle h = 0;
+    ASSERT_EQ(api_.cuMemAddressReserve(&va, 8 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+    ASSERT_EQ(shim.foreign().Create(&h, 8 * kMiB, &prop, 0, "nccl"), CUDA_SUCCESS);
+    ASSERT_EQ(shim.foreign().Map(va, 8 * kMiB, 0, h, 0), CUDA_SUCCESS);
+    CUmemAccessDesc desc = {};
+    desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ASSERT_EQ(shim.foreign().SetAccess(va, 8 * kMiB, &desc, 1), CUDA_SUCCESS);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("nccl"), true).ok());
+    EXPECT_EQ(sim::GetUsage().host_handle_bytes, 8 * kMiB);
+  }
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+  EXPECT_EQ(api_.cuMemAddressFree(va, 8 * kMiB), CUDA_SUCCESS);
+}
+
+// An explicit revoke while paused reaches the host memory mapped there at
+// once; a grant does too.
+TEST_F(AddressablePauseTest, PeerAccessChangedWhilePausedReachesTheView) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  char c;
+  ASSERT_EQ(sim::DeviceRead(1, &c, kv, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.peers().SetPeerAccess(kv, 1, /*grant=*/false).ok());
+  EXPECT_NE(sim::DeviceRead(1, &c, kv, 1), CUDA_SUCCESS);
+  EXPECT_EQ(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.peers().SetPeerAccess(kv, 1, /*grant=*/true).ok());
+  EXPECT_EQ(sim::DeviceRead(1, &c, kv, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_EQ(sim::DeviceRead(1, &c, kv, 1), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
+// fork(): the child's copy of a paused block's host memory is the
+// parent's: a free there unmaps the child's view and forgets the memory
+// (no cuMemRelease of the parent's handle, nothing kept for a pause).
+TEST_F(AddressablePauseTest, AForkChildForgetsTheParentsHostMemory) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  shim.PrepareFork();
+  const std::string result = InChild(
+      [&]() -> std::string {
+        shim.AfterFork(true);
+        sim::ResetCallCounts();
+        if (!a.Free(kv).ok()) return "the child's free of paused memory failed";
+        if (sim::CallCount("cuMemRelease") != 0) return "the child released the parent's handle";
+        if (PoolStats(shim, 0).kept_bytes != 0) return "the child keeps the parent's host memory";
+        return "";
+      },
+      10);
+  shim.AfterFork(false);
+  EXPECT_EQ(result, "");
+  EXPECT_EQ(sim::GetUsage().host_handle_bytes, 8 * kMiB);  // the parent's, untouched
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_TRUE(a.Free(kv).ok());
 }
 
 }  // namespace
