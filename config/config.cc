@@ -350,14 +350,16 @@ constexpr OptionInfo kOptions[] = {
      "host: the kept contents themselves, in host memory mapped "
      "at the paused address (read and written over the bus, slowly; the writes are there "
      "after the resume), or scratch memory where the contents were dropped (undefined data), "
-     "so that no access kills the CUDA context; the host memory is pinned and kept for the "
-     "next pause (VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and an access "
-     "kills the context, with everything paused.",
+     "so that an access to the shim's own paused memory does not kill the CUDA context; "
+     "other libraries' VMM memory (expandable_segments:True), contents kept on disk, devices "
+     "without host VMM memory and a deep sleep still fault. The host memory is pinned and "
+     "kept for the next pause (VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and "
+     "an access kills the context, with everything paused.",
      &ApplyPausedAccess, false, OptionKey::kPausedAccess},
     {"VMMSHIM_HOST_POOL_IDLE", "seconds", "300", "0 to 31536000",
      "Host memory that held paused contents is kept, pinned, for the next pause (which then "
-     "copies at the copy engine's speed); unused this long, it is released. 0: kept until "
-     "the process ends.",
+     "copies at the copy engine's speed); unused this long, it is released. 0: no idle "
+     "release (a deep sleep, a short host and a pause of other sizes still release it).",
      &ApplyHostPoolIdle, false, OptionKey::kHostPoolIdle},
     {"VMMSHIM_SLEEP_LOWERS_STACK", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: a deep sleep lowers each active primary context's stack limit (CU_LIMIT_STACK_SIZE) "

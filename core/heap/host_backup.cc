@@ -397,12 +397,17 @@ absl::Status BackupCopier::CopyDeviceToDevice(CUdeviceptr dst, CUdeviceptr src, 
   if (!stream.ok()) return stream.status();
   for (size_t off = 0, n; off < bytes; off += n) {
     n = std::min(kCopyPartBytes, bytes - off);
-    // No stream of the copier's (the driver lacks the calls it needs):
-    // complete at return, as Finish would not wait for it.
     CUresult r = *stream == nullptr
                      ? driver_.cuMemcpyDtoD_v2(dst + off, src + off, n)
                      : driver_.cuMemcpyDtoDAsync_v2(dst + off, src + off, n, *stream);
     if (r != CUDA_SUCCESS) return DriverError(r, "cuMemcpyDtoD (host VMM memory)");
+  }
+  // No stream of the copier's (the driver lacks the calls it needs), so
+  // Finish waits for nothing: a copy between device addresses is
+  // asynchronous to the host even without a stream (the driver API's "API
+  // synchronization behavior"), so the context is waited for here.
+  if (*stream == nullptr) {
+    return DriverError(driver_.cuCtxSynchronize(), "cuCtxSynchronize (host VMM memory)");
   }
   return absl::OkStatus();
 }

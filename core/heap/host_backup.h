@@ -55,8 +55,8 @@ struct BackupKind {
   // Host VMM memory from the device's HostMappedPool
   // (core/heap/host_mapped_pool.h), which the pause maps at the paused
   // address so that the memory stays addressable, and scratch memory mapped
-  // where contents are dropped; only where VMMSHIM_PAUSED_ACCESS=host (the
-  // default; PauseCoordinator decides), never with `directory`. Where the
+  // where contents are dropped; only where VMMSHIM_PAUSED_ACCESS=host
+  // (PauseCoordinator decides), never with `directory`. Where the
   // device has none, or the driver refuses it, the backup is made as without
   // it, and that block faults if touched. false: as with
   // VMMSHIM_PAUSED_ACCESS=fault (a deep sleep's pause: nothing runs until

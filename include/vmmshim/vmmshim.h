@@ -180,8 +180,11 @@ int vmmshim_set_memory_margin(size_t bytes);
  * with VMMSHIM_PAUSE_KEEP_CONTENTS (or retained across a resume): *host
  * receives the host address that holds the `bytes` bytes from `ptr`
  * (inside one allocation the shim serves), readable (not writable) until
- * the allocation is resumed (without retaining) or freed. Nothing is
- * copied: it is the shim's own backup. *host is NULL on
+ * the allocation is resumed (without retaining) or freed; after that the
+ * address may hold another allocation's paused contents or be unmapped.
+ * Nothing is copied: it is the shim's own backup (with
+ * VMMSHIM_PAUSED_ACCESS=host, the memory kernels read and write while
+ * paused). *host is NULL on
  * failure. Returns 1 (CUDA_ERROR_INVALID_VALUE) for a NULL `host`, a `ptr`
  * the shim does not serve or a range past the allocation's end; 500
  * (CUDA_ERROR_NOT_FOUND) when the allocation is not paused, or was paused

@@ -125,7 +125,9 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     those contents in pinned host memory, over the bus (slowly; the resume
     keeps the writes), so a tag paused with contents works as memory
     offloaded to the host; without contents it reads undefined data; neither
-    faults. Otherwise (the default for now) an access to it faults
+    faults. That covers the shim's own memory: expandable_segments:True
+    pages, contents kept on disk and devices without host VMM memory still
+    fault. Otherwise (the default for now) an access to it faults
     (docs/pause-resume.md, "Touching paused memory").
     Allocations made while paused, from any thread, get memory that is not
     paused: PyTorch's and CuPy's free blocks inside paused memory are not
@@ -232,17 +234,23 @@ def release_cached_memory(device=-1):
     return 0 if rc is None else n.value
 
 
-def paused_contents(obj, nbytes):
-    """The kept contents of a paused allocation: a read-only memoryview of
-    `nbytes` bytes from `obj` (an address, a tensor or a CUDA array) in the
-    shim's host copy, valid until the memory is resumed or freed (copy it to
-    keep it). None when the memory is not paused with its contents (or
-    without the shim). VmmshimError for memory the shim does not serve or a
-    range past the allocation's end."""
+def paused_contents(obj, nbytes, zero_copy=False):
+    """The kept contents of a paused allocation: `nbytes` bytes from `obj`
+    (an address, a tensor or a CUDA array) in the shim's host copy, as
+    `bytes` (a copy taken now). None when the memory is not paused with its
+    contents (or without the shim). VmmshimError for memory the shim does not
+    serve or a range past the allocation's end.
+
+    zero_copy=True: a read-only memoryview of the host copy itself instead,
+    which nothing keeps alive: valid only until the memory is resumed or
+    freed (after that it may show another allocation's paused contents, or
+    be unmapped: reading it then kills the process), and with
+    VMMSHIM_PAUSED_ACCESS=host it shows kernels' writes as they land."""
     address = _library.paused_address(obj, nbytes)
     if address is None:
         return None
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).toreadonly()
+    view = memoryview((ctypes.c_char * nbytes).from_address(address)).toreadonly()
+    return view if zero_copy else view.tobytes()
 
 
 def _document(name):
@@ -272,7 +280,9 @@ def residency():
     device, the device's used memory, the shim's memory by tag, resident and
     paused, its cache, memory passed through to the driver, graph memory, the
     driver's default-pool part, and what is unattributed: the context and
-    runtime); bytes. None without the shim."""
+    runtime; and the host memory pauses hold: the pinned pool and the host
+    memory kept for addressable pauses, `host_memory_for_pauses`); bytes.
+    None without the shim."""
     return _document("vmmshim_get_residency")
 
 

@@ -228,7 +228,8 @@ class TorchMemorySaver:
     def get_cpu_backup(self, x, zero_copy: bool = False):
         """A CPU tensor with the kept contents of `x` (paused with a backup, or
         resumed with retain_cpu_backup); None when there are none. zero_copy:
-        a view of the shim's host copy, valid until it is dropped."""
+        a view of the shim's host copy, which nothing keeps alive: valid only
+        until the memory is resumed or freed (vmmshim.paused_contents)."""
         torch = _torch()
         assert x.is_cuda, f"{x.device=}"
         assert x.is_contiguous(), f"{x.shape=} {x.stride()=} {x.dtype=}"

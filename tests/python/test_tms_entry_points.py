@@ -88,7 +88,7 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
                 self.assertEqual(self.read(p, 16), data[:16])  # the kept contents
         for p in (other, outside):
             self.assertEqual(self.read(p, 16), data[:16])
-        self.assertEqual(vmmshim.paused_contents(kept, 16).tobytes(), data[:16])
+        self.assertEqual(vmmshim.paused_contents(kept, 16), data[:16])
         self.assertIsNone(vmmshim.paused_contents(dropped, 16))
         self.saver.resume("kv")
         self.assertEqual(self.read(kept, len(data)), data)
@@ -125,7 +125,7 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
         self.write(p, second)
         self.c.tms_pause(b"retained")
         self.assertEqual(vmmshim._library.paused_address(p, 4 * MIB), address)
-        self.assertEqual(vmmshim.paused_contents(p, len(second)).tobytes(), second)
+        self.assertEqual(vmmshim.paused_contents(p, len(second)), second)
         self.saver.retain_cpu_backup = False
         self.c.tms_resume(b"retained")
         self.assertEqual(self.read(p, len(second)), second)

@@ -188,7 +188,8 @@ class WithTheShim(DeviceMemory, unittest.TestCase):
         self.assertIsNone(vmmshim.paused_contents(kept, 16))  # live
         vmmshim.pause("backup")
         vmmshim.pause("dropped", keep_contents=False)
-        view = vmmshim.paused_contents(kept + 256, 4 * MIB - 256)
+        self.assertEqual(vmmshim.paused_contents(kept + 256, 4 * MIB - 256), data[256:])
+        view = vmmshim.paused_contents(kept + 256, 4 * MIB - 256, zero_copy=True)
         self.assertTrue(view.readonly)
         self.assertEqual(view.tobytes(), data[256:])
         self.assertIsNone(vmmshim.paused_contents(dropped, 16))

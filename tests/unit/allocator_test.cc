@@ -46,6 +46,7 @@ class AllocatorTest : public ::testing::Test {
   static void ExpectNoHandlesOrMappings() {
     sim::Usage u = sim::GetUsage();
     EXPECT_EQ(u.handles, 0u);
+    EXPECT_EQ(u.host_handles, 0u);
     EXPECT_EQ(u.mappings, 0u);
   }
   static void ExpectDriverClean() {

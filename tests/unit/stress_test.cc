@@ -147,6 +147,7 @@ TEST(StressTest, SixteenThreadsFourGpus) {
   ASSERT_TRUE(shim.ReleaseAll().ok());
   const sim::Usage u = sim::GetUsage();
   EXPECT_EQ(u.handles, 0u);
+  EXPECT_EQ(u.host_handles, 0u);
   EXPECT_EQ(u.mappings, 0u);
   EXPECT_EQ(u.reservations, 0u);
 }
