@@ -350,9 +350,9 @@ constexpr OptionInfo kOptions[] = {
      "host: the kept contents themselves, in host memory mapped "
      "at the paused address (read and written over the bus, slowly; the writes are there "
      "after the resume), or scratch memory where the contents were dropped (undefined data), "
-     "so that an access to the shim's own paused memory does not kill the CUDA context; "
-     "other libraries' VMM memory (expandable_segments:True), contents kept on disk, devices "
-     "without host VMM memory and a deep sleep still fault. The host memory is pinned and "
+     "so that an access does not kill the CUDA context (expandable_segments:True pages "
+     "included); contents kept on disk, devices without host VMM memory, mappings of part of "
+     "another library's handle and a deep sleep still fault. The host memory is pinned and "
      "kept for the next pause (VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and "
      "an access kills the context, with everything paused.",
      &ApplyPausedAccess, false, OptionKey::kPausedAccess},

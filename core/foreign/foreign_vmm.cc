@@ -260,17 +260,17 @@ CUresult ForeignVmm::Unmap(CUdeviceptr ptr, size_t size) {
     for (CUdeviceptr at : inside) ForgetMappingLocked(mappings_.find(at));
     return CUDA_SUCCESS;
   }
-  // Paused mappings have nothing in the driver to unmap: the live ones, one
-  // by one.
+  // Paused mappings have nothing of the library's in the driver to unmap
+  // (their views go): the live ones, one by one.
   CUresult first = CUDA_SUCCESS;
   for (CUdeviceptr at : inside) {
     auto m = mappings_.find(at);
-    if (PausedLocked(m->second.handle) == nullptr) {
-      const CUresult r = driver_.cuMemUnmap(at, m->second.size);
-      if (r != CUDA_SUCCESS) {
-        if (first == CUDA_SUCCESS) first = r;
-        continue;
-      }
+    const CUresult r = PausedLocked(m->second.handle) == nullptr
+                           ? driver_.cuMemUnmap(at, m->second.size)
+                           : ToCuResult(UnmapViewLocked(at, m->second));
+    if (r != CUDA_SUCCESS) {
+      if (first == CUDA_SUCCESS) first = r;
+      continue;
     }
     ForgetMappingLocked(m);
   }
@@ -302,13 +302,21 @@ CUresult ForeignVmm::SetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
   CUresult first = CUDA_SUCCESS;
   for (CUdeviceptr at : overlap) {
     Mapping& mapping = mappings_.at(at);
+    const CUdeviceptr begin = std::max(at, ptr);
+    const CUdeviceptr end = std::min(at + mapping.size, ptr + size);
     if (PausedLocked(mapping.handle) == nullptr) {
-      const CUdeviceptr begin = std::max(at, ptr);
-      const CUdeviceptr end = std::min(at + mapping.size, ptr + size);
       const CUresult r = driver_.cuMemSetAccess(begin, end - begin, desc, count);
       if (r != CUDA_SUCCESS) {
         if (first == CUDA_SUCCESS) first = r;
         continue;
+      }
+    } else if (mapping.view.kind != PausedView::kNothing) {
+      // The view follows where the driver lets it (host memory may refuse a
+      // peer); the device memory gets the descriptors at resume either way.
+      if (CUresult r = driver_.cuMemSetAccess(begin, end - begin, desc, count);
+          r != CUDA_SUCCESS) {
+        Log().info("another library's paused memory at {:#x}: its view keeps its access ({})",
+                   begin, static_cast<int>(r));
       }
     }
     RecordAccess(&mapping.access, desc, count);

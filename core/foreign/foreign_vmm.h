@@ -42,9 +42,13 @@
 // or resumed handle is given to the caller as a new value (bit 63 set,
 // counted down), so that no two handles share one.
 //
-// While paused: cuMemUnmap of its mappings and cuMemRelease of its
-// references are recorded and return CUDA_SUCCESS (the driver has nothing
-// to undo); cuMemRetainAllocationHandle of a paused address returns its
+// With VMMSHIM_PAUSED_ACCESS=host a paused handle's mappings map views
+// (MapViewsLocked): its contents in host VMM memory where a mapping shows
+// the whole handle, scratch where none were kept; an access elsewhere
+// faults. The resume unmaps them first.
+//
+// While paused: cuMemUnmap of its mappings (their views unmapped) and
+// cuMemRelease of its references are recorded and return CUDA_SUCCESS; cuMemRetainAllocationHandle of a paused address returns its
 // value; cuMemSetAccess over it is recorded for resume;
 // cuMemGetAllocationPropertiesFromHandle answers from the record; cuMemMap
 // and cuMemExportToShareableHandle of it return CUDA_ERROR_ILLEGAL_STATE
@@ -79,8 +83,10 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/host_mapped_pool.h"
 #include "core/heap/pausable_memory.h"
 #include "core/sync/mutex.h"
 
@@ -144,8 +150,8 @@ class ForeignVmm final : public PausableMemory {
   absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                       PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void PauseAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // `views`: not used; other libraries' paused memory maps nothing and an
-  // access to it faults (docs/pause-resume.md, "Touching paused memory").
+  // With `views`, each mapping of a paused handle maps its view
+  // (MapViewsLocked).
   absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
                                      PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
@@ -156,6 +162,10 @@ class ForeignVmm final : public PausableMemory {
   void ResumeCommit(const TagSelection& tag, bool retain_contents) override
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void ResumeAbort(const TagSelection& tag, HostMappedPools* views) override
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // The contexts of the paused handles whose mappings have views, and their
+  // peers' active primary contexts.
+  void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Teardown (ShimCore::ReleaseAll): the host copies of paused memory go
@@ -185,6 +195,7 @@ class ForeignVmm final : public PausableMemory {
     bool one_driver_reference = false;
     bool pausing = false;  // prepared, not committed
     bool paused = false;   // released; `real` is 0 unless a resume is prepared
+    bool wants_view = false;  // paused by a pause that maps views (MapViewsLocked)
     std::optional<HostBackup> backup;
   };
   struct Mapping {
@@ -193,6 +204,8 @@ class ForeignVmm final : public PausableMemory {
     HandleValue handle = 0;  // the library's value
     // The last flags the library set here per location (cuMemSetAccess).
     std::vector<CUmemAccessDesc> access;
+    ViewMapping view;          // paused with views: what the range maps meanwhile
+    size_t view_unmapped = 0;  // of the view, unmapped by an unmap that failed midway
   };
   using HandleMap = absl::flat_hash_map<HandleValue, Handle>;
 
@@ -222,6 +235,19 @@ class ForeignVmm final : public PausableMemory {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps each mapping of `value`; the first error (the rest still tried).
   absl::Status UnmapAllLocked(HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Paused `value` (Handle::wants_view): each of its mappings without a
+  // view maps one (HostMappedPool::MapView): the kept contents where the
+  // mapping shows the whole handle from offset 0 and they are in host VMM
+  // memory (cuMemMap takes a handle from offset 0 only), scratch where none
+  // were kept, else nothing (an access faults). A failure is logged and
+  // leaves that mapping without a view.
+  void MapViewsLocked(HandleValue value, HostMappedPools& views)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps the view of the mapping at `at` (nothing without one); on
+  // failure what is left of it stays recorded.
+  absl::Status UnmapViewLocked(CUdeviceptr at, Mapping& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The devices a mapping's recorded access reaches.
+  static DeviceSet DevicesOf(const Mapping& m);
   // Whether [ptr, ptr + size) overlaps a paused mapping.
   bool PausedOverlapLocked(CUdeviceptr ptr, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The context to synchronize and copy in for `h`: where it was made or

@@ -9,6 +9,7 @@
 #include "core/base/log.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
+#include "core/driver/vmm_mapping.h"
 
 // ForeignVmm's pause and resume steps (PauseCoordinator, core/heap/pause.h, drives them): what a pause
 // takes from other libraries' VMM memory and how a resume maps it back.
@@ -213,7 +214,73 @@ void ForeignVmm::PauseAbort(const TagSelection&) {
   }
 }
 
-absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMappedPools*,
+DeviceSet ForeignVmm::DevicesOf(const Mapping& m) {
+  DeviceSet out;
+  for (const CUmemAccessDesc& d : m.access) {
+    if (d.location.type == CU_MEM_LOCATION_TYPE_DEVICE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        d.location.id >= 0 && d.location.id < kMaxDevices) {
+      out |= DeviceSet::Of(d.location.id);
+    }
+  }
+  return out;
+}
+
+void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
+  Handle& h = handles_.at(value);
+  const HostMappedMemory* contents = h.backup ? h.backup->host_mapped() : nullptr;
+  if (h.backup && contents == nullptr) return;  // kept elsewhere: faults
+  HostMappedPool* pool = views.For(h.device);
+  if (pool == nullptr) return;  // no host VMM memory here
+  for (auto m : MappingsOfLocked(value)) {
+    Mapping& mapping = m->second;
+    if (mapping.view.kind != PausedView::kNothing) continue;
+    const bool whole = mapping.offset == 0 && mapping.size == h.size;
+    if (contents != nullptr && !whole) continue;  // part of the handle: faults
+    absl::StatusOr<ViewMapping> view =
+        pool->MapView(m->first, mapping.size, contents, DevicesOf(mapping));
+    if (!view.ok()) {
+      Log().warn("device {}: another library's paused memory at {:#x} ({} bytes) is not "
+                 "addressable: {}; an access to it faults",
+                 h.device, m->first, mapping.size, view.status().ToString());
+      continue;
+    }
+    mapping.view = *view;
+    mapping.view_unmapped = 0;
+  }
+}
+
+absl::Status ForeignVmm::UnmapViewLocked(CUdeviceptr at, Mapping& m) {
+  if (m.view.kind == PausedView::kNothing) return absl::OkStatus();
+  absl::Status s = VmmMapper(driver_).UnmapRepeated(at, m.size, m.view.piece, &m.view_unmapped);
+  if (!s.ok()) {
+    Log().warn("unmapping the host memory at another library's paused {:#x} ({} bytes): {}", at,
+               m.size, s.ToString());
+    return s;
+  }
+  m.view = ViewMapping();
+  m.view_unmapped = 0;
+  return s;
+}
+
+void ForeignVmm::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
+  auto add = [&](CUcontext ctx) {
+    if (ctx != nullptr && std::find(contexts->begin(), contexts->end(), ctx) == contexts->end()) {
+      contexts->push_back(ctx);
+    }
+  };
+  for (const auto& [value, h] : handles_) {
+    if (!h.paused || !tag.Matches(h.tag)) continue;
+    for (auto m : MappingsOfLocked(value)) {
+      if (m->second.view.kind == PausedView::kNothing) continue;
+      add(ContextForLocked(h));
+      for (int peer : DevicesOf(m->second) - DeviceSet::Of(h.device)) {
+        add(ActivePrimaryContext(driver_, peer));
+      }
+    }
+  }
+}
+
+absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMappedPools* views,
                                                PauseTimes* times) {
   const auto start = std::chrono::steady_clock::now();
   ReleaseOrphansLocked();
@@ -271,8 +338,14 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMapp
     h.real = 0;
     h.one_driver_reference = false;
     h.paused = true;
+    h.wants_view = views != nullptr;
     released += h.size;
     ++times->blocks;
+    if (views != nullptr) {
+      const auto step = std::chrono::steady_clock::now();
+      MapViewsLocked(value, *views);
+      times->views += PauseTimes::Since(step);
+    }
   }
   times->release += PauseTimes::Since(start);
   if (!first.ok()) return first;
@@ -280,7 +353,7 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMapp
 }
 
 absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
-                                                 HostMappedPools*,
+                                                 HostMappedPools* views,
                                                  PauseTimes* times) {
   ReleaseOrphansLocked();
   std::vector<HandleValue> chosen;
@@ -290,12 +363,15 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
   size_t bytes = 0;
   for (HandleValue value : chosen) {
     Handle& h = handles_.at(value);
+    // The views go first: the device memory is mapped where they are.
+    absl::Status status;
+    for (auto m : MappingsOfLocked(value)) status.Update(UnmapViewLocked(m->first, m->second));
     auto step = std::chrono::steady_clock::now();
     HandleValue real = 0;
-    CUresult r = driver_.cuMemCreate(&real, h.size, &h.prop, 0);
+    CUresult r = status.ok() ? driver_.cuMemCreate(&real, h.size, &h.prop, 0) : CUDA_SUCCESS;
     times->create += PauseTimes::Since(step);
-    absl::Status status = DriverError(r, "cuMemCreate");
-    if (r == CUDA_SUCCESS) {
+    if (status.ok()) status = DriverError(r, "cuMemCreate");
+    if (status.ok()) {
       step = std::chrono::steady_clock::now();
       status = MapAllLocked(value, real);
       times->map += PauseTimes::Since(step);
@@ -305,7 +381,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
       Log().warn("vmmshim_resume_memory({}): {} bytes of another library's VMM memory on device "
                  "{}: {}; everything stays paused",
                  tag.Describe(), h.size, h.device, status.ToString());
-      ResumeAbort(tag, nullptr);
+      ResumeAbort(tag, views);
       return status;
     }
     h.real = real;
@@ -328,7 +404,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
                  "stays paused",
                  tag.Describe(), value, h.size, copied.ToString());
       copier.Finish().IgnoreError();  // copies under way into memory unmapped now
-      ResumeAbort(tag, nullptr);
+      ResumeAbort(tag, views);
       return copied;
     }
     times->copied_bytes += h.size;
@@ -360,16 +436,22 @@ void ForeignVmm::DropBackups() {
   for (auto& [value, h] : handles_) h.backup.reset();
 }
 
-void ForeignVmm::ResumeAbort(const TagSelection&, HostMappedPools*) {
+void ForeignVmm::ResumeAbort(const TagSelection&, HostMappedPools* views) {
   for (auto& [value, h] : handles_) {
-    if (!h.paused || h.real == 0) continue;
-    if (absl::Status s = UnmapAllLocked(value); !s.ok()) {
-      Log().warn("vmmshim_resume_memory: unmapping handle {:#x} after a failed resume: {}",
-                 value, s.ToString());
+    if (!h.paused) continue;
+    if (h.real != 0) {
+      absl::Status unmapped = UnmapAllLocked(value);
+      if (!unmapped.ok()) {
+        Log().warn("vmmshim_resume_memory: unmapping handle {:#x} after a failed resume: {}",
+                   value, unmapped.ToString());
+      }
+      if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
+      names_.erase(h.real);
+      h.real = 0;
+      if (!unmapped.ok()) continue;  // still mapped there: no view over it
     }
-    if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
-    names_.erase(h.real);
-    h.real = 0;
+    // Still paused: the views its resume took away come back.
+    if (views != nullptr && h.wants_view) MapViewsLocked(value, *views);
   }
 }
 

@@ -34,20 +34,13 @@
 #include "absl/container/node_hash_map.h"
 #include "core/base/device_set.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/host_mapped_pool.h"
 #include "core/heap/slab.h"
 #include "core/heap/types.h"
 
 namespace vmmshim {
 
 // One physical handle mapped at its base address.
-// What a paused block's address maps while it is paused
-// (docs/pause-resume.md, "Touching paused memory").
-enum class PausedView : uint8_t {
-  kNothing,   // an access faults (VMMSHIM_PAUSED_ACCESS=fault, or no host VMM memory)
-  kContents,  // its backup's host VMM memory: reads and writes reach the kept contents
-  kScratch,   // the device's scratch granule, again and again: undefined data
-};
-
 struct Block {
   size_t size = 0;  // mapped bytes, a multiple of the granularity
   CUmemGenericAllocationHandle handle = 0;

@@ -260,33 +260,17 @@ void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
   const int device = arena_.options_.device;
   const HostMappedMemory* contents = b.backup.has_value() ? b.backup->host_mapped() : nullptr;
   if (b.backup.has_value() && contents == nullptr) return;  // kept elsewhere: faults
-  HostMappedPool* pool = contents == nullptr ? views.For(device) : nullptr;
-  if (contents == nullptr && pool == nullptr) return;  // no host VMM memory here
-  // The owner's and the peers' access as before the pause; where a peer's
-  // is refused, the owner's alone.
-  absl::Status status;
-  for (DeviceSet grant : {access, DeviceSet::Of(device)}) {
-    if (contents != nullptr) {
-      status = arena_.mapper_.MapWithAccess(base, b.size, contents->handle(), grant);
-      if (status.ok()) {
-        b.view = PausedView::kContents;
-        b.view_piece = b.size;
-      }
-    } else {
-      absl::StatusOr<size_t> piece = pool->MapScratch(base, b.size, grant);
-      status = piece.status();
-      if (piece.ok()) {
-        b.view = PausedView::kScratch;
-        b.view_piece = *piece;
-      }
-    }
-    if (status.ok() || grant == DeviceSet::Of(device)) break;
-  }
-  if (!status.ok()) {
+  HostMappedPool* pool = views.For(device);
+  if (pool == nullptr) return;  // no host VMM memory here
+  absl::StatusOr<ViewMapping> view = pool->MapView(base, b.size, contents, access);
+  if (!view.ok()) {
     Log().warn("device {}: paused memory at {:#x} ({} bytes) is not addressable: {}; an access "
                "to it faults",
-               device, base, b.size, status.ToString());
+               device, base, b.size, view.status().ToString());
+    return;
   }
+  b.view = view->kind;
+  b.view_piece = view->piece;
 }
 
 void ArenaPause::MapViewAgainLocked(CUdeviceptr base, Block& b, HostMappedPools* views) {

@@ -212,6 +212,25 @@ absl::StatusOr<size_t> HostMappedPool::MapScratch(CUdeviceptr va, size_t size, D
   return scratch_.size();
 }
 
+absl::StatusOr<ViewMapping> HostMappedPool::MapView(CUdeviceptr va, size_t size,
+                                                    const HostMappedMemory* contents,
+                                                    DeviceSet access) {
+  const DeviceSet owner = DeviceSet::Of(device_);
+  absl::Status status;
+  for (DeviceSet grant : {access | owner, owner}) {
+    if (contents != nullptr) {
+      status = VmmMapper(driver_).MapWithAccess(va, size, contents->handle(), grant);
+      if (status.ok()) return ViewMapping{PausedView::kContents, size};
+    } else {
+      absl::StatusOr<size_t> piece = MapScratch(va, size, grant);
+      if (piece.ok()) return ViewMapping{PausedView::kScratch, *piece};
+      status = piece.status();
+    }
+    if (grant == owner) break;  // a peer's access was not the reason
+  }
+  return status;
+}
+
 HostMappedPool::Stats HostMappedPool::stats() const {
   MutexLock lock(&mu_);
   Stats s = figures_;

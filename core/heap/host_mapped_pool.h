@@ -53,6 +53,21 @@
 
 namespace vmmshim {
 
+// What a paused range maps while it is paused (docs/pause-resume.md,
+// "Touching paused memory").
+enum class PausedView : uint8_t {
+  kNothing,   // an access faults (VMMSHIM_PAUSED_ACCESS=fault, or no host VMM memory)
+  kContents,  // its backup's host VMM memory: reads and writes reach the kept contents
+  kScratch,   // the device's scratch granule, again and again: undefined data
+};
+
+// A view HostMappedPool::MapView mapped: its kind and the bytes each of its
+// mappings covers (what VmmMapper::UnmapRepeated needs to undo it).
+struct ViewMapping {
+  PausedView kind = PausedView::kNothing;
+  size_t piece = 0;
+};
+
 class HostMappedPool {
  public:
   struct Options {
@@ -84,6 +99,13 @@ class HostMappedPool {
   // made at the first call. Returns the bytes each mapping covers (what
   // UnmapRepeated needs), or the driver's error (nothing mapped).
   absl::StatusOr<size_t> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
+  // Maps the view of paused [va, va + size): `contents` (host VMM memory of
+  // exactly `size`, this pool's) whole, else the scratch (MapScratch);
+  // read-write for `access` and this pool's device, or for the device alone
+  // where the driver refuses a peer's. The view, or the driver's error
+  // (nothing mapped).
+  absl::StatusOr<ViewMapping> MapView(CUdeviceptr va, size_t size,
+                                      const HostMappedMemory* contents, DeviceSet access);
 
   // Every kept allocation released now; the bytes released.
   size_t Trim();

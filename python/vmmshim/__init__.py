@@ -125,9 +125,9 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     those contents in pinned host memory, over the bus (slowly; the resume
     keeps the writes), so a tag paused with contents works as memory
     offloaded to the host; without contents it reads undefined data; neither
-    faults. That covers the shim's own memory: expandable_segments:True
-    pages, contents kept on disk and devices without host VMM memory still
-    fault. Otherwise (the default for now) an access to it faults
+    faults (expandable_segments:True pages included); contents kept on disk,
+    devices without host VMM memory and mappings of part of another
+    library's handle still fault. Otherwise (the default for now) an access to it faults
     (docs/pause-resume.md, "Touching paused memory").
     Allocations made while paused, from any thread, get memory that is not
     paused: PyTorch's and CuPy's free blocks inside paused memory are not

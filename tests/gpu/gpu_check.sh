@@ -561,12 +561,13 @@ print(p['pinned_bytes'], p['bytes'])")
     # Paused memory stays addressable (examples/paused_access.py): kernels,
     # a CUDA graph and an optimizer step on paused tensors, kept and
     # dropped, with 0 faults and every kept tensor equal to a never-paused
-    # run's, under PyTorch's default allocator and cudaMallocAsync; then the
+    # run's, under PyTorch's three allocator modes (expandable segments: other
+    # libraries' VMM memory to the shim, mapped whole per page); then the
     # host memory kept for the next pause: a second cycle of
     # bench/pause_bandwidth.py copies without making any.
     have_torch
     export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
-    for conf in "" backend:cudaMallocAsync; do
+    for conf in "" backend:cudaMallocAsync expandable_segments:True; do
       out=$(LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_PAUSED_ACCESS=host \
             python3 "$src/examples/paused_access.py" --gib 2 2>&1) || fail "${conf:-default}: $out"
       echo "${conf:-default}:"; grep '^paused-access' <<<"$out" | sed 's/^/  /'

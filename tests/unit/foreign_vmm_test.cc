@@ -85,6 +85,7 @@ class ForeignVmmTest : public SimTest {
   static void ExpectNothingLeft() {
     const sim::Usage u = sim::GetUsage();
     EXPECT_EQ(u.handles, 0u);
+    EXPECT_EQ(u.host_handles, 0u);
     EXPECT_EQ(u.mappings, 0u);
     EXPECT_EQ(u.reservations, 0u);
     EXPECT_EQ(sim::LiveHostAllocations(), 0u);
@@ -169,7 +170,10 @@ TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) 
     ASSERT_TRUE(paused.ok()) << paused.status();
     EXPECT_EQ(*paused, 16 * kMiB);
     EXPECT_EQ(sim::DeviceBytesInUse(0), 0u);
-    EXPECT_FALSE(Holds(kv.va, kv.size, 1));  // an access faults
+    // Addressable: the owner and the peer read the contents in host memory.
+    EXPECT_TRUE(Holds(kv.va, kv.size, 1));
+    std::vector<char> peer_byte(1);
+    EXPECT_EQ(sim::DeviceRead(1, peer_byte.data(), kv.va, 1), CUDA_SUCCESS);
     const std::vector<ForeignDeviceFigures> figures = f.Figures();
     ASSERT_NE(On(figures, 0), nullptr);
     EXPECT_EQ(On(figures, 0)->bytes(), 0u);
@@ -213,6 +217,52 @@ TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) 
     Drop(f, weights);
     EXPECT_TRUE(f.Figures().empty());
     ASSERT_TRUE(a.Free(served).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// VMMSHIM_PAUSED_ACCESS=host over other libraries' memory: a mapping that
+// shows the whole handle maps its kept contents (written while paused, the
+// writes kept by the resume); a mapping of part of a handle faults (the
+// host memory cannot be mapped from an offset); dropped contents read
+// scratch; the library's unmap while paused takes the view away.
+TEST_F(ForeignVmmTest, PausedMemoryMapsItsContentsWhereAMappingShowsTheWholeHandle) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    Buffer kv = Make(f, 4 * kMiB, "kv");
+    Buffer tmp = Make(f, 4 * kMiB, "tmp");
+    CUdeviceptr part = 0;  // kv's second half, mapped a second time
+    ASSERT_EQ(api_.cuMemAddressReserve(&part, 2 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+    ASSERT_EQ(f.Map(part, 2 * kMiB, 2 * kMiB, kv.handle, 0), CUDA_SUCCESS);
+    CUmemAccessDesc desc = {};
+    desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ASSERT_EQ(f.SetAccess(part, 2 * kMiB, &desc, 1), CUDA_SUCCESS);
+    Fill(kv.va, kv.size, 1);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    EXPECT_TRUE(Holds(kv.va, kv.size, 1));
+    Fill(kv.va + 2 * kMiB, 2 * kMiB, 7);  // written while paused
+    char c;
+    EXPECT_NE(sim::DeviceRead(0, &c, part, 1), CUDA_SUCCESS);
+    EXPECT_EQ(sim::DeviceRead(0, &c, tmp.va + kMiB, 1), CUDA_SUCCESS);
+    Drop(f, tmp);  // the library frees what it paused: the scratch view goes
+    EXPECT_NE(sim::DeviceRead(0, &c, kv.va + 8 * kMiB, 1), CUDA_SUCCESS);
+    // A resume that fails maps the view again; the next one restores it all.
+    sim::FailCall("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);
+    EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    sim::ClearFailures();
+    EXPECT_TRUE(Holds(kv.va + 2 * kMiB, 2 * kMiB, 7));
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv.va, 2 * kMiB, 1));
+    EXPECT_TRUE(Holds(kv.va + 2 * kMiB, 2 * kMiB, 7));
+    EXPECT_TRUE(Holds(part, 2 * kMiB, 7));
+    ASSERT_EQ(f.Unmap(part, 2 * kMiB), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuMemAddressFree(part, 2 * kMiB), CUDA_SUCCESS);
+    Drop(f, kv);
     ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   ExpectNothingLeft();

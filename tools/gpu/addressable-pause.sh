@@ -4,7 +4,7 @@
 #   1. the driver alone: bench/host_vmm_costs (host cuMemCreate by 1-16 threads, partial
 #      and offset maps, the remap at a device allocation's address, kernel and CPU access,
 #      a scratch granule over a range);
-#   2. examples/paused_access.py under PyTorch's default allocator and cudaMallocAsync:
+#   2. examples/paused_access.py under PyTorch's three allocator modes:
 #      kernels, a graph and an optimizer step on paused tensors, compared bit for bit with
 #      a never-paused run, and the kernels' GiB/s on paused memory;
 #   3. the driver's checkpoint of a process holding host VMM memory, beside none and a
@@ -26,7 +26,7 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
     timeout 120 "$b/bench/host_vmm_costs" 4 512 2>&1; echo "rc=$?"
   fi
   if step 2; then
-    for conf in "" backend:cudaMallocAsync; do
+    for conf in "" backend:cudaMallocAsync expandable_segments:True; do
       echo "== examples/paused_access.py --gib 4 (${conf:-default allocator})"
       timeout 200 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_LOG_LEVEL=info \
         VMMSHIM_PAUSED_ACCESS=host \
