@@ -85,7 +85,7 @@
 #include "absl/strings/string_view.h"
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
-#include "core/heap/host_backup.h"
+#include "core/heap/backup_copier.h"
 #include "core/heap/host_mapped_pool.h"
 #include "core/heap/pausable_memory.h"
 #include "core/sync/mutex.h"

@@ -1,10 +1,10 @@
 // The pause and resume of one heap arena's blocks: the arena's part of
 // PausableMemory (core/heap/pausable_memory.h; the coordinator and the
 // contract: core/heap/pause.h). A pause copies a block's contents to a host
-// backup (core/heap/host_backup.h) when asked, then unmaps and releases its
-// physical memory while its VA stays the block's; a resume maps new memory
-// at the same address with the access the block would have had, and copies
-// the backup in.
+// backup (core/heap/host_backup.h, core/heap/backup_copier.h) when asked,
+// then unmaps and releases its physical memory while its VA stays the
+// block's; a resume maps new memory at the same address with the access the
+// block would have had, and copies the backup in.
 //
 // Units: bytes. Thread safety: each step takes the arena's mutex itself
 // (Lock and Unlock are empty), so that frees in blocks being paused go on
@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/heap/arena_blocks.h"
-#include "core/heap/host_backup.h"
+#include "core/heap/backup_copier.h"
 #include "core/heap/pausable_memory.h"
 #include "core/heap/tag_selection.h"
 

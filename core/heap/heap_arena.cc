@@ -293,36 +293,6 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   acct_.Cached(stream_ordered, -static_cast<int64_t>(uncached));
 }
 
-void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
-  if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
-    Log().warn("device {}: unmapping {:#x}: {}; retried by Trim", options_.device, base,
-               s.ToString());
-    if (blocks_.Contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
-  }
-}
-
-absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
-  Block& b = blocks_.Get(base);
-  if (b.unmapped()) {  // paused: no handle; its view and the VA go back
-    if (absl::Status s = UnmapPausedViewLocked(base, b); !s.ok()) return s;
-    ForgetBlockLocked(base, Forget::kReleased);
-    return absl::OkStatus();
-  }
-  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
-  // The mapping is gone, so the VA is free again, whatever cuMemRelease
-  // says. A handle the driver would not release stays counted and is retried
-  // by Trim and ReleaseAll; the block itself is gone (the free succeeded).
-  const CUmemGenericAllocationHandle handle = b.handle;
-  const size_t size = b.size;
-  absl::Status released = mapper_.Release(handle);
-  if (!released.ok()) {
-    Log().warn("device {}: {}; retried by Trim", options_.device, released.ToString());
-    orphans_.AddHandle(handle, size);
-  }
-  ForgetBlockLocked(base, released.ok() ? Forget::kReleased : Forget::kHandleHeld);
-  return absl::OkStatus();
-}
-
 absl::Status HeapArena::FreeStreamOrdered(CUdeviceptr ptr, CUcontext context) {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);

@@ -1,6 +1,7 @@
-// HeapArena (core/heap/heap_arena.h): memory leaving the arena other than by
-// a free: deferred frees completing, trims of the cache and of orphaned
-// handles, context releases, the release of everything.
+// HeapArena (core/heap/heap_arena.h): blocks going back to the driver (the
+// unmap and release every path shares), and memory leaving the arena other
+// than by a free: deferred frees completing, trims of the cache and of
+// orphaned handles, context releases, the release of everything.
 #include <algorithm>
 #include <iterator>
 #include <utility>
@@ -49,6 +50,36 @@ void HeapArena::CompleteDeferred(CUcontext context) {
     if (!status.ok()) Log().warn("completing a deferred free: {}", status.ToString());
   }
   acct_.SetDeferred(deferred_.size());
+}
+
+void HeapArena::DiscardBlockLocked(CUdeviceptr base) {
+  if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
+    Log().warn("device {}: unmapping {:#x}: {}; retried by Trim", options_.device, base,
+               s.ToString());
+    if (blocks_.Contains(base)) ForgetBlockLocked(base, Forget::kStillMapped);
+  }
+}
+
+absl::Status HeapArena::DestroyBlockLocked(CUdeviceptr base) {
+  Block& b = blocks_.Get(base);
+  if (b.unmapped()) {  // paused: no handle; its view and the VA go back
+    if (absl::Status s = UnmapPausedViewLocked(base, b); !s.ok()) return s;
+    ForgetBlockLocked(base, Forget::kReleased);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = mapper_.Unmap(base, b.size); !s.ok()) return s;
+  // The mapping is gone, so the VA is free again, whatever cuMemRelease
+  // says. A handle the driver would not release stays counted and is retried
+  // by Trim and ReleaseAll; the block itself is gone (the free succeeded).
+  const CUmemGenericAllocationHandle handle = b.handle;
+  const size_t size = b.size;
+  absl::Status released = mapper_.Release(handle);
+  if (!released.ok()) {
+    Log().warn("device {}: {}; retried by Trim", options_.device, released.ToString());
+    orphans_.AddHandle(handle, size);
+  }
+  ForgetBlockLocked(base, released.ok() ? Forget::kReleased : Forget::kHandleHeld);
+  return absl::OkStatus();
 }
 
 void HeapArena::TrimLocked() {

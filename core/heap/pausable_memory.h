@@ -32,7 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/heap/host_backup.h"
+#include "core/heap/backup_copier.h"
 #include "core/heap/host_mapped_pool.h"
 #include "core/heap/tag_selection.h"
 

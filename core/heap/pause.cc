@@ -9,7 +9,7 @@
 #include "core/base/log.h"
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
-#include "core/heap/host_backup.h"
+#include "core/heap/backup_copier.h"
 #include "core/sync/shared_gate.h"
 
 namespace vmmshim {

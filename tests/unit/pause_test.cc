@@ -11,7 +11,7 @@
 
 #include "core/allocator.h"
 #include "core/shim_core.h"
-#include "core/heap/host_backup.h"
+#include "core/heap/backup_copier.h"
 #include "core/sync/thread_slot.h"
 #include "core/driver/cu_status.h"
 #include "gtest/gtest.h"
