@@ -267,7 +267,7 @@ CUresult ForeignVmm::Unmap(CUdeviceptr ptr, size_t size) {
     auto m = mappings_.find(at);
     const CUresult r = PausedLocked(m->second.handle) == nullptr
                            ? driver_.cuMemUnmap(at, m->second.size)
-                           : ToCuResult(UnmapViewLocked(at, m->second));
+                           : ToCuResult(UnmapPausedLocked(at, m->second));
     if (r != CUDA_SUCCESS) {
       if (first == CUDA_SUCCESS) first = r;
       continue;

@@ -44,12 +44,15 @@
 //
 // With VMMSHIM_PAUSED_ACCESS=host a paused handle's mappings map views
 // (MapViewsLocked): its contents in host VMM memory where a mapping shows
-// the whole handle, scratch where none were kept; an access elsewhere
-// faults. The resume unmaps them first.
+// the whole handle from offset 0, scratch where none were kept, with the
+// access the library set there; a mapping of part of a handle with kept
+// contents gets none (an access faults). The resume unmaps them first, and
+// a failed resume maps them again.
 //
 // While paused: cuMemUnmap of its mappings (their views unmapped) and
-// cuMemRelease of its references are recorded and return CUDA_SUCCESS; cuMemRetainAllocationHandle of a paused address returns its
-// value; cuMemSetAccess over it is recorded for resume;
+// cuMemRelease of its references are recorded and return CUDA_SUCCESS;
+// cuMemRetainAllocationHandle of a paused address returns its value;
+// cuMemSetAccess over it is recorded for resume and applied to its views;
 // cuMemGetAllocationPropertiesFromHandle answers from the record; cuMemMap
 // and cuMemExportToShareableHandle of it return CUDA_ERROR_ILLEGAL_STATE
 // (logged: resume it first); cuMemMap of anything over a paused mapping's
@@ -168,9 +171,11 @@ class ForeignVmm final : public PausableMemory {
   void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
-  // Teardown (ShimCore::ReleaseAll): the host copies of paused memory go
-  // now, while the pools they may come from exist (the pause coordinator's,
-  // destroyed before this); those handles stay paused, their contents lost.
+  // Teardown (ShimCore::ReleaseAll): the views of paused memory are
+  // unmapped and its host copies go now, while the pools they may come from
+  // exist (the pause coordinator's, destroyed before this); those handles
+  // stay paused, their contents lost. Host memory still mapped at a view
+  // that will not unmap is forgotten, never handed to a pause.
   void DropBackups() ABSL_LOCKS_EXCLUDED(mu_);
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
@@ -206,6 +211,9 @@ class ForeignVmm final : public PausableMemory {
     std::vector<CUmemAccessDesc> access;
     ViewMapping view;          // paused with views: what the range maps meanwhile
     size_t view_unmapped = 0;  // of the view, unmapped by an unmap that failed midway
+    // Paused, but still mapped to the handle a failed resume made and
+    // released (its unmap failed): unmapped again before anything else.
+    bool stale = false;
   };
   using HandleMap = absl::flat_hash_map<HandleValue, Handle>;
 
@@ -233,8 +241,6 @@ class ForeignVmm final : public PausableMemory {
   // mappings with their access; on failure unmaps what it mapped.
   absl::Status MapAllLocked(HandleValue value, HandleValue real)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unmaps each mapping of `value`; the first error (the rest still tried).
-  absl::Status UnmapAllLocked(HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Paused `value` (Handle::wants_view): each of its mappings without a
   // view maps one (HostMappedPool::MapView): the kept contents where the
   // mapping shows the whole handle from offset 0 and they are in host VMM
@@ -243,11 +249,12 @@ class ForeignVmm final : public PausableMemory {
   // leaves that mapping without a view.
   void MapViewsLocked(HandleValue value, HostMappedPools& views)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unmaps the view of the mapping at `at` (nothing without one); on
-  // failure what is left of it stays recorded.
-  absl::Status UnmapViewLocked(CUdeviceptr at, Mapping& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The devices a mapping's recorded access reaches.
-  static DeviceSet DevicesOf(const Mapping& m);
+  // Empties the paused mapping at `at` in the driver: its stale mapping
+  // (Mapping::stale) and its view, if any; on failure what is left stays
+  // recorded.
+  absl::Status UnmapPausedLocked(CUdeviceptr at, Mapping& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The devices whose recorded access at a mapping is exactly `flags`.
+  static DeviceSet DevicesOf(const Mapping& m, CUmemAccess_flags flags);
   // Whether [ptr, ptr + size) overlaps a paused mapping.
   bool PausedOverlapLocked(CUdeviceptr ptr, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The context to synchronize and copy in for `h`: where it was made or

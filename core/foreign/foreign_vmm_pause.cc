@@ -66,16 +66,6 @@ absl::Status ForeignVmm::MapAllLocked(HandleValue value, HandleValue real) {
   return status;
 }
 
-absl::Status ForeignVmm::UnmapAllLocked(HandleValue value) {
-  absl::Status first;
-  for (auto m : MappingsOfLocked(value)) {
-    if (CUresult r = driver_.cuMemUnmap(m->first, m->second.size); r != CUDA_SUCCESS) {
-      first.Update(DriverError(r, "cuMemUnmap"));
-    }
-  }
-  return first;
-}
-
 absl::Status ForeignVmm::WithWholeHandleLocked(
     HandleValue value, HandleValue real,
     const std::function<absl::Status(CUdeviceptr, bool)>& fn) {
@@ -157,8 +147,8 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
     // By device: host memory a pool keeps for the next pause, where the
     // pause maps host memory (the copy engine's speed from the second
     // cycle; BackupKind::addressable), else new host memory. Never a file:
-    // this memory is the library's, kept in host memory. Not mapped at the
-    // library's addresses: an access to it while paused faults.
+    // this memory is the library's, kept in host memory (mapped at its
+    // mappings by MapViewsLocked).
     std::map<int, std::vector<size_t>> by_device;
     for (size_t i = 0; i < chosen.size(); ++i) by_device[handles_.at(chosen[i]).device].push_back(i);
     for (const auto& [device, indexes] : by_device) {
@@ -214,10 +204,10 @@ void ForeignVmm::PauseAbort(const TagSelection&) {
   }
 }
 
-DeviceSet ForeignVmm::DevicesOf(const Mapping& m) {
+DeviceSet ForeignVmm::DevicesOf(const Mapping& m, CUmemAccess_flags flags) {
   DeviceSet out;
   for (const CUmemAccessDesc& d : m.access) {
-    if (d.location.type == CU_MEM_LOCATION_TYPE_DEVICE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+    if (d.location.type == CU_MEM_LOCATION_TYPE_DEVICE && d.flags == flags &&
         d.location.id >= 0 && d.location.id < kMaxDevices) {
       out |= DeviceSet::Of(d.location.id);
     }
@@ -233,11 +223,11 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
   if (pool == nullptr) return;  // no host VMM memory here
   for (auto m : MappingsOfLocked(value)) {
     Mapping& mapping = m->second;
-    if (mapping.view.kind != PausedView::kNothing) continue;
+    if (mapping.view.kind != PausedView::kNothing || mapping.stale) continue;
     const bool whole = mapping.offset == 0 && mapping.size == h.size;
     if (contents != nullptr && !whole) continue;  // part of the handle: faults
-    absl::StatusOr<ViewMapping> view =
-        pool->MapView(m->first, mapping.size, contents, DevicesOf(mapping));
+    absl::StatusOr<ViewMapping> view = pool->MapView(
+        m->first, mapping.size, contents, DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     if (!view.ok()) {
       Log().warn("device {}: another library's paused memory at {:#x} ({} bytes) is not "
                  "addressable: {}; an access to it faults",
@@ -246,10 +236,31 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
     }
     mapping.view = *view;
     mapping.view_unmapped = 0;
+    // Peers the library let read only read only here too (a refusal leaves
+    // them without access).
+    std::vector<CUmemAccessDesc> readers;
+    for (int reader : DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READ) - DeviceSet::Of(h.device)) {
+      CUmemAccessDesc d = {};
+      d.location = {CU_MEM_LOCATION_TYPE_DEVICE, reader};
+      d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+      readers.push_back(d);
+    }
+    if (!readers.empty() && driver_.cuMemSetAccess(m->first, mapping.size, readers.data(),
+                                                   readers.size()) != CUDA_SUCCESS) {
+      Log().info("another library's paused memory at {:#x}: its read-only peers do not reach "
+                 "its view",
+                 m->first);
+    }
   }
 }
 
-absl::Status ForeignVmm::UnmapViewLocked(CUdeviceptr at, Mapping& m) {
+absl::Status ForeignVmm::UnmapPausedLocked(CUdeviceptr at, Mapping& m) {
+  if (m.stale) {
+    if (CUresult r = driver_.cuMemUnmap(at, m.size); r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemUnmap (after a failed resume)");
+    }
+    m.stale = false;
+  }
   if (m.view.kind == PausedView::kNothing) return absl::OkStatus();
   absl::Status s = VmmMapper(driver_).UnmapRepeated(at, m.size, m.view.piece, &m.view_unmapped);
   if (!s.ok()) {
@@ -273,7 +284,9 @@ void ForeignVmm::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext
     for (auto m : MappingsOfLocked(value)) {
       if (m->second.view.kind == PausedView::kNothing) continue;
       add(ContextForLocked(h));
-      for (int peer : DevicesOf(m->second) - DeviceSet::Of(h.device)) {
+      const DeviceSet peers = DevicesOf(m->second, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) |
+                              DevicesOf(m->second, CU_MEM_ACCESS_FLAGS_PROT_READ);
+      for (int peer : peers - DeviceSet::Of(h.device)) {
         add(ActivePrimaryContext(driver_, peer));
       }
     }
@@ -365,7 +378,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
     Handle& h = handles_.at(value);
     // The views go first: the device memory is mapped where they are.
     absl::Status status;
-    for (auto m : MappingsOfLocked(value)) status.Update(UnmapViewLocked(m->first, m->second));
+    for (auto m : MappingsOfLocked(value)) status.Update(UnmapPausedLocked(m->first, m->second));
     auto step = std::chrono::steady_clock::now();
     HandleValue real = 0;
     CUresult r = status.ok() ? driver_.cuMemCreate(&real, h.size, &h.prop, 0) : CUDA_SUCCESS;
@@ -433,22 +446,31 @@ void ForeignVmm::ResumeCommit(const TagSelection&, bool /*retain_contents*/) {
 
 void ForeignVmm::DropBackups() {
   MutexLock lock(&mu_);
-  for (auto& [value, h] : handles_) h.backup.reset();
+  for (auto& [value, h] : handles_) {
+    if (!h.paused) continue;
+    bool unmapped = true;
+    for (auto m : MappingsOfLocked(value)) unmapped &= UnmapPausedLocked(m->first, m->second).ok();
+    if (h.backup && !unmapped) h.backup->Abandon();  // still shown somewhere
+    h.backup.reset();
+  }
 }
 
 void ForeignVmm::ResumeAbort(const TagSelection&, HostMappedPools* views) {
   for (auto& [value, h] : handles_) {
     if (!h.paused) continue;
     if (h.real != 0) {
-      absl::Status unmapped = UnmapAllLocked(value);
-      if (!unmapped.ok()) {
-        Log().warn("vmmshim_resume_memory: unmapping handle {:#x} after a failed resume: {}",
-                   value, unmapped.ToString());
+      // A mapping that will not unmap stays marked, unmapped again first
+      // by the next resume or the library's unmap; the others get views.
+      for (auto m : MappingsOfLocked(value)) {
+        if (CUresult r = driver_.cuMemUnmap(m->first, m->second.size); r != CUDA_SUCCESS) {
+          Log().warn("vmmshim_resume_memory: unmapping {:#x} after a failed resume: {}",
+                     m->first, static_cast<int>(r));
+          m->second.stale = true;
+        }
       }
       if (driver_.cuMemRelease(h.real) != CUDA_SUCCESS) orphans_.push_back(h.real);
       names_.erase(h.real);
       h.real = 0;
-      if (!unmapped.ok()) continue;  // still mapped there: no view over it
     }
     // Still paused: the views its resume took away come back.
     if (views != nullptr && h.wants_view) MapViewsLocked(value, *views);

@@ -249,8 +249,11 @@ TEST_F(ForeignVmmTest, PausedMemoryMapsItsContentsWhereAMappingShowsTheWholeHand
     char c;
     EXPECT_NE(sim::DeviceRead(0, &c, part, 1), CUDA_SUCCESS);
     EXPECT_EQ(sim::DeviceRead(0, &c, tmp.va + kMiB, 1), CUDA_SUCCESS);
-    Drop(f, tmp);  // the library frees what it paused: the scratch view goes
-    EXPECT_NE(sim::DeviceRead(0, &c, kv.va + 8 * kMiB, 1), CUDA_SUCCESS);
+    // The library frees what it paused: the scratch view goes with its unmap.
+    ASSERT_EQ(f.Unmap(tmp.va, tmp.size), CUDA_SUCCESS);
+    EXPECT_NE(sim::DeviceRead(0, &c, tmp.va + kMiB, 1), CUDA_SUCCESS);
+    ASSERT_EQ(f.Release(tmp.handle), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuMemAddressFree(tmp.va, tmp.size), CUDA_SUCCESS);
     // A resume that fails maps the view again; the next one restores it all.
     sim::FailCall("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);
     EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
@@ -262,6 +265,50 @@ TEST_F(ForeignVmmTest, PausedMemoryMapsItsContentsWhereAMappingShowsTheWholeHand
     EXPECT_TRUE(Holds(part, 2 * kMiB, 7));
     ASSERT_EQ(f.Unmap(part, 2 * kMiB), CUDA_SUCCESS);
     ASSERT_EQ(api_.cuMemAddressFree(part, 2 * kMiB), CUDA_SUCCESS);
+    Drop(f, kv);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// A peer the library let read only reads the view and cannot write it.
+TEST_F(ForeignVmmTest, AReadOnlyPeerReadsTheViewOnly) {
+  ShimCore shim(api_);
+  ASSERT_TRUE(shim.peers().EnablePeer(1, 0).ok());
+  ForeignVmm& f = shim.foreign();
+  Buffer kv = Make(f, 4 * kMiB, "kv");
+  CUmemAccessDesc reader = {};
+  reader.location = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  reader.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  ASSERT_EQ(f.SetAccess(kv.va, kv.size, &reader, 1), CUDA_SUCCESS);
+  Fill(kv.va, kv.size, 4);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  std::vector<char> byte(1, 9);
+  EXPECT_EQ(sim::DeviceRead(1, byte.data(), kv.va, 1), CUDA_SUCCESS);
+  EXPECT_NE(sim::DeviceWrite(1, kv.va, byte.data(), 1), CUDA_SUCCESS);
+  EXPECT_EQ(sim::DeviceWrite(0, kv.va + 1, byte.data(), 1), CUDA_SUCCESS);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_TRUE(Holds(kv.va, 1, 4));
+  Drop(f, kv);
+  ASSERT_TRUE(shim.peers().DisablePeer(1, 0).ok());
+}
+
+// A failed resume whose undo cannot unmap the new handle leaves that
+// mapping marked: the next resume unmaps it first and restores everything.
+TEST_F(ForeignVmmTest, AMappingAFailedResumeLeftMappedIsUnmappedByTheNext) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    Buffer kv = Make(f, 4 * kMiB, "kv");
+    Fill(kv.va, kv.size, 5);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    // The copy back fails, then the undo's unmap (the view's was the first).
+    sim::FailCall("cuMemcpyDtoDAsync_v2", 1, CUDA_ERROR_UNKNOWN);
+    sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
+    EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    sim::ClearFailures();
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv.va, kv.size, 5));
     Drop(f, kv);
     ASSERT_TRUE(shim.ReleaseAll().ok());
   }
