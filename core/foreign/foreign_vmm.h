@@ -253,6 +253,13 @@ class ForeignVmm final : public PausableMemory {
   // (Mapping::stale) and its view, if any; on failure what is left stays
   // recorded.
   absl::Status UnmapPausedLocked(CUdeviceptr at, Mapping& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds, once each, the context (ContextForLocked) of each handle `tag`
+  // selects with a mapping that is live and pausable (`paused_views`
+  // false: a pause's) or paused with a view (true: a resume's), and the
+  // active primary context of each peer those mappings' access reaches (a
+  // kernel there may be reading them; a peer's other contexts are not seen).
+  void AddContextsLocked(const TagSelection& tag, bool paused_views,
+                         std::vector<CUcontext>* contexts) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The devices whose recorded access at a mapping is exactly `flags`.
   static DeviceSet DevicesOf(const Mapping& m, CUmemAccess_flags flags);
   // Whether [ptr, ptr + size) overlaps a paused mapping.

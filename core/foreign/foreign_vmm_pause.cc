@@ -119,18 +119,37 @@ void ForeignVmm::ReleaseOrphansLocked() {
   orphans_ = std::move(left);
 }
 
-size_t ForeignVmm::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts)
- {
+void ForeignVmm::AddContextsLocked(const TagSelection& tag, bool paused_views,
+                                   std::vector<CUcontext>* contexts) const {
+  auto add = [&](CUcontext ctx) {
+    if (ctx != nullptr && std::find(contexts->begin(), contexts->end(), ctx) == contexts->end()) {
+      contexts->push_back(ctx);
+    }
+  };
+  DeviceSet peers;
+  for (const auto& [at, m] : mappings_) {
+    auto h = handles_.find(m.handle);
+    if (h == handles_.end()) continue;
+    const bool wanted = paused_views ? h->second.paused && tag.Matches(h->second.tag) &&
+                                           m.view.kind != PausedView::kNothing
+                                     : !h->second.paused && SelectedLocked(h->second, tag);
+    if (!wanted) continue;
+    add(ContextForLocked(h->second));
+    peers |= (DevicesOf(m, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) |
+              DevicesOf(m, CU_MEM_ACCESS_FLAGS_PROT_READ)) -
+             DeviceSet::Of(h->second.device);
+  }
+  // A peer's kernel may be reading the memory too: its device's primary
+  // context (the one the runtime uses) finishes its work as well.
+  for (int peer : peers) add(ActivePrimaryContext(driver_, peer));
+}
+
+size_t ForeignVmm::PauseCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
   size_t bytes = 0;
   for (const auto& [value, h] : handles_) {
-    if (h.paused || !SelectedLocked(h, tag)) continue;
-    bytes += h.size;
-    const CUcontext context = ContextForLocked(h);
-    if (context != nullptr &&
-        std::find(contexts->begin(), contexts->end(), context) == contexts->end()) {
-      contexts->push_back(context);
-    }
+    if (!h.paused && SelectedLocked(h, tag)) bytes += h.size;
   }
+  AddContextsLocked(tag, /*paused_views=*/false, contexts);
   return bytes;
 }
 
@@ -274,23 +293,7 @@ absl::Status ForeignVmm::UnmapPausedLocked(CUdeviceptr at, Mapping& m) {
 }
 
 void ForeignVmm::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) {
-  auto add = [&](CUcontext ctx) {
-    if (ctx != nullptr && std::find(contexts->begin(), contexts->end(), ctx) == contexts->end()) {
-      contexts->push_back(ctx);
-    }
-  };
-  for (const auto& [value, h] : handles_) {
-    if (!h.paused || !tag.Matches(h.tag)) continue;
-    for (auto m : MappingsOfLocked(value)) {
-      if (m->second.view.kind == PausedView::kNothing) continue;
-      add(ContextForLocked(h));
-      const DeviceSet peers = DevicesOf(m->second, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) |
-                              DevicesOf(m->second, CU_MEM_ACCESS_FLAGS_PROT_READ);
-      for (int peer : peers - DeviceSet::Of(h.device)) {
-        add(ActivePrimaryContext(driver_, peer));
-      }
-    }
-  }
+  AddContextsLocked(tag, /*paused_views=*/true, contexts);
 }
 
 absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMappedPools* views,
