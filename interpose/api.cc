@@ -60,7 +60,18 @@ VMMSHIM_EXPORT int vmmshim_get_paused_contents(const void* ptr, size_t bytes,
   if (rt == nullptr || !rt->enabled()) return CUDA_ERROR_NOT_SUPPORTED;
   absl::StatusOr<const void*> copy =
       rt->core->control().PausedContents(reinterpret_cast<CUdeviceptr>(ptr), bytes);
-  if (!copy.ok()) return ToCuResult(copy.status());
+  if (!copy.ok()) {
+    if (vmmshim::IsNotShimMemory(copy.status())) {
+      vmmshim::Log().warn("vmmshim_get_paused_contents: {} is not memory the shim serves", ptr);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const CUresult r = ToCuResult(copy.status());
+    // Not paused with its contents is an answer, not a mistake.
+    if (r != CUDA_ERROR_NOT_FOUND) {
+      vmmshim::Log().warn("vmmshim_get_paused_contents: {}", std::string(copy.status().message()));
+    }
+    return r;
+  }
   *host = *copy;
   return CUDA_SUCCESS;
 }

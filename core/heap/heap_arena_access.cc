@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "core/driver/cu_status.h"
 #include "core/heap/heap_arena.h"
 #include "core/base/log.h"
@@ -120,8 +121,15 @@ absl::StatusOr<bool> HeapArena::PeerHasAccess(CUdeviceptr ptr, int peer) const {
 absl::StatusOr<const void*> HeapArena::PausedContents(CUdeviceptr ptr, size_t bytes) const {
   MutexLock lock(&mu_);
   std::optional<PointerInfo> info = FindLocked(ptr);
-  if (!info || bytes > info->allocation_base + info->allocation_size - ptr) {
-    return DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim paused contents");
+  if (!info) {
+    return Reworded(DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim paused contents"),
+                    absl::StrFormat("%#x is not in a live allocation the shim serves", ptr));
+  }
+  if (bytes > info->allocation_base + info->allocation_size - ptr) {
+    return Reworded(DriverError(CUDA_ERROR_INVALID_VALUE, "vmmshim paused contents"),
+                    absl::StrFormat("%d bytes from %#x run past the end of its allocation "
+                                    "(%d bytes at %#x)",
+                                    bytes, ptr, info->allocation_size, info->allocation_base));
   }
   const Block& b = blocks_.Get(info->range_base);
   if (!b.backup.has_value()) {

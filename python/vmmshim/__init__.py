@@ -249,7 +249,7 @@ def paused_contents(obj, nbytes, zero_copy=False):
     address = _library.paused_address(obj, nbytes)
     if address is None:
         return None
-    view = memoryview((ctypes.c_char * nbytes).from_address(address)).toreadonly()
+    view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B").toreadonly()
     return view if zero_copy else view.tobytes()
 
 

@@ -201,8 +201,10 @@ def paused_address(obj, nbytes):
     """The host address of vmmshim.paused_contents: where the shim keeps the
     contents of paused memory `obj` (`nbytes` from it), or None when it does
     not keep them (or is absent)."""
-    if nbytes < 0:
-        raise ValueError("vmmshim.paused_contents: nbytes must be 0 or more")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"vmmshim.paused_contents: nbytes must be an int, not {type(nbytes).__name__}")
+    if not 0 <= nbytes < 1 << 63:
+        raise ValueError(f"vmmshim.paused_contents: nbytes must be from 0 to 2**63-1, not {nbytes}")
     lib = api()
     if lib is None or not hasattr(lib, "vmmshim_get_paused_contents"):
         return None

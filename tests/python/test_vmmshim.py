@@ -191,7 +191,12 @@ class WithTheShim(DeviceMemory, unittest.TestCase):
         self.assertEqual(vmmshim.paused_contents(kept + 256, 4 * MIB - 256), data[256:])
         view = vmmshim.paused_contents(kept + 256, 4 * MIB - 256, zero_copy=True)
         self.assertTrue(view.readonly)
+        self.assertEqual(view[0], data[256])  # bytes, indexable
         self.assertEqual(view.tobytes(), data[256:])
+        with self.assertRaises(TypeError):
+            vmmshim.paused_contents(kept, 16.0)
+        with self.assertRaises(ValueError):
+            vmmshim.paused_contents(kept, 1 << 64)
         self.assertIsNone(vmmshim.paused_contents(dropped, 16))
         with self.assertRaises(vmmshim.VmmshimError) as err:
             vmmshim.paused_contents(kept, 4 * MIB + 1)  # past the allocation
