@@ -432,5 +432,32 @@ TEST_F(AddressablePauseTest, AForkChildForgetsTheParentsHostMemory) {
   ASSERT_TRUE(a.Free(kv).ok());
 }
 
+// A driver without the calls of the copier's own stream: the copies into
+// and out of host VMM memory run without one, and are waited for before the
+// device memory goes (a copy between device addresses is asynchronous to
+// the host even without a stream).
+TEST_F(AddressablePauseTest, CopiesWithoutAStreamAreWaitedFor) {
+  // The context synchronizes one pause of one block makes, with the
+  // copier's stream and without it.
+  auto pause_synchronizes = [&](const DriverApi& api) {
+    ShimCore shim(api);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+    Fill(kv, 8 * kMiB, 3);
+    sim::ResetCallCounts();
+    EXPECT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    const uint64_t synchronizes = sim::CallCount("cuCtxSynchronize");
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 3));
+    EXPECT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 3));
+    EXPECT_TRUE(a.Free(kv).ok());
+    return synchronizes;
+  };
+  const uint64_t with_stream = pause_synchronizes(api_);
+  DriverApi no_streams = api_;
+  no_streams.cuStreamCreate = nullptr;
+  EXPECT_EQ(pause_synchronizes(no_streams), with_stream + 1);
+}
+
 }  // namespace
 }  // namespace vmmshim

@@ -342,5 +342,27 @@ TEST_F(WorkQuiescerTest, ASleepReleasesTheHostMemoryKeptForPausesAndMapsNone) {
   ASSERT_TRUE(a.Free(kv->ptr).ok());
 }
 
+// A wake that fails leaves everything paused as the sleep paused it: no
+// host memory mapped over what the sleep dropped (the sleep maps none).
+TEST_F(WorkQuiescerTest, AFailedWakeMapsNoHostMemory) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
+  absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
+  ASSERT_TRUE(kv.ok() && weights.ok());
+  Fill(weights->ptr, kBytes, 7);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
+  ASSERT_TRUE(sleeper.Sleep({"kv"}).ok());
+  sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_FALSE(sleeper.Wake().ok());
+  sim::ClearFailures();
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  EXPECT_TRUE(sleeper.holding());
+  ASSERT_TRUE(sleeper.Wake().ok());
+  EXPECT_TRUE(Holds(weights->ptr, kBytes, 7));
+  for (CUdeviceptr p : {kv->ptr, weights->ptr}) ASSERT_TRUE(a.Free(p).ok());
+}
+
 }  // namespace
 }  // namespace vmmshim
