@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/base/host_memory.h"
 #include "core/driver/cu_status.h"
 #include "core/report/residency.h"
 #include "core/shim_core.h"
@@ -457,6 +458,32 @@ TEST_F(AddressablePauseTest, CopiesWithoutAStreamAreWaitedFor) {
   DriverApi no_streams = api_;
   no_streams.cuStreamCreate = nullptr;
   EXPECT_EQ(pause_synchronizes(no_streams), with_stream + 1);
+}
+
+// Kept memory of other sizes gives way when what a pause must make would
+// not fit beside it in the host's headroom (the simulated driver refuses
+// the large request, so nothing that large is made).
+TEST_F(AddressablePauseTest, KeptMemoryOfOtherSizesGivesWayWhenTheHostIsShort) {
+  const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
+  if (headroom.bytes == SIZE_MAX) GTEST_SKIP() << "no host memory figure on this machine";
+  sim::SimOptions o;
+  o.host_memory = 4 * kMiB;
+  Start(o);
+  const HostNode node = HostNode::Query(api_, 0);
+  ASSERT_TRUE(node.supported);
+  HostMappedPool pool(api_, 0, node, HostMappedPool::Options{0, 1});
+  std::vector<absl::StatusOr<HostMappedMemory>> small = pool.Take({2 * kMiB});
+  ASSERT_TRUE(small[0].ok()) << small[0].status();
+  pool.Give(*std::move(small[0]));
+  ASSERT_EQ(pool.stats().kept_bytes, 2 * kMiB);
+  // Larger than the headroom: the kept 2 MiB go first, then the driver refuses.
+  const size_t huge = (headroom.bytes / node.granularity + 1) * node.granularity;
+  std::vector<absl::StatusOr<HostMappedMemory>> big = pool.Take({huge});
+  EXPECT_EQ(ToCuResult(big[0].status()), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(pool.stats().kept_bytes, 0u);
+  EXPECT_EQ(pool.stats().trimmed_bytes, 2 * kMiB);
+  EXPECT_FALSE(pool.stats().limited_by.empty());
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
 }
 
 }  // namespace
