@@ -310,7 +310,7 @@ CUresult ForeignVmm::SetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         if (first == CUDA_SUCCESS) first = r;
         continue;
       }
-    } else if (mapping.view.kind != PausedView::kNothing) {
+    } else if (mapping.view.mapped()) {
       // The view follows where the driver lets it (host memory may refuse a
       // peer); the device memory gets the descriptors at resume either way.
       if (CUresult r = driver_.cuMemSetAccess(begin, end - begin, desc, count);

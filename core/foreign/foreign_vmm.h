@@ -209,8 +209,7 @@ class ForeignVmm final : public PausableMemory {
     HandleValue handle = 0;  // the library's value
     // The last flags the library set here per location (cuMemSetAccess).
     std::vector<CUmemAccessDesc> access;
-    ViewMapping view;          // paused with views: what the range maps meanwhile
-    size_t view_unmapped = 0;  // of the view, unmapped by an unmap that failed midway
+    ViewMapping view;  // paused with views: what the range maps meanwhile
     // Paused, but still mapped to the handle a failed resume made and
     // released (its unmap failed): unmapped again before anything else.
     bool stale = false;

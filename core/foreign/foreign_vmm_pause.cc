@@ -131,7 +131,7 @@ void ForeignVmm::AddContextsLocked(const TagSelection& tag, bool paused_views,
     auto h = handles_.find(m.handle);
     if (h == handles_.end()) continue;
     const bool wanted = paused_views ? h->second.paused && tag.Matches(h->second.tag) &&
-                                           m.view.kind != PausedView::kNothing
+                                           m.view.mapped()
                                      : !h->second.paused && SelectedLocked(h->second, tag);
     if (!wanted) continue;
     add(ContextForLocked(h->second));
@@ -242,7 +242,7 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
   if (pool == nullptr) return;  // no host VMM memory here
   for (auto m : MappingsOfLocked(value)) {
     Mapping& mapping = m->second;
-    if (mapping.view.kind != PausedView::kNothing || mapping.stale) continue;
+    if (mapping.view.mapped() || mapping.stale) continue;
     const bool whole = mapping.offset == 0 && mapping.size == h.size;
     if (contents != nullptr && !whole) continue;  // part of the handle: faults
     absl::StatusOr<ViewMapping> view = pool->MapView(
@@ -254,7 +254,6 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
       continue;
     }
     mapping.view = *view;
-    mapping.view_unmapped = 0;
     // Peers the library let read only read only here too (a refusal leaves
     // them without access).
     std::vector<CUmemAccessDesc> readers;
@@ -280,15 +279,11 @@ absl::Status ForeignVmm::UnmapPausedLocked(CUdeviceptr at, Mapping& m) {
     }
     m.stale = false;
   }
-  if (m.view.kind == PausedView::kNothing) return absl::OkStatus();
-  absl::Status s = VmmMapper(driver_).UnmapRepeated(at, m.size, m.view.piece, &m.view_unmapped);
+  absl::Status s = m.view.Unmap(VmmMapper(driver_), at, m.size);
   if (!s.ok()) {
     Log().warn("unmapping the host memory at another library's paused {:#x} ({} bytes): {}", at,
                m.size, s.ToString());
-    return s;
   }
-  m.view = ViewMapping();
-  m.view_unmapped = 0;
   return s;
 }
 

@@ -61,10 +61,8 @@ struct Block {
   bool paused = false;
   bool pausing = false;  // PausePrepare marked it (contents copied); live until PauseCommit
   std::optional<HostBackup> backup;
-  PausedView view = PausedView::kNothing;  // paused: what its address maps
+  ViewMapping view;  // paused: what its address maps
   bool wants_view = false;  // paused by a pause that maps views (a failed resume maps it again)
-  size_t view_piece = 0;                   // the bytes each of the view's mappings covers
-  size_t view_unmapped = 0;  // bytes of the view unmapped by an unmap that failed midway
 
   size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
   bool unmapped() const { return paused && handle == 0; }

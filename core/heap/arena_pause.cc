@@ -247,7 +247,7 @@ void ArenaPause::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext
   MutexLock lock(&arena_.mu_);
   DeviceSet peers;
   for (const auto& [base, b] : arena_.blocks_.blocks()) {
-    if (!Selected(*b, tag) || !b->paused || b->view == PausedView::kNothing) continue;
+    if (!Selected(*b, tag) || !b->paused || !b->view.mapped()) continue;
     AddOnce(b->placement.context, contexts);
     peers |= arena_.access_.Target(*b);
   }
@@ -256,7 +256,7 @@ void ArenaPause::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext
 
 void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
                                HostMappedPools& views) {
-  if (b.view != PausedView::kNothing) return;  // mapped already (a view the resume kept)
+  if (b.view.mapped()) return;  // mapped already (a view the resume kept)
   const int device = arena_.options_.device;
   const HostMappedMemory* contents = b.backup.has_value() ? b.backup->host_mapped() : nullptr;
   if (b.backup.has_value() && contents == nullptr) return;  // kept elsewhere: faults
@@ -269,8 +269,7 @@ void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
                device, base, b.size, view.status().ToString());
     return;
   }
-  b.view = view->kind;
-  b.view_piece = view->piece;
+  b.view = *view;
 }
 
 void ArenaPause::MapViewAgainLocked(CUdeviceptr base, Block& b, HostMappedPools* views) {
@@ -317,7 +316,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
     // peers the policy or explicit grants allow among those enabled now.
     const DeviceSet target = arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device);
     absl::Status status = handle.status();
-    if (handle.ok() && b.view != PausedView::kNothing) {  // the contexts were synchronized
+    if (handle.ok() && b.view.mapped()) {  // the contexts were synchronized
       step = std::chrono::steady_clock::now();
       status = arena_.UnmapPausedViewLocked(base, b);
       times->views += PauseTimes::Since(step);

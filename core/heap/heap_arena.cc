@@ -253,12 +253,12 @@ void HeapArena::ForgetBlockLocked(CUdeviceptr base, Forget how) {
   if (!b.unmapped()) RecordSegmentLocked(HistoryAction::kSegmentFree, base, b);
   const DeviceSet peers = b.access - DeviceSet::Of(options_.device);
   // A paused block maps no device memory; only a view left mapped keeps its VA.
-  if (how == Forget::kStillMapped && b.unmapped() && b.view == PausedView::kNothing) {
+  if (how == Forget::kStillMapped && b.unmapped() && !b.view.mapped()) {
     how = Forget::kReleased;
   }
   if (how == Forget::kStillMapped && b.unmapped()) {
     // Its host memory stays with the view until the view is unmapped.
-    orphans_.AddView(base, b.size, b.view_piece, b.view_unmapped, std::move(b.backup));
+    orphans_.AddView(base, b.size, b.view, std::move(b.backup));
     b.backup.reset();
   } else if (how == Forget::kStillMapped) {
     // Kept aside, counted, its VA not reused, until an unmap succeeds.

@@ -79,7 +79,7 @@ absl::Status HeapArena::SetExplicit(CUdeviceptr ptr, int peer, bool grant) {
   // would inherit it.
   if (info->packed && block.placement.tag.empty()) Seal(info->range_base, block);
   if (block.unmapped()) {  // paused: applied to device memory at resume
-    if (block.view != PausedView::kNothing) {
+    if (block.view.mapped()) {
       // The host memory mapped there meanwhile follows the change now.
       absl::Status view = mapper_.SetAccess(info->range_base, block.size,
                                             grant ? bit : DeviceSet(), grant ? DeviceSet() : bit);

@@ -161,16 +161,11 @@ void HeapArena::UnmapPausedLocked(CUdeviceptr base) {
 }
 
 absl::Status HeapArena::UnmapPausedViewLocked(CUdeviceptr base, Block& b) {
-  if (b.view == PausedView::kNothing) return absl::OkStatus();
-  absl::Status s = mapper_.UnmapRepeated(base, b.size, b.view_piece, &b.view_unmapped);
+  absl::Status s = b.view.Unmap(mapper_, base, b.size);
   if (!s.ok()) {
     Log().warn("device {}: unmapping the host memory at paused {:#x} ({} bytes): {}",
                options_.device, base, b.size, s.ToString());
-    return s;
   }
-  b.view = PausedView::kNothing;
-  b.view_piece = 0;
-  b.view_unmapped = 0;
   return s;
 }
 

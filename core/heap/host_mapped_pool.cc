@@ -212,6 +212,13 @@ absl::StatusOr<size_t> HostMappedPool::MapScratch(CUdeviceptr va, size_t size, D
   return scratch_.size();
 }
 
+absl::Status ViewMapping::Unmap(const VmmMapper& mapper, CUdeviceptr va, size_t size) {
+  if (!mapped()) return absl::OkStatus();
+  if (absl::Status s = mapper.UnmapRepeated(va, size, piece, &unmapped); !s.ok()) return s;
+  *this = ViewMapping();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ViewMapping> HostMappedPool::MapView(CUdeviceptr va, size_t size,
                                                     const HostMappedMemory* contents,
                                                     DeviceSet access) {

@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
+#include "core/driver/vmm_mapping.h"
 #include "core/heap/host_mapped_memory.h"
 #include "core/sync/mutex.h"
 
@@ -61,11 +62,21 @@ enum class PausedView : uint8_t {
   kScratch,   // the device's scratch granule, again and again: undefined data
 };
 
-// A view HostMappedPool::MapView mapped: its kind and the bytes each of its
-// mappings covers (what VmmMapper::UnmapRepeated needs to undo it).
+// A paused range's view, as HostMappedPool::MapView mapped it: its kind, the
+// bytes each of its mappings covers, and how much of it an unmap that
+// failed midway took away already. Shared by the shim's blocks
+// (core/heap/arena_blocks.h) and other libraries' mappings
+// (core/foreign/foreign_vmm.h).
 struct ViewMapping {
   PausedView kind = PausedView::kNothing;
   size_t piece = 0;
+  size_t unmapped = 0;
+
+  bool mapped() const { return kind != PausedView::kNothing; }
+  // Unmaps it from [va, va + size) (VmmMapper::UnmapRepeated), resuming
+  // where a failed try stopped; empty (kNothing) on success. Nothing to do
+  // when not mapped.
+  absl::Status Unmap(const VmmMapper& mapper, CUdeviceptr va, size_t size);
 };
 
 class HostMappedPool {
@@ -94,11 +105,6 @@ class HostMappedPool {
   // Memory Take returned, kept for the next pause within the limits above.
   void Give(HostMappedMemory memory);
 
-  // The scratch granule mapped over [va, va + size) with read-write access
-  // for `access` (MapRepeated, core/driver/vmm_mapping.h); the scratch is
-  // made at the first call. Returns the bytes each mapping covers (what
-  // UnmapRepeated needs), or the driver's error (nothing mapped).
-  absl::StatusOr<size_t> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
   // Maps the view of paused [va, va + size): `contents` (host VMM memory of
   // exactly `size`, this pool's) whole, else the scratch (MapScratch);
   // read-write for `access` and this pool's device, or for the device alone
@@ -131,6 +137,11 @@ class HostMappedPool {
 
  private:
   friend class HostMappedPools;  // PrepareFork takes every pool's mutex
+  // The scratch granule mapped over [va, va + size) with read-write access
+  // for `access` (MapRepeated, core/driver/vmm_mapping.h); the scratch is
+  // made at the first call. Returns the bytes each mapping covers (what
+  // UnmapRepeated needs), or the driver's error (nothing mapped).
+  absl::StatusOr<size_t> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
 
   // Waits for the idle deadline and trims; ends at destruction.
   void TrimWhenIdle();

@@ -26,7 +26,7 @@ void OrphanedMemory::Retry(const VmmMapper& mapper, VaFreeList& va,
   handles_ = std::move(left);
   std::vector<View> views_left;
   for (View& v : views_) {
-    if (!mapper.UnmapRepeated(v.base, v.size, v.piece, &v.unmapped).ok()) {
+    if (!v.view.Unmap(mapper, v.base, v.size).ok()) {
       views_left.push_back(std::move(v));
       continue;
     }

@@ -21,6 +21,7 @@
 #include "core/driver/vmm_mapping.h"
 #include "core/heap/arena_accounting.h"
 #include "core/heap/host_backup.h"
+#include "core/heap/host_mapped_pool.h"
 #include "core/heap/va_free_list.h"
 
 namespace vmmshim {
@@ -37,12 +38,12 @@ class OrphanedMemory {
                   DeviceSet peers) {
     mappings_.push_back({base, size, handle, peers});
   }
-  // The view of a freed paused block (Block::view: `piece` and `unmapped`
-  // as Block::view_piece and view_unmapped) over [base, base + size), and
-  // the `backup` whose host memory it may map, kept until it is unmapped.
-  void AddView(CUdeviceptr base, size_t size, size_t piece, size_t unmapped,
+  // The view of a freed paused block (Block::view) over [base, base +
+  // size), and the `backup` whose host memory it may map, kept until it is
+  // unmapped.
+  void AddView(CUdeviceptr base, size_t size, ViewMapping view,
                std::optional<HostBackup> backup) {
-    views_.push_back({base, size, piece, unmapped, std::move(backup)});
+    views_.push_back({base, size, view, std::move(backup)});
   }
   // Unmaps each mapping (its VA back to `va`, its peers' figures down; its
   // handle joins the handles), releases each handle (the figures down) and
@@ -73,8 +74,7 @@ class OrphanedMemory {
   struct View {
     CUdeviceptr base;
     size_t size;
-    size_t piece;
-    size_t unmapped;
+    ViewMapping view;
     std::optional<HostBackup> backup;
   };
   std::vector<View> views_;
