@@ -85,7 +85,7 @@ def digest(model, opt, big, y):
             if torch.is_tensor(v):
                 tensors[f"param{i}.{k}"] = v
     for name, t in tensors.items():
-        h[name] = hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy()
+        h[name] = hashlib.sha256(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy()
                                  .tobytes()).hexdigest()
     return h
 
