@@ -23,6 +23,8 @@
 //   kernel_write     a kernel writing it
 //   cpu_read         the CPU reads through the VA after cuMemSetAccess for
 //                    the host location (result: words checked wrong)
+//   map_access       the host chunks mapped at VA again and given the
+//                    device's access, each chunk by one of `threads` threads
 //   scratch_map      one granule of host memory mapped over SIZE (one
 //                    cuMemMap per granule) and one cuMemSetAccess
 //   scratch_write    a kernel writing every word of that range (result)
@@ -243,6 +245,28 @@ int main(int argc, char** argv) {
   const auto* cpu = reinterpret_cast<const unsigned long long*>(va);
   for (size_t i = 0; i < words; i += 4099) wrong += cpu[i] != (i ^ 9);
   Row("cpu_read", 0, words / 4099 * 8, 0, "wrong=" + std::to_string(wrong));
+
+  // The remap's host side again, by 1, 4 and 16 threads, each mapping its
+  // chunks at VA and giving the device access: whether the driver lets a
+  // pause's host mappings run in parallel (cuMemSetAccess on host memory is
+  // most of the remap).
+  for (int threads : {1, 4, 16, 1}) {
+    Check(cuMemUnmap(va, bytes), "unmap (host at va)");
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    const auto start = Clock::now();
+    for (int i = 0; i < threads; ++i) {
+      pool.emplace_back([&] {
+        cuCtxSetCurrent(ctx);
+        for (size_t k; (k = next++) < chunks;) {
+          Check(cuMemMap(va + k * chunk, chunk, 0, handles[k], 0), "map (host at va)");
+          Check(cuMemSetAccess(va + k * chunk, chunk, &device_rw, 1), "access (host at va)");
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    Row("map_access", threads, bytes, Since(start), "ok");
+  }
 
   // Back to device memory, then a scratch granule over the whole range.
   Check(cuMemUnmap(va, bytes), "unmap (host at va)");

@@ -24,6 +24,14 @@
 // section 4.16.5.3), so that a stray access reads and writes undefined data
 // instead of faulting; the scratch is made once per pool and kept.
 //
+// Note [The driver's checkpoint and host VMM memory]: on driver 580 (H100,
+// docs/data/addressable-pause-h100.log) the driver's process checkpoint of a
+// process holding host VMM memory succeeds and its restore fails with
+// CUDA_ERROR_UNKNOWN, the process left locked for good, even for one 2 MiB
+// granule. A deep sleep therefore releases all of it, the scratch included,
+// and refuses while any is still taken (PauseCoordinator::
+// ReleaseHostMemoryForCheckpoint).
+//
 // Units: bytes, multiples of the node's granularity.
 //
 // Thread safety: every member may be called from any thread.

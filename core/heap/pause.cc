@@ -122,9 +122,19 @@ size_t PauseCoordinator::ReleaseHostMemory() {
   return released;
 }
 
-size_t PauseCoordinator::TrimHostMemory() {
-  size_t released = 0;
-  for (HostMappedPool* pool : host_pools_.All()) released += pool->Trim();
+absl::StatusOr<size_t> PauseCoordinator::ReleaseHostMemoryForCheckpoint() {
+  size_t released = 0, taken = 0;
+  for (HostMappedPool* pool : host_pools_.All()) {
+    released += pool->Release();
+    taken += pool->stats().in_use_bytes;
+  }
+  if (taken > 0) {
+    return Reworded(DriverError(CUDA_ERROR_ILLEGAL_STATE, "sleep"),
+                    absl::StrCat(taken, " bytes of host VMM memory are still mapped where paused "
+                                        "memory was (a view the driver would not unmap); the "
+                                        "driver's restore fails on a process that holds host "
+                                        "VMM memory, so the process would never wake"));
+  }
   return released;
 }
 

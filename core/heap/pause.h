@@ -165,9 +165,15 @@ class PauseCoordinator : public HeapTable::Listener {
   // What those pools keep for the next pause, released now, with their
   // scratch (teardown); the bytes released.
   size_t ReleaseHostMemory();
-  // What those pools keep for the next pause, released now (the scratch
-  // stays: views of paused memory may map it); the bytes released.
-  size_t TrimHostMemory();
+  // Before the driver's checkpoint (Note [The driver's checkpoint and host
+  // VMM memory], core/heap/host_mapped_pool.h): what those pools keep and
+  // their scratch, released now; the bytes released, or
+  // CUDA_ERROR_ILLEGAL_STATE naming the bytes still taken (host memory a
+  // view the driver would not unmap still holds: OrphanedMemory), with
+  // nothing else changed but the release. Called with nothing paused by the
+  // program (the sleep refuses otherwise: core/control/control_server.h), so
+  // no view maps the scratch.
+  absl::StatusOr<size_t> ReleaseHostMemoryForCheckpoint();
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }

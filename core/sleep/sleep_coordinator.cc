@@ -89,12 +89,6 @@ void SleepCoordinator::ReleaseForCheckpoint() {
     Log().info("pinned pool: {} bytes unpinned for the checkpoint in {:.3f} s", unpinned,
                SecondsSince(start));
   }
-  // Host memory kept for the next addressable pause: page-locked, unused
-  // while asleep (the sleep maps none), and in the way of the host memory
-  // the checkpoint fills; made again by the next pause after the wake.
-  if (size_t trimmed = pause_.TrimHostMemory(); trimmed > 0) {
-    Log().info("host memory for paused contents: {} bytes released for the checkpoint", trimmed);
-  }
   // The contexts' stack reservation, which the checkpoint would copy
   // (core/lifecycle/stack_reservation.h; VMMSHIM_SLEEP_LOWERS_STACK=0: none).
   int lowered = 0;
@@ -134,6 +128,15 @@ absl::StatusOr<size_t> SleepCoordinator::Sleep(const std::vector<std::string>& d
   absl::StatusOr<size_t> n = PauseRecorded(TagSelection::All(), true, kind);
   if (!n.ok()) return UndoSleep(n.status(), quiesce);
   released += *n;
+  // Host VMM memory, the kept and the scratch, must all go before the
+  // checkpoint: Note [The driver's checkpoint and host VMM memory]
+  // (core/heap/host_mapped_pool.h). Unused while asleep (the sleep maps
+  // none); made again by the first pause after the wake.
+  absl::StatusOr<size_t> host = pause_.ReleaseHostMemoryForCheckpoint();
+  if (!host.ok()) return UndoSleep(host.status(), quiesce);
+  if (*host > 0) {
+    Log().info("host memory for paused contents: {} bytes released for the checkpoint", *host);
+  }
   ReleaseForCheckpoint();
   holding_ = true;
   return released;

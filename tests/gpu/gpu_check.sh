@@ -577,6 +577,14 @@ print(p['pinned_bytes'], p['bytes'])")
           --workloads mixed --configs host 2>&1) || fail "$out"
     echo "$out"
     grep -q 'intact$' <<<"$out" || fail "not intact"
+    # A deep sleep after such pauses: the host memory they left goes before
+    # the driver's checkpoint (its restore fails otherwise), a pause of the
+    # program's own is refused (tests/gpu/sleep_after_paused_access.py).
+    for mode in kept dropped none; do
+      out=$(LD_PRELOAD="$shim" VMMSHIM_PAUSED_ACCESS=host timeout 120 \
+            python3 "$src/tests/gpu/sleep_after_paused_access.py" $mode 2>&1) || fail "$mode: $out"
+      grep '^sleep-after-paused-access' <<<"$out"
+    done
     ;;
   busy_pause)
     # The same workload pausing everything from a thread of its own while

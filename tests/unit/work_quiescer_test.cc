@@ -13,11 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/shim_core.h"
 #include "core/driver/cu_status.h"
 #include "core/sleep/work_quiescer.h"
 #include "core/sync/submission_gate.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/sim/sim_driver.h"
 #include "tests/unit/sim_test_base.h"
@@ -340,6 +342,71 @@ TEST_F(WorkQuiescerTest, ASleepReleasesTheHostMemoryKeptForPausesAndMapsNone) {
   ASSERT_TRUE(sleeper.Wake().ok());
   EXPECT_TRUE(Holds(kv->ptr, kBytes, 6));
   ASSERT_TRUE(a.Free(kv->ptr).ok());
+}
+
+// The scratch a pause without contents mapped is kept for the next such
+// pause, and is host VMM memory too: the sleep releases it with the rest
+// (Note [The driver's checkpoint and host VMM memory]; on an H100 one kept
+// scratch granule made the driver's restore fail and the process never
+// woke).
+TEST_F(WorkQuiescerTest, ASleepReleasesTheScratchThatAPauseWithoutContentsKept) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
+  absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
+  ASSERT_TRUE(kv.ok() && weights.ok());
+  Fill(weights->ptr, kBytes, 3);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_EQ(sim::GetUsage().host_handles, 1u);  // the scratch, kept
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
+  ASSERT_TRUE(sleeper.Sleep({}).ok());
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+  ASSERT_TRUE(sleeper.Wake().ok());
+  EXPECT_TRUE(Holds(weights->ptr, kBytes, 3));
+  // The next pause without contents makes its scratch again.
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), false).ok());
+  EXPECT_EQ(sim::GetUsage().host_handles, 1u);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  for (CUdeviceptr p : {kv->ptr, weights->ptr}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// Host memory still mapped at a view the driver would not unmap (kept by
+// OrphanedMemory until it does) cannot be released: the sleep is refused,
+// naming it, and undone, rather than leaving a process the driver's restore
+// cannot bring back. Once the view goes, the sleep goes through.
+TEST_F(WorkQuiescerTest, ASleepIsRefusedWhileHostMemoryStaysMappedAtAView) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  absl::StatusOr<Allocator::Allocation> kv = a.Allocate(kBytes, "kv");
+  ASSERT_TRUE(kv.ok());
+  Fill(kv->ptr, kBytes, 1);
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  a.ReleaseContext(context(), /*synchronize=*/true);
+  sim::ClearFailures();
+  absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
+  ASSERT_TRUE(weights.ok());
+  Fill(weights->ptr, kBytes, 2);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
+  absl::StatusOr<size_t> refused = sleeper.Sleep({});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(ToCuResult(refused.status()), CUDA_ERROR_ILLEGAL_STATE);
+  EXPECT_THAT(std::string(refused.status().message()),
+              testing::HasSubstr(absl::StrCat(kBytes, " bytes of host VMM memory are still mapped")));
+  EXPECT_FALSE(sleeper.holding());
+  EXPECT_FALSE(gate_.closed());
+  EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
+  EXPECT_TRUE(Holds(weights->ptr, kBytes, 2));
+  shim.control().Trim();  // the view unmaps now, and its host memory goes
+  ASSERT_TRUE(sleeper.Sleep({}).ok());
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  ASSERT_TRUE(sleeper.Wake().ok());
+  EXPECT_TRUE(Holds(weights->ptr, kBytes, 2));
+  ASSERT_TRUE(a.Free(weights->ptr).ok());
 }
 
 // A wake that fails leaves everything paused as the sleep paused it: no
