@@ -346,7 +346,8 @@ constexpr OptionInfo kOptions[] = {
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
     {"VMMSHIM_PAUSED_ACCESS", "enum", "fault", "host, fault",
      "What a kernel or copy that touches paused memory meets (docs/pause-resume.md, "
-     "\"Touching paused memory\"; host becomes the default once it is measured on a GPU). "
+     "\"Touching paused memory\"; not yet the default: its first pause makes the host memory on "
+     "its path, about 4 times slower than fault's, \"What host costs\"). "
      "host: the kept contents themselves, in host memory mapped "
      "at the paused address (read and written over the bus, slowly; the writes are there "
      "after the resume), or scratch memory where the contents were dropped (undefined data), "
