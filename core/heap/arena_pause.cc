@@ -296,13 +296,15 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
       MapViewAgainLocked(base, arena_.blocks_.Get(base), views);
     }
   };
-  size_t bytes = 0;
-  for (CUdeviceptr base : paused) {
-    Block& b = arena_.blocks_.Get(base);
-    bytes += b.size;
-    if (b.handle != 0) continue;  // still mapped by a failed undo: reused as it is
+  // Device memory for paused `b` at `base`: made (after this arena's cache
+  // once, when the device is full), its view unmapped, mapped with the access
+  // it would have had; on failure logged, nothing of it left and its view
+  // mapped again.
+  auto map_device_memory = [&](CUdeviceptr base, Block& b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arena_.mu_) -> absl::Status {
     auto step = std::chrono::steady_clock::now();
-    absl::StatusOr<CUmemGenericAllocationHandle> handle = arena_.mapper_.Create(b.size, arena_.create_.prop());
+    absl::StatusOr<CUmemGenericAllocationHandle> handle =
+        arena_.mapper_.Create(b.size, arena_.create_.prop());
     if (!handle.ok() && ToCuResult(handle.status()) == CUDA_ERROR_OUT_OF_MEMORY) {
       times->create += PauseTimes::Since(step);
       step = std::chrono::steady_clock::now();
@@ -339,7 +341,6 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
                  "stays paused",
                  tag.Describe(), b.size, base, arena_.options_.device, status.ToString());
       MapViewAgainLocked(base, b, views);
-      undo();
       return status;
     }
     ++arena_.acct_.stats().set_access_calls;
@@ -348,18 +349,32 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
     arena_.acct_.Handle(static_cast<int64_t>(b.size));
     arena_.acct_.PoolReserved(b.placement.stream_ordered, static_cast<int64_t>(b.size));
     arena_.acct_.Mapped(target - DeviceSet::Of(arena_.options_.device), static_cast<int64_t>(b.size));
-    mapped_now.push_back(base);
-  }
-  times->blocks += paused.size();
-  const auto copy_start = std::chrono::steady_clock::now();
+    return absl::OkStatus();
+  };
+  size_t bytes = 0;
   for (CUdeviceptr base : paused) {
     Block& b = arena_.blocks_.Get(base);
+    bytes += b.size;
+    // A block still mapped by a failed undo is reused as it is.
+    if (b.handle == 0) {
+      if (absl::Status mapped = map_device_memory(base, b); !mapped.ok()) {
+        copier.Finish().IgnoreError();  // copies under way into memory unmapped now
+        undo();
+        return mapped;
+      }
+      mapped_now.push_back(base);
+    }
+    // Its copy starts now (on the copy engine where the backup is page-locked,
+    // complete at the copier's Finish), while the next block is made and
+    // mapped and its view unmapped.
     if (!b.backup) continue;
     times->copied_bytes += b.size;
+    const auto step = std::chrono::steady_clock::now();
     ScopedContext ctx(arena_.driver_, b.placement.context);
     absl::Status copied = ctx.ok() ? copier.ToDevice(base, *b.backup)
                                    : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                  "vmmshim_resume_memory");
+    times->copy += PauseTimes::Since(step);
     if (!copied.ok()) {
       Log().warn("vmmshim_resume_memory({}): restoring {} bytes at {:#x}: {}; everything stays "
                  "paused",
@@ -369,7 +384,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
       return copied;
     }
   }
-  times->copy += PauseTimes::Since(copy_start);
+  times->blocks += paused.size();
   return bytes;
 }
 
