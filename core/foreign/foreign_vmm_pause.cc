@@ -375,9 +375,11 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
   for (HandleValue value : chosen) {
     Handle& h = handles_.at(value);
     // The views go first: the device memory is mapped where they are.
+    auto step = std::chrono::steady_clock::now();
     absl::Status status;
     for (auto m : MappingsOfLocked(value)) status.Update(UnmapPausedLocked(m->first, m->second));
-    auto step = std::chrono::steady_clock::now();
+    times->views += PauseTimes::Since(step);
+    step = std::chrono::steady_clock::now();
     HandleValue real = 0;
     CUresult r = status.ok() ? driver_.cuMemCreate(&real, h.size, &h.prop, 0) : CUDA_SUCCESS;
     times->create += PauseTimes::Since(step);
@@ -392,6 +394,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
       Log().warn("vmmshim_resume_memory({}): {} bytes of another library's VMM memory on device "
                  "{}: {}; everything stays paused",
                  tag.Describe(), h.size, h.device, status.ToString());
+      copier.Finish().IgnoreError();  // copies under way into memory unmapped now
       ResumeAbort(tag, views);
       return status;
     }
@@ -399,17 +402,17 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
     if (real != value) names_[real] = value;
     bytes += h.size;
     ++times->blocks;
-  }
-  const auto copy_start = std::chrono::steady_clock::now();
-  for (HandleValue value : chosen) {
-    const Handle& h = handles_.at(value);
+    // Its copy starts now, while the next handle's views are unmapped and
+    // its memory made and mapped (as the shim's blocks: ArenaPause).
     if (!h.backup) continue;
+    step = std::chrono::steady_clock::now();
     ContextScope scope(driver_, ContextForLocked(h));
     absl::Status copied =
         WithWholeHandleLocked(value, h.real, [&](CUdeviceptr base, bool temporary) {
           absl::Status s = copier.ToDevice(base, *h.backup);
           return s.ok() && temporary ? copier.Finish() : s;
         });
+    times->copy += PauseTimes::Since(step);
     if (!copied.ok()) {
       Log().warn("vmmshim_resume_memory({}): restoring handle {:#x} ({} bytes): {}; everything "
                  "stays paused",
@@ -420,7 +423,6 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
     }
     times->copied_bytes += h.size;
   }
-  times->copy += PauseTimes::Since(copy_start);
   return bytes;
 }
 

@@ -271,6 +271,34 @@ TEST_F(ForeignVmmTest, PausedMemoryMapsItsContentsWhereAMappingShowsTheWholeHand
   ExpectNothingLeft();
 }
 
+// As with the shim's blocks, a resume starts each handle's copy back as
+// soon as its memory is mapped: when the second handle cannot be made, the
+// first's copy has started, and is waited for before the undo.
+TEST_F(ForeignVmmTest, AResumeCopiesEachHandleBackAsSoonAsItIsMapped) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    Buffer first = Make(f, 4 * kMiB, "kv");
+    Buffer second = Make(f, 4 * kMiB, "kv");
+    Fill(first.va, first.size, 1);
+    Fill(second.va, second.size, 2);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    sim::ResetCallCounts();
+    sim::FailCall("cuMemCreate", 2, CUDA_ERROR_UNKNOWN);
+    EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    sim::ClearFailures();
+    EXPECT_EQ(sim::CallCount("cuMemcpyDtoDAsync_v2"), 1u);
+    EXPECT_TRUE(Holds(first.va, first.size, 1));  // its view again
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(first.va, first.size, 1));
+    EXPECT_TRUE(Holds(second.va, second.size, 2));
+    Drop(f, first);
+    Drop(f, second);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
 // A peer the library let read only reads the view and cannot write it.
 TEST_F(ForeignVmmTest, AReadOnlyPeerReadsTheViewOnly) {
   ShimCore shim(api_);
