@@ -140,27 +140,37 @@ std::string ControlServer::Status() const {
 }
 
 ControlServer::Refusal ControlServer::SleepRefusal(const std::string& residency) const {
-  if (const size_t paused = target_.PausedBytes(); paused > 0) {
-    return {absl::StrCat("the process has ", paused,
-                         " bytes paused of its own; resume them first (a wake resumes "
-                         "everything)"),
+  const nlohmann::json r = nlohmann::json::parse(residency, nullptr, false);
+  uint64_t exported = 0, imported = 0, other_paused = 0;
+  if (r.is_object() && r.contains("devices") && r.at("devices").is_array()) {
+    for (const nlohmann::json& d : r.at("devices")) {
+      const nlohmann::json other = d.is_object()
+                                       ? d.value("other_libraries_vmm", nlohmann::json::object())
+                                       : nlohmann::json::object();
+      const nlohmann::json alone = other.value("left_alone", nlohmann::json::object());
+      exported += alone.value("exported_bytes", uint64_t{0});
+      imported += alone.value("imported_bytes", uint64_t{0});
+      const nlohmann::json paused = other.value("paused_by_tag", nlohmann::json::object());
+      for (const auto& [tag, bytes] : paused.items()) {
+        if (bytes.is_number_unsigned()) other_paused += bytes.get<uint64_t>();
+      }
+    }
+  }
+  // Other libraries' memory the program paused counts too: its views would
+  // hold host VMM memory through the checkpoint (Note [The driver's
+  // checkpoint and host VMM memory], core/heap/host_mapped_pool.h).
+  if (const uint64_t paused = target_.PausedBytes() + other_paused; paused > 0) {
+    return {absl::StrCat("the process has ", paused, " bytes paused of its own",
+                         other_paused > 0 ? absl::StrCat(" (", other_paused,
+                                                         " of them other libraries' VMM memory)")
+                                          : "",
+                         "; resume them first (a wake resumes everything)"),
             CUDA_ERROR_ILLEGAL_STATE};
   }
   // Memory another process maps (other libraries' VMM memory exported or
   // imported: a multi-process NCCL group's buffers) is left alone by a pause,
   // and the driver's checkpoint cannot take it (NVIDIA/cuda-checkpoint #30:
   // such jobs hang): refused before anything is paused.
-  const nlohmann::json r = nlohmann::json::parse(residency, nullptr, false);
-  uint64_t exported = 0, imported = 0;
-  if (r.is_object() && r.contains("devices") && r.at("devices").is_array()) {
-    for (const nlohmann::json& d : r.at("devices")) {
-      const nlohmann::json alone = d.is_object() ? d.value("other_libraries_vmm", nlohmann::json::object())
-                                                       .value("left_alone", nlohmann::json::object())
-                                                 : nlohmann::json::object();
-      exported += alone.value("exported_bytes", uint64_t{0});
-      imported += alone.value("imported_bytes", uint64_t{0});
-    }
-  }
   if (exported + imported > 0) {
     return {absl::StrCat("the process shares device memory with other processes (", exported,
                          " bytes exported, ", imported,

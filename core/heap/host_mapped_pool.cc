@@ -209,12 +209,14 @@ absl::StatusOr<size_t> HostMappedPool::MapScratch(CUdeviceptr va, size_t size, D
       !s.ok()) {
     return s;
   }
+  ++scratch_views_;
   return scratch_.size();
 }
 
 absl::Status ViewMapping::Unmap(const VmmMapper& mapper, CUdeviceptr va, size_t size) {
   if (!mapped()) return absl::OkStatus();
   if (absl::Status s = mapper.UnmapRepeated(va, size, piece, &unmapped); !s.ok()) return s;
+  if (scratch_of != nullptr) scratch_of->ScratchViewUnmapped();
   *this = ViewMapping();
   return absl::OkStatus();
 }
@@ -230,7 +232,7 @@ absl::StatusOr<ViewMapping> HostMappedPool::MapView(CUdeviceptr va, size_t size,
       if (status.ok()) return ViewMapping{PausedView::kContents, size};
     } else {
       absl::StatusOr<size_t> piece = MapScratch(va, size, grant);
-      if (piece.ok()) return ViewMapping{PausedView::kScratch, *piece};
+      if (piece.ok()) return ViewMapping{PausedView::kScratch, *piece, 0, this};
       status = piece.status();
     }
     if (grant == owner) break;  // a peer's access was not the reason
@@ -244,7 +246,13 @@ HostMappedPool::Stats HostMappedPool::stats() const {
   s.kept_bytes = kept_bytes_;
   s.in_use_bytes = in_use_bytes_;
   s.scratch_bytes = scratch_.size();
+  s.scratch_views = scratch_views_;
   return s;
+}
+
+void HostMappedPool::ScratchViewUnmapped() {
+  MutexLock lock(&mu_);
+  if (scratch_views_ > 0) --scratch_views_;
 }
 
 void HostMappedPool::AfterForkChild() {
@@ -255,6 +263,7 @@ void HostMappedPool::AfterForkChild() {
   for (auto& [size, memory] : kept_) memory.Forget();
   kept_.clear();
   scratch_.Forget();
+  scratch_views_ = 0;
   kept_bytes_ = 0;
   in_use_bytes_ = 0;
   in_fork_child_ = true;  // what the child's paused blocks give back is the parent's too

@@ -75,10 +75,15 @@ enum class PausedView : uint8_t {
 // failed midway took away already. Shared by the shim's blocks
 // (core/heap/arena_blocks.h) and other libraries' mappings
 // (core/foreign/foreign_vmm.h).
+class HostMappedPool;
+
 struct ViewMapping {
   PausedView kind = PausedView::kNothing;
   size_t piece = 0;
   size_t unmapped = 0;
+  // kScratch: the pool whose scratch it maps, which counts such views until
+  // they are unmapped (Stats::scratch_views).
+  HostMappedPool* scratch_of = nullptr;
 
   bool mapped() const { return kind != PausedView::kNothing; }
   // Unmaps it from [va, va + size) (VmmMapper::UnmapRepeated), resuming
@@ -131,6 +136,7 @@ class HostMappedPool {
     size_t kept_bytes = 0;      // held for the next pause
     size_t in_use_bytes = 0;    // taken: holding paused contents now
     size_t scratch_bytes = 0;
+    size_t scratch_views = 0;   // views mapping the scratch now (each holds it: guide 4.16.3)
     size_t made_bytes = 0;      // made at pauses, over the process's life
     double make_seconds = 0;    // the time those pauses spent making it
     size_t reused_bytes = 0;    // taken from what was kept
@@ -145,6 +151,8 @@ class HostMappedPool {
 
  private:
   friend class HostMappedPools;  // PrepareFork takes every pool's mutex
+  friend struct ViewMapping;     // ScratchViewUnmapped
+  void ScratchViewUnmapped() ABSL_LOCKS_EXCLUDED(mu_);
   // The scratch granule mapped over [va, va + size) with read-write access
   // for `access` (MapRepeated, core/driver/vmm_mapping.h); the scratch is
   // made at the first call. Returns the bytes each mapping covers (what
@@ -164,6 +172,7 @@ class HostMappedPool {
   size_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   HostMappedMemory scratch_ ABSL_GUARDED_BY(mu_);
+  size_t scratch_views_ ABSL_GUARDED_BY(mu_) = 0;
   Stats figures_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_use_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -126,14 +126,17 @@ absl::StatusOr<size_t> PauseCoordinator::ReleaseHostMemoryForCheckpoint() {
   size_t released = 0, taken = 0;
   for (HostMappedPool* pool : host_pools_.All()) {
     released += pool->Release();
-    taken += pool->stats().in_use_bytes;
+    const HostMappedPool::Stats s = pool->stats();
+    // A view of the scratch holds its granule after the pool let it go.
+    taken += s.in_use_bytes + (s.scratch_views > 0 ? pool->node().granularity : 0);
   }
   if (taken > 0) {
     return Reworded(DriverError(CUDA_ERROR_ILLEGAL_STATE, "sleep"),
                     absl::StrCat(taken, " bytes of host VMM memory are still mapped where paused "
-                                        "memory was (a view the driver would not unmap); the "
-                                        "driver's restore fails on a process that holds host "
-                                        "VMM memory, so the process would never wake"));
+                                        "memory was (a view the driver would not unmap, or "
+                                        "memory paused meanwhile); the driver's restore fails "
+                                        "on a process that holds host VMM memory, so the "
+                                        "process would never wake"));
   }
   return released;
 }

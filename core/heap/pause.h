@@ -169,10 +169,10 @@ class PauseCoordinator : public HeapTable::Listener {
   // VMM memory], core/heap/host_mapped_pool.h): what those pools keep and
   // their scratch, released now; the bytes released, or
   // CUDA_ERROR_ILLEGAL_STATE naming the bytes still taken (host memory a
-  // view the driver would not unmap still holds: OrphanedMemory), with
-  // nothing else changed but the release. Called with nothing paused by the
-  // program (the sleep refuses otherwise: core/control/control_server.h), so
-  // no view maps the scratch.
+  // view the driver would not unmap still holds, OrphanedMemory, or a view
+  // of memory the program paused: the sleep refuses such a pause up front,
+  // core/control/control_server.h), with nothing else changed but the
+  // release.
   absl::StatusOr<size_t> ReleaseHostMemoryForCheckpoint();
 
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }

@@ -57,14 +57,15 @@ TestTarget& Kept(TestTarget target) {
 }
 
 constexpr char kResidency[] =
-    R"({"devices":[{"device":0,"other_libraries_vmm":{"left_alone":)"
-    R"({"exported_bytes":EXPORTED,"imported_bytes":0}}}]})";
+    R"({"devices":[{"device":0,"other_libraries_vmm":{"paused_by_tag":{"kv":OTHER_PAUSED},)"
+    R"("left_alone":{"exported_bytes":EXPORTED,"imported_bytes":0}}}]})";
 
 struct Calls {
   int residency = 0, sleeps = 0, wakes = 0;
   size_t paused = 0;
   int sleep_code = 0;
   std::string exported = "0";
+  std::string other_paused = "0";  // other libraries' VMM memory the program paused
   std::string shared;  // the shared_memory handler's answer
 };
 
@@ -74,6 +75,7 @@ ControlServer Server(Calls& calls) {
     ++calls.residency;
     std::string r = kResidency;
     r.replace(r.find("EXPORTED"), 8, calls.exported);
+    r.replace(r.find("OTHER_PAUSED"), 12, calls.other_paused);
     return r;
   };
   h.sleep = [&calls](const std::vector<std::string>& drop) -> absl::StatusOr<size_t> {
@@ -120,7 +122,14 @@ TEST(ControlServerTest, RefusalsComeBeforeAnythingIsPaused) {
   const ControlServer server = Server(calls);
   calls.paused = 4096;
   EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "4096 bytes paused of its own"));
+  // Other libraries' memory the program paused counts too (its views would
+  // hold host VMM memory through the checkpoint).
+  calls.other_paused = "2048";
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"),
+                  "6144 bytes paused of its own (2048 of them other libraries' VMM memory)"));
   calls.paused = 0;
+  EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"), "2048 bytes paused of its own"));
+  calls.other_paused = "0";
   calls.exported = "8192";
   EXPECT_TRUE(Has(server.Answer(R"({"op":"sleep"})"),
                   "shares device memory with other processes (8192 bytes exported"));

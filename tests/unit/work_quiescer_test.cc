@@ -409,6 +409,39 @@ TEST_F(WorkQuiescerTest, ASleepIsRefusedWhileHostMemoryStaysMappedAtAView) {
   ASSERT_TRUE(a.Free(weights->ptr).ok());
 }
 
+// The same for a view of the scratch: the pool lets its scratch go, but a
+// view the driver would not unmap still holds the granule.
+TEST_F(WorkQuiescerTest, ASleepIsRefusedWhileAViewStillMapsTheScratch) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  absl::StatusOr<Allocator::Allocation> tmp = a.Allocate(kBytes, "tmp");
+  ASSERT_TRUE(tmp.ok());
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+  // The whole-range unmap fails, then the first piece's (a scratch view is
+  // unmapped piece by piece where the range fails).
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  a.ReleaseContext(context(), /*synchronize=*/true);
+  sim::ClearFailures();
+  absl::StatusOr<Allocator::Allocation> weights = a.Allocate(kBytes, "weights");
+  ASSERT_TRUE(weights.ok());
+  Fill(weights->ptr, kBytes, 4);
+  WorkQuiescer quiescer(api_, gate_, shim.captures(), milliseconds(5000));
+  SleepCoordinator sleeper(shim.pause(), quiescer, nullptr, nullptr);
+  absl::StatusOr<size_t> refused = sleeper.Sleep({});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              testing::HasSubstr("bytes of host VMM memory are still mapped"));
+  EXPECT_FALSE(sleeper.holding());
+  EXPECT_TRUE(Holds(weights->ptr, kBytes, 4));
+  shim.control().Trim();  // the view unmaps now
+  ASSERT_TRUE(sleeper.Sleep({}).ok());
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  ASSERT_TRUE(sleeper.Wake().ok());
+  EXPECT_TRUE(Holds(weights->ptr, kBytes, 4));
+  ASSERT_TRUE(a.Free(weights->ptr).ok());
+}
+
 // A wake that fails leaves everything paused as the sleep paused it: no
 // host memory mapped over what the sleep dropped (the sleep maps none).
 TEST_F(WorkQuiescerTest, AFailedWakeMapsNoHostMemory) {
