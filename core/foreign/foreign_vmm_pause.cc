@@ -188,6 +188,7 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
     for (size_t i = 0; i < chosen.size(); ++i) {
       const Handle& h = handles_.at(chosen[i]);
       ContextScope scope(driver_, ContextForLocked(h));
+      times->CopyStarting();
       absl::Status copied =
           WithWholeHandleLocked(chosen[i], h.real, [&](CUdeviceptr base, bool temporary) {
             absl::Status s = copier->ToHost(backups[i], base);
@@ -407,6 +408,7 @@ absl::StatusOr<size_t> ForeignVmm::ResumePrepare(const TagSelection& tag, Backup
     if (!h.backup) continue;
     step = std::chrono::steady_clock::now();
     ContextScope scope(driver_, ContextForLocked(h));
+    times->CopyStarting();
     absl::Status copied =
         WithWholeHandleLocked(value, h.real, [&](CUdeviceptr base, bool temporary) {
           absl::Status s = copier.ToDevice(base, *h.backup);

@@ -139,6 +139,7 @@ absl::StatusOr<size_t> ArenaPause::PausePrepare(const TagSelection& tag, BackupC
     for (size_t i = 0; i < live.size(); ++i) {
       const Block& b = arena_.blocks_.Get(live[i]);
       ScopedContext ctx(arena_.driver_, b.placement.context);
+      times->CopyStarting();
       absl::Status copied = ctx.ok() ? copier->ToHost(backups[i], live[i])
                                      : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                    "vmmshim_pause_memory");
@@ -371,6 +372,7 @@ absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, Backup
     times->copied_bytes += b.size;
     const auto step = std::chrono::steady_clock::now();
     ScopedContext ctx(arena_.driver_, b.placement.context);
+    times->CopyStarting();
     absl::Status copied = ctx.ok() ? copier.ToDevice(base, *b.backup)
                                    : DriverError(CUDA_ERROR_INVALID_CONTEXT,
                                                  "vmmshim_resume_memory");

@@ -51,10 +51,29 @@ struct PauseTimes {
   double map = 0;          // cuMemMap + cuMemSetAccess at resume
   double trim = 0;         // caches released to make room at resume
   size_t blocks = 0;       // blocks paused or resumed
+  // From the first copy's start to the copier's Finish: the copies' window,
+  // which other steps may share (a resume maps the next block while the
+  // last one's copy runs), for their GiB/s.
+  std::chrono::steady_clock::time_point copies_from{}, copies_to{};
 
   // Seconds from `start` to now, for the fields above.
   static double Since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  void CopyStarting() {
+    if (copies_from == std::chrono::steady_clock::time_point{}) {
+      copies_from = std::chrono::steady_clock::now();
+    }
+  }
+  void CopiesDone() { copies_to = std::chrono::steady_clock::now(); }
+  // The copies' bytes per second of their window (of `copy` where no window
+  // was marked).
+  double CopyBytesPerSecond() const {
+    const double window =
+        copies_to > copies_from && copies_from != std::chrono::steady_clock::time_point{}
+            ? std::chrono::duration<double>(copies_to - copies_from).count()
+            : copy;
+    return window > 0 ? static_cast<double>(copied_bytes) / window : 0.0;
   }
 };
 

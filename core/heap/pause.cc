@@ -42,8 +42,7 @@ void LogTimes(const char* what, const TagSelection& tag, size_t bytes, const Pau
              "cuMemCreate {:.3f} ms, map+access {:.3f} ms, host mappings {:.3f} ms, caches "
              "released {:.3f} ms",
              what, tag.Describe(), bytes, t.blocks, total * 1e3, t.synchronize * 1e3,
-             t.backups * 1e3, t.copied_bytes, t.copy * 1e3,
-             t.copy > 0 ? static_cast<double>(t.copied_bytes) / t.copy / (1u << 30) : 0.0,
+             t.backups * 1e3, t.copied_bytes, t.copy * 1e3, t.CopyBytesPerSecond() / (1u << 30),
              t.release * 1e3, t.create * 1e3, t.map * 1e3, t.views * 1e3, t.trim * 1e3);
 }
 
@@ -250,6 +249,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     step = std::chrono::steady_clock::now();
     absl::Status copied = copier->Finish();
     times.copy += PauseTimes::Since(step);
+    times.CopiesDone();
     if (!copied.ok()) {
       Log().error("vmmshim_pause_memory({}): copying to host memory: {}; nothing paused",
                   tag.Describe(), copied.ToString());
@@ -297,6 +297,9 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
   for (int attempt = 0; attempt < 2; ++attempt) {
     size_t restored = 0;
     status = absl::OkStatus();
+    // What a failed attempt copied is copied again.
+    times.copied_bytes = 0;
+    times.copies_from = {};
     for (PausableMemory* memory : memories) {
       absl::StatusOr<size_t> r = memory->ResumePrepare(tag, copier, views, &times);
       if (!r.ok()) {
@@ -310,6 +313,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
       const auto step = std::chrono::steady_clock::now();
       status = copier.Finish();
       times.copy += PauseTimes::Since(step);
+      times.CopiesDone();
       if (!status.ok()) {
         Log().warn("vmmshim_resume_memory({}): restoring contents: {}; everything stays paused",
                    tag.Describe(), status.ToString());
