@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Paused memory that stays addressable, on a GPU host (after tools/gpu/bundle.sh),
 # into $out/addressable-pause.log (docs/data/addressable-pause-<gpu>.log):
-#   1. the driver alone: bench/host_vmm_costs (host cuMemCreate by 1-16 threads, partial
-#      and offset maps, the remap at a device allocation's address, kernel and CPU access,
-#      a scratch granule over a range);
+#   1. the driver alone: bench/host_vmm_costs 4 CHUNK_MIB (default 64: the size of the
+#      shim's larger blocks) (host cuMemCreate by 1-16 threads, partial and offset maps, the
+#      remap at a device allocation's address, host mappings with the device's access by
+#      1-16 threads, kernel and CPU access, a scratch granule over a range);
 #   2. examples/paused_access.py under PyTorch's three allocator modes:
 #      kernels, a graph and an optimizer step on paused tensors, compared bit for bit with
 #      a never-paused run, and the kernels' GiB/s on paused memory;
@@ -11,19 +12,22 @@
 #      cuMemHostRegister'ed pool (tools/gpu/checkpoint_host_memory.py);
 #   4. bench/pause_bandwidth.py: a trainer's 16 GiB (GIB) in PyTorch's three allocator
 #      modes, VMMSHIM_PAUSED_ACCESS=host (addressable) against fault, ROUNDS
-#      rounds of 3 cycles each (the first cycle apart).
-# STEPS=1,2,3,4 picks steps. usage: tools/gpu/addressable-pause.sh [ROUNDS]
+#      rounds of 3 cycles each (the first cycle apart);
+#   5. a deep sleep after host-mode pauses (tests/gpu/sleep_after_paused_access.py: a
+#      tag paused with contents is refused; the scratch a dropped pause kept is released
+#      and the process wakes; no pause before).
+# STEPS=1,2,3,4,5 picks steps. usage: tools/gpu/addressable-pause.sh [ROUNDS]
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
-rounds=${1:-2} steps=${STEPS:-1,2,3,4}
+rounds=${1:-2} steps=${STEPS:-1,2,3,4,5}
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 log=$out/addressable-pause.log
 step() { [[ ",$steps," == *",$1,"* ]]; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   if step 1; then
-    echo "== bench/host_vmm_costs 4 512"
-    timeout 120 "$b/bench/host_vmm_costs" 4 512 2>&1; echo "rc=$?"
+    echo "== bench/host_vmm_costs 4 ${CHUNK_MIB:-64}"
+    timeout 120 "$b/bench/host_vmm_costs" 4 "${CHUNK_MIB:-64}" 2>&1; echo "rc=$?"
   fi
   if step 2; then
     for conf in "" backend:cudaMallocAsync expandable_segments:True; do
@@ -45,5 +49,14 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
     timeout 560 python3 "$root/bench/pause_bandwidth.py" --shim "$shim" --rounds "$rounds" \
       --cycles 3 --gib "${GIB:-16}" --workloads mixed,mixed-async,mixed-expandable \
       --configs host,fault 2>&1; echo "rc=$?"
+  fi
+  if step 5; then
+    for mode in kept dropped none; do
+      echo "== tests/gpu/sleep_after_paused_access.py $mode (VMMSHIM_PAUSED_ACCESS=host)"
+      timeout 120 env LD_PRELOAD="$shim" VMMSHIM_PAUSED_ACCESS=host VMMSHIM_LOG_LEVEL=info \
+        python3 "$root/tests/gpu/sleep_after_paused_access.py" $mode 2>&1 |
+        grep -E "^sleep-after|for the checkpoint|rror"
+      echo "rc=${PIPESTATUS[0]}"
+    done
   fi
 } 2>&1 | tee "$log"
