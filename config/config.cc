@@ -106,6 +106,13 @@ bool ApplyPausedAccess(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyHostPoolMake(absl::string_view value, int, Config* config) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (v != "pause" && v != "background") return false;
+  config->host_memory_in_background = v == "background";
+  return true;
+}
+
 bool ApplyHostPoolIdle(absl::string_view value, int, Config* config) {
   double seconds;
   // Written so that NaN fails too.
@@ -357,6 +364,16 @@ constexpr OptionInfo kOptions[] = {
      "kept for the next pause (VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and "
      "an access kills the context, with everything paused.",
      &ApplyPausedAccess, false, OptionKey::kPausedAccess},
+    {"VMMSHIM_HOST_POOL_MAKE", "enum", "pause", "pause, background",
+     "Where the host memory a pause with VMMSHIM_PAUSED_ACCESS=host needs is made when the "
+     "memory kept from earlier pauses lacks it (docs/pause-resume.md, \"What host costs\"). "
+     "pause: by the pause itself, so that every paused byte stays addressable from the first "
+     "pause on, at the pinning's speed (several times slower than the copy). background: the "
+     "pause keeps those contents in other host memory, as fault does (an access to them "
+     "faults until they are resumed), and one thread makes the host memory for them in the "
+     "background, kept for the next pause of the same set, which then copies at the copy "
+     "engine's speed and stays addressable.",
+     &ApplyHostPoolMake, false, OptionKey::kHostPoolMake},
     {"VMMSHIM_HOST_POOL_IDLE", "seconds", "300", "0 to 31536000",
      "Host memory that held paused contents is kept, pinned, for the next pause (which then "
      "copies at the copy engine's speed); unused this long, it is released. 0: no idle "

@@ -84,6 +84,9 @@ struct Config {
   // VMMSHIM_HOST_POOL_IDLE: seconds before unused host memory kept for the
   // next pause is released; 0 = kept until exit.
   double host_pool_idle_seconds = 300;
+  // VMMSHIM_HOST_POOL_MAKE: background (true) or pause (false): where the
+  // host memory a pause with VMMSHIM_PAUSED_ACCESS=host lacks is made.
+  bool host_memory_in_background = false;
   // VMMSHIM_SLEEP_LOWERS_STACK: a deep sleep lowers the contexts' stack
   // limit for the driver's checkpoint (core/lifecycle/stack_reservation.h).
   bool sleep_lowers_stack = true;
@@ -121,6 +124,7 @@ enum class OptionKey {
   kControl,
   kPinnedPool,
   kPausedAccess,
+  kHostPoolMake,
   kHostPoolIdle,
   kSleepLowersStack,
   kQuiesceTimeout,

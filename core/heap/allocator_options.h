@@ -70,6 +70,10 @@ struct AllocatorOptions {
   // The host memory kept for the next pause is released after this many
   // seconds unused (VMMSHIM_HOST_POOL_IDLE); 0: kept until exit.
   double host_pool_idle_seconds = 300;
+  // The host memory a pause lacks is made in the background for the next
+  // pause, never on the pause's path (VMMSHIM_HOST_POOL_MAKE=background;
+  // core/heap/host_mapped_pool.h); false: made by the pause itself.
+  bool host_memory_in_background = false;
   // What one registration of the pinned pool covers (PinnedPool; not a
   // VMMSHIM_* setting: tests make it small to cut copies at its ends).
   size_t pinned_pool_chunk_bytes = PinnedPool::kDefaultChunkBytes;

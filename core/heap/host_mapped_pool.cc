@@ -27,6 +27,7 @@ HostMappedPool::~HostMappedPool() {
     changed_.SignalAll();
   }
   if (trimmer_.joinable()) trimmer_.join();
+  if (maker_.joinable()) maker_.join();
 }
 
 std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
@@ -66,6 +67,26 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
         kept_bytes_ = 0;
       }
     }
+    if (options_.make_in_background && !missing.empty()) {
+      // Queued once per size missing: what is queued already counts.
+      std::map<size_t, size_t> wanted;
+      for (size_t i : missing) ++wanted[sizes[i]];
+      for (const auto& [size, n] : wanted) {
+        for (size_t q = queued_.count(size); q < n; ++q) queued_.insert(size);
+      }
+      for (size_t i : missing) {
+        out[i] = absl::UnavailableError("host memory for paused contents is being made in the "
+                                        "background, for the next pause");
+      }
+      if (!maker_.joinable() && !stopping_ && !in_fork_child_) {
+        try {
+          maker_ = std::thread([this] { MakeQueued(); });
+        } catch (const std::system_error&) {
+          queued_.clear();  // no thread: as before, nothing is made
+        }
+      }
+      missing.clear();
+    }
     changed_.SignalAll();
   }
   unmatched.clear();  // released outside the lock
@@ -104,24 +125,33 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
 
 void HostMappedPool::Give(HostMappedMemory memory) {
   if (memory.empty()) return;
-  const size_t size = memory.size();
   MutexLock lock(&mu_);
   if (in_fork_child_) {
     memory.Forget();
     return;
   }
-  in_use_bytes_ -= std::min(in_use_bytes_, size);
+  in_use_bytes_ -= std::min(in_use_bytes_, memory.size());
   last_use_ = std::chrono::steady_clock::now();
+  KeepLocked(std::move(memory));
+}
+
+bool HostMappedPool::FitsLocked(size_t size, HostMemoryHeadroom* headroom) const {
   // Kept only while the pool holds at most 3/4 of what it holds plus what
   // the host has left: page-locked memory is never reclaimed.
-  const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
+  *headroom = HostMemoryHeadroomNow();
   const size_t held = kept_bytes_ + in_use_bytes_ + size;
-  const bool fits = headroom.bytes == SIZE_MAX || held / 3 <= headroom.bytes;
-  if (!fits) {
+  return headroom->bytes == SIZE_MAX || held / 3 <= headroom->bytes;
+}
+
+void HostMappedPool::KeepLocked(HostMappedMemory memory) {
+  const size_t size = memory.size();
+  HostMemoryHeadroom headroom;
+  if (!FitsLocked(size, &headroom)) {
     if (figures_.limited_by.empty()) {
       Log().info("device {}: host memory for paused contents: {} bytes released rather than "
                  "kept for the next pause: the pool would hold {} bytes with {} left ({})",
-                 device_, size, held, headroom.bytes, headroom.limited_by);
+                 device_, size, kept_bytes_ + in_use_bytes_ + size, headroom.bytes,
+                 headroom.limited_by);
     }
     figures_.limited_by = headroom.limited_by;
     figures_.trimmed_bytes += size;
@@ -137,6 +167,45 @@ void HostMappedPool::Give(HostMappedMemory memory) {
     }
   }
   changed_.SignalAll();
+}
+
+void HostMappedPool::MakeQueued() {
+  for (;;) {
+    size_t size;
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && queued_.empty()) changed_.Wait(&mu_);
+      if (stopping_) return;
+      size = *queued_.begin();
+      HostMemoryHeadroom headroom;
+      if (!FitsLocked(size, &headroom)) {
+        Log().info("device {}: host memory for paused contents: {} bytes not made in the "
+                   "background: the pool would hold {} bytes with {} left ({})",
+                   device_, queued_size_bytes(), kept_bytes_ + in_use_bytes_ + size,
+                   headroom.bytes, headroom.limited_by);
+        figures_.limited_by = headroom.limited_by;
+        queued_.clear();
+        continue;
+      }
+      making_ = true;
+    }
+    absl::StatusOr<HostMappedMemory> made = HostMappedMemory::Create(driver_, node_, device_, size);
+    MutexLock lock(&mu_);
+    making_ = false;
+    changed_.SignalAll();
+    if (!made.ok()) {
+      Log().warn("device {}: host memory for paused contents: making {} bytes in the background: "
+                 "{}; the next pause keeps them in other host memory",
+                 device_, queued_size_bytes(), made.status().ToString());
+      queued_.clear();
+      continue;
+    }
+    auto it = queued_.find(size);
+    if (it == queued_.end() || in_fork_child_) continue;  // Trim or Release meanwhile: released
+    queued_.erase(it);
+    figures_.background_bytes += size;
+    KeepLocked(*std::move(made));
+  }
 }
 
 void HostMappedPool::TrimWhenIdle() {
@@ -176,6 +245,7 @@ size_t HostMappedPool::Trim() {
   size_t released;
   {
     MutexLock lock(&mu_);
+    queued_.clear();
     going = std::move(kept_);
     kept_.clear();
     released = kept_bytes_;
@@ -186,6 +256,13 @@ size_t HostMappedPool::Trim() {
 }
 
 size_t HostMappedPool::Release() {
+  {
+    // What is being made goes too: released by the maker, as the queue is
+    // empty when it is done.
+    MutexLock lock(&mu_);
+    queued_.clear();
+    while (making_) changed_.Wait(&mu_);
+  }
   size_t released = Trim();
   HostMappedMemory scratch;
   {
@@ -247,6 +324,7 @@ HostMappedPool::Stats HostMappedPool::stats() const {
   s.in_use_bytes = in_use_bytes_;
   s.scratch_bytes = scratch_.size();
   s.scratch_views = scratch_views_;
+  s.queued_bytes = queued_size_bytes();
   return s;
 }
 
@@ -257,6 +335,7 @@ void HostMappedPool::ScratchViewUnmapped() {
 
 void HostMappedPool::AfterForkChild() {
   new (&trimmer_) std::thread();
+  new (&maker_) std::thread();
   new (&mu_) Mutex;
   new (&changed_) CondVar;
   // The parent's handles are not the child's: forgotten, never released.
@@ -264,6 +343,8 @@ void HostMappedPool::AfterForkChild() {
   kept_.clear();
   scratch_.Forget();
   scratch_views_ = 0;
+  queued_.clear();
+  making_ = false;
   kept_bytes_ = 0;
   in_use_bytes_ = 0;
   in_fork_child_ = true;  // what the child's paused blocks give back is the parent's too

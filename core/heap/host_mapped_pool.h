@@ -48,12 +48,14 @@
 #include <chrono>
 #include <cstddef>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "core/base/host_memory.h"
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
 #include "core/driver/vmm_mapping.h"
@@ -99,6 +101,10 @@ class HostMappedPool {
     double idle_seconds = 300;
     // Threads that make host memory at a pause (the copy threads' number).
     int threads = 1;
+    // VMMSHIM_HOST_POOL_MAKE=background: a Take makes nothing on the
+    // pause's path; what it lacks is made by one thread of the pool's in
+    // the background and kept, for the next pause of those sizes.
+    bool make_in_background = false;
   };
   // `driver` must outlive the pool.
   HostMappedPool(const DriverApi& driver, int device, HostNode node, Options options);
@@ -113,7 +119,9 @@ class HostMappedPool {
   // rest made now by up to Options::threads threads (kept memory of other
   // sizes is released first when the host's headroom would not hold what
   // is to be made). An entry the driver refused holds its error
-  // (CUDA_ERROR_OUT_OF_MEMORY: host memory).
+  // (CUDA_ERROR_OUT_OF_MEMORY: host memory). With make_in_background, the
+  // rest is queued instead (once per size missing, counting what is
+  // queued already) and its entries hold kUnavailable.
   std::vector<absl::StatusOr<HostMappedMemory>> Take(const std::vector<size_t>& sizes);
   // Memory Take returned, kept for the next pause within the limits above.
   void Give(HostMappedMemory memory);
@@ -126,10 +134,14 @@ class HostMappedPool {
   absl::StatusOr<ViewMapping> MapView(CUdeviceptr va, size_t size,
                                       const HostMappedMemory* contents, DeviceSet access);
 
-  // Every kept allocation released now; the bytes released.
+  // Every kept allocation released now, and nothing more made in the
+  // background for what was queued; the bytes released.
   size_t Trim();
-  // Trim, and the scratch too (a view still mapping it keeps its memory
-  // until it is unmapped: guide 4.16.3); the bytes released. Teardown.
+  // Trim after the memory being made in the background is done (and
+  // released), and the scratch too (a view still mapping it keeps its
+  // memory until it is unmapped: guide 4.16.3); the bytes released.
+  // Teardown, and a deep sleep's checkpoint (Note [The driver's checkpoint
+  // and host VMM memory]).
   size_t Release();
 
   struct Stats {
@@ -141,6 +153,8 @@ class HostMappedPool {
     double make_seconds = 0;    // the time those pauses spent making it
     size_t reused_bytes = 0;    // taken from what was kept
     size_t trimmed_bytes = 0;   // released idle or over the limit
+    size_t background_bytes = 0;  // made in the background (make_in_background), over its life
+    size_t queued_bytes = 0;      // to be made in the background now
     std::string limited_by;     // the limit that last cut what is kept ("" none)
   };
   Stats stats() const;
@@ -161,6 +175,20 @@ class HostMappedPool {
 
   // Waits for the idle deadline and trims; ends at destruction.
   void TrimWhenIdle();
+  // make_in_background: makes what Take queued, one allocation at a time,
+  // within the limits Give keeps to; ends at destruction.
+  void MakeQueued();
+  // `memory` kept for the next pause when the limits above allow, else
+  // released (logged once).
+  void KeepLocked(HostMappedMemory memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `size` more bytes held by the pool stay within its limit.
+  bool FitsLocked(size_t size, HostMemoryHeadroom* headroom) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t queued_size_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t sum = 0;
+    for (size_t size : queued_) sum += size;
+    return sum;
+  }
 
   const DriverApi& driver_;
   const int device_;
@@ -178,6 +206,9 @@ class HostMappedPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool in_fork_child_ ABSL_GUARDED_BY(mu_) = false;
   std::thread trimmer_;  // started at the first Give when idle_seconds > 0
+  std::multiset<size_t> queued_ ABSL_GUARDED_BY(mu_);  // sizes to make in the background
+  bool making_ ABSL_GUARDED_BY(mu_) = false;  // the maker is making one (outside the lock)
+  std::thread maker_;  // started at the first queued size
 };
 
 // The pools of every device, made on first use (HostMappedPools::For); what

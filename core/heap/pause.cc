@@ -98,7 +98,8 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       ring_(driver),
       pool_(driver),
       host_pools_(driver, HostMappedPool::Options{paused_access.host_pool_idle_seconds,
-                                                  copy_threads}) {}
+                                                  copy_threads,
+                                                  paused_access.host_memory_in_background}) {}
 
 void PauseCoordinator::AddParticipant(PauseParticipant* participant) {
   MutexLock lock(&mu_);

@@ -102,6 +102,8 @@ struct PausedAccessOptions {
   // faults.
   bool addressable = true;
   double host_pool_idle_seconds = 300;
+  // VMMSHIM_HOST_POOL_MAKE=background (HostMappedPool::Options).
+  bool host_memory_in_background = false;
 };
 
 class PauseCoordinator : public HeapTable::Listener {

@@ -123,6 +123,8 @@ std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver)
                     {"make_seconds", s.make_seconds},
                     {"reused_bytes", s.reused_bytes},
                     {"released_bytes", s.trimmed_bytes},
+                    {"made_in_background_bytes", s.background_bytes},
+                    {"queued_bytes", s.queued_bytes},
                     {"sized_by", s.limited_by.empty() ? "what the process paused last"
                                                       : "cut by " + s.limited_by}});
   }

@@ -35,11 +35,13 @@
 //     (a deep sleep gives the pinning back, and copies take it again);
 //   host_memory_for_pauses: [{device, kept_bytes, in_use_bytes,
 //     scratch_bytes, made_bytes, make_seconds, reused_bytes, released_bytes,
-//     sized_by}]: the pinned host memory paused memory stays addressable
-//     through (core/heap/host_mapped_pool.h): kept for the next pause, holding
-//     paused contents now, the scratch over dropped contents; made by pauses
-//     so far (and the seconds they spent), taken again, released idle or over
-//     the limit; and what sized it.
+//     made_in_background_bytes, queued_bytes, sized_by}]: the pinned host
+//     memory paused memory stays addressable through
+//     (core/heap/host_mapped_pool.h): kept for the next pause, holding paused
+//     contents now, the scratch over dropped contents; made by pauses so far
+//     (and the seconds they spent), taken again, released idle or over the
+//     limit; made in the background (VMMSHIM_HOST_POOL_MAKE=background) and
+//     still to be made there; and what sized it.
 //
 // Thread safety: any thread; the figures are a snapshot per arena, not one
 // instant across the process. Driver calls: only with a driver table (below);

@@ -4,6 +4,7 @@
 // made while paused kept by the resume, scratch memory over dropped
 // contents, peers' access, the host memory kept for the next pause and its
 // limits, and VMMSHIM_PAUSED_ACCESS=fault.
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -298,6 +299,84 @@ TEST_F(AddressablePauseTest, AFailedResumeMapsTheViewsAgain) {
   EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
   EXPECT_TRUE(Holds(second, 8 * kMiB, 3));
   for (CUdeviceptr p : {first, second, dropped}) ASSERT_TRUE(a.Free(p).ok());
+}
+
+// VMMSHIM_HOST_POOL_MAKE=background: a pause makes no host memory on its
+// path; what it lacks is kept as fault mode keeps it (an access faults)
+// while the pool makes host memory for it in the background, and the next
+// pause of the same set takes that memory and stays addressable.
+TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
+  {
+    AllocatorOptions options;
+    options.host_memory_in_background = true;
+    ShimCore shim(api_, options);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+    Fill(kv, 8 * kMiB, 1);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    char c;
+    EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // no view this time
+    EXPECT_EQ(PoolStats(shim, 0).made_bytes, 0u);             // nothing made on the path
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (PoolStats(shim, 0).kept_bytes < 8 * kMiB &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
+    EXPECT_EQ(PoolStats(shim, 0).background_bytes, 8 * kMiB);
+    EXPECT_EQ(PoolStats(shim, 0).queued_bytes, 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    Fill(kv, 8 * kMiB, 2);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 2));  // through its view now
+    EXPECT_EQ(PoolStats(shim, 0).reused_bytes, 8 * kMiB);
+    EXPECT_EQ(PoolStats(shim, 0).made_bytes, 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 2));
+    ASSERT_TRUE(a.Free(kv).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// Host memory being made in the background when a deep sleep releases the
+// pools' memory for the driver's checkpoint: the release waits for it and
+// releases it too, and nothing queued is made afterwards (Note [The
+// driver's checkpoint and host VMM memory]).
+TEST_F(AddressablePauseTest, TheCheckpointsReleaseWaitsForHostMemoryBeingMade) {
+  {
+    AllocatorOptions options;
+    options.host_memory_in_background = true;
+    ShimCore shim(api_, options);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
+    const CUdeviceptr second = Alloc(a, 4 * kMiB, "kv");
+    Fill(first, 8 * kMiB, 1);
+    sim::HoldCalls("cuMemCreate");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(sim::WaitForHeldCall(5000));  // the pool's thread is making one
+    std::atomic<bool> done{false};
+    absl::StatusOr<size_t> released;
+    std::thread releaser([&] {
+      released = shim.pause().ReleaseHostMemoryForCheckpoint();
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(done.load());
+    sim::ReleaseHeldCalls();
+    releaser.join();
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+    EXPECT_EQ(PoolStats(shim, 0).queued_bytes, 0u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(sim::GetUsage().host_handles, 0u);  // nothing made after
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
+    for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
 }
 
 // A resume starts each block's copy back as soon as its device memory is

@@ -88,6 +88,17 @@ TEST(ConfigTest, MalformedValueGetsOneLineNamingVariableValueAndAccepted) {
   EXPECT_EQ(Parse({{"VMMSHIM_LOG_FILE", ""}}).problems.size(), 1u);
 }
 
+TEST(ConfigTest, WhereTheHostMemoryForPausesIsMade) {
+  EXPECT_FALSE(Parse({}).config.host_memory_in_background);
+  EXPECT_TRUE(Parse({{"VMMSHIM_HOST_POOL_MAKE", " Background"}}).config.host_memory_in_background);
+  EXPECT_FALSE(Parse({{"VMMSHIM_HOST_POOL_MAKE", "pause"}}).config.host_memory_in_background);
+  ParseResult r = Parse({{"VMMSHIM_HOST_POOL_MAKE", "later"}});
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_NE(r.problems[0].find("VMMSHIM_HOST_POOL_MAKE"), std::string::npos);
+  EXPECT_NE(r.problems[0].find("pause, background"), std::string::npos);
+  EXPECT_FALSE(r.config.host_memory_in_background);
+}
+
 TEST(ConfigTest, UnknownVariableIsReported) {
   ParseResult r = Parse({{"VMMSHIM_ENABEL", "0"}});
   ASSERT_EQ(r.problems.size(), 1u);
