@@ -1,7 +1,9 @@
 """How fast a pause and resume with contents move a PyTorch process's memory
 to host memory and back, under vmmshim's settings (CONFIGS: host, paused
 memory stays addressable in host VMM memory kept for the next pause,
-core/heap/host_mapped_pool.h; fault, nothing mapped and copies through
+core/heap/host_mapped_pool.h; host-background, the same with that memory made
+in the background instead of on the first pause's path (the cycles wait, untimed,
+until it is made); fault, nothing mapped and copies through
 pageable memory, or through the pinned pool with VMMSHIM_PINNED_POOL),
 beside the copy engine's own speed for the same bytes
 through page-locked memory made beforehand (the "native" column: what no
@@ -39,7 +41,10 @@ import time
 WORKLOADS = {"tensor": "", "mixed": "", "mixed-async": "backend:cudaMallocAsync",
              "mixed-expandable": "expandable_segments:True"}
 # The shim's settings compared (POOL: VMMSHIM_PINNED_POOL of --pool-gib).
-CONFIGS = {"host": {"VMMSHIM_PAUSED_ACCESS": "host"}, "fault": {"VMMSHIM_PAUSED_ACCESS": "fault"},
+CONFIGS = {"host": {"VMMSHIM_PAUSED_ACCESS": "host"},
+           "host-background": {"VMMSHIM_PAUSED_ACCESS": "host",
+                               "VMMSHIM_HOST_POOL_MAKE": "background"},
+           "fault": {"VMMSHIM_PAUSED_ACCESS": "fault"},
            "fault-pool": {"VMMSHIM_PAUSED_ACCESS": "fault", "VMMSHIM_PINNED_POOL": "POOL"}}
 
 
@@ -121,11 +126,23 @@ def child(workload, gib, cycles):
     native = (timed(out), timed(back))
     del buffer
     torch.cuda.empty_cache()
+    def settle():
+        """Waits (at most 60 s, not timed) until no host memory is being made
+        in the background (VMMSHIM_HOST_POOL_MAKE=background): a program's
+        next pause comes after a step's work, seconds later."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pools = (vmmshim.residency() or {}).get("host_memory_for_pauses", [])
+            if not any(p.get("queued_bytes", 0) for p in pools):
+                return
+            time.sleep(0.05)
+
     times = []
     for _ in range(cycles):
         p = timed(lambda: vmmshim.pause())
         r = timed(lambda: vmmshim.resume())
         times.append((p, r))
+        settle()
     intact = [float(t.float().sum()) for t in tensors] == sums
     first = times[0]
     later = times[1:] or times

@@ -11,8 +11,9 @@
 #   3. the driver's checkpoint of a process holding host VMM memory, beside none and a
 #      cuMemHostRegister'ed pool (tools/gpu/checkpoint_host_memory.py);
 #   4. bench/pause_bandwidth.py: a trainer's 16 GiB (GIB) in PyTorch's three allocator
-#      modes, VMMSHIM_PAUSED_ACCESS=host (addressable) against fault, ROUNDS
-#      rounds of 3 cycles each (the first cycle apart);
+#      modes, VMMSHIM_PAUSED_ACCESS=host (addressable; its host memory made by the first
+#      pause, or with VMMSHIM_HOST_POOL_MAKE=background after it) against fault (CONFIGS),
+#      ROUNDS rounds of 3 cycles each (the first cycle apart);
 #   5. a deep sleep after host-mode pauses (tests/gpu/sleep_after_paused_access.py: a
 #      tag paused with contents is refused; the scratch a dropped pause kept is released
 #      and the process wakes; no pause before).
@@ -45,10 +46,10 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
       --ways none,register,vmm_host 2>&1; echo "rc=$?"
   fi
   if step 4; then
-    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs host,fault"
+    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs ${CONFIGS:-host,host-background,fault}"
     timeout 560 python3 "$root/bench/pause_bandwidth.py" --shim "$shim" --rounds "$rounds" \
       --cycles 3 --gib "${GIB:-16}" --workloads mixed,mixed-async,mixed-expandable \
-      --configs host,fault 2>&1; echo "rc=$?"
+      --configs ${CONFIGS:-host,host-background,fault} 2>&1; echo "rc=$?"
   fi
   if step 5; then
     for mode in kept dropped none; do
