@@ -26,8 +26,9 @@ HostMappedPool::~HostMappedPool() {
     stopping_ = true;
     changed_.SignalAll();
   }
-  if (trimmer_.joinable()) trimmer_.join();
+  // The maker first: what it keeps meanwhile starts no trimmer (stopping_).
   if (maker_.joinable()) maker_.join();
+  if (trimmer_.joinable()) trimmer_.join();
 }
 
 std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
@@ -68,11 +69,12 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
       }
     }
     if (options_.make_in_background && !missing.empty()) {
-      // Queued once per size missing: what is queued already counts.
+      // Queued once per size missing: what is queued already counts. A
+      // fork's child has no maker: nothing is queued there.
       std::map<size_t, size_t> wanted;
       for (size_t i : missing) ++wanted[sizes[i]];
       for (const auto& [size, n] : wanted) {
-        for (size_t q = queued_.count(size); q < n; ++q) queued_.insert(size);
+        for (size_t q = queued_.count(size); q < n && !in_fork_child_; ++q) queued_.insert(size);
       }
       for (size_t i : missing) {
         out[i] = absl::UnavailableError("host memory for paused contents is being made in the "
@@ -159,7 +161,7 @@ void HostMappedPool::KeepLocked(HostMappedMemory memory) {
   }
   kept_bytes_ += size;
   kept_.emplace(size, std::move(memory));
-  if (options_.idle_seconds > 0 && !trimmer_.joinable() && !stopping_) {
+  if (options_.idle_seconds > 0 && !stopping_ && !trimmer_.joinable()) {
     try {
       trimmer_ = std::thread([this] { TrimWhenIdle(); });
     } catch (const std::system_error&) {
@@ -179,10 +181,13 @@ void HostMappedPool::MakeQueued() {
       size = *queued_.begin();
       HostMemoryHeadroom headroom;
       if (!FitsLocked(size, &headroom)) {
-        Log().info("device {}: host memory for paused contents: {} bytes not made in the "
-                   "background: the pool would hold {} bytes with {} left ({})",
-                   device_, queued_size_bytes(), kept_bytes_ + in_use_bytes_ + size,
-                   headroom.bytes, headroom.limited_by);
+        if (!background_logged_) {
+          Log().info("device {}: host memory for paused contents: {} bytes not made in the "
+                     "background: the pool would hold {} bytes with {} left ({})",
+                     device_, queued_size_bytes(), kept_bytes_ + in_use_bytes_ + size,
+                     headroom.bytes, headroom.limited_by);
+          background_logged_ = true;
+        }
         figures_.limited_by = headroom.limited_by;
         queued_.clear();
         continue;
@@ -190,21 +195,33 @@ void HostMappedPool::MakeQueued() {
       making_ = true;
     }
     absl::StatusOr<HostMappedMemory> made = HostMappedMemory::Create(driver_, node_, device_, size);
+    HostMappedMemory unwanted;  // Trim, Release or the destructor came meanwhile
+    {
+      MutexLock lock(&mu_);
+      auto it = queued_.find(size);
+      if (!made.ok()) {
+        if (!background_logged_) {
+          Log().warn("device {}: host memory for paused contents: making {} bytes in the "
+                     "background: {}; pauses keep those contents in other host memory",
+                     device_, queued_size_bytes(), made.status().ToString());
+          background_logged_ = true;
+        }
+        queued_.clear();
+      } else if (it != queued_.end() && !stopping_) {
+        queued_.erase(it);
+        figures_.background_bytes += size;
+        KeepLocked(*std::move(made));
+      } else {
+        unwanted = *std::move(made);
+      }
+    }
+    // Released outside the lock, and before making_ clears: a Release
+    // waiting for it finds no host memory left (Note [The driver's
+    // checkpoint and host VMM memory]).
+    { HostMappedMemory going = std::move(unwanted); }
     MutexLock lock(&mu_);
     making_ = false;
     changed_.SignalAll();
-    if (!made.ok()) {
-      Log().warn("device {}: host memory for paused contents: making {} bytes in the background: "
-                 "{}; the next pause keeps them in other host memory",
-                 device_, queued_size_bytes(), made.status().ToString());
-      queued_.clear();
-      continue;
-    }
-    auto it = queued_.find(size);
-    if (it == queued_.end() || in_fork_child_) continue;  // Trim or Release meanwhile: released
-    queued_.erase(it);
-    figures_.background_bytes += size;
-    KeepLocked(*std::move(made));
   }
 }
 

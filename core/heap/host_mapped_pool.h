@@ -136,13 +136,13 @@ class HostMappedPool {
 
   // Every kept allocation released now, and nothing more made in the
   // background for what was queued; the bytes released.
-  size_t Trim();
+  size_t Trim() ABSL_LOCKS_EXCLUDED(mu_);
   // Trim after the memory being made in the background is done (and
   // released), and the scratch too (a view still mapping it keeps its
   // memory until it is unmapped: guide 4.16.3); the bytes released.
   // Teardown, and a deep sleep's checkpoint (Note [The driver's checkpoint
   // and host VMM memory]).
-  size_t Release();
+  size_t Release() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
     size_t kept_bytes = 0;      // held for the next pause
@@ -174,10 +174,10 @@ class HostMappedPool {
   absl::StatusOr<size_t> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
 
   // Waits for the idle deadline and trims; ends at destruction.
-  void TrimWhenIdle();
+  void TrimWhenIdle() ABSL_LOCKS_EXCLUDED(mu_);
   // make_in_background: makes what Take queued, one allocation at a time,
   // within the limits Give keeps to; ends at destruction.
-  void MakeQueued();
+  void MakeQueued() ABSL_LOCKS_EXCLUDED(mu_);
   // `memory` kept for the next pause when the limits above allow, else
   // released (logged once).
   void KeepLocked(HostMappedMemory memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -195,7 +195,7 @@ class HostMappedPool {
   const HostNode node_;
   const Options options_;
   mutable Mutex mu_;
-  CondVar changed_;  // a Take, a Give or the destructor
+  CondVar changed_;  // a Take, a Give, the maker's progress or the destructor
   std::multimap<size_t, HostMappedMemory> kept_ ABSL_GUARDED_BY(mu_);
   size_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -208,6 +208,7 @@ class HostMappedPool {
   std::thread trimmer_;  // started at the first Give when idle_seconds > 0
   std::multiset<size_t> queued_ ABSL_GUARDED_BY(mu_);  // sizes to make in the background
   bool making_ ABSL_GUARDED_BY(mu_) = false;  // the maker is making one (outside the lock)
+  bool background_logged_ ABSL_GUARDED_BY(mu_) = false;  // a refusal logged once
   std::thread maker_;  // started at the first queued size
 };
 
