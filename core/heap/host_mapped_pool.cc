@@ -56,7 +56,7 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
     size_t to_make = 0;
     for (size_t i : missing) to_make += sizes[i];
     if (to_make > 0 && !kept_.empty()) {
-      const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
+      const HostMemoryHeadroom headroom = HostMemoryHeadroomUnder(options_.headroom_root);
       if (headroom.bytes != SIZE_MAX && to_make > headroom.bytes) {
         Log().info("device {}: {} bytes of host memory kept for paused contents of other sizes "
                    "released: {} bytes are to be made and {} are left ({})",
@@ -140,7 +140,7 @@ void HostMappedPool::Give(HostMappedMemory memory) {
 bool HostMappedPool::FitsLocked(size_t size, HostMemoryHeadroom* headroom) const {
   // Kept only while the pool holds at most 3/4 of what it holds plus what
   // the host has left: page-locked memory is never reclaimed.
-  *headroom = HostMemoryHeadroomNow();
+  *headroom = HostMemoryHeadroomUnder(options_.headroom_root);
   const size_t held = kept_bytes_ + in_use_bytes_ + size;
   return headroom->bytes == SIZE_MAX || held / 3 <= headroom->bytes;
 }

@@ -105,6 +105,9 @@ class HostMappedPool {
     // pause's path; what it lacks is made by one thread of the pool's in
     // the background and kept, for the next pause of those sizes.
     bool make_in_background = false;
+    // Where the host's headroom is read (HostMemoryHeadroomUnder): "" is
+    // this machine; tests plant a /proc and a /sys/fs/cgroup of their own.
+    std::string headroom_root;
   };
   // `driver` must outlive the pool.
   HostMappedPool(const DriverApi& driver, int device, HostNode node, Options options);

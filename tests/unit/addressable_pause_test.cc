@@ -4,8 +4,12 @@
 // made while paused kept by the resume, scratch memory over dropped
 // contents, peers' access, the host memory kept for the next pause and its
 // limits, and VMMSHIM_PAUSED_ACCESS=fault.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -567,28 +571,35 @@ TEST_F(AddressablePauseTest, CopiesWithoutAStreamAreWaitedFor) {
 
 // Kept memory of other sizes gives way when what a pause must make would
 // not fit beside it in the host's headroom (the simulated driver refuses
-// the large request, so nothing that large is made).
+// the large request, so nothing that large is made). The headroom is a
+// planted /proc/meminfo: the machine's own changes while the test runs.
 TEST_F(AddressablePauseTest, KeptMemoryOfOtherSizesGivesWayWhenTheHostIsShort) {
-  const HostMemoryHeadroom headroom = HostMemoryHeadroomNow();
-  if (headroom.bytes == SIZE_MAX) GTEST_SKIP() << "no host memory figure on this machine";
+  const std::string root = ::testing::TempDir() + "/host_short_" + std::to_string(getpid());
+  std::filesystem::create_directories(root + "/proc");
+  std::ofstream(root + "/proc/meminfo") << "MemTotal: 2097152 kB\nMemAvailable: 1048576 kB\n";
+  const size_t headroom = size_t{1} << 30;
   sim::SimOptions o;
   o.host_memory = 4 * kMiB;
   Start(o);
   const HostNode node = HostNode::Query(api_, 0);
   ASSERT_TRUE(node.supported);
-  HostMappedPool pool(api_, 0, node, HostMappedPool::Options{0, 1});
+  HostMappedPool::Options options{0, 1};
+  options.headroom_root = root;
+  HostMappedPool pool(api_, 0, node, options);
   std::vector<absl::StatusOr<HostMappedMemory>> small = pool.Take({2 * kMiB});
   ASSERT_TRUE(small[0].ok()) << small[0].status();
   pool.Give(*std::move(small[0]));
   ASSERT_EQ(pool.stats().kept_bytes, 2 * kMiB);
   // Larger than the headroom: the kept 2 MiB go first, then the driver refuses.
-  const size_t huge = (headroom.bytes / node.granularity + 1) * node.granularity;
+  const size_t huge = (headroom / node.granularity + 1) * node.granularity;
   std::vector<absl::StatusOr<HostMappedMemory>> big = pool.Take({huge});
   EXPECT_EQ(ToCuResult(big[0].status()), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(pool.stats().kept_bytes, 0u);
   EXPECT_EQ(pool.stats().trimmed_bytes, 2 * kMiB);
-  EXPECT_FALSE(pool.stats().limited_by.empty());
+  EXPECT_NE(pool.stats().limited_by.find("MemAvailable"), std::string::npos)
+      << pool.stats().limited_by;
   EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
