@@ -15,6 +15,15 @@
 namespace vmmshim {
 namespace {
 
+HostMappedPool::Options HostPoolOptions(const PausedAccessOptions& paused_access,
+                                        int copy_threads) {
+  HostMappedPool::Options o;
+  o.idle_seconds = paused_access.host_pool_idle_seconds;
+  o.threads = copy_threads;
+  o.make_in_background = paused_access.host_memory_in_background;
+  return o;
+}
+
 // Runs `step` on every arena, even after a failure; the sum of the sizes or
 // the first error (commits: every arena must be tried).
 // Each memory's `step`, all of them tried; the sum, or the first error.
@@ -97,9 +106,7 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       addressable_(paused_access.addressable),
       ring_(driver),
       pool_(driver),
-      host_pools_(driver, HostMappedPool::Options{paused_access.host_pool_idle_seconds,
-                                                  copy_threads,
-                                                  paused_access.host_memory_in_background}) {}
+      host_pools_(driver, HostPoolOptions(paused_access, copy_threads)) {}
 
 void PauseCoordinator::AddParticipant(PauseParticipant* participant) {
   MutexLock lock(&mu_);

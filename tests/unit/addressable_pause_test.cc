@@ -583,7 +583,8 @@ TEST_F(AddressablePauseTest, KeptMemoryOfOtherSizesGivesWayWhenTheHostIsShort) {
   Start(o);
   const HostNode node = HostNode::Query(api_, 0);
   ASSERT_TRUE(node.supported);
-  HostMappedPool::Options options{0, 1};
+  HostMappedPool::Options options;
+  options.idle_seconds = 0;
   options.headroom_root = root;
   HostMappedPool pool(api_, 0, node, options);
   std::vector<absl::StatusOr<HostMappedMemory>> small = pool.Take({2 * kMiB});
