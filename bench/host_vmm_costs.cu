@@ -25,6 +25,11 @@
 //                    the host location (result: words checked wrong)
 //   map_access       the host chunks mapped at VA again and given the
 //                    device's access, each chunk by one of `threads` threads
+//   remap_beside_copy  device memory at VA swapped for the host chunks (as
+//                    `remap`) while a copy of SIZE from other device memory
+//                    runs on the copy engine (result: whether the copy was
+//                    still running when the swap returned, and its seconds):
+//                    whether a pause can map block k while block k+1 copies
 //   scratch_map      one granule of host memory mapped over SIZE (one
 //                    cuMemMap per granule) and one cuMemSetAccess
 //   scratch_write    a kernel writing every word of that range (result)
@@ -266,6 +271,42 @@ int main(int argc, char** argv) {
     }
     for (auto& th : pool) th.join();
     Row("map_access", threads, bytes, Since(start), "ok");
+  }
+
+  // The swap beside a copy: device memory at VA again, a copy of SIZE from
+  // other device memory started, then the swap timed. Were the swap to
+  // wait for the copy engine, it would return after the copy.
+  {
+    CUdeviceptr other;
+    CUmemGenericAllocationHandle other_handle;
+    Check(cuMemAddressReserve(&other, bytes, 0, 0, 0), "reserve (copy source)");
+    Check(cuMemCreate(&other_handle, bytes, &dprop, 0), "cuMemCreate (copy source)");
+    Check(cuMemMap(other, bytes, 0, other_handle, 0), "map (copy source)");
+    Check(cuMemSetAccess(other, bytes, &device_rw, 1), "access (copy source)");
+    for (int round = 0; round < 3; ++round) {
+      Check(cuMemUnmap(va, bytes), "unmap (host at va)");
+      Check(cuMemMap(va, bytes, 0, device_handle, 0), "map (device again)");
+      Check(cuMemSetAccess(va, bytes, &device_rw, 1), "access (device again)");
+      Check(cuCtxSynchronize(), "idle");
+      const auto copy_start = Clock::now();
+      Check(cuMemcpyAsync(host_va, other, bytes, stream), "copy beside the swap");
+      const auto swap_start = Clock::now();
+      Check(cuMemUnmap(va, bytes), "unmap (device, beside a copy)");
+      for (size_t k = 0; k < chunks; ++k) {
+        Check(cuMemMap(va + k * chunk, chunk, 0, handles[k], 0), "map (host, beside a copy)");
+      }
+      Check(cuMemSetAccess(va, bytes, &device_rw, 1), "access (host, beside a copy)");
+      const double swap = Since(swap_start);
+      const CUresult running = cuStreamQuery(stream);
+      Check(cuStreamSynchronize(stream), "copy beside the swap (sync)");
+      const double copy = Since(copy_start);
+      Row("remap_beside_copy", 0, bytes, swap,
+          std::string("copy_still_running=") + (running == CUDA_ERROR_NOT_READY ? "yes" : "no") +
+              " copy_s=" + std::to_string(copy));
+    }
+    Check(cuMemUnmap(other, bytes), "unmap (copy source)");
+    Check(cuMemRelease(other_handle), "release (copy source)");
+    Check(cuMemAddressFree(other, bytes), "free (copy source)");
   }
 
   // Back to device memory, then a scratch granule over the whole range.
