@@ -281,35 +281,73 @@ size_t HostMappedPool::Release() {
     while (making_) changed_.Wait(&mu_);
   }
   size_t released = Trim();
-  HostMappedMemory scratch;
+  HostMappedMemory scratch, large_scratch;
   {
     MutexLock lock(&mu_);
-    released += scratch_.size();
+    released += scratch_.size() + large_scratch_.size();
     scratch = std::move(scratch_);  // released outside the lock
+    large_scratch = std::move(large_scratch_);
   }
   return released;
 }
 
-absl::StatusOr<size_t> HostMappedPool::MapScratch(CUdeviceptr va, size_t size, DeviceSet access) {
+absl::Status HostMappedPool::MakeScratchLocked(HostMappedMemory* memory, size_t size) {
+  if (!memory->empty()) return absl::OkStatus();
+  absl::StatusOr<HostMappedMemory> made = HostMappedMemory::Create(driver_, node_, device_, size);
+  if (!made.ok()) return made.status();
+  *memory = *std::move(made);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ViewMapping> HostMappedPool::MapScratch(CUdeviceptr va, size_t size,
+                                                       DeviceSet access) {
   MutexLock lock(&mu_);
-  if (scratch_.empty()) {
-    absl::StatusOr<HostMappedMemory> made =
-        HostMappedMemory::Create(driver_, node_, device_, node_.granularity);
-    if (!made.ok()) return made.status();
-    scratch_ = *std::move(made);
+  const size_t granule = node_.granularity;
+  const size_t large = (kLargeScratchBytes + granule - 1) / granule * granule;
+  ViewMapping view{PausedView::kScratch, granule, 0, 0, 0, this};
+  // The large handle where it covers something, else (the host short of
+  // 64 MiB) granules throughout.
+  if (size >= large && MakeScratchLocked(&large_scratch_, large).ok()) {
+    view.head_bytes = size / large * large;
+    view.head_piece = large;
+  }
+  if (view.head_bytes < size) {
+    if (absl::Status s = MakeScratchLocked(&scratch_, granule); !s.ok()) return s;
   }
   const VmmMapper mapper(driver_);
-  if (absl::Status s = mapper.MapRepeated(va, size, scratch_.handle(), scratch_.size(), access);
-      !s.ok()) {
-    return s;
+  if (view.head_bytes > 0) {
+    if (absl::Status s = mapper.MapRepeated(va, view.head_bytes, large_scratch_.handle(),
+                                            view.head_piece, access);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (view.head_bytes < size) {
+    if (absl::Status s = mapper.MapRepeated(va + view.head_bytes, size - view.head_bytes,
+                                            scratch_.handle(), granule, access);
+        !s.ok()) {
+      size_t unmapped = 0;
+      mapper.UnmapRepeated(va, view.head_bytes, view.head_piece, &unmapped).IgnoreError();
+      return s;
+    }
   }
   ++scratch_views_;
-  return scratch_.size();
+  return view;
 }
 
 absl::Status ViewMapping::Unmap(const VmmMapper& mapper, CUdeviceptr va, size_t size) {
   if (!mapped()) return absl::OkStatus();
-  if (absl::Status s = mapper.UnmapRepeated(va, size, piece, &unmapped); !s.ok()) return s;
+  // The head (when any) first, then the rest, each in one call where the
+  // driver takes it (UnmapRepeated); `unmapped` counts from `va`.
+  if (unmapped < head_bytes) {
+    if (absl::Status s = mapper.UnmapRepeated(va, head_bytes, head_piece, &unmapped); !s.ok()) {
+      return s;
+    }
+  }
+  size_t tail_unmapped = unmapped - head_bytes;
+  absl::Status s = mapper.UnmapRepeated(va + head_bytes, size - head_bytes, piece, &tail_unmapped);
+  unmapped = head_bytes + tail_unmapped;
+  if (!s.ok()) return s;
   if (scratch_of != nullptr) scratch_of->ScratchViewUnmapped();
   *this = ViewMapping();
   return absl::OkStatus();
@@ -323,11 +361,11 @@ absl::StatusOr<ViewMapping> HostMappedPool::MapView(CUdeviceptr va, size_t size,
   for (DeviceSet grant : {access | owner, owner}) {
     if (contents != nullptr) {
       status = VmmMapper(driver_).MapWithAccess(va, size, contents->handle(), grant);
-      if (status.ok()) return ViewMapping{PausedView::kContents, size};
+      if (status.ok()) return ViewMapping{PausedView::kContents, size, 0, 0, 0, nullptr};
     } else {
-      absl::StatusOr<size_t> piece = MapScratch(va, size, grant);
-      if (piece.ok()) return ViewMapping{PausedView::kScratch, *piece, 0, this};
-      status = piece.status();
+      absl::StatusOr<ViewMapping> view = MapScratch(va, size, grant);
+      if (view.ok()) return *view;
+      status = view.status();
     }
     if (grant == owner) break;  // a peer's access was not the reason
   }
@@ -339,7 +377,7 @@ HostMappedPool::Stats HostMappedPool::stats() const {
   Stats s = figures_;
   s.kept_bytes = kept_bytes_;
   s.in_use_bytes = in_use_bytes_;
-  s.scratch_bytes = scratch_.size();
+  s.scratch_bytes = scratch_.size() + large_scratch_.size();
   s.scratch_views = scratch_views_;
   s.queued_bytes = queued_size_bytes();
   return s;
@@ -359,6 +397,7 @@ void HostMappedPool::AfterForkChild() {
   for (auto& [size, memory] : kept_) memory.Forget();
   kept_.clear();
   scratch_.Forget();
+  large_scratch_.Forget();
   scratch_views_ = 0;
   queued_.clear();
   making_ = false;

@@ -19,10 +19,16 @@
 // the limit. Kept memory unused for `idle_seconds` is released (a pool
 // trimmed so makes it again at the next pause).
 //
-// Dropped contents: a pause without contents maps one scratch granule of
-// host memory read-write over the whole range (virtual aliasing, guide
-// section 4.16.5.3), so that a stray access reads and writes undefined data
-// instead of faulting; the scratch is made once per pool and kept.
+// Dropped contents: a pause without contents maps scratch host memory
+// read-write over the whole range (virtual aliasing, guide section
+// 4.16.5.3), so that a stray access reads and writes undefined data instead
+// of faulting. The scratch is two handles made once per pool and kept: one
+// of kLargeScratchBytes, mapped again and again over the range's largest
+// multiple of it, and one granule over the rest (a handle is mapped whole:
+// host memory refuses a part of a handle, CUDA_ERROR_NOT_SUPPORTED on the
+// H100), so that a range takes one cuMemMap per 64 MiB rather than per
+// granule (each call costs tens of microseconds: docs/performance.md,
+// "Paused memory stays addressable").
 //
 // Note [The driver's checkpoint and host VMM memory]: on driver 580 (H100,
 // docs/data/addressable-pause-h100.log) the driver's process checkpoint of a
@@ -81,21 +87,28 @@ class HostMappedPool;
 
 struct ViewMapping {
   PausedView kind = PausedView::kNothing;
+  // The bytes each mapping covers: [0, head_bytes) in pieces of
+  // `head_piece`, the rest in pieces of `piece` (kContents: one piece).
   size_t piece = 0;
-  size_t unmapped = 0;
+  size_t head_bytes = 0;
+  size_t head_piece = 0;
+  size_t unmapped = 0;  // from the start, what a failed Unmap left done
   // kScratch: the pool whose scratch it maps, which counts such views until
   // they are unmapped (Stats::scratch_views).
   HostMappedPool* scratch_of = nullptr;
 
   bool mapped() const { return kind != PausedView::kNothing; }
-  // Unmaps it from [va, va + size) (VmmMapper::UnmapRepeated), resuming
-  // where a failed try stopped; empty (kNothing) on success. Nothing to do
-  // when not mapped.
+  // Unmaps it from [va, va + size): one cuMemUnmap, else piece by piece
+  // (VmmMapper::UnmapRepeated), resuming where a failed try stopped; empty
+  // (kNothing) on success. Nothing to do when not mapped.
   absl::Status Unmap(const VmmMapper& mapper, CUdeviceptr va, size_t size);
 };
 
 class HostMappedPool {
  public:
+  // The larger scratch handle (rounded up to the node's granularity).
+  static constexpr size_t kLargeScratchBytes = size_t{64} << 20;
+
   struct Options {
     // Kept memory unused this long is released; 0: kept until exit.
     double idle_seconds = 300;
@@ -150,7 +163,7 @@ class HostMappedPool {
   struct Stats {
     size_t kept_bytes = 0;      // held for the next pause
     size_t in_use_bytes = 0;    // taken: holding paused contents now
-    size_t scratch_bytes = 0;
+    size_t scratch_bytes = 0;   // both scratch handles, as made
     size_t scratch_views = 0;   // views mapping the scratch now (each holds it: guide 4.16.3)
     size_t made_bytes = 0;      // made at pauses, over the process's life
     double make_seconds = 0;    // the time those pauses spent making it
@@ -170,11 +183,15 @@ class HostMappedPool {
   friend class HostMappedPools;  // PrepareFork takes every pool's mutex
   friend struct ViewMapping;     // ScratchViewUnmapped
   void ScratchViewUnmapped() ABSL_LOCKS_EXCLUDED(mu_);
-  // The scratch granule mapped over [va, va + size) with read-write access
-  // for `access` (MapRepeated, core/driver/vmm_mapping.h); the scratch is
-  // made at the first call. Returns the bytes each mapping covers (what
-  // UnmapRepeated needs), or the driver's error (nothing mapped).
-  absl::StatusOr<size_t> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
+  // The scratch mapped over [va, va + size) with read-write access for
+  // `access` (MapRepeated, core/driver/vmm_mapping.h): the large handle over
+  // the largest multiple of its size, the granule over the rest; each is
+  // made at the first range that needs it. The view's layout, or the
+  // driver's error (nothing mapped).
+  absl::StatusOr<ViewMapping> MapScratch(CUdeviceptr va, size_t size, DeviceSet access);
+  // One scratch handle of `size`, made when `memory` is empty.
+  absl::Status MakeScratchLocked(HostMappedMemory* memory, size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Waits for the idle deadline and trims; ends at destruction.
   void TrimWhenIdle() ABSL_LOCKS_EXCLUDED(mu_);
@@ -202,7 +219,8 @@ class HostMappedPool {
   std::multimap<size_t, HostMappedMemory> kept_ ABSL_GUARDED_BY(mu_);
   size_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  HostMappedMemory scratch_ ABSL_GUARDED_BY(mu_);
+  HostMappedMemory scratch_ ABSL_GUARDED_BY(mu_);        // one granule
+  HostMappedMemory large_scratch_ ABSL_GUARDED_BY(mu_);  // kLargeScratchBytes
   size_t scratch_views_ ABSL_GUARDED_BY(mu_) = 0;
   Stats figures_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_use_ ABSL_GUARDED_BY(mu_);

@@ -132,13 +132,12 @@ size_t PauseCoordinator::ReleaseHostMemory() {
 absl::StatusOr<size_t> PauseCoordinator::ReleaseHostMemoryForCheckpoint() {
   size_t released = 0, taken = 0;
   for (HostMappedPool* pool : host_pools_.All()) {
+    const size_t scratch = pool->stats().scratch_bytes;
     released += pool->Release();
     const HostMappedPool::Stats s = pool->stats();
-    // A view of the scratch holds its granule after the pool let it go;
-    // nothing is kept or queued after a Release unless a pause came
-    // meanwhile.
-    taken += s.in_use_bytes + s.kept_bytes + s.queued_bytes +
-             (s.scratch_views > 0 ? pool->node().granularity : 0);
+    // A view of the scratch holds it after the pool let it go; nothing is
+    // kept or queued after a Release unless a pause came meanwhile.
+    taken += s.in_use_bytes + s.kept_bytes + s.queued_bytes + (s.scratch_views > 0 ? scratch : 0);
   }
   if (taken > 0) {
     return Reworded(DriverError(CUDA_ERROR_ILLEGAL_STATE, "sleep"),

@@ -101,20 +101,30 @@ TEST_F(AddressablePauseTest, AKernelReadsAndWritesKeptContentsWhilePausedAndTheR
 TEST_F(AddressablePauseTest, DroppedContentsMapScratchThatNeverFaultsAndHoldsNoDeviceMemory) {
   ShimCore shim(api_);
   Allocator& a = shim.allocator();
-  const CUdeviceptr kv = Alloc(a, 64 * kMiB, "kv");
-  Fill(kv, 64 * kMiB, 3);
+  const size_t size = 64 * kMiB + 6 * kMiB;
+  const CUdeviceptr kv = Alloc(a, size, "kv");
+  Fill(kv, size, 3);
+  sim::ResetCallCounts();
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false).ok());
   EXPECT_EQ(sim::GetUsage().handles, 0u);
-  // One granule of host memory stands for all 64 MiB.
-  EXPECT_EQ(sim::GetUsage().host_handle_bytes, 2 * kMiB);
-  EXPECT_EQ(PoolStats(shim, 0).scratch_bytes, 2 * kMiB);
-  std::vector<unsigned char> v(64 * kMiB);
+  // The large scratch handle over 64 MiB and one granule thrice over the
+  // rest stand for all of it: 66 MiB of host memory, four mappings (and
+  // each new handle's own, HostMappedMemory::Create).
+  EXPECT_EQ(sim::CallCount("cuMemMap"), 4u + 2u);
+  EXPECT_EQ(sim::GetUsage().host_handle_bytes, 66 * kMiB);
+  EXPECT_EQ(PoolStats(shim, 0).scratch_bytes, 66 * kMiB);
+  std::vector<unsigned char> v(size);
   EXPECT_EQ(sim::DeviceWrite(0, kv, v.data(), v.size()), CUDA_SUCCESS);
   EXPECT_EQ(sim::DeviceRead(0, v.data(), kv, v.size()), CUDA_SUCCESS);
   EXPECT_EQ(ToCuResult(shim.control().PausedContents(kv, 16).status()), CUDA_ERROR_NOT_FOUND);
   ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
-  Fill(kv, 64 * kMiB, 4);  // device memory again, its own
-  EXPECT_TRUE(Holds(kv, 64 * kMiB, 4));
+  Fill(kv, size, 4);  // device memory again, its own
+  EXPECT_TRUE(Holds(kv, size, 4));
+  // The scratch is kept: the next pause maps it alone.
+  sim::ResetCallCounts();
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), /*keep_contents=*/false).ok());
+  EXPECT_EQ(sim::CallCount("cuMemMap"), 4u);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   ASSERT_TRUE(a.Free(kv).ok());
   ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectNothingLeft();
