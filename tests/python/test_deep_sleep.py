@@ -25,7 +25,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # at the start; a sleep lowers it for the checkpoint, the wake sets it back),
 # "pause" pauses a tag of its own, "resume" resumes it.
 PROGRAM = textwrap.dedent(f"""
-    import ctypes, hashlib, sys
+    import ctypes, hashlib, os, sys
+    def print(*words, flush=True):
+        # One write(2) per line: the vmmshim command the C API runs shares
+        # this stdout, and a line written in two parts could be split by its.
+        os.write(1, (" ".join(str(w) for w in words) + "\\n").encode())
     sys.path.insert(0, {HERE!r})
     from sim_cuda import driver
     import vmmshim
