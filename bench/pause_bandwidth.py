@@ -1,9 +1,10 @@
 """How fast a pause and resume with contents move a PyTorch process's memory
 to host memory and back, under vmmshim's settings (CONFIGS: host, paused
-memory stays addressable in host VMM memory kept for the next pause,
-core/heap/host_mapped_pool.h; host-background, the same with that memory made
-in the background instead of on the first pause's path (the cycles wait, untimed,
-until it is made); fault, nothing mapped and copies through
+memory stays addressable in host VMM memory made by the first pause and kept
+for the next, core/heap/host_mapped_pool.h; host-background, the same with
+that memory made in the background instead of on the first pause's path (the
+cycles wait, untimed, until it is made); default, no setting, which is
+host-background; fault, nothing mapped and copies through
 pageable memory, or through the pinned pool with VMMSHIM_PINNED_POOL),
 beside the copy engine's own speed for the same bytes
 through page-locked memory made beforehand (the "native" column: what no
@@ -41,7 +42,9 @@ import time
 WORKLOADS = {"tensor": "", "mixed": "", "mixed-async": "backend:cudaMallocAsync",
              "mixed-expandable": "expandable_segments:True"}
 # The shim's settings compared (POOL: VMMSHIM_PINNED_POOL of --pool-gib).
-CONFIGS = {"host": {"VMMSHIM_PAUSED_ACCESS": "host"},
+# default: no setting (host, its host memory made in the background).
+CONFIGS = {"default": {},
+           "host": {"VMMSHIM_PAUSED_ACCESS": "host", "VMMSHIM_HOST_POOL_MAKE": "pause"},
            "host-background": {"VMMSHIM_PAUSED_ACCESS": "host",
                                "VMMSHIM_HOST_POOL_MAKE": "background"},
            "fault": {"VMMSHIM_PAUSED_ACCESS": "fault"},

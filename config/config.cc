@@ -351,28 +351,29 @@ constexpr OptionInfo kOptions[] = {
      "the memory cgroup's limit less its use), with a warning naming the limit, so that it "
      "never gets the process OOM-killed.",
      &ApplyPinnedPool, false, OptionKey::kPinnedPool},
-    {"VMMSHIM_PAUSED_ACCESS", "enum", "fault", "host, fault",
+    {"VMMSHIM_PAUSED_ACCESS", "enum", "host", "host, fault",
      "What a kernel or copy that touches paused memory meets (docs/pause-resume.md, "
-     "\"Touching paused memory\"; not yet the default: its first pause makes the host memory on "
-     "its path, about 4 times slower than fault's, \"What host costs\"). "
-     "host: the kept contents themselves, in host memory mapped "
+     "\"Touching paused memory\"). host: the kept contents themselves, in host memory mapped "
      "at the paused address (read and written over the bus, slowly; the writes are there "
      "after the resume), or scratch memory where the contents were dropped (undefined data), "
      "so that an access does not kill the CUDA context (expandable_segments:True pages "
-     "included); contents kept on disk, devices without host VMM memory, mappings of part of "
-     "another library's handle and a deep sleep still fault. The host memory is pinned and "
-     "kept for the next pause (VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and "
-     "an access kills the context, with everything paused.",
+     "included). Kept contents are addressable once host memory of their sizes is made: from "
+     "the second pause of a set on under VMMSHIM_HOST_POOL_MAKE=background (the default: the "
+     "first keeps them as fault does), from the first under pause. Contents kept on disk, "
+     "devices without host VMM memory, mappings of part of another library's handle and a "
+     "deep sleep still fault. The host memory is pinned and kept for the next pause "
+     "(VMMSHIM_HOST_POOL_IDLE). fault: nothing is mapped there and an access kills the "
+     "context, with everything paused.",
      &ApplyPausedAccess, false, OptionKey::kPausedAccess},
-    {"VMMSHIM_HOST_POOL_MAKE", "enum", "pause", "pause, background",
+    {"VMMSHIM_HOST_POOL_MAKE", "enum", "background", "background, pause",
      "Where the host memory a pause with VMMSHIM_PAUSED_ACCESS=host needs is made when the "
      "memory kept from earlier pauses lacks it (docs/pause-resume.md, \"What host costs\"). "
-     "pause: by the pause itself, so that every paused byte stays addressable from the first "
-     "pause on, at the pinning's speed (several times slower than the copy). background: the "
-     "pause keeps those contents in other host memory, as fault does (an access to them "
-     "faults until they are resumed), and one thread makes the host memory for them in the "
-     "background, kept for the next pause of the same set, which then copies at the copy "
-     "engine's speed and stays addressable.",
+     "background: the pause keeps those contents in other host memory, as fault does (an "
+     "access to them faults until they are resumed), and one thread makes the host memory for "
+     "them in the background, kept for the next pause of the same set, which then copies at "
+     "the copy engine's speed and stays addressable. pause: by the pause itself, so that "
+     "every paused byte stays addressable from the first pause on, at the pinning's speed "
+     "(several times slower than the copy).",
      &ApplyHostPoolMake, false, OptionKey::kHostPoolMake},
     {"VMMSHIM_HOST_POOL_IDLE", "seconds", "300", "0 to 31536000",
      "Host memory that held paused contents is kept, pinned, for the next pause (which then "
@@ -477,6 +478,17 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
         *path = ChildStatsPath(*path, absl::StrCat(pid));
       }
     }
+  }
+  // Host VMM memory crashes some drivers (NCCL issue 2106) or fails on some
+  // NUMA nodes (NCCL issue 2190); where the user turned NCCL's use of it off,
+  // the shim makes none either unless told to.
+  const char* nccl_host = getenv("NCCL_CUMEM_HOST_ENABLE");
+  if (getenv(Option(OptionKey::kPausedAccess).name) == nullptr && nccl_host != nullptr &&
+      absl::StripAsciiWhitespace(nccl_host) == "0") {
+    result.config.paused_memory_addressable = false;
+    result.notes.push_back(
+        "VMMSHIM_PAUSED_ACCESS=fault, since NCCL_CUMEM_HOST_ENABLE=0 says host VMM memory is "
+        "not to be made on this host (set VMMSHIM_PAUSED_ACCESS=host to make it anyway)");
   }
   if (result.fatal_problems.empty()) ResolvePeerPolicy(&result);
   if (!result.config.enable) {

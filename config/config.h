@@ -78,15 +78,15 @@ struct Config {
   // keep contents (core/heap/pinned_pool.h); 0 = none.
   size_t pinned_pool_bytes = 0;
   // VMMSHIM_PAUSED_ACCESS: host (true) or fault (false): what paused memory
-  // maps (core/heap/host_mapped_pool.h). fault until the host mapping is
-  // measured on a GPU (docs/pause-resume.md, "Touching paused memory").
-  bool paused_memory_addressable = false;
+  // maps (core/heap/host_mapped_pool.h; docs/pause-resume.md, "Touching
+  // paused memory").
+  bool paused_memory_addressable = true;
   // VMMSHIM_HOST_POOL_IDLE: seconds before unused host memory kept for the
   // next pause is released; 0 = kept until exit.
   double host_pool_idle_seconds = 300;
   // VMMSHIM_HOST_POOL_MAKE: background (true) or pause (false): where the
   // host memory a pause with VMMSHIM_PAUSED_ACCESS=host lacks is made.
-  bool host_memory_in_background = false;
+  bool host_memory_in_background = true;
   // VMMSHIM_SLEEP_LOWERS_STACK: a deep sleep lowers the contexts' stack
   // limit for the driver's checkpoint (core/lifecycle/stack_reservation.h).
   bool sleep_lowers_stack = true;
@@ -158,10 +158,15 @@ struct ParseResult {
   // Problems that must stop the program (malformed peer policy, size or
   // rules file), one line each naming the variable or FILE:LINE.
   std::vector<std::string> fatal_problems;
+  // Defaults the environment changed, one line each (logged at info).
+  std::vector<std::string> notes;
 };
 
 // Reads each option with `getenv` (nullptr = unset); `environ_names` lists
 // the names of all variables present, to report unknown VMMSHIM_* ones.
+// NCCL_CUMEM_HOST_ENABLE=0 with VMMSHIM_PAUSED_ACCESS unset makes it fault:
+// that is how a user tells NCCL that making host VMM memory crashes or
+// fails on this host (docs/pause-resume.md, "Touching paused memory").
 ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
                         absl::Span<const std::string> environ_names, int pid);
 

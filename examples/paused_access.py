@@ -10,9 +10,12 @@ the bus) beside the same kernels on device memory, the pause and resume
 times, and "paused-access: identical" or the tensors that differ (exit 1).
 An access that faulted would end the process with CUDA's error.
 
-    LD_PRELOAD=libvmmshim.so VMMSHIM_PAUSED_ACCESS=host python3 examples/paused_access.py [--gib 4]
+    LD_PRELOAD=libvmmshim.so VMMSHIM_HOST_POOL_MAKE=pause python3 examples/paused_access.py [--gib 4]
 
-Under VMMSHIM_PAUSED_ACCESS=fault (the default for now) the first touch kills
+VMMSHIM_PAUSED_ACCESS=host is the default; VMMSHIM_HOST_POOL_MAKE=pause makes
+the host memory at the first pause, so that this program's one pause is
+addressable (by default it is made in the background after a set's first
+pause, for the next). Under VMMSHIM_PAUSED_ACCESS=fault the first touch kills
 the context: that is the hazard host removes.
 """
 import argparse

@@ -151,6 +151,7 @@ const Runtime* Initialize() {
       ConfigureLog(SpdlogLevel(parsed.config.log_level), parsed.config.log_file);
   if (!log_status.ok()) Log().warn("{}", std::string(log_status.message()));
   for (const std::string& problem : parsed.problems) Log().warn("{}", problem);
+  for (const std::string& note : parsed.notes) Log().info("{}", note);
 
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (libcuda == nullptr) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

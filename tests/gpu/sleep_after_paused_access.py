@@ -11,7 +11,7 @@ scratch that a pause without contents kept included.
   none     no pause before the sleep: sleeps and wakes, contents intact
 
 Prints "sleep-after-paused-access MODE: ..." and exits 1 on a wrong outcome.
-usage: LD_PRELOAD=libvmmshim.so VMMSHIM_PAUSED_ACCESS=host python3 sleep_after_paused_access.py MODE"""
+usage: LD_PRELOAD=libvmmshim.so VMMSHIM_HOST_POOL_MAKE=pause python3 sleep_after_paused_access.py MODE"""
 import sys
 
 import torch

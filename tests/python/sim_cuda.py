@@ -3,6 +3,7 @@ shim's hooks from Python, for the tests that run under LD_PRELOAD: a
 primary context made current, and device memory allocated, written and
 read with the driver API."""
 import ctypes
+import os
 
 
 def driver():
@@ -43,3 +44,37 @@ class DeviceMemory:
     def free(self, *ptrs):
         for p in ptrs:
             self.assertEqual(self.cu.cuMemFree_v2(p), 0)
+
+
+class PausedAccess:
+    """What an access to paused memory meets under this process's settings
+    (VMMSHIM_PAUSED_ACCESS, default host; VMMSHIM_HOST_POOL_MAKE, default
+    background; docs/configuration.md), for the tests' oracles."""
+
+    def __init__(self, environ=None):
+        environ = os.environ if environ is None else environ
+        access = environ.get("VMMSHIM_PAUSED_ACCESS", "host").strip().lower()
+        make = environ.get("VMMSHIM_HOST_POOL_MAKE", "background").strip().lower()
+        self.faults = access == "fault"
+        # host memory made by the pause itself: kept contents are there at
+        # once; made in the background, only where an earlier pause of the
+        # same sizes had it made.
+        self.kept_at_once = not self.faults and make == "pause"
+
+    def kept(self, test, read, expected):
+        """Checks `read` (DeviceMemory.read of paused kept contents) and
+        returns whether the contents were addressable: never wrong bytes."""
+        if self.faults:
+            test.assertIsNone(read)
+        elif self.kept_at_once:
+            test.assertEqual(read, expected)
+        else:
+            test.assertIn(read, (None, expected))
+        return read is not None
+
+    def dropped(self, test, read):
+        """Dropped contents: a fault, or scratch (undefined bytes, no fault)."""
+        if self.faults:
+            test.assertIsNone(read)
+        else:
+            test.assertIsNotNone(read)

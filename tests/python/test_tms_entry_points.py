@@ -16,12 +16,10 @@ import unittest
 
 import vmmshim
 from vmmshim import torch_memory_saver as tms_module
-from sim_cuda import DeviceMemory, driver
+from sim_cuda import DeviceMemory, PausedAccess, driver
 
 MIB = 1 << 20
-# VMMSHIM_PAUSED_ACCESS=fault: nothing is mapped at paused memory and an
-# access faults (the default); with host, the kept contents are read there.
-PAUSED_ACCESS_FAULTS = os.environ.get("VMMSHIM_PAUSED_ACCESS", "fault") == "fault"
+PAUSED = PausedAccess()  # what an access to paused memory meets here
 
 
 class EntryPoints(DeviceMemory, unittest.TestCase):
@@ -79,13 +77,9 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
         for p in (kept, mmap, dropped, other, outside):
             self.write(p, data)
         self.saver.pause("kv")
-        for p in (kept, mmap, dropped):
-            if PAUSED_ACCESS_FAULTS:
-                self.assertIsNone(self.read(p, 16))  # paused: faults
-            elif p == dropped:
-                self.assertIsNotNone(self.read(p, 16))  # scratch: undefined, no fault
-            else:
-                self.assertEqual(self.read(p, 16), data[:16])  # the kept contents
+        for p in (kept, mmap):
+            PAUSED.kept(self, self.read(p, 16), data[:16])
+        PAUSED.dropped(self, self.read(dropped, 16))
         for p in (other, outside):
             self.assertEqual(self.read(p, 16), data[:16])
         self.assertEqual(vmmshim.paused_contents(kept, 16), data[:16])
@@ -95,10 +89,7 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
         self.assertEqual(self.read(mmap, len(data)), data)
         self.assertIsNone(vmmshim.paused_contents(kept, 16))  # not retained: gone
         self.saver.pause()  # every region, never memory outside them
-        if PAUSED_ACCESS_FAULTS:
-            self.assertIsNone(self.read(other, 16))
-        else:
-            self.assertEqual(self.read(other, 16), data[:16])
+        PAUSED.kept(self, self.read(other, 16), data[:16])
         self.assertEqual(self.read(outside, 16), data[:16])
         self.saver.resume()
         self.assertEqual(self.read(other, len(data)), data)
@@ -114,11 +105,11 @@ class EntryPoints(DeviceMemory, unittest.TestCase):
         self.c.tms_pause(b"retained")
         address = vmmshim._library.paused_address(p, 4 * MIB)
         flags = ctypes.c_uint()
-        if PAUSED_ACCESS_FAULTS:  # page-locked memory of the shim's, registered
-            self.assertEqual(self.cu.cuMemHostGetFlags(ctypes.byref(flags), address), 0)
-        else:  # host VMM memory mapped at the paused address: the same bytes
-            self.assertEqual(self.read(p, 16), first[:16])
+        if PAUSED.kept(self, self.read(p, 16), first[:16]):
+            # host VMM memory mapped at the paused address: the same bytes
             self.assertEqual(ctypes.string_at(address, 16), first[:16])
+        else:  # page-locked memory of the shim's, registered
+            self.assertEqual(self.cu.cuMemHostGetFlags(ctypes.byref(flags), address), 0)
         self.c.tms_resume(b"retained")
         self.assertEqual(self.read(p, len(first)), first)
         self.assertEqual(vmmshim._library.paused_address(p, 4 * MIB), address)  # kept, same place

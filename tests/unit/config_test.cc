@@ -89,14 +89,25 @@ TEST(ConfigTest, MalformedValueGetsOneLineNamingVariableValueAndAccepted) {
 }
 
 TEST(ConfigTest, WhereTheHostMemoryForPausesIsMade) {
-  EXPECT_FALSE(Parse({}).config.host_memory_in_background);
+  EXPECT_TRUE(Parse({}).config.paused_memory_addressable);
+  EXPECT_FALSE(Parse({{"VMMSHIM_PAUSED_ACCESS", "FAULT"}}).config.paused_memory_addressable);
+  // Where NCCL was told not to make host VMM memory, neither does the shim,
+  // unless told to.
+  ParseResult nccl = Parse({{"NCCL_CUMEM_HOST_ENABLE", "0"}});
+  EXPECT_FALSE(nccl.config.paused_memory_addressable);
+  ASSERT_EQ(nccl.notes.size(), 1u);
+  EXPECT_NE(nccl.notes[0].find("NCCL_CUMEM_HOST_ENABLE=0"), std::string::npos);
+  EXPECT_TRUE(Parse({{"NCCL_CUMEM_HOST_ENABLE", "0"}, {"VMMSHIM_PAUSED_ACCESS", "host"}})
+                  .config.paused_memory_addressable);
+  EXPECT_TRUE(Parse({{"NCCL_CUMEM_HOST_ENABLE", "1"}}).config.paused_memory_addressable);
+  EXPECT_TRUE(Parse({}).config.host_memory_in_background);
   EXPECT_TRUE(Parse({{"VMMSHIM_HOST_POOL_MAKE", " Background"}}).config.host_memory_in_background);
   EXPECT_FALSE(Parse({{"VMMSHIM_HOST_POOL_MAKE", "pause"}}).config.host_memory_in_background);
   ParseResult r = Parse({{"VMMSHIM_HOST_POOL_MAKE", "later"}});
   ASSERT_EQ(r.problems.size(), 1u);
   EXPECT_NE(r.problems[0].find("VMMSHIM_HOST_POOL_MAKE"), std::string::npos);
-  EXPECT_NE(r.problems[0].find("pause, background"), std::string::npos);
-  EXPECT_FALSE(r.config.host_memory_in_background);
+  EXPECT_NE(r.problems[0].find("background, pause"), std::string::npos);
+  EXPECT_TRUE(r.config.host_memory_in_background);  // the default stands
 }
 
 TEST(ConfigTest, UnknownVariableIsReported) {

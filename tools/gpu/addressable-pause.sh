@@ -11,8 +11,8 @@
 #   3. the driver's checkpoint of a process holding host VMM memory, beside none and a
 #      cuMemHostRegister'ed pool (tools/gpu/checkpoint_host_memory.py);
 #   4. bench/pause_bandwidth.py: a trainer's 16 GiB (GIB) in PyTorch's three allocator
-#      modes, VMMSHIM_PAUSED_ACCESS=host (addressable; its host memory made by the first
-#      pause, or with VMMSHIM_HOST_POOL_MAKE=background after it) against fault (CONFIGS),
+#      modes, the defaults (addressable, its host memory made in the background after the
+#      first pause) and host made by the first pause, against fault (CONFIGS),
 #      ROUNDS rounds of 3 cycles each (the first cycle apart);
 #   5. a deep sleep after host-mode pauses (tests/gpu/sleep_after_paused_access.py: a
 #      tag paused with contents is refused; the scratch a dropped pause kept is released
@@ -34,7 +34,7 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
     for conf in "" backend:cudaMallocAsync expandable_segments:True; do
       echo "== examples/paused_access.py --gib 4 (${conf:-default allocator})"
       timeout 200 env LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_LOG_LEVEL=info \
-        VMMSHIM_PAUSED_ACCESS=host \
+        VMMSHIM_PAUSED_ACCESS=host VMMSHIM_HOST_POOL_MAKE=pause \
         python3 "$root/examples/paused_access.py" --gib 4 2>&1 |
         grep -E "^paused-access|_memory\(|rror"
       echo "rc=${PIPESTATUS[0]}"
@@ -46,15 +46,16 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
       --ways none,register,vmm_host 2>&1; echo "rc=$?"
   fi
   if step 4; then
-    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs ${CONFIGS:-host,host-background,fault}"
+    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs ${CONFIGS:-default,host,fault}"
     timeout 560 python3 "$root/bench/pause_bandwidth.py" --shim "$shim" --rounds "$rounds" \
       --cycles 3 --gib "${GIB:-16}" --workloads mixed,mixed-async,mixed-expandable \
-      --configs ${CONFIGS:-host,host-background,fault} 2>&1; echo "rc=$?"
+      --configs ${CONFIGS:-default,host,fault} 2>&1; echo "rc=$?"
   fi
   if step 5; then
     for mode in kept dropped none; do
-      echo "== tests/gpu/sleep_after_paused_access.py $mode (VMMSHIM_PAUSED_ACCESS=host)"
-      timeout 120 env LD_PRELOAD="$shim" VMMSHIM_PAUSED_ACCESS=host VMMSHIM_LOG_LEVEL=info \
+      echo "== tests/gpu/sleep_after_paused_access.py $mode (host memory made by the pause)"
+      timeout 120 env LD_PRELOAD="$shim" VMMSHIM_PAUSED_ACCESS=host VMMSHIM_HOST_POOL_MAKE=pause \
+        VMMSHIM_LOG_LEVEL=info \
         python3 "$root/tests/gpu/sleep_after_paused_access.py" $mode 2>&1 |
         grep -E "^sleep-after|for the checkpoint|rror"
       echo "rc=${PIPESTATUS[0]}"
