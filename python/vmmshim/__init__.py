@@ -120,14 +120,18 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     keep_contents, their contents in host memory. `except_tags` (a list; not
     with `tag`): every allocation but those of these tags ("" the untagged).
     Returns the bytes released (0: nothing to pause, or paused already).
-    With VMMSHIM_PAUSED_ACCESS=host, paused memory stays addressable: a
-    kernel that touches a tensor paused with its contents reads and writes
-    those contents in pinned host memory, over the bus (slowly; the resume
-    keeps the writes), so a tag paused with contents works as memory
-    offloaded to the host; without contents it reads undefined data; neither
-    faults (expandable_segments:True pages included); contents kept on disk,
-    devices without host VMM memory and mappings of part of another
-    library's handle still fault. Otherwise (the default for now) an access to it faults
+    Paused memory stays addressable (VMMSHIM_PAUSED_ACCESS=host, the
+    default): a kernel that touches a tensor paused with its contents reads
+    and writes those contents in pinned host memory, over the bus (slowly;
+    the resume keeps the writes), so a tag paused with contents works as
+    memory offloaded to the host; without contents it reads undefined data;
+    neither faults (expandable_segments:True pages included). Kept contents
+    are addressable from the second pause of the same set on, their host
+    memory made in the background after the first
+    (VMMSHIM_HOST_POOL_MAKE=pause: from the first, made by it, slower);
+    until then, and for contents kept on disk, devices without host VMM
+    memory and mappings of part of another library's handle, and under
+    VMMSHIM_PAUSED_ACCESS=fault, an access faults
     (docs/pause-resume.md, "Touching paused memory").
     Allocations made while paused, from any thread, get memory that is not
     paused: PyTorch's and CuPy's free blocks inside paused memory are not
