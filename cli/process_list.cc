@@ -41,9 +41,11 @@ std::string CommandLine(int pid) {
 }
 
 // Sums over devices: device memory used; the shim's resident and paused
-// bytes (other libraries' VMM memory included); the paused tags.
+// bytes (other libraries' VMM memory included); the host memory the shim
+// holds page-locked for pauses (the pinned pool's pinned part, and the host
+// VMM memory kept, in use and scratch); the paused tags.
 struct Figures {
-  uint64_t used = 0, resident = 0, paused = 0;
+  uint64_t used = 0, resident = 0, paused = 0, host_pinned = 0;
   std::vector<std::string> paused_tags;
 };
 
@@ -71,6 +73,15 @@ Figures Sum(const nlohmann::json& residency) {
       if (!bytes.is_number_unsigned()) continue;
       f.paused += bytes.get<uint64_t>();
       f.paused_tags.push_back(tag.empty() ? "(untagged)" : tag);
+    }
+  }
+  const nlohmann::json pool = residency.value("pinned_pool", nlohmann::json::object());
+  if (pool.is_object()) f.host_pinned += pool.value("pinned_bytes", uint64_t{0});
+  const nlohmann::json host = residency.value("host_memory_for_pauses", nlohmann::json::array());
+  for (const nlohmann::json& h : host.is_array() ? host : nlohmann::json::array()) {
+    if (!h.is_object()) continue;
+    for (const char* key : {"kept_bytes", "in_use_bytes", "scratch_bytes"}) {
+      f.host_pinned += h.value(key, uint64_t{0});
     }
   }
   std::sort(f.paused_tags.begin(), f.paused_tags.end());
@@ -148,21 +159,21 @@ int PsCommand(const std::string& dir_or_empty, bool json) {
                 out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
-  std::printf("%-8s %-14s %10s %10s %10s  %-20s %s\n", "PID", "STATE", "DEVICE", "RESIDENT",
-              "PAUSED", "PAUSED TAGS", "COMMAND");
+  std::printf("%-8s %-14s %10s %10s %10s %11s  %-20s %s\n", "PID", "STATE", "DEVICE",
+              "RESIDENT", "PAUSED", "HOST PINNED", "PAUSED TAGS", "COMMAND");
   for (const Process& p : processes) {
     if (!p.reply.is_object() || !p.reply.value("ok", false)) {
-      std::printf("%-8d %-14s %10s %10s %10s  %-20s %s\n", p.pid, "not answering", "-", "-",
-                  "-", "-", p.command.c_str());
+      std::printf("%-8d %-14s %10s %10s %10s %11s  %-20s %s\n", p.pid, "not answering", "-",
+                  "-", "-", "-", "-", p.command.c_str());
       std::fprintf(stderr, "vmmshim ps: %d: %s\n", p.pid, p.problem.c_str());
       continue;
     }
     const Figures f = Sum(p.reply.value("residency", nlohmann::json()));
     const std::string tags = f.paused_tags.empty() ? "-" : absl::StrJoin(f.paused_tags, ",");
-    std::printf("%-8d %-14s %10s %10s %10s  %-20s %s\n", p.pid,
+    std::printf("%-8d %-14s %10s %10s %10s %11s  %-20s %s\n", p.pid,
                 p.reply.value("state", std::string("?")).c_str(), FormatBytes(f.used).c_str(),
-                FormatBytes(f.resident).c_str(), FormatBytes(f.paused).c_str(), tags.c_str(),
-                p.command.c_str());
+                FormatBytes(f.resident).c_str(), FormatBytes(f.paused).c_str(),
+                FormatBytes(f.host_pinned).c_str(), tags.c_str(), p.command.c_str());
   }
   if (processes.empty()) std::printf("(no process of this user runs under the shim in %s)\n",
                                      dir.c_str());

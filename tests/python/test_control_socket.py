@@ -75,10 +75,21 @@ class ControlSocket(DeviceMemory, unittest.TestCase):
         by_tag = me["residency"]["devices"][0]["shim"]["by_tag"]
         self.assertEqual(by_tag["kv"]["paused_bytes"], 8 * MIB)
         self.assertEqual(by_tag["weights"]["resident_bytes"], 4 * MIB)
+        self.assertEqual(me["residency"]["host_memory_for_pauses"][0]["device"], 0)
+        # Once nothing is being made in the background, the table's pinned
+        # column is the pools' host memory (and the pinned pool's: none here).
+        deadline = time.monotonic() + 30
+        while any(p["queued_bytes"] for p in vmmshim.residency()["host_memory_for_pauses"]):
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        pools = vmmshim.residency()["host_memory_for_pauses"]
+        pinned = sum(p[k] for p in pools for k in ("kept_bytes", "in_use_bytes", "scratch_bytes"))
         table = ps()
+        self.assertIn("HOST PINNED", table.splitlines()[0])
         row = next(line for line in table.splitlines() if line.startswith(str(os.getpid())))
         self.assertIn("running", row)
         self.assertIn(" kv ", row + " ")
+        self.assertIn(f" {pinned / MIB:.2f} MiB " if pinned >= MIB else f" {pinned} B ", row)
         vmmshim.resume("kv")
         self.free(kv, weights)
 
