@@ -32,7 +32,7 @@ Prints one line per process:
   workload config round: native out/in GiB/s | first pause/resume GiB/s | later pause/resume GiB/s | intact
 usage (on a GPU host, from the repository root, after tools/gpu/bundle.sh):
   python3 bench/pause_bandwidth.py --shim build/libvmmshim.so [--rounds 2] [--gib 16]
-      [--pool-gib 20] [--workloads tensor,mixed,...] [--configs host,fault,...]"""
+      [--pool-gib 20] [--workloads tensor,mixed,...] [--configs default,fault,...]"""
 import argparse
 import os
 import subprocess
@@ -168,7 +168,7 @@ def main():
     parser.add_argument("--gib", type=float, default=16)
     parser.add_argument("--pool-gib", type=float, default=20)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--configs", default="host,fault")
+    parser.add_argument("--configs", default="default,fault")
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.gib, args.cycles)
@@ -183,7 +183,7 @@ def main():
                     + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
                 if WORKLOADS[workload]:
                     env["PYTORCH_CUDA_ALLOC_CONF"] = WORKLOADS[workload]
-                for name in ("VMMSHIM_PINNED_POOL", "VMMSHIM_PAUSED_ACCESS"):
+                for name in ("VMMSHIM_PINNED_POOL", "VMMSHIM_PAUSED_ACCESS", "VMMSHIM_HOST_POOL_MAKE"):
                     env.pop(name, None)
                 for name, value in CONFIGS[config].items():
                     env[name] = f"{int(args.pool_gib * 1024)}M" if value == "POOL" else value
