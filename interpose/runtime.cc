@@ -118,7 +118,9 @@ absl::Status CheckWritable(const std::string& path) {
 
 // Memory the shim keeps for reuse goes back to the driver before the driver
 // tears down, so leak checkers (compute-sanitizer --leak-check) see only
-// what the application itself did not free. Registered at the first served
+// what the application itself did not free; the host memory kept for pauses
+// too, after the one being made in the background is done (no driver call
+// of the shim's runs on into the driver's teardown). Registered at the first served
 // allocation, which comes after cuInit and cudart's own start-up: atexit
 // handlers run in reverse order, so this one runs before the driver's and
 // cudart's teardown (registered at start-up, the shim's first call is
@@ -129,6 +131,8 @@ void ReleaseCacheAtExit() {
   WriteExitSnapshot(*rt);
   const size_t released = rt->core->control().Trim(-1);
   if (released > 0) Log().debug("released {} cached bytes at exit", released);
+  const size_t host = rt->core->pause().ReleaseHostMemory();
+  if (host > 0) Log().debug("released {} bytes of host memory kept for pauses at exit", host);
 }
 
 const Runtime* Initialize() {

@@ -8,6 +8,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import unittest
 import warnings
@@ -201,6 +202,30 @@ class WithTheShim(DeviceMemory, unittest.TestCase):
         vmmshim.resume("background")
         self.assertEqual(self.read(p, len(second)), second)
         self.assertEqual(self.cu.cuMemFree_v2(p), 0)
+
+    def test_a_process_that_exits_while_host_memory_is_made_exits_cleanly(self):
+        # A pause and resume, then the exit at once: the exit waits for the
+        # host memory being made in the background and releases it.
+        program = textwrap.dedent(f"""
+            import ctypes, sys
+            sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+            from sim_cuda import driver
+            import vmmshim
+            cu = driver()
+            p = ctypes.c_uint64()
+            with vmmshim.tag("exit"):
+                assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(48 << 20)) == 0
+            vmmshim.pause("exit")
+            vmmshim.resume("exit")
+            print("exiting", flush=True)
+        """)
+        env = dict(os.environ, VMMSHIM_LOG_LEVEL="debug")
+        r = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "exiting\n")
+        if not PAUSED.faults:
+            self.assertIn("host memory kept for pauses at exit", r.stderr)
 
     def test_paused_contents_while_paused_with_them(self):
         with vmmshim.tag("backup"):
