@@ -111,8 +111,7 @@ nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* d
   return devices;
 }
 
-std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver) {
-  const PinnedPool::Stats pool = control.PinnedPoolNow();
+nlohmann::json HostMemoryForPausesJson(const MemoryControl& control) {
   nlohmann::json host = nlohmann::json::array();
   for (const auto& [device, s] : control.HostMemoryForPauses()) {
     host.push_back({{"device", device},
@@ -128,13 +127,18 @@ std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver)
                     {"sized_by", s.limited_by.empty() ? "what the process paused last"
                                                       : "cut by " + s.limited_by}});
   }
+  return host;
+}
+
+std::string ResidencyJson(const MemoryControl& control, const DriverApi* driver) {
+  const PinnedPool::Stats pool = control.PinnedPoolNow();
   return nlohmann::json{{"devices", ResidencyDevices(control, driver)},
                         {"pinned_pool",
                          {{"bytes", pool.bytes},
                           {"free_bytes", pool.free_bytes},
                           {"pinned_bytes", pool.pinned_bytes},
                           {"fill_seconds", pool.fill_seconds}}},
-                        {"host_memory_for_pauses", host}}
+                        {"host_memory_for_pauses", HostMemoryForPausesJson(control)}}
       .dump(2);
 }
 

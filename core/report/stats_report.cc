@@ -97,6 +97,7 @@ std::string StatsJson(const MemoryControl& control, int pid) {
   // What is held, by tag and kind (the shim's own figures: the driver may
   // be gone at exit).
   doc[k::kResidency] = ResidencyDevices(control, nullptr);
+  doc[k::kHostMemoryForPauses] = HostMemoryForPausesJson(control);
   doc[k::kDriverCalls] = nlohmann::json::array();
   for (const DriverCallCount& c : DriverCallCounts()) {
     doc[k::kDriverCalls].push_back(

@@ -38,8 +38,14 @@ inline constexpr char kDriverCalls[] = "driver_calls";      // array of driver_c
 // of core/report/residency.h, from the shim's own figures: the device_*
 // and driver-derived figures are null in the file)
 inline constexpr char kResidency[] = "residency";
-inline constexpr const char* kTopLevelKeys[] = {kPid,    kVersion, kSchemaVersion, kPolicy,
-                                                kTotals, kDevices, kResidency, kDriverCalls};
+// array: per device, the host memory kept for addressable pauses, and what
+// was made, reused, released and made in the background over the process's
+// life (the "host_memory_for_pauses" of core/report/residency.h; at exit the
+// kept memory is released first, interpose/runtime.cc)
+inline constexpr char kHostMemoryForPauses[] = "host_memory_for_pauses";
+inline constexpr const char* kTopLevelKeys[] = {kPid,       kVersion, kSchemaVersion,
+                                                kPolicy,    kTotals,  kDevices,
+                                                kResidency, kHostMemoryForPauses, kDriverCalls};
 
 // "totals": process-wide sums (AllocatorStats).
 namespace totals {

@@ -88,6 +88,10 @@ TEST_F(StatsFileTest, AWrittenFileHasExactlyTheSchemasKeys) {
   const nlohmann::json doc = nlohmann::json::parse(StatsJson(shim.control(), 4242));
   EXPECT_EQ(KeysOf(doc), KeySet(k::kTopLevelKeys));
   EXPECT_EQ(KeysOf(doc.at(k::kTotals)), KeySet(k::totals::kKeys));
+  // The dropped pause mapped scratch host memory on device 0.
+  ASSERT_EQ(doc.at(k::kHostMemoryForPauses).size(), 1u);
+  EXPECT_EQ(doc.at(k::kHostMemoryForPauses)[0].at("device"), 0);
+  EXPECT_GT(doc.at(k::kHostMemoryForPauses)[0].at("scratch_bytes").get<uint64_t>(), 0u);
   ASSERT_FALSE(doc.at(k::kDevices).empty());
   bool any_peer = false;
   for (const nlohmann::json& d : doc.at(k::kDevices)) {
