@@ -99,6 +99,13 @@ bool ApplyPinnedPool(absl::string_view value, int, Config* config) {
   return true;
 }
 
+bool ApplyHostPoolMax(absl::string_view value, int, Config* config) {
+  std::optional<size_t> bytes = ParseBytes(absl::StripAsciiWhitespace(value));
+  if (!bytes) return false;
+  config->host_pool_max_bytes = *bytes;
+  return true;
+}
+
 bool ApplyPausedAccess(absl::string_view value, int, Config* config) {
   const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
   if (v != "host" && v != "fault") return false;
@@ -380,6 +387,15 @@ constexpr OptionInfo kOptions[] = {
      "copies at the copy engine's speed); unused this long, it is released. 0: no idle "
      "release (a deep sleep, a short host and a pause of other sizes still release it).",
      &ApplyHostPoolIdle, false, OptionKey::kHostPoolIdle},
+    {"VMMSHIM_HOST_POOL_MAX", "bytes", "0", "a byte count (K, M, G, T[iB]); 0: no cap",
+     "The most host memory one device's pool holds, pinned, for addressable pauses (kept for "
+     "the next pause, in use by paused contents, or being made), so that an operator can "
+     "bound what a process pins. Contents beyond it are kept as VMMSHIM_PAUSED_ACCESS=fault "
+     "keeps them (an access faults while paused). 0: sized to what the process paused last, "
+     "within 3/4 of the host's free memory or the memory cgroup's headroom (docs/"
+     "pause-resume.md, \"Touching paused memory\"). The residency report's sized_by names "
+     "the limit that cut it.",
+     &ApplyHostPoolMax, false, OptionKey::kHostPoolMax},
     {"VMMSHIM_SLEEP_LOWERS_STACK", "bool", "1", "1/0, true/false, yes/no, t/f, y/n (any case)",
      "1: a deep sleep lowers each active primary context's stack limit (CU_LIMIT_STACK_SIZE) "
      "to 0 before the driver's checkpoint and the wake sets it back, so that the checkpoint "

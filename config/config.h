@@ -84,6 +84,10 @@ struct Config {
   // VMMSHIM_HOST_POOL_IDLE: seconds before unused host memory kept for the
   // next pause is released; 0 = kept until exit.
   double host_pool_idle_seconds = 300;
+  // VMMSHIM_HOST_POOL_MAX: the most host memory one device's pool holds
+  // for addressable pauses (core/heap/host_mapped_pool.h); 0: the host's
+  // limits alone.
+  size_t host_pool_max_bytes = 0;
   // VMMSHIM_HOST_POOL_MAKE: background (true) or pause (false): where the
   // host memory a pause with VMMSHIM_PAUSED_ACCESS=host lacks is made.
   bool host_memory_in_background = true;
@@ -126,6 +130,7 @@ enum class OptionKey {
   kPausedAccess,
   kHostPoolMake,
   kHostPoolIdle,
+  kHostPoolMax,
   kSleepLowersStack,
   kQuiesceTimeout,
   kStatsPid,  // the last: config.cc checks that the table has a row for each

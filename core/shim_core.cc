@@ -24,7 +24,7 @@ ShimCore::ShimCore(const DriverApi& driver, AllocatorOptions options)
              options_.copy_threads > 0 ? options_.copy_threads : UsableCpusUpTo(16),
              {options_.pinned_pool_bytes, options_.pinned_pool_chunk_bytes}, &foreign_,
              {options_.paused_memory_addressable, options_.host_pool_idle_seconds,
-              options_.host_memory_in_background}),
+              options_.host_memory_in_background, options_.host_pool_max_bytes}),
       allocator_(driver, options_, heaps_, captures_, free_syncs_, stream_ordered_,
                  memory_margin_bytes_),
       control_(MemoryControl::Rooms{driver, options_, heaps_, captures_, free_syncs_,

@@ -190,6 +190,7 @@ const Runtime* Initialize() {
     options.paused_memory_addressable = rt->config.paused_memory_addressable;
     options.host_pool_idle_seconds = rt->config.host_pool_idle_seconds;
     options.host_memory_in_background = rt->config.host_memory_in_background;
+    options.host_pool_max_bytes = rt->config.host_pool_max_bytes;
     rt->history = new MemoryHistory;
     options.history = rt->history;
     if (rt->config.attribution) rt->callers = new CallerLibraries;

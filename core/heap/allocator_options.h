@@ -70,6 +70,9 @@ struct AllocatorOptions {
   // The host memory kept for the next pause is released after this many
   // seconds unused (VMMSHIM_HOST_POOL_IDLE); 0: kept until exit.
   double host_pool_idle_seconds = 300;
+  // The most host memory one device's pool holds (VMMSHIM_HOST_POOL_MAX);
+  // 0: the host's limits alone.
+  size_t host_pool_max_bytes = 0;
   // The host memory a pause lacks is made in the background for the next
   // pause, never on the pause's path (VMMSHIM_HOST_POOL_MAKE=background;
   // core/heap/host_mapped_pool.h); false: made by the pause itself.

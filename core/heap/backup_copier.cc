@@ -130,11 +130,15 @@ absl::StatusOr<std::vector<HostBackup>> BackupCopier::NewBackups(
     std::vector<size_t> wanted_sizes;
     for (size_t i : wanted) wanted_sizes.push_back(sizes[i]);
     std::vector<absl::StatusOr<HostMappedMemory>> taken = host_pool->Take(wanted_sizes);
-    size_t refused = 0, later = 0;
+    size_t refused = 0, later = 0, capped = 0;
     absl::Status why;
     for (size_t k = 0; k < wanted.size(); ++k) {
       if (absl::IsUnavailable(taken[k].status())) {  // VMMSHIM_HOST_POOL_MAKE=background
         later += wanted_sizes[k];
+        continue;
+      }
+      if (absl::IsResourceExhausted(taken[k].status())) {  // VMMSHIM_HOST_POOL_MAX
+        capped += wanted_sizes[k];
         continue;
       }
       if (!taken[k].ok()) {
@@ -150,6 +154,11 @@ absl::StatusOr<std::vector<HostBackup>> BackupCopier::NewBackups(
                  "if touched while paused); their host VMM memory is being made in the "
                  "background for the next pause",
                  device, later);
+    }
+    if (capped > 0) {
+      Log().info("device {}: {} bytes of paused contents kept in other host memory (they fault "
+                 "if touched while paused): VMMSHIM_HOST_POOL_MAX holds no more",
+                 device, capped);
     }
     if (refused > 0) {
       Log().warn("device {}: host VMM memory for {} bytes of paused contents: {}; those are "

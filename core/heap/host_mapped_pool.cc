@@ -6,6 +6,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/base/host_memory.h"
 #include "core/base/log.h"
 #include "core/driver/cu_status.h"
@@ -56,7 +57,8 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
     size_t to_make = 0;
     for (size_t i : missing) to_make += sizes[i];
     if (to_make > 0 && !kept_.empty()) {
-      const HostMemoryHeadroom headroom = HostMemoryHeadroomUnder(options_.headroom_root);
+      HostMemoryHeadroom headroom = HostMemoryHeadroomUnder(options_.headroom_root);
+      if (OverMaxLocked(to_make)) headroom = MaxAsHeadroomLocked();
       if (headroom.bytes != SIZE_MAX && to_make > headroom.bytes) {
         Log().info("device {}: {} bytes of host memory kept for paused contents of other sizes "
                    "released: {} bytes are to be made and {} are left ({})",
@@ -67,6 +69,23 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
         kept_.clear();
         kept_bytes_ = 0;
       }
+    }
+    // What would take the pool past Options::max_bytes is not made (nor
+    // queued): kept as fault keeps it.
+    if (options_.max_bytes > 0) {
+      size_t held = kept_bytes_ + in_use_bytes_;
+      std::vector<size_t> within;
+      for (size_t i : missing) {
+        if (held + sizes[i] <= options_.max_bytes) {
+          held += sizes[i];
+          within.push_back(i);
+          continue;
+        }
+        out[i] = absl::ResourceExhaustedError(absl::StrCat(
+            "VMMSHIM_HOST_POOL_MAX (", options_.max_bytes, " bytes) would be passed"));
+        figures_.limited_by = MaxAsHeadroomLocked().limited_by;
+      }
+      missing = std::move(within);
     }
     if (options_.make_in_background && !missing.empty()) {
       // Queued once per size missing: what is queued already counts. A
@@ -137,7 +156,23 @@ void HostMappedPool::Give(HostMappedMemory memory) {
   KeepLocked(std::move(memory));
 }
 
+bool HostMappedPool::OverMaxLocked(size_t size) const {
+  return options_.max_bytes > 0 && kept_bytes_ + in_use_bytes_ + size > options_.max_bytes;
+}
+
+HostMemoryHeadroom HostMappedPool::MaxAsHeadroomLocked() const {
+  HostMemoryHeadroom h;
+  const size_t held = kept_bytes_ + in_use_bytes_;
+  h.bytes = options_.max_bytes > held ? options_.max_bytes - held : 0;
+  h.limited_by = absl::StrCat("VMMSHIM_HOST_POOL_MAX (", options_.max_bytes, " bytes)");
+  return h;
+}
+
 bool HostMappedPool::FitsLocked(size_t size, HostMemoryHeadroom* headroom) const {
+  if (OverMaxLocked(size)) {
+    *headroom = MaxAsHeadroomLocked();
+    return false;
+  }
   // Kept only while the pool holds at most 3/4 of what it holds plus what
   // the host has left: page-locked memory is never reclaimed.
   *headroom = HostMemoryHeadroomUnder(options_.headroom_root);

@@ -118,6 +118,9 @@ class HostMappedPool {
     // pause's path; what it lacks is made by one thread of the pool's in
     // the background and kept, for the next pause of those sizes.
     bool make_in_background = false;
+    // The most the pool holds (kept, in use and being made; the scratch
+    // apart); 0: the host's headroom alone (VMMSHIM_HOST_POOL_MAX).
+    size_t max_bytes = 0;
     // Where the host's headroom is read (HostMemoryHeadroomUnder): "" is
     // this machine; tests plant a /proc and a /sys/fs/cgroup of their own.
     std::string headroom_root;
@@ -135,7 +138,8 @@ class HostMappedPool {
   // rest made now by up to Options::threads threads (kept memory of other
   // sizes is released first when the host's headroom would not hold what
   // is to be made). An entry the driver refused holds its error
-  // (CUDA_ERROR_OUT_OF_MEMORY: host memory). With make_in_background, the
+  // (CUDA_ERROR_OUT_OF_MEMORY: host memory); one past Options::max_bytes,
+  // kResourceExhausted (nothing made for it). With make_in_background, the
   // rest is queued instead (once per size missing, counting what is
   // queued already) and its entries hold kUnavailable.
   std::vector<absl::StatusOr<HostMappedMemory>> Take(const std::vector<size_t>& sizes);
@@ -201,9 +205,14 @@ class HostMappedPool {
   // `memory` kept for the next pause when the limits above allow, else
   // released (logged once).
   void KeepLocked(HostMappedMemory memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `size` more bytes held by the pool stay within its limit.
+  // Whether `size` more bytes held by the pool stay within its limits (the
+  // one that refused in `headroom`).
   bool FitsLocked(size_t size, HostMemoryHeadroom* headroom) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `size` more bytes would pass Options::max_bytes; what is left
+  // under it, as a headroom naming the setting.
+  bool OverMaxLocked(size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  HostMemoryHeadroom MaxAsHeadroomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t queued_size_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     size_t sum = 0;
     for (size_t size : queued_) sum += size;

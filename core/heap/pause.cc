@@ -21,6 +21,7 @@ HostMappedPool::Options HostPoolOptions(const PausedAccessOptions& paused_access
   o.idle_seconds = paused_access.host_pool_idle_seconds;
   o.threads = copy_threads;
   o.make_in_background = paused_access.host_memory_in_background;
+  o.max_bytes = paused_access.host_pool_max_bytes;
   return o;
 }
 

@@ -94,7 +94,7 @@ class PauseParticipant {
   ~PauseParticipant() = default;
 };
 
-// What paused memory maps (VMMSHIM_PAUSED_ACCESS, VMMSHIM_HOST_POOL_IDLE;
+// What paused memory maps (VMMSHIM_PAUSED_ACCESS, VMMSHIM_HOST_POOL_*;
 // docs/pause-resume.md, "Touching paused memory").
 struct PausedAccessOptions {
   // true: kept contents stay addressable in host memory and dropped ones
@@ -104,6 +104,8 @@ struct PausedAccessOptions {
   double host_pool_idle_seconds = 300;
   // VMMSHIM_HOST_POOL_MAKE=background (HostMappedPool::Options).
   bool host_memory_in_background = false;
+  // VMMSHIM_HOST_POOL_MAX (HostMappedPool::Options::max_bytes).
+  size_t host_pool_max_bytes = 0;
 };
 
 class PauseCoordinator : public HeapTable::Listener {

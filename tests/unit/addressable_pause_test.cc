@@ -186,6 +186,48 @@ TEST_F(AddressablePauseTest, TheSecondPauseTakesTheHostMemoryTheFirstMade) {
   ExpectNothingLeft();
 }
 
+// VMMSHIM_HOST_POOL_MAX: contents past it are kept as fault keeps them, in
+// the pause's path and in the background alike, and the report names it.
+TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
+  for (bool background : {false, true}) {
+    SCOPED_TRACE(background ? "made in the background" : "made by the pause");
+    AllocatorOptions o;
+    o.host_pool_max_bytes = 10 * kMiB;
+    o.host_memory_in_background = background;
+    ShimCore shim(api_, o);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
+    const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
+    Fill(first, 8 * kMiB, 1);
+    Fill(second, 8 * kMiB, 2);
+    for (int cycle = 0; cycle < 2; ++cycle) {
+      ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+      const HostMappedPool::Stats s = PoolStats(shim, 0);
+      EXPECT_LE(s.in_use_bytes + s.kept_bytes + s.queued_bytes, 10 * kMiB);
+      // One of the two is addressable (from the first pause when the pause
+      // makes it, from the second when the background does), never both.
+      std::vector<unsigned char> got(16);
+      const int readable = (sim::DeviceRead(0, got.data(), first, 16) == CUDA_SUCCESS) +
+                           (sim::DeviceRead(0, got.data(), second, 16) == CUDA_SUCCESS);
+      EXPECT_EQ(readable, background && cycle == 0 ? 0 : 1);
+      ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+      EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
+      EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (PoolStats(shim, 0).queued_bytes > 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
+    const nlohmann::json r = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
+    EXPECT_EQ(r.at("host_memory_for_pauses").at(0).at("sized_by").get<std::string>(),
+              "cut by VMMSHIM_HOST_POOL_MAX (10485760 bytes)");
+    for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+    ExpectNothingLeft();
+  }
+}
+
 TEST_F(AddressablePauseTest, UnusedHostMemoryIsReleasedAfterTheIdleTime) {
   AllocatorOptions o;
   o.host_pool_idle_seconds = 0.05;

@@ -108,6 +108,12 @@ TEST(ConfigTest, WhereTheHostMemoryForPausesIsMade) {
   EXPECT_NE(r.problems[0].find("VMMSHIM_HOST_POOL_MAKE"), std::string::npos);
   EXPECT_NE(r.problems[0].find("background, pause"), std::string::npos);
   EXPECT_TRUE(r.config.host_memory_in_background);  // the default stands
+  EXPECT_EQ(Parse({}).config.host_pool_max_bytes, 0u);
+  EXPECT_EQ(Parse({{"VMMSHIM_HOST_POOL_MAX", "20G"}}).config.host_pool_max_bytes, size_t{20} << 30);
+  r = Parse({{"VMMSHIM_HOST_POOL_MAX", "-1"}});
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_NE(r.problems[0].find("VMMSHIM_HOST_POOL_MAX='-1' is not valid"), std::string::npos);
+  EXPECT_EQ(r.config.host_pool_max_bytes, 0u);
 }
 
 TEST(ConfigTest, UnknownVariableIsReported) {
