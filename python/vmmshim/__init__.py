@@ -126,8 +126,9 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     the resume keeps the writes), so a tag paused with contents works as
     memory offloaded to the host; without contents it reads undefined data;
     neither faults (expandable_segments:True pages included). Kept contents
-    are addressable from the second pause of the same set on, their host
-    memory made in the background after the first
+    are addressable from the next pause of the same set on, once their host
+    memory, made in the background after the first, is there (within the
+    host's memory and VMMSHIM_HOST_POOL_MAX)
     (VMMSHIM_HOST_POOL_MAKE=pause: from the first, made by it, slower);
     until then, and for contents kept on disk, devices without host VMM
     memory and mappings of part of another library's handle, and under

@@ -568,20 +568,21 @@ print(p['pinned_bytes'], p['bytes'])")
     have_torch
     export PYTHONPATH=$src/python${PYTHONPATH:+:$PYTHONPATH}
     for conf in "" backend:cudaMallocAsync expandable_segments:True; do
-      out=$(LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_HOST_POOL_MAKE=pause \
+      out=$(LD_PRELOAD="$shim" PYTORCH_CUDA_ALLOC_CONF="$conf" VMMSHIM_PAUSED_ACCESS=host \
+            VMMSHIM_HOST_POOL_MAKE=pause \
             python3 "$src/examples/paused_access.py" --gib 2 2>&1) || fail "${conf:-default}: $out"
       echo "${conf:-default}:"; grep '^paused-access' <<<"$out" | sed 's/^/  /'
       grep -q '^paused-access: identical' <<<"$out" || fail "${conf:-default}: not identical"
     done
     out=$(python3 "$src/bench/pause_bandwidth.py" --shim "$shim" --rounds 1 --cycles 2 --gib 2 \
-          --workloads mixed --configs host 2>&1) || fail "$out"
+          --workloads mixed --configs host,default 2>&1) || fail "$out"
     echo "$out"
-    grep -q 'intact$' <<<"$out" || fail "not intact"
+    [ "$(grep -c 'intact$' <<<"$out")" = 2 ] || fail "not intact"
     # A deep sleep after such pauses: the host memory they left goes before
     # the driver's checkpoint (its restore fails otherwise), a pause of the
     # program's own is refused (tests/gpu/sleep_after_paused_access.py).
     for mode in kept dropped none; do
-      out=$(LD_PRELOAD="$shim" VMMSHIM_HOST_POOL_MAKE=pause timeout 120 \
+      out=$(LD_PRELOAD="$shim" VMMSHIM_PAUSED_ACCESS=host VMMSHIM_HOST_POOL_MAKE=pause timeout 120 \
             python3 "$src/tests/gpu/sleep_after_paused_access.py" $mode 2>&1) || fail "$mode: $out"
       grep '^sleep-after-paused-access' <<<"$out"
     done

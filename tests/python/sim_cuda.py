@@ -53,9 +53,11 @@ class PausedAccess:
 
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
-        access = environ.get("VMMSHIM_PAUSED_ACCESS", "host").strip().lower()
+        # NCCL_CUMEM_HOST_ENABLE=0 makes fault the default (config/config.h).
+        nccl_off = environ.get("NCCL_CUMEM_HOST_ENABLE", "").strip() == "0"
+        access = environ.get("VMMSHIM_PAUSED_ACCESS", "fault" if nccl_off else "host")
         make = environ.get("VMMSHIM_HOST_POOL_MAKE", "background").strip().lower()
-        self.faults = access == "fault"
+        self.faults = access.strip().lower() == "fault"
         # host memory made by the pause itself: kept contents are there at
         # once; made in the background, only where an earlier pause of the
         # same sizes had it made.

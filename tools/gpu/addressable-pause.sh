@@ -4,7 +4,8 @@
 #   1. the driver alone: bench/host_vmm_costs 4 CHUNK_MIB (default 64: the size of the
 #      shim's larger blocks) (host cuMemCreate by 1-16 threads, partial and offset maps, the
 #      remap at a device allocation's address, host mappings with the device's access by
-#      1-16 threads, kernel and CPU access, a scratch granule over a range);
+#      1-16 threads, the swap beside a running copy, kernel and CPU access, one scratch
+#      granule mapped over a range);
 #   2. examples/paused_access.py under PyTorch's three allocator modes:
 #      kernels, a graph and an optimizer step on paused tensors, compared bit for bit with
 #      a never-paused run, and the kernels' GiB/s on paused memory;
