@@ -389,8 +389,9 @@ constexpr OptionInfo kOptions[] = {
      &ApplyHostPoolIdle, false, OptionKey::kHostPoolIdle},
     {"VMMSHIM_HOST_POOL_MAX", "bytes", "0", "a byte count (K, M, G, T[iB]); 0: no cap",
      "The most host memory one device's pool holds, pinned, for addressable pauses (kept for "
-     "the next pause, in use by paused contents, or being made), so that an operator can "
-     "bound what a process pins. Contents beyond it are kept as VMMSHIM_PAUSED_ACCESS=fault "
+     "the next pause, in use by paused contents, or being made; the 66 MiB of scratch that "
+     "dropped contents map apart), so that an operator can bound what a process pins. "
+     "Contents beyond it are kept as VMMSHIM_PAUSED_ACCESS=fault "
      "keeps them (an access faults while paused). 0: sized to what the process paused last, "
      "within 3/4 of the host's free memory or the memory cgroup's headroom (docs/"
      "pause-resume.md, \"Touching paused memory\"). The residency report's sized_by names "

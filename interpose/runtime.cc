@@ -131,7 +131,7 @@ void ReleaseCacheAtExit() {
   WriteExitSnapshot(*rt);
   const size_t released = rt->core->control().Trim(-1);
   if (released > 0) Log().debug("released {} cached bytes at exit", released);
-  const size_t host = rt->core->pause().ReleaseHostMemory();
+  const size_t host = rt->core->pause().ReleaseHostMemoryForGood();
   if (host > 0) Log().debug("released {} bytes of host memory kept for pauses at exit", host);
 }
 

@@ -64,8 +64,8 @@ struct AllocatorOptions {
   // contents in host memory mapped at the paused address, scratch memory
   // where contents were dropped (core/heap/host_mapped_pool.h); false
   // (=fault): nothing is mapped there and an access faults. The preloaded
-  // library's default is the variable's (config/config.h: fault for now);
-  // this one is the tests' and an embedder's.
+  // library's default is the variable's (config/config.h); this one is the
+  // tests' and an embedder's.
   bool paused_memory_addressable = true;
   // The host memory kept for the next pause is released after this many
   // seconds unused (VMMSHIM_HOST_POOL_IDLE); 0: kept until exit.
@@ -75,7 +75,8 @@ struct AllocatorOptions {
   size_t host_pool_max_bytes = 0;
   // The host memory a pause lacks is made in the background for the next
   // pause, never on the pause's path (VMMSHIM_HOST_POOL_MAKE=background;
-  // core/heap/host_mapped_pool.h); false: made by the pause itself.
+  // core/heap/host_mapped_pool.h); false: made by the pause itself (the
+  // preloaded library's default is background, config/config.h).
   bool host_memory_in_background = false;
   // What one registration of the pinned pool covers (PinnedPool; not a
   // VMMSHIM_* setting: tests make it small to cut copies at its ends).

@@ -137,7 +137,7 @@ absl::StatusOr<std::vector<HostBackup>> BackupCopier::NewBackups(
         later += wanted_sizes[k];
         continue;
       }
-      if (absl::IsResourceExhausted(taken[k].status())) {  // VMMSHIM_HOST_POOL_MAX
+      if (absl::IsOutOfRange(taken[k].status())) {  // VMMSHIM_HOST_POOL_MAX
         capped += wanted_sizes[k];
         continue;
       }

@@ -40,6 +40,7 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
   {
     MutexLock lock(&mu_);
     last_use_ = std::chrono::steady_clock::now();
+    figures_.limited_by.clear();  // what cuts this pause's, from here on
     for (size_t i = 0; i < sizes.size(); ++i) {
       auto it = kept_.find(sizes[i]);
       if (it == kept_.end()) {
@@ -54,9 +55,10 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
     }
     // Kept memory of other sizes gives way when what is to be made would
     // not fit beside it (it is page-locked: the kernel cannot reclaim it).
+    // In the background the maker does that, off the pause's path.
     size_t to_make = 0;
     for (size_t i : missing) to_make += sizes[i];
-    if (to_make > 0 && !kept_.empty()) {
+    if (to_make > 0 && !kept_.empty() && !options_.make_in_background) {
       HostMemoryHeadroom headroom = HostMemoryHeadroomUnder(options_.headroom_root);
       if (OverMaxLocked(to_make)) headroom = MaxAsHeadroomLocked();
       if (headroom.bytes != SIZE_MAX && to_make > headroom.bytes) {
@@ -68,22 +70,31 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
         unmatched = std::move(kept_);
         kept_.clear();
         kept_bytes_ = 0;
+        ++releasing_;
       }
     }
-    // What would take the pool past Options::max_bytes is not made (nor
-    // queued): kept as fault keeps it.
+    // What would take the pool past Options::max_bytes is neither made nor
+    // queued: kept as fault keeps it. What is queued already counts, once;
+    // kept memory counts where the pause makes (in the background the maker
+    // gives it way, GiveWayLocked).
     if (options_.max_bytes > 0) {
-      size_t held = kept_bytes_ + in_use_bytes_;
+      size_t held = in_use_bytes_ + queued_size_bytes() +
+                    (options_.make_in_background ? 0 : kept_bytes_);
+      std::map<size_t, size_t> counted;  // per size, queued entries this pause may count on
+      for (size_t q : queued_) ++counted[q];
       std::vector<size_t> within;
       for (size_t i : missing) {
-        if (held + sizes[i] <= options_.max_bytes) {
+        if (size_t& n = counted[sizes[i]]; n > 0) {
+          --n;
+          within.push_back(i);
+        } else if (held + sizes[i] <= options_.max_bytes) {
           held += sizes[i];
           within.push_back(i);
-          continue;
+        } else {
+          out[i] = absl::OutOfRangeError(absl::StrCat(
+              "VMMSHIM_HOST_POOL_MAX (", options_.max_bytes, " bytes) would be passed"));
+          figures_.limited_by = MaxAsHeadroomLocked().limited_by;
         }
-        out[i] = absl::ResourceExhaustedError(absl::StrCat(
-            "VMMSHIM_HOST_POOL_MAX (", options_.max_bytes, " bytes) would be passed"));
-        figures_.limited_by = MaxAsHeadroomLocked().limited_by;
       }
       missing = std::move(within);
     }
@@ -110,7 +121,7 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
     }
     changed_.SignalAll();
   }
-  unmatched.clear();  // released outside the lock
+  if (!unmatched.empty()) ReleaseCounted(unmatched);  // outside the lock
   if (missing.empty()) return out;
   // Made by several threads at once: the driver pins each handle's pages as
   // it makes them (bench/host_vmm_costs).
@@ -184,7 +195,8 @@ void HostMappedPool::KeepLocked(HostMappedMemory memory) {
   const size_t size = memory.size();
   HostMemoryHeadroom headroom;
   if (!FitsLocked(size, &headroom)) {
-    if (figures_.limited_by.empty()) {
+    if (!keep_logged_) {
+      keep_logged_ = true;
       Log().info("device {}: host memory for paused contents: {} bytes released rather than "
                  "kept for the next pause: the pool would hold {} bytes with {} left ({})",
                  device_, size, kept_bytes_ + in_use_bytes_ + size, headroom.bytes,
@@ -206,16 +218,48 @@ void HostMappedPool::KeepLocked(HostMappedMemory memory) {
   changed_.SignalAll();
 }
 
+bool HostMappedPool::GiveWayLocked(size_t size, const HostMemoryHeadroom& headroom,
+                                   std::multimap<size_t, HostMappedMemory>* going) {
+  size_t released = 0;
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    if (queued_.count(it->first) > 0) {
+      ++it;
+      continue;
+    }
+    released += it->first;
+    going->insert(kept_.extract(it++));
+  }
+  if (released == 0) return false;
+  kept_bytes_ -= released;
+  figures_.trimmed_bytes += released;
+  figures_.limited_by = headroom.limited_by;
+  Log().info("device {}: {} bytes of host memory kept for paused contents of other sizes "
+             "released in the background for {} bytes queued ({})",
+             device_, released, queued_size_bytes(), headroom.limited_by);
+  ++releasing_;
+  return true;
+}
+
+void HostMappedPool::ReleaseCounted(std::multimap<size_t, HostMappedMemory>& going) {
+  going.clear();
+  MutexLock lock(&mu_);
+  --releasing_;
+  changed_.SignalAll();
+}
+
 void HostMappedPool::MakeQueued() {
   for (;;) {
     size_t size;
+    // Kept memory of sizes nobody waits for, given way to what is queued:
+    // released outside the lock, then the queue is looked at again.
+    std::multimap<size_t, HostMappedMemory> going;
     {
       MutexLock lock(&mu_);
       while (!stopping_ && queued_.empty()) changed_.Wait(&mu_);
       if (stopping_) return;
       size = *queued_.begin();
       HostMemoryHeadroom headroom;
-      if (!FitsLocked(size, &headroom)) {
+      if (!FitsLocked(size, &headroom) && !GiveWayLocked(size, headroom, &going)) {
         if (!background_logged_) {
           Log().info("device {}: host memory for paused contents: {} bytes not made in the "
                      "background: the pool would hold {} bytes with {} left ({})",
@@ -227,7 +271,11 @@ void HostMappedPool::MakeQueued() {
         queued_.clear();
         continue;
       }
-      making_ = true;
+      if (going.empty()) making_ = true;
+    }
+    if (!going.empty()) {
+      ReleaseCounted(going);
+      continue;
     }
     absl::StatusOr<HostMappedMemory> made = HostMappedMemory::Create(driver_, node_, device_, size);
     HostMappedMemory unwanted;  // Trim, Release or the destructor came meanwhile
@@ -283,9 +331,10 @@ void HostMappedPool::TrimWhenIdle() {
       released = kept_bytes_;
       kept_bytes_ = 0;
       figures_.trimmed_bytes += released;
+      ++releasing_;
     }
     // Released outside the lock: cuMemRelease of pinned memory takes time.
-    going.clear();
+    ReleaseCounted(going);
     Log().info("device {}: {} bytes of host memory for paused contents released: unused for "
                "{} s",
                device_, released, options_.idle_seconds);
@@ -303,8 +352,19 @@ size_t HostMappedPool::Trim() {
     released = kept_bytes_;
     kept_bytes_ = 0;
     figures_.trimmed_bytes += released;
+    ++releasing_;
   }
-  return released;  // `going` released here, outside the lock
+  ReleaseCounted(going);  // outside the lock
+  return released;
+}
+
+size_t HostMappedPool::ReleaseForGood() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;  // the maker and the trimmer stop; nothing more is made
+    changed_.SignalAll();
+  }
+  return Release();
 }
 
 size_t HostMappedPool::Release() {
@@ -320,9 +380,16 @@ size_t HostMappedPool::Release() {
   {
     MutexLock lock(&mu_);
     released += scratch_.size() + large_scratch_.size();
-    scratch = std::move(scratch_);  // released outside the lock
+    scratch = std::move(scratch_);
     large_scratch = std::move(large_scratch_);
   }
+  {  // released here, outside the lock
+    HostMappedMemory going = std::move(scratch), large_going = std::move(large_scratch);
+  }
+  // Releases other threads began (the idle trimmer, a Trim, a pause's give
+  // way) are done too: none of the pool's driver calls outlives this.
+  MutexLock lock(&mu_);
+  while (releasing_ > 0 || making_) changed_.Wait(&mu_);
   return released;
 }
 
@@ -340,27 +407,22 @@ absl::StatusOr<ViewMapping> HostMappedPool::MapScratch(CUdeviceptr va, size_t si
   const size_t granule = node_.granularity;
   const size_t large = (kLargeScratchBytes + granule - 1) / granule * granule;
   ViewMapping view{PausedView::kScratch, granule, 0, 0, 0, this};
-  // The large handle where it covers something, else (the host short of
-  // 64 MiB) granules throughout.
-  if (size >= large && MakeScratchLocked(&large_scratch_, large).ok()) {
+  const VmmMapper mapper(driver_);
+  // The large handle where it covers something; granules throughout where
+  // it cannot be made or mapped (a host short of 64 MiB, a driver that
+  // refuses it at this address).
+  if (size >= large && MakeScratchLocked(&large_scratch_, large).ok() &&
+      mapper.MapRepeated(va, size / large * large, large_scratch_.handle(), large, access).ok()) {
     view.head_bytes = size / large * large;
     view.head_piece = large;
   }
   if (view.head_bytes < size) {
-    if (absl::Status s = MakeScratchLocked(&scratch_, granule); !s.ok()) return s;
-  }
-  const VmmMapper mapper(driver_);
-  if (view.head_bytes > 0) {
-    if (absl::Status s = mapper.MapRepeated(va, view.head_bytes, large_scratch_.handle(),
-                                            view.head_piece, access);
-        !s.ok()) {
-      return s;
+    absl::Status s = MakeScratchLocked(&scratch_, granule);
+    if (s.ok()) {
+      s = mapper.MapRepeated(va + view.head_bytes, size - view.head_bytes, scratch_.handle(),
+                             granule, access);
     }
-  }
-  if (view.head_bytes < size) {
-    if (absl::Status s = mapper.MapRepeated(va + view.head_bytes, size - view.head_bytes,
-                                            scratch_.handle(), granule, access);
-        !s.ok()) {
+    if (!s.ok()) {
       size_t unmapped = 0;
       mapper.UnmapRepeated(va, view.head_bytes, view.head_piece, &unmapped).IgnoreError();
       return s;
@@ -436,6 +498,7 @@ void HostMappedPool::AfterForkChild() {
   scratch_views_ = 0;
   queued_.clear();
   making_ = false;
+  releasing_ = 0;
   kept_bytes_ = 0;
   in_use_bytes_ = 0;
   in_fork_child_ = true;  // what the child's paused blocks give back is the parent's too

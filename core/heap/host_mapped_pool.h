@@ -8,9 +8,10 @@
 // design": "Pinning host memory"), so a pause that had to make its host
 // memory runs at the pinning's speed. The memory a resume frees is kept,
 // by size, for the next pause: a loop that pauses and resumes the same set
-// (an RL step) makes host memory once, at its first pause, and copies at the
-// copy engine's speed from the second on. Sized to the work: what the
-// process paused last, no setting.
+// (an RL step) makes host memory once, by its first pause or in the
+// background after it (Options::make_in_background), and copies at the
+// copy engine's speed from then on. Sized to the work: what the process
+// paused last, under Options::max_bytes where that is set.
 //
 // Limits: what the pool keeps is page-locked host memory, never reclaimed
 // by the kernel; it keeps memory only while it holds at most 3/4 of what it
@@ -42,10 +43,11 @@
 //
 // Thread safety: every member may be called from any thread.
 //
-// At destruction the trimming thread is joined and the memory released.
-// The preloaded shim never destroys its core (interpose/runtime.cc), so at
-// process exit the thread is left waiting and the memory goes with the
-// process. A fork's child forgets the parent's (AfterForkChild).
+// At destruction the pool's threads are joined and the memory released.
+// The preloaded shim never destroys its core; at process exit it calls
+// ReleaseForGood before the driver's teardown (interpose/runtime.cc), and
+// host memory still mapped at paused addresses goes with the process. A
+// fork's child forgets the parent's (AfterForkChild).
 #ifndef VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
 #define VMMSHIM_CORE_HEAP_HOST_MAPPED_POOL_H_
 
@@ -75,7 +77,7 @@ namespace vmmshim {
 enum class PausedView : uint8_t {
   kNothing,   // an access faults (VMMSHIM_PAUSED_ACCESS=fault, or no host VMM memory)
   kContents,  // its backup's host VMM memory: reads and writes reach the kept contents
-  kScratch,   // the device's scratch granule, again and again: undefined data
+  kScratch,   // the device's scratch handles, again and again: undefined data
 };
 
 // A paused range's view, as HostMappedPool::MapView mapped it: its kind, the
@@ -139,7 +141,7 @@ class HostMappedPool {
   // sizes is released first when the host's headroom would not hold what
   // is to be made). An entry the driver refused holds its error
   // (CUDA_ERROR_OUT_OF_MEMORY: host memory); one past Options::max_bytes,
-  // kResourceExhausted (nothing made for it). With make_in_background, the
+  // kOutOfRange (nothing made for it). With make_in_background, the
   // rest is queued instead (once per size missing, counting what is
   // queued already) and its entries hold kUnavailable.
   std::vector<absl::StatusOr<HostMappedMemory>> Take(const std::vector<size_t>& sizes);
@@ -163,6 +165,9 @@ class HostMappedPool {
   // Teardown, and a deep sleep's checkpoint (Note [The driver's checkpoint
   // and host VMM memory]).
   size_t Release() ABSL_LOCKS_EXCLUDED(mu_);
+  // Release, and nothing made or trimmed by the pool's threads after it
+  // (they end): the process's exit, before the driver's teardown.
+  size_t ReleaseForGood() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
     size_t kept_bytes = 0;      // held for the next pause
@@ -213,6 +218,15 @@ class HostMappedPool {
   // under it, as a headroom naming the setting.
   bool OverMaxLocked(size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   HostMemoryHeadroom MaxAsHeadroomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The maker's give way: kept memory of sizes not queued moves to `going`
+  // (counted in releasing_); false when there is none. `size` and
+  // `headroom`: what did not fit, and why (logged).
+  bool GiveWayLocked(size_t size, const HostMemoryHeadroom& headroom,
+                     std::multimap<size_t, HostMappedMemory>* going)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `going` outside the lock and counts one release of
+  // releasing_ done (Release waits for them all).
+  void ReleaseCounted(std::multimap<size_t, HostMappedMemory>& going) ABSL_LOCKS_EXCLUDED(mu_);
   size_t queued_size_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     size_t sum = 0;
     for (size_t size : queued_) sum += size;
@@ -239,6 +253,9 @@ class HostMappedPool {
   std::multiset<size_t> queued_ ABSL_GUARDED_BY(mu_);  // sizes to make in the background
   bool making_ ABSL_GUARDED_BY(mu_) = false;  // the maker is making one (outside the lock)
   bool background_logged_ ABSL_GUARDED_BY(mu_) = false;  // a refusal logged once
+  bool keep_logged_ ABSL_GUARDED_BY(mu_) = false;  // a keep refused, logged once
+  // Releases of kept memory under way outside the lock (ReleaseCounted).
+  int releasing_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread maker_;  // started at the first queued size
 };
 

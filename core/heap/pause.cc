@@ -130,6 +130,12 @@ size_t PauseCoordinator::ReleaseHostMemory() {
   return released;
 }
 
+size_t PauseCoordinator::ReleaseHostMemoryForGood() {
+  size_t released = 0;
+  for (HostMappedPool* pool : host_pools_.All()) released += pool->ReleaseForGood();
+  return released;
+}
+
 absl::StatusOr<size_t> PauseCoordinator::ReleaseHostMemoryForCheckpoint() {
   size_t released = 0, taken = 0;
   for (HostMappedPool* pool : host_pools_.All()) {

@@ -169,6 +169,9 @@ class PauseCoordinator : public HeapTable::Listener {
   // What those pools keep for the next pause, released now, with their
   // scratch (teardown); the bytes released.
   size_t ReleaseHostMemory();
+  // ReleaseHostMemory, the pools' threads stopped for good first (the
+  // process's exit, before the driver's teardown).
+  size_t ReleaseHostMemoryForGood();
   // Before the driver's checkpoint (Note [The driver's checkpoint and host
   // VMM memory], core/heap/host_mapped_pool.h): what those pools keep and
   // their scratch, released now; the bytes released, or

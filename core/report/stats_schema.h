@@ -12,6 +12,7 @@
 //    kDevices: [{device::*, device::kStreamOrdered: {stream_ordered::*},
 //                device::kPeers: [{peer::*}]}],
 //    kResidency: [core/report/residency.h's per-device objects],
+//    kHostMemoryForPauses: [core/report/residency.h's host_memory_for_pauses],
 //    kDriverCalls: [{driver_call::*}]}
 // Each k*Keys array lists the keys of one object, in the order written; the
 // tests check that a written file has exactly those.

@@ -1893,6 +1893,11 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
       !Aligned(offset, g) || offset + size > hit->second.size) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // Host memory maps only whole (map_part and map_offset of
+  // bench/host_vmm_costs on an H100, driver 580).
+  if (hit->second.host && (offset != 0 || size != hit->second.size)) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   auto rit = s.reservations.upper_bound(ptr);
   if (rit == s.reservations.begin()) return CUDA_ERROR_INVALID_VALUE;
   --rit;

@@ -228,6 +228,68 @@ TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
   }
 }
 
+// In the background, kept memory of another set gives way to the set paused
+// last, by the maker, off the pause's path: the pause itself releases none.
+TEST_F(AddressablePauseTest, InTheBackgroundTheMakerGivesWayToTheSetPausedLast) {
+  AllocatorOptions o;
+  o.host_pool_max_bytes = 10 * kMiB;
+  o.host_memory_in_background = true;
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr first = Alloc(a, 8 * kMiB, "a");
+  const CUdeviceptr second = Alloc(a, 6 * kMiB, "b");
+  auto settle = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (PoolStats(shim, 0).queued_bytes > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("a"), true).ok());
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("a")).ok());
+  settle();
+  ASSERT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
+  sim::HoldCalls("cuMemCreate");  // the maker waits: the pause alone is seen
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("b"), true).ok());
+  EXPECT_EQ(PoolStats(shim, 0).queued_bytes, 6 * kMiB);
+  ASSERT_TRUE(sim::WaitForHeldCall(5000));  // set a's memory given way, b's being made
+  EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 0u);
+  sim::ReleaseHeldCalls();
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("b")).ok());
+  settle();
+  const HostMappedPool::Stats s = PoolStats(shim, 0);
+  EXPECT_EQ(s.kept_bytes, 6 * kMiB);
+  EXPECT_EQ(s.trimmed_bytes, 8 * kMiB);
+  EXPECT_NE(s.limited_by.find("VMMSHIM_HOST_POOL_MAX"), std::string::npos) << s.limited_by;
+  for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+  ASSERT_TRUE(shim.ReleaseAll().ok());
+  ExpectNothingLeft();
+}
+
+// Release (the deep sleep's checkpoint, the exit) returns only when a
+// release another thread began is done: no host memory is left behind it.
+TEST_F(AddressablePauseTest, ReleaseWaitsForTheIdleTrimUnderWay) {
+  AllocatorOptions o;
+  o.host_pool_idle_seconds = 0.05;
+  ShimCore shim(api_, o);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  sim::HoldCalls("cuMemRelease");
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  ASSERT_TRUE(sim::WaitForHeldCall(5000));  // the idle trimmer releases the 8 MiB
+  std::atomic<bool> done{false};
+  std::thread releaser([&] {
+    shim.pause().ReleaseHostMemory();
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load());
+  sim::ReleaseHeldCalls();
+  releaser.join();
+  EXPECT_EQ(sim::GetUsage().host_handles, 0u);
+  ASSERT_TRUE(a.Free(kv).ok());
+}
+
 TEST_F(AddressablePauseTest, UnusedHostMemoryIsReleasedAfterTheIdleTime) {
   AllocatorOptions o;
   o.host_pool_idle_seconds = 0.05;
@@ -483,6 +545,29 @@ TEST_F(AddressablePauseTest, AFreeWhoseViewUnmapFailsMidwayFinishesItNextTime) {
     EXPECT_NE(sim::DeviceRead(0, &c, dropped + at, 1), CUDA_SUCCESS) << at;
   }
   EXPECT_EQ(sim::GetUsage().mappings, 1u);  // the scratch's own range alone
+}
+
+// The same over the large scratch handle and the granule after it: the
+// retry starts inside the large part and finishes the granules.
+TEST_F(AddressablePauseTest, AViewOverBothScratchHandlesFinishesAFailedUnmapNextTime) {
+  ShimCore shim(api_);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr dropped = Alloc(a, 132 * kMiB, "tmp");  // 2 x 64 MiB, 2 x 2 MiB
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
+  // The large part's one unmap fails, its first piece unmaps, its second fails.
+  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
+  EXPECT_FALSE(a.Free(dropped).ok());
+  sim::ClearFailures();
+  char c;
+  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);               // unmapped
+  EXPECT_EQ(sim::DeviceRead(0, &c, dropped + 64 * kMiB, 1), CUDA_SUCCESS);   // still mapped
+  EXPECT_EQ(sim::DeviceRead(0, &c, dropped + 130 * kMiB, 1), CUDA_SUCCESS);  // the granules too
+  ASSERT_TRUE(a.Free(dropped).ok());
+  for (size_t at = 0; at < 132 * kMiB; at += 2 * kMiB) {
+    EXPECT_NE(sim::DeviceRead(0, &c, dropped + at, 1), CUDA_SUCCESS) << at;
+  }
+  EXPECT_EQ(sim::GetUsage().mappings, 2u);  // the two scratch handles' own ranges alone
 }
 
 // A paused block whose context goes while its view will not unmap: the
