@@ -52,6 +52,21 @@ class AddressablePauseTest : public SimTest {
     }
     return HostMappedPool::Stats();
   }
+  // VMMSHIM_HOST_POOL_MAX and VMMSHIM_HOST_POOL_MAKE.
+  static AllocatorOptions PoolCappedAt(size_t max_bytes, bool background) {
+    AllocatorOptions o;
+    o.host_pool_max_bytes = max_bytes;
+    o.host_memory_in_background = background;
+    return o;
+  }
+  // Until device 0's pool has made what was queued in the background (at
+  // most 10 s).
+  static void AwaitNothingQueued(ShimCore& shim) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (PoolStats(shim, 0).queued_bytes > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
   // Nothing left behind: no device or host handle, mapping or reservation.
   static void ExpectNothingLeft() {
     const sim::Usage u = sim::GetUsage();
@@ -191,10 +206,7 @@ TEST_F(AddressablePauseTest, TheSecondPauseTakesTheHostMemoryTheFirstMade) {
 TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
   for (bool background : {false, true}) {
     SCOPED_TRACE(background ? "made in the background" : "made by the pause");
-    AllocatorOptions o;
-    o.host_pool_max_bytes = 10 * kMiB;
-    o.host_memory_in_background = background;
-    ShimCore shim(api_, o);
+    ShimCore shim(api_, PoolCappedAt(10 * kMiB, background));
     Allocator& a = shim.allocator();
     const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
     const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
@@ -213,10 +225,7 @@ TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
       ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
       EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
       EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (PoolStats(shim, 0).queued_bytes > 0 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
+      AwaitNothingQueued(shim);
     }
     EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
     const nlohmann::json r = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
@@ -231,22 +240,13 @@ TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
 // In the background, kept memory of another set gives way to the set paused
 // last, by the maker, off the pause's path: the pause itself releases none.
 TEST_F(AddressablePauseTest, InTheBackgroundTheMakerGivesWayToTheSetPausedLast) {
-  AllocatorOptions o;
-  o.host_pool_max_bytes = 10 * kMiB;
-  o.host_memory_in_background = true;
-  ShimCore shim(api_, o);
+  ShimCore shim(api_, PoolCappedAt(10 * kMiB, /*background=*/true));
   Allocator& a = shim.allocator();
   const CUdeviceptr first = Alloc(a, 8 * kMiB, "a");
   const CUdeviceptr second = Alloc(a, 6 * kMiB, "b");
-  auto settle = [&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (PoolStats(shim, 0).queued_bytes > 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  };
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("a"), true).ok());
   ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("a")).ok());
-  settle();
+  AwaitNothingQueued(shim);
   ASSERT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
   sim::HoldCalls("cuMemCreate");  // the maker waits: the pause alone is seen
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("b"), true).ok());
@@ -255,7 +255,7 @@ TEST_F(AddressablePauseTest, InTheBackgroundTheMakerGivesWayToTheSetPausedLast) 
   EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 0u);
   sim::ReleaseHeldCalls();
   ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("b")).ok());
-  settle();
+  AwaitNothingQueued(shim);
   const HostMappedPool::Stats s = PoolStats(shim, 0);
   EXPECT_EQ(s.kept_bytes, 6 * kMiB);
   EXPECT_EQ(s.trimmed_bytes, 8 * kMiB);
@@ -525,49 +525,46 @@ TEST_F(AddressablePauseTest, AResumeCopiesEachBlockBackAsSoonAsItIsMapped) {
 
 // A view whose unmap fails midway: the free fails and the block stays
 // paused; the next free unmaps from where the first stopped (the pieces
-// already unmapped are not unmapped again).
-TEST_F(AddressablePauseTest, AFreeWhoseViewUnmapFailsMidwayFinishesItNextTime) {
-  ShimCore shim(api_);
+// already unmapped are not unmapped again). The whole-range unmap fails,
+// then the second piece's (the simulated driver counts the second failure
+// from the call after the first): [0, piece) is unmapped, `still_mapped`
+// offsets are not, until the next free. `handles`: the scratch handles the
+// range maps, each left with its own range alone.
+void ExpectAFailedViewUnmapFinishedByTheNextFree(const DriverApi& api, size_t size,
+                                                 std::vector<size_t> still_mapped,
+                                                 size_t handles) {
+  ShimCore shim(api);
   Allocator& a = shim.allocator();
-  const CUdeviceptr dropped = Alloc(a, 8 * kMiB, "tmp");  // four 2 MiB scratch mappings
+  absl::StatusOr<Allocator::Allocation> r = a.Allocate(size, "tmp");
+  ASSERT_TRUE(r.ok() && r->served) << r.status();
+  const CUdeviceptr dropped = r->ptr;
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
-  // The whole-range unmap fails, then the second piece's (the simulated
-  // driver counts the second failure from the call after the first).
   sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
   sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
   EXPECT_FALSE(a.Free(dropped).ok());
   sim::ClearFailures();
   char c;
-  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);              // unmapped
-  EXPECT_EQ(sim::DeviceRead(0, &c, dropped + 2 * kMiB, 1), CUDA_SUCCESS);  // still mapped
+  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);  // unmapped
+  for (size_t at : still_mapped) {
+    EXPECT_EQ(sim::DeviceRead(0, &c, dropped + at, 1), CUDA_SUCCESS) << at;
+  }
   ASSERT_TRUE(a.Free(dropped).ok());
-  for (size_t at = 0; at < 8 * kMiB; at += 2 * kMiB) {
+  for (size_t at = 0; at < size; at += 2 * kMiB) {
     EXPECT_NE(sim::DeviceRead(0, &c, dropped + at, 1), CUDA_SUCCESS) << at;
   }
-  EXPECT_EQ(sim::GetUsage().mappings, 1u);  // the scratch's own range alone
+  EXPECT_EQ(sim::GetUsage().mappings, handles);
 }
 
-// The same over the large scratch handle and the granule after it: the
-// retry starts inside the large part and finishes the granules.
+TEST_F(AddressablePauseTest, AFreeWhoseViewUnmapFailsMidwayFinishesItNextTime) {
+  // Four 2 MiB scratch mappings.
+  ExpectAFailedViewUnmapFinishedByTheNextFree(api_, 8 * kMiB, {2 * kMiB}, 1);
+}
+
+// The same over the large scratch handle and the granule after it (2 x 64
+// MiB, 2 x 2 MiB): the retry starts inside the large part and finishes the
+// granules.
 TEST_F(AddressablePauseTest, AViewOverBothScratchHandlesFinishesAFailedUnmapNextTime) {
-  ShimCore shim(api_);
-  Allocator& a = shim.allocator();
-  const CUdeviceptr dropped = Alloc(a, 132 * kMiB, "tmp");  // 2 x 64 MiB, 2 x 2 MiB
-  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("tmp"), false).ok());
-  // The large part's one unmap fails, its first piece unmaps, its second fails.
-  sim::FailCall("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
-  sim::FailCall("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN);
-  EXPECT_FALSE(a.Free(dropped).ok());
-  sim::ClearFailures();
-  char c;
-  EXPECT_NE(sim::DeviceRead(0, &c, dropped, 1), CUDA_SUCCESS);               // unmapped
-  EXPECT_EQ(sim::DeviceRead(0, &c, dropped + 64 * kMiB, 1), CUDA_SUCCESS);   // still mapped
-  EXPECT_EQ(sim::DeviceRead(0, &c, dropped + 130 * kMiB, 1), CUDA_SUCCESS);  // the granules too
-  ASSERT_TRUE(a.Free(dropped).ok());
-  for (size_t at = 0; at < 132 * kMiB; at += 2 * kMiB) {
-    EXPECT_NE(sim::DeviceRead(0, &c, dropped + at, 1), CUDA_SUCCESS) << at;
-  }
-  EXPECT_EQ(sim::GetUsage().mappings, 2u);  // the two scratch handles' own ranges alone
+  ExpectAFailedViewUnmapFinishedByTheNextFree(api_, 132 * kMiB, {64 * kMiB, 130 * kMiB}, 2);
 }
 
 // A paused block whose context goes while its view will not unmap: the
