@@ -500,8 +500,11 @@ ParseResult ParseConfig(absl::FunctionRef<const char*(const char*)> getenv,
   // NUMA nodes (NCCL issue 2190); where the user turned NCCL's use of it off,
   // the shim makes none either unless told to.
   const char* nccl_host = getenv("NCCL_CUMEM_HOST_ENABLE");
-  if (getenv(Option(OptionKey::kPausedAccess).name) == nullptr && nccl_host != nullptr &&
-      absl::StripAsciiWhitespace(nccl_host) == "0") {
+  const char* paused_access = getenv(Option(OptionKey::kPausedAccess).name);
+  Config ignored;
+  const bool access_given =
+      paused_access != nullptr && ApplyPausedAccess(paused_access, pid, &ignored);
+  if (!access_given && nccl_host != nullptr && absl::StripAsciiWhitespace(nccl_host) == "0") {
     result.config.paused_memory_addressable = false;
     result.notes.push_back(
         "VMMSHIM_PAUSED_ACCESS=fault, since NCCL_CUMEM_HOST_ENABLE=0 says host VMM memory is "

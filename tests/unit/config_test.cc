@@ -100,6 +100,9 @@ TEST(ConfigTest, WhereTheHostMemoryForPausesIsMade) {
   EXPECT_TRUE(Parse({{"NCCL_CUMEM_HOST_ENABLE", "0"}, {"VMMSHIM_PAUSED_ACCESS", "host"}})
                   .config.paused_memory_addressable);
   EXPECT_TRUE(Parse({{"NCCL_CUMEM_HOST_ENABLE", "1"}}).config.paused_memory_addressable);
+  // A value that is not valid falls back to the default, which is fault here.
+  EXPECT_FALSE(Parse({{"NCCL_CUMEM_HOST_ENABLE", "0"}, {"VMMSHIM_PAUSED_ACCESS", "hots"}})
+                   .config.paused_memory_addressable);
   EXPECT_TRUE(Parse({}).config.host_memory_in_background);
   EXPECT_TRUE(Parse({{"VMMSHIM_HOST_POOL_MAKE", " Background"}}).config.host_memory_in_background);
   EXPECT_FALSE(Parse({{"VMMSHIM_HOST_POOL_MAKE", "pause"}}).config.host_memory_in_background);
