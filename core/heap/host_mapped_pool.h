@@ -219,9 +219,9 @@ class HostMappedPool {
   bool OverMaxLocked(size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   HostMemoryHeadroom MaxAsHeadroomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The maker's give way: kept memory of sizes not queued moves to `going`
-  // (counted in releasing_); false when there is none. `size` and
-  // `headroom`: what did not fit, and why (logged).
-  bool GiveWayLocked(size_t size, const HostMemoryHeadroom& headroom,
+  // (counted in releasing_); false when there is none. `headroom`: why what
+  // is queued did not fit (logged).
+  bool GiveWayLocked(const HostMemoryHeadroom& headroom,
                      std::multimap<size_t, HostMappedMemory>* going)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases `going` outside the lock and counts one release of

@@ -59,6 +59,12 @@ class AddressablePauseTest : public SimTest {
     o.host_memory_in_background = background;
     return o;
   }
+  // VMMSHIM_HOST_POOL_IDLE.
+  static AllocatorOptions PoolIdleAfter(double seconds) {
+    AllocatorOptions o;
+    o.host_pool_idle_seconds = seconds;
+    return o;
+  }
   // Until device 0's pool has made what was queued in the background (at
   // most 10 s).
   static void AwaitNothingQueued(ShimCore& shim) {
@@ -268,9 +274,7 @@ TEST_F(AddressablePauseTest, InTheBackgroundTheMakerGivesWayToTheSetPausedLast) 
 // Release (the deep sleep's checkpoint, the exit) returns only when a
 // release another thread began is done: no host memory is left behind it.
 TEST_F(AddressablePauseTest, ReleaseWaitsForTheIdleTrimUnderWay) {
-  AllocatorOptions o;
-  o.host_pool_idle_seconds = 0.05;
-  ShimCore shim(api_, o);
+  ShimCore shim(api_, PoolIdleAfter(0.05));
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
@@ -291,9 +295,7 @@ TEST_F(AddressablePauseTest, ReleaseWaitsForTheIdleTrimUnderWay) {
 }
 
 TEST_F(AddressablePauseTest, UnusedHostMemoryIsReleasedAfterTheIdleTime) {
-  AllocatorOptions o;
-  o.host_pool_idle_seconds = 0.05;
-  ShimCore shim(api_, o);
+  ShimCore shim(api_, PoolIdleAfter(0.05));
   Allocator& a = shim.allocator();
   const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
