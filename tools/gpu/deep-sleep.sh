@@ -9,7 +9,10 @@
 #   vmmshim-pool-stack the same with VMMSHIM_SLEEP_LOWERS_STACK=0: the contexts' stack
 #                      reservation left for the checkpoint to copy;
 #   vmmshim-drop       `vmmshim sleep PID --drop kv` (the KV cache refilled after the wake);
-#   vmmshim-drop-pool  the same with a pinned pool of DROP_POOL (default 3G: the weights).
+#   vmmshim-drop-pool  the same with a pinned pool of DROP_POOL (default 3G: the weights);
+#   baseline           as vmmshim, with the shim of BASELINE (a build of
+#                      tools/build/build-baseline.sh; default: the only one there).
+# MODES=driver,vmmshim,... picks some (default: the first six).
 # A process with a pool is given 3 s after it is ready before its sleep: the
 # pool is made in the background from its first allocation (about 1.2 s for
 # 20 GiB), which a real program's start covers.
@@ -26,6 +29,7 @@ set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 exec > >(tee "$out/deep-sleep.log") 2>&1
 rounds=${1:-2}
+MODES=${MODES:-driver,vmmshim,vmmshim-pool,vmmshim-pool-stack,vmmshim-drop,vmmshim-drop-pool}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 app=(python3 "$root/examples/deep_sleep_workload.py" --kv-gib "${KV_GIB:-16}")
@@ -37,8 +41,10 @@ run() {  # MODE ROUND
     vmmshim-drop) drop=(--drop kv) ;;
     vmmshim-drop-pool) pool=${DROP_POOL:-3G}; drop=(--drop kv) ;;
   esac
+  local preload=$shim
+  [ "$mode" = baseline ] && preload=${BASELINE:-$(ls "$b"/baseline/libvmmshim-*.so | head -1)}
   coproc W { if [ "$mode" = driver ]; then exec "${app[@]}"; else
-             LD_PRELOAD=$shim VMMSHIM_PINNED_POOL=$pool VMMSHIM_SLEEP_LOWERS_STACK=$stack \
+             LD_PRELOAD=$preload VMMSHIM_PINNED_POOL=$pool VMMSHIM_SLEEP_LOWERS_STACK=$stack \
                exec "${app[@]}"; fi; }
   read -r -t 120 line <&"${W[0]}"; pid=${line#ready }
   [ "$pool" = 0 ] || sleep 3
@@ -54,12 +60,13 @@ run() {  # MODE ROUND
   if [ ${#drop[@]} -gt 0 ]; then echo refill >&"${W[1]}"; read -r -t 60 _ <&"${W[0]}"; fi
   echo result >&"${W[1]}"; read -r -t 60 after <&"${W[0]}"
   echo quit >&"${W[1]}"; wait "$W_PID" 2>/dev/null
+  [ "$mode" = baseline ] && mode="baseline $(basename "$preload")"
   echo "$mode (pool $pool) round $round: MiB awake $awake, asleep $asleep; sleep: $s; wake: $w"
   echo "  before: $before"; echo "  after:  $after"
   [ "$before" = "$after" ] && echo "  identical" || echo "  DIFFERS"
 }
 for ((i = 1; i <= rounds; i++)); do
-  for mode in driver vmmshim vmmshim-pool vmmshim-pool-stack vmmshim-drop vmmshim-drop-pool; do
+  for mode in ${MODES//,/ }; do
     run "$mode" "$i"
   done
 done
