@@ -155,6 +155,7 @@ namespace vmmshim {
   X(cuStreamDestroy_v2, "cuStreamDestroy_v2", PFN_cuStreamDestroy_v4000, false)        \
   X(cuEventCreate, "cuEventCreate", PFN_cuEventCreate_v2000, false)                    \
   X(cuEventQuery, "cuEventQuery", PFN_cuEventQuery_v2000, false)                       \
+  X(cuEventSynchronize, "cuEventSynchronize", PFN_cuEventSynchronize_v2000, false)     \
   X(cuEventDestroy_v2, "cuEventDestroy_v2", PFN_cuEventDestroy_v4000, false)            \
   /* pause and resume: contents to host memory and back (core/heap/host_backup.h) */          \
   X(cuMemHostRegister_v2, "cuMemHostRegister_v2", PFN_cuMemHostRegister_v6050, false)  \

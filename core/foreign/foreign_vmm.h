@@ -155,7 +155,8 @@ class ForeignVmm final : public PausableMemory {
   void PauseAbort(const TagSelection& tag) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // With `views`, each mapping of a paused handle maps its view
   // (MapViewsLocked).
-  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, BackupCopier* copier,
+                                     HostMappedPools* views,
                                      PauseTimes* times) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::StatusOr<size_t> ResumePrepare(const TagSelection& tag, BackupCopier& copier,
                                        HostMappedPools* views,

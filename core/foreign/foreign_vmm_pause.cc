@@ -292,8 +292,8 @@ void ForeignVmm::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext
   AddContextsLocked(tag, /*paused_views=*/true, contexts);
 }
 
-absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMappedPools* views,
-                                               PauseTimes* times) {
+absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, BackupCopier* copier,
+                                               HostMappedPools* views, PauseTimes* times) {
   const auto start = std::chrono::steady_clock::now();
   ReleaseOrphansLocked();
   std::vector<HandleValue> marked;
@@ -301,10 +301,27 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMapp
     if (h.pausing) marked.push_back(value);
   }
   size_t released = 0;
+  double waited = 0;  // for copies: counted as theirs, not the release's
   absl::Status first;
   for (HandleValue value : marked) {
     Handle& h = handles_.at(value);
     h.pausing = false;
+    if (copier != nullptr && h.backup.has_value()) {
+      // Note [A pause's memory goes as its copy completes]
+      // (core/heap/pausable_memory.h).
+      const auto wait = std::chrono::steady_clock::now();
+      absl::Status copied = copier->WaitCopied(*h.backup);
+      waited += PauseTimes::Since(wait);
+      times->CopiesDone();
+      if (!copied.ok()) {
+        Log().error("vmmshim_pause_memory({}): copying handle {:#x} ({} bytes, another "
+                    "library's VMM memory) to host memory: {}; left live",
+                    tag.Describe(), value, h.size, copied.ToString());
+        h.backup.reset();
+        first.Update(copied);
+        continue;
+      }
+    }
     // Unmapped everywhere, or left whole and live.
     std::vector<absl::btree_map<CUdeviceptr, Mapping>::iterator> unmapped;
     absl::Status status;
@@ -359,7 +376,8 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, HostMapp
       times->views += PauseTimes::Since(step);
     }
   }
-  times->release += PauseTimes::Since(start);
+  times->copy += waited;
+  times->release += PauseTimes::Since(start) - waited;
   if (!first.ok()) return first;
   return released;
 }

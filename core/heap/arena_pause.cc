@@ -178,8 +178,8 @@ void ArenaPause::PauseAbort(const TagSelection& tag) {
   }
 }
 
-absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, HostMappedPools* views,
-                                               PauseTimes* times) {
+absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCopier* copier,
+                                               HostMappedPools* views, PauseTimes* times) {
   MutexLock lock(&arena_.mu_);
   const auto start = std::chrono::steady_clock::now();
   std::vector<CUdeviceptr> marked, cached;
@@ -192,10 +192,27 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, HostMapp
     }
   }
   size_t released = 0;
+  double waited = 0;  // for copies: counted as theirs, not the release's
   absl::Status first;
   for (CUdeviceptr base : marked) {
     Block& b = arena_.blocks_.Get(base);
     b.pausing = false;
+    if (copier != nullptr && b.backup.has_value()) {
+      // Note [A pause's memory goes as its copy completes].
+      const auto wait = std::chrono::steady_clock::now();
+      absl::Status copied = copier->WaitCopied(*b.backup);
+      waited += PauseTimes::Since(wait);
+      times->CopiesDone();
+      if (!copied.ok()) {
+        Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} to host memory: {}; "
+                    "left live",
+                    tag.Describe(), b.size, base, copied.ToString());
+        b.backup.reset();
+        arena_.blocks_.Reopen(base, b);
+        first.Update(copied);
+        continue;
+      }
+    }
     if (absl::Status s = arena_.mapper_.Unmap(base, b.size); !s.ok()) {
       // Still mapped and whole: it stays live (its backup goes).
       Log().warn("vmmshim_pause_memory({}): unmapping {:#x}: {}; left live", tag.Describe(), base,
@@ -239,7 +256,8 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, HostMapp
                  base, s.ToString());
     }
   }
-  times->release += PauseTimes::Since(start);
+  times->copy += waited;
+  times->release += PauseTimes::Since(start) - waited;
   if (!first.ok()) return first;
   return released;
 }

@@ -54,15 +54,18 @@ class ArenaPause final : public PausableMemory {
   // blocks marked `pausing`: no new allocation lands in them, a free in them
   // still works. On failure its own marks are undone. PauseAbort undoes the
   // marks (backups dropped). PauseCommit unmaps and releases the marked
-  // blocks (the VA stays theirs) and releases the tag's cached memory;
-  // returns the physical bytes the driver got back; a block whose unmap
-  // fails stays live and the first such error is returned after the rest.
+  // blocks (the VA stays theirs), each once its copy is complete (Note [A
+  // pause's memory goes as its copy completes], core/heap/pausable_memory.h:
+  // it waits under the arena's mutex, so a free meanwhile waits too), and
+  // releases the tag's cached memory; returns the physical bytes the driver
+  // got back; a block whose copy or unmap fails stays live and the first
+  // such error is returned after the rest.
   // With `views`, each paused block's address maps its view (MapViewLocked).
   absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                       PauseTimes* times) override;
   void PauseAbort(const TagSelection& tag) override;
-  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
-                                     PauseTimes* times) override;
+  absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, BackupCopier* copier,
+                                     HostMappedPools* views, PauseTimes* times) override;
   // The contexts of the selected paused blocks that have a view, and their
   // peers' (AddPeerContexts).
   void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override;

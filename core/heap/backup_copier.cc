@@ -222,8 +222,49 @@ absl::Status BackupCopier::CopyPageLocked(char* host, CUdeviceptr device, size_t
   return absl::OkStatus();
 }
 
+const void* BackupCopier::CopyKey(const HostBackup& backup) {
+  if (const HostMappedMemory* m = backup.host_mapped()) {
+    return reinterpret_cast<const void*>(m->address());
+  }
+  return backup.data();
+}
+
+void BackupCopier::MarkCopied(const HostBackup& backup) {
+  absl::StatusOr<CUstream> current = StreamForCurrentContext();
+  if (!current.ok() || *current == nullptr) return;  // the copies were complete at return
+  const CUstream stream = *current;
+  CopyMark& mark = marks_[CopyKey(backup)];
+  // A backup written again in this pause (never, today) keeps one mark: the
+  // latest copy's.
+  if (mark.event == nullptr && driver_.cuEventCreate != nullptr &&
+      driver_.cuEventRecord != nullptr && driver_.cuEventSynchronize != nullptr &&
+      driver_.cuEventCreate(&mark.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    mark.event = nullptr;
+  }
+  if (mark.event != nullptr && driver_.cuEventRecord(mark.event, stream) == CUDA_SUCCESS) {
+    mark.stream = nullptr;
+    return;
+  }
+  mark.stream = stream;  // waited for whole
+}
+
+absl::Status BackupCopier::WaitCopied(const HostBackup& backup) {
+  auto it = marks_.find(CopyKey(backup));
+  if (it == marks_.end()) return absl::OkStatus();  // complete at return, or never copied
+  const CopyMark mark = it->second;
+  if (mark.stream != nullptr) {
+    return DriverError(driver_.cuStreamSynchronize(mark.stream),
+                       "cuStreamSynchronize (pause copies)");
+  }
+  return DriverError(driver_.cuEventSynchronize(mark.event), "cuEventSynchronize (pause copy)");
+}
+
 absl::Status BackupCopier::Finish() {
   absl::Status first;
+  for (auto& [key, mark] : marks_) {
+    if (mark.event != nullptr) driver_.cuEventDestroy_v2(mark.event);
+  }
+  marks_.clear();
   for (const auto& [context, stream] : streams_) {
     ContextScope scope(driver_, context);  // the caller may have none current
     if (CUresult r = driver_.cuStreamSynchronize(stream); r != CUDA_SUCCESS) {
@@ -260,10 +301,13 @@ absl::Status BackupCopier::CopyDeviceToDevice(CUdeviceptr dst, CUdeviceptr src, 
 
 absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
   if (const HostMappedMemory* m = dst.host_mapped()) {
-    return CopyDeviceToDevice(m->address(), src, dst.size());
+    absl::Status s = CopyDeviceToDevice(m->address(), src, dst.size());
+    if (s.ok()) MarkCopied(dst);
+    return s;
   }
   if (dst.page_locked()) {
     if (absl::Status s = CopyPageLocked(dst.data(), src, dst.size(), true, dst.from_pool()); !s.ok()) return s;
+    MarkCopied(dst);
   } else if (absl::Status s = ToHost(dst.data(), src, dst.size()); !s.ok()) {
     return s;
   }

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/driver/driver_api.h"
@@ -74,11 +75,12 @@ class StagingRing {
 };
 
 // Copies between device memory and backups. Page-locked backups (the
-// pinned pool's, or PageLock'ed) are copied by the copy engine
-// asynchronously, on a stream of the copier's own per context (non-blocking,
-// so it waits for nothing of the program's: a pause synchronizes the
-// program's work first), in parts of at most kCopyPartBytes; Finish waits
-// for them. Pageable ones go through the staging ring, synchronously.
+// pinned pool's, or PageLock'ed) and host VMM memory are copied by the copy
+// engine asynchronously, on a stream of the copier's own per context
+// (non-blocking, so it waits for nothing of the program's: a pause
+// synchronizes the program's work first), in parts of at most
+// kCopyPartBytes; WaitCopied waits for one backup's copy, Finish for all.
+// Pageable ones go through the staging ring, synchronously.
 class BackupCopier {
  public:
   static constexpr size_t kChunkBytes = StagingRing::kSlotBytes;
@@ -121,9 +123,15 @@ class BackupCopier {
   absl::Status ToHost(char* dst, CUdeviceptr src, size_t bytes);
   // Host `src` -> device memory [dst, dst + bytes), through the staging ring.
   absl::Status ToDevice(CUdeviceptr dst, const char* src, size_t bytes);
+  // Waits for the last ToHost into `backup` since the last Finish, so that
+  // the device memory it copied from may go while later copies still run
+  // (a pause's commit: PausableMemory::PauseCommit); OK at once for a copy
+  // that was complete at return, or none. The copy's error, or the wait's.
+  absl::Status WaitCopied(const HostBackup& backup);
   // Waits for every copy started and releases the copier's streams; the
   // first error of a copy or of the wait. Before device memory that was
-  // copied from is unmapped, and before resumed memory is handed back.
+  // copied from is unmapped (or WaitCopied), and before resumed memory is
+  // handed back.
   absl::Status Finish();
 
   // The backups this pause makes (PauseCoordinator sets it per pause).
@@ -142,6 +150,21 @@ class BackupCopier {
   // range), on the copy engine, in parts of kCopyPartBytes.
   absl::Status CopyDeviceToDevice(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 
+  // Where WaitCopied finds a backup's copy: the host memory it was copied
+  // into.
+  static const void* CopyKey(const HostBackup& backup);
+  // Marks the copies started on the current context's stream so far as the
+  // last into `backup`: an event recorded after them, or (the driver lacks
+  // events, or refused one) the stream itself, waited for whole. Nothing
+  // where the copies were complete at return.
+  void MarkCopied(const HostBackup& backup);
+
+  // A copy started on the copy engine, waited for by WaitCopied.
+  struct CopyMark {
+    CUevent event = nullptr;    // recorded after it (the copier's, destroyed at Finish)
+    CUstream stream = nullptr;  // without an event: the stream it ran on
+  };
+
   const DriverApi& driver_;
   StagingRing& ring_;
   const int threads_;
@@ -150,6 +173,7 @@ class BackupCopier {
   int pool_usable_ = -1;  // -1: not asked yet
   BackupKind kind_;
   std::vector<std::pair<CUcontext, CUstream>> streams_;
+  absl::flat_hash_map<const void*, CopyMark> marks_;  // by CopyKey
 };
 
 }  // namespace vmmshim

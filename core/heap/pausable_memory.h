@@ -8,11 +8,21 @@
 // the contexts it names are synchronized without the lock, since that work
 // may wait on another thread's call into this memory); then, between Lock
 // and Unlock from selection to commit, so that its state stays still while
-// the others' steps run: PausePrepare (copies, marks) and PauseAbort or
-// PauseCommit (unmaps, releases); or ResumePrepare (creates, maps, copies
+// the others' steps run: PausePrepare (copies started, marks) and PauseAbort
+// or PauseCommit (unmaps, releases); or ResumePrepare (creates, maps, copies
 // back) and ResumeAbort or ResumeCommit. A failed step undoes itself; Abort
 // undoes what an earlier successful step did, and is harmless where nothing
-// was prepared. Memory whose steps take their own locks (an arena) leaves
+// was prepared.
+//
+// Note [A pause's memory goes as its copy completes]: the copies every
+// PausePrepare started run on the copy engine while PauseCommit unmaps the
+// blocks (and maps their views) one by one, each once its own copy is
+// complete (BackupCopier::WaitCopied), so that the unmapping and mapping
+// hide behind the copies that follow instead of coming after all of them
+// (docs/pause-resume-design.md, "Paused memory stays addressable"). A copy
+// that fails on the copy engine (asynchronously: the context is most likely
+// lost) leaves its block live and the others paused, as a failed unmap
+// does; one that fails to start fails PausePrepare, and nothing is paused. Memory whose steps take their own locks (an arena) leaves
 // Lock and Unlock empty.
 //
 // `tag` selects what each step covers (core/heap/tag_selection.h); `times`
@@ -96,8 +106,11 @@ class PausableMemory {
   virtual void PauseAbort(const TagSelection& tag) = 0;
   // The physical bytes released; with `views`, the paused ranges mapped to
   // their host copy (kept contents) or to scratch memory (dropped ones).
-  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, HostMappedPools* views,
-                                             PauseTimes* times) = 0;
+  // `copier`: PausePrepare's (nullptr: contents dropped), whose copies each
+  // block's memory waits for: Note [A pause's memory goes as its copy
+  // completes].
+  virtual absl::StatusOr<size_t> PauseCommit(const TagSelection& tag, BackupCopier* copier,
+                                             HostMappedPools* views, PauseTimes* times) = 0;
   // Adds the contexts whose work may be touching the selection's paused
   // memory through its views (once each): synchronized before
   // ResumePrepare takes the views away.

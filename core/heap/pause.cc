@@ -261,21 +261,20 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
       return r.status();
     }
   }
-  // The copy engine's copies are complete before any memory goes.
+  // Each block's memory goes once its own copy is complete, while the
+  // copies after it run: Note [A pause's memory goes as its copy
+  // completes] (core/heap/pausable_memory.h).
+  BackupCopier* const copies = copier ? &*copier : nullptr;
+  absl::StatusOr<size_t> released = SumOverAll(memories, [&](PausableMemory* memory) {
+    return memory->PauseCommit(tag, copies, views, &times);
+  });
   if (copier) {
-    step = std::chrono::steady_clock::now();
-    absl::Status copied = copier->Finish();
-    times.copy += PauseTimes::Since(step);
-    times.CopiesDone();
-    if (!copied.ok()) {
-      Log().error("vmmshim_pause_memory({}): copying to host memory: {}; nothing paused",
-                  tag.Describe(), copied.ToString());
-      for (PausableMemory* m : memories) m->PauseAbort(tag);
-      return copied;
+    // Every copy was waited for above; what is left is the copier's streams.
+    if (absl::Status s = copier->Finish(); !s.ok()) {
+      Log().warn("vmmshim_pause_memory({}): the pause's copy streams: {}", tag.Describe(),
+                 s.ToString());
     }
   }
-  absl::StatusOr<size_t> released = SumOverAll(
-      memories, [&](PausableMemory* memory) { return memory->PauseCommit(tag, views, &times); });
   if (released.ok() && (*released > 0 || times.blocks > 0)) {
     LogTimes("vmmshim_pause_memory", tag, *released, times, PauseTimes::Since(start));
   }

@@ -22,13 +22,17 @@
 // (cuMemAllocAsync from a default pool the shim serves) is paused like
 // cudaMalloc memory, by the tag set when it was allocated; IPC imports are
 // not selected (not this process's allocations).
-// All or nothing: every arena of every device copies and marks before any
-// memory is released. Errors (nothing paused): CUDA_ERROR_NOT_PERMITTED when
-// selected memory is exported to another process (logged, naming it);
-// CUDA_ERROR_OUT_OF_MEMORY when host memory for the contents is short
-// (logged: needed and available); a synchronize's or copy's driver error. A
-// cuMemUnmap failure (a driver failure after the copies): that block stays
-// live, the others are paused, and the error is returned.
+// All or nothing: every arena of every device makes its backups, starts its
+// copies and marks before any memory is released; each block's memory then
+// goes once its own copy is complete (Note [A pause's memory goes as its
+// copy completes], core/heap/pausable_memory.h). Errors (nothing paused):
+// CUDA_ERROR_NOT_PERMITTED when selected memory is exported to another
+// process (logged, naming it); CUDA_ERROR_OUT_OF_MEMORY when host memory for
+// the contents is short (logged: needed and available); a synchronize's
+// driver error, or a copy's that the driver returns when the copy is
+// started. A copy that fails on the copy engine, or a cuMemUnmap failure
+// (driver failures after the copies started): that block stays live, the
+// others are paused, and the error is returned.
 //
 // Resume synchronizes the contexts that own paused memory with a view (work
 // in flight may be touching it), unmaps the views, maps new physical memory
@@ -53,7 +57,7 @@
 // Thread safety: pauses and resumes are serialized with each other (lock
 // order: "pause mutex", after the capture gate); allocations and frees go on
 // meanwhile in other arenas, and in the same arena wait for its prepare
-// step's copies. During a stream capture: refused, Note [Calls during a
+// step's copies (and its commit's wait for them). During a stream capture: refused, Note [Calls during a
 // stream capture] (core/sync/capture.h), item 4.
 #ifndef VMMSHIM_CORE_HEAP_PAUSE_H_
 #define VMMSHIM_CORE_HEAP_PAUSE_H_

@@ -525,6 +525,42 @@ TEST_F(AddressablePauseTest, AResumeCopiesEachBlockBackAsSoonAsItIsMapped) {
   for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
 }
 
+// Note [A pause's memory goes as its copy completes] (core/heap/
+// pausable_memory.h): each block waits for its own copy and goes before the
+// next one's wait, so when the copy engine reports the second block's copy
+// failed, the first is paused already (its device memory released, its
+// contents addressable) and the second stays live and whole.
+TEST_F(AddressablePauseTest, APausesBlocksGoOneByOneAsTheirCopiesComplete) {
+  {
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
+    const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
+    Fill(first, 8 * kMiB, 1);
+    Fill(second, 8 * kMiB, 2);
+    sim::ResetCallCounts();
+    sim::FailCall("cuEventSynchronize", 2, CUDA_ERROR_UNKNOWN);
+    absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::Only("kv"), true);
+    sim::ClearFailures();
+    EXPECT_EQ(ToCuResult(paused.status()), CUDA_ERROR_UNKNOWN);
+    EXPECT_EQ(sim::CallCount("cuEventSynchronize"), 2u);
+    EXPECT_EQ(sim::GetUsage().handles, 1u);  // the second's, live
+    EXPECT_EQ(PoolStats(shim, 0).in_use_bytes, 8 * kMiB);  // the first's contents
+    EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);    // the second's, given back
+    EXPECT_TRUE(Holds(first, 8 * kMiB, 1));   // through its view
+    EXPECT_TRUE(Holds(second, 8 * kMiB, 2));  // device memory
+    // The second is live: a pause takes it now, and a resume brings both.
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
+    EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
+    for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
 // A view whose unmap fails midway: the free fails and the block stays
 // paused; the next free unmaps from where the first stopped (the pieces
 // already unmapped are not unmapped again). The whole-range unmap fails,
