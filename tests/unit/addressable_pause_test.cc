@@ -561,6 +561,28 @@ TEST_F(AddressablePauseTest, APausesBlocksGoOneByOneAsTheirCopiesComplete) {
   ExpectNothingLeft();
 }
 
+// A driver without events (or one that refuses them): each block's wait
+// is for the copier's whole stream, and the pause is as whole.
+TEST_F(AddressablePauseTest, WithoutEventsEachBlockWaitsForTheCopiesStream) {
+  DriverApi no_events = api_;
+  no_events.cuEventCreate = nullptr;
+  ShimCore shim(no_events);
+  Allocator& a = shim.allocator();
+  const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
+  const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
+  Fill(first, 8 * kMiB, 1);
+  Fill(second, 8 * kMiB, 2);
+  sim::ResetCallCounts();
+  ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+  EXPECT_EQ(sim::CallCount("cuEventSynchronize"), 0u);
+  EXPECT_EQ(sim::CallCount("cuStreamSynchronize"), 3u);  // each block's wait, then Finish
+  EXPECT_EQ(sim::GetUsage().handles, 0u);
+  ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+  EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
+  EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
+  for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+}
+
 // A view whose unmap fails midway: the free fails and the block stays
 // paused; the next free unmaps from where the first stopped (the pieces
 // already unmapped are not unmapped again). The whole-range unmap fails,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/driver/cu_status.h"
 #include "core/shim_core.h"
 #include "core/report/residency.h"
 #include "gtest/gtest.h"
@@ -289,6 +290,39 @@ TEST_F(ForeignVmmTest, AResumeCopiesEachHandleBackAsSoonAsItIsMapped) {
     sim::ClearFailures();
     EXPECT_EQ(sim::CallCount("cuMemcpyDtoDAsync_v2"), 1u);
     EXPECT_TRUE(Holds(first.va, first.size, 1));  // its view again
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(first.va, first.size, 1));
+    EXPECT_TRUE(Holds(second.va, second.size, 2));
+    Drop(f, first);
+    Drop(f, second);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// Note [A pause's memory goes as its copy completes] (core/heap/
+// pausable_memory.h), for other libraries' handles: the copy engine reports
+// the second handle's copy failed after the first handle went; the first
+// stays paused (its contents at its view), the second live and whole.
+TEST_F(ForeignVmmTest, APausesHandlesGoOneByOneAsTheirCopiesComplete) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    Buffer first = Make(f, 4 * kMiB, "kv");
+    Buffer second = Make(f, 4 * kMiB, "kv");
+    Fill(first.va, first.size, 1);
+    Fill(second.va, second.size, 2);
+    sim::ResetCallCounts();
+    sim::FailCall("cuEventSynchronize", 2, CUDA_ERROR_UNKNOWN);
+    absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::Only("kv"), true);
+    sim::ClearFailures();
+    EXPECT_EQ(ToCuResult(paused.status()), CUDA_ERROR_UNKNOWN);
+    EXPECT_EQ(sim::CallCount("cuEventSynchronize"), 2u);
+    EXPECT_EQ(sim::GetUsage().handles, 1u);  // one live, one paused
+    EXPECT_TRUE(Holds(first.va, first.size, 1));
+    EXPECT_TRUE(Holds(second.va, second.size, 2));
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
     ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     EXPECT_TRUE(Holds(first.va, first.size, 1));
     EXPECT_TRUE(Holds(second.va, second.size, 2));
