@@ -46,6 +46,23 @@ class AddressablePauseTest : public SimTest {
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
+  // Two blocks of `size` tagged "kv", filled with seeds 1 and 2.
+  struct TwoBlocks {
+    CUdeviceptr first = 0, second = 0;
+    size_t size = 0;
+  };
+  TwoBlocks AllocTwoFilled(Allocator& a, size_t size) {
+    TwoBlocks t{Alloc(a, size, "kv"), Alloc(a, size, "kv"), size};
+    Fill(t.first, size, 1);
+    Fill(t.second, size, 2);
+    return t;
+  }
+  static bool HoldsBoth(const TwoBlocks& t) {
+    return Holds(t.first, t.size, 1) && Holds(t.second, t.size, 2);
+  }
+  static void FreeBoth(Allocator& a, const TwoBlocks& t) {
+    for (CUdeviceptr p : {t.first, t.second}) ASSERT_TRUE(a.Free(p).ok());
+  }
   static HostMappedPool::Stats PoolStats(ShimCore& shim, int device) {
     for (HostMappedPool* p : shim.pause().host_pools()) {
       if (p->device() == device) return p->stats();
@@ -214,10 +231,7 @@ TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
     SCOPED_TRACE(background ? "made in the background" : "made by the pause");
     ShimCore shim(api_, PoolCappedAt(10 * kMiB, background));
     Allocator& a = shim.allocator();
-    const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
-    const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
-    Fill(first, 8 * kMiB, 1);
-    Fill(second, 8 * kMiB, 2);
+    const TwoBlocks kv = AllocTwoFilled(a, 8 * kMiB);
     for (int cycle = 0; cycle < 2; ++cycle) {
       ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
       const HostMappedPool::Stats s = PoolStats(shim, 0);
@@ -225,19 +239,18 @@ TEST_F(AddressablePauseTest, TheHostPoolHoldsNoMoreThanItsMax) {
       // One of the two is addressable (from the first pause when the pause
       // makes it, from the second when the background does), never both.
       std::vector<unsigned char> got(16);
-      const int readable = (sim::DeviceRead(0, got.data(), first, 16) == CUDA_SUCCESS) +
-                           (sim::DeviceRead(0, got.data(), second, 16) == CUDA_SUCCESS);
+      const int readable = (sim::DeviceRead(0, got.data(), kv.first, 16) == CUDA_SUCCESS) +
+                           (sim::DeviceRead(0, got.data(), kv.second, 16) == CUDA_SUCCESS);
       EXPECT_EQ(readable, background && cycle == 0 ? 0 : 1);
       ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
-      EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
-      EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
+      EXPECT_TRUE(HoldsBoth(kv));
       AwaitNothingQueued(shim);
     }
     EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);
     const nlohmann::json r = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
     EXPECT_EQ(r.at("host_memory_for_pauses").at(0).at("sized_by").get<std::string>(),
               "cut by VMMSHIM_HOST_POOL_MAX (10485760 bytes)");
-    for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+    FreeBoth(a, kv);
     ASSERT_TRUE(shim.ReleaseAll().ok());
     ExpectNothingLeft();
   }
@@ -321,17 +334,13 @@ TEST_F(AddressablePauseTest, HostMemoryTheDriverRefusesLeavesThoseBlocksKeptButF
   Start(o);
   ShimCore shim(api_);
   Allocator& a = shim.allocator();
-  const CUdeviceptr first = Alloc(a, 20 * kMiB, "kv");
-  const CUdeviceptr second = Alloc(a, 20 * kMiB, "kv");
-  Fill(first, 20 * kMiB, 1);
-  Fill(second, 20 * kMiB, 2);
+  const TwoBlocks kv = AllocTwoFilled(a, 20 * kMiB);
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
-  const int readable = Holds(first, 20 * kMiB, 1) + Holds(second, 20 * kMiB, 2);
+  const int readable = Holds(kv.first, kv.size, 1) + Holds(kv.second, kv.size, 2);
   EXPECT_EQ(readable, 1);  // one in host VMM memory, the other kept elsewhere
   ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
-  EXPECT_TRUE(Holds(first, 20 * kMiB, 1));
-  EXPECT_TRUE(Holds(second, 20 * kMiB, 2));
-  for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+  EXPECT_TRUE(HoldsBoth(kv));
+  FreeBoth(a, kv);
   ASSERT_TRUE(shim.ReleaseAll().ok());
   ExpectNothingLeft();
 }
@@ -508,21 +517,17 @@ TEST_F(AddressablePauseTest, TheCheckpointsReleaseWaitsForHostMemoryBeingMade) {
 TEST_F(AddressablePauseTest, AResumeCopiesEachBlockBackAsSoonAsItIsMapped) {
   ShimCore shim(api_);
   Allocator& a = shim.allocator();
-  const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
-  const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
-  Fill(first, 8 * kMiB, 1);
-  Fill(second, 8 * kMiB, 2);
+  const TwoBlocks kv = AllocTwoFilled(a, 8 * kMiB);
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   sim::ResetCallCounts();
   sim::FailCall("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
   EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
   sim::ClearFailures();
   EXPECT_EQ(sim::CallCount("cuMemcpyDtoDAsync_v2"), 1u);  // the first block's, started
-  EXPECT_TRUE(Holds(first, 8 * kMiB, 1));  // its view again
+  EXPECT_TRUE(Holds(kv.first, kv.size, 1));  // its view again
   ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
-  EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
-  EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
-  for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+  EXPECT_TRUE(HoldsBoth(kv));
+  FreeBoth(a, kv);
 }
 
 // Note [A pause's memory goes as its copy completes] (core/heap/
@@ -534,10 +539,7 @@ TEST_F(AddressablePauseTest, APausesBlocksGoOneByOneAsTheirCopiesComplete) {
   {
     ShimCore shim(api_);
     Allocator& a = shim.allocator();
-    const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
-    const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
-    Fill(first, 8 * kMiB, 1);
-    Fill(second, 8 * kMiB, 2);
+    const TwoBlocks kv = AllocTwoFilled(a, 8 * kMiB);
     sim::ResetCallCounts();
     sim::FailCall("cuEventSynchronize", 2, CUDA_ERROR_UNKNOWN);
     absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::Only("kv"), true);
@@ -547,15 +549,13 @@ TEST_F(AddressablePauseTest, APausesBlocksGoOneByOneAsTheirCopiesComplete) {
     EXPECT_EQ(sim::GetUsage().handles, 1u);  // the second's, live
     EXPECT_EQ(PoolStats(shim, 0).in_use_bytes, 8 * kMiB);  // the first's contents
     EXPECT_EQ(PoolStats(shim, 0).kept_bytes, 8 * kMiB);    // the second's, given back
-    EXPECT_TRUE(Holds(first, 8 * kMiB, 1));   // through its view
-    EXPECT_TRUE(Holds(second, 8 * kMiB, 2));  // device memory
+    EXPECT_TRUE(HoldsBoth(kv));  // the first through its view, the second in device memory
     // The second is live: a pause takes it now, and a resume brings both.
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
     EXPECT_EQ(sim::GetUsage().handles, 0u);
     ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
-    EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
-    EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
-    for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+    EXPECT_TRUE(HoldsBoth(kv));
+    FreeBoth(a, kv);
     ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   ExpectNothingLeft();
@@ -568,19 +568,15 @@ TEST_F(AddressablePauseTest, WithoutEventsEachBlockWaitsForTheCopiesStream) {
   no_events.cuEventCreate = nullptr;
   ShimCore shim(no_events);
   Allocator& a = shim.allocator();
-  const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
-  const CUdeviceptr second = Alloc(a, 8 * kMiB, "kv");
-  Fill(first, 8 * kMiB, 1);
-  Fill(second, 8 * kMiB, 2);
+  const TwoBlocks kv = AllocTwoFilled(a, 8 * kMiB);
   sim::ResetCallCounts();
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
   EXPECT_EQ(sim::CallCount("cuEventSynchronize"), 0u);
   EXPECT_EQ(sim::CallCount("cuStreamSynchronize"), 3u);  // each block's wait, then Finish
   EXPECT_EQ(sim::GetUsage().handles, 0u);
   ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
-  EXPECT_TRUE(Holds(first, 8 * kMiB, 1));
-  EXPECT_TRUE(Holds(second, 8 * kMiB, 2));
-  for (CUdeviceptr p : {first, second}) ASSERT_TRUE(a.Free(p).ok());
+  EXPECT_TRUE(HoldsBoth(kv));
+  FreeBoth(a, kv);
 }
 
 // A view whose unmap fails midway: the free fails and the block stays

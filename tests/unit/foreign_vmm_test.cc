@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -76,6 +77,13 @@ class ForeignVmmTest : public SimTest {
     }
     EXPECT_EQ(f.SetAccess(b.va, size, descs.data(), descs.size()), CUDA_SUCCESS);
     return b;
+  }
+  // Two handles of 4 MiB tagged "kv", filled with seeds 1 and 2.
+  std::pair<Buffer, Buffer> MakeTwoFilled(ForeignVmm& f) {
+    std::pair<Buffer, Buffer> two{Make(f, 4 * kMiB, "kv"), Make(f, 4 * kMiB, "kv")};
+    Fill(two.first.va, two.first.size, 1);
+    Fill(two.second.va, two.second.size, 2);
+    return two;
   }
   // The library gives it back: unmap, release, address free.
   void Drop(ForeignVmm& f, const Buffer& b) {
@@ -279,10 +287,7 @@ TEST_F(ForeignVmmTest, AResumeCopiesEachHandleBackAsSoonAsItIsMapped) {
   {
     ShimCore shim(api_);
     ForeignVmm& f = shim.foreign();
-    Buffer first = Make(f, 4 * kMiB, "kv");
-    Buffer second = Make(f, 4 * kMiB, "kv");
-    Fill(first.va, first.size, 1);
-    Fill(second.va, second.size, 2);
+    const auto [first, second] = MakeTwoFilled(f);
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
     sim::ResetCallCounts();
     sim::FailCall("cuMemCreate", 2, CUDA_ERROR_UNKNOWN);
@@ -308,10 +313,7 @@ TEST_F(ForeignVmmTest, APausesHandlesGoOneByOneAsTheirCopiesComplete) {
   {
     ShimCore shim(api_);
     ForeignVmm& f = shim.foreign();
-    Buffer first = Make(f, 4 * kMiB, "kv");
-    Buffer second = Make(f, 4 * kMiB, "kv");
-    Fill(first.va, first.size, 1);
-    Fill(second.va, second.size, 2);
+    const auto [first, second] = MakeTwoFilled(f);
     sim::ResetCallCounts();
     sim::FailCall("cuEventSynchronize", 2, CUDA_ERROR_UNKNOWN);
     absl::StatusOr<size_t> paused = shim.pause().Pause(TagSelection::Only("kv"), true);
