@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -271,6 +272,31 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
                  m->first);
     }
   }
+}
+
+size_t ForeignVmm::MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {
+  size_t bytes = 0;
+  for (auto& [value, h] : handles_) {
+    if (waiting.load(std::memory_order_relaxed) > 0) break;
+    if (!h.paused || h.real != 0 || !h.wants_view || !h.backup.has_value() ||
+        h.backup->host_mapped() != nullptr) {
+      continue;
+    }
+    HostMappedPool* pool = views.For(h.device);
+    if (pool == nullptr) continue;
+    absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(h.size);
+    if (!memory.ok()) continue;  // none of its size was made: it stays as it is
+    std::memcpy(memory->data(), h.backup->data(), h.size);
+    // Views of scratch or nothing give way to the contents' (mapped again
+    // by MapViewsLocked where the mapping shows the whole handle).
+    absl::Status unmapped;
+    for (auto m : MappingsOfLocked(value)) unmapped.Update(UnmapPausedLocked(m->first, m->second));
+    h.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
+    if (!unmapped.ok()) continue;
+    MapViewsLocked(value, views);
+    bytes += h.size;
+  }
+  return bytes;
 }
 
 absl::Status ForeignVmm::UnmapPausedLocked(CUdeviceptr at, Mapping& m) {

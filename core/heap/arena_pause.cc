@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -289,6 +290,41 @@ void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
     return;
   }
   b.view = *view;
+}
+
+size_t ArenaPause::MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {
+  std::vector<CUdeviceptr> late;
+  {
+    MutexLock lock(&arena_.mu_);
+    for (const auto& [base, b] : arena_.blocks_.blocks()) {
+      if (b->paused && b->wants_view && b->handle == 0 && !b->view.mapped() &&
+          b->backup.has_value() && b->backup->host_mapped() == nullptr &&
+          !b->backup->in_file()) {
+        late.push_back(base);
+      }
+    }
+  }
+  HostMappedPool* pool = late.empty() ? nullptr : views.For(arena_.options_.device);
+  if (pool == nullptr) return 0;
+  size_t bytes = 0;
+  for (CUdeviceptr base : late) {
+    if (waiting.load(std::memory_order_relaxed) > 0) break;
+    MutexLock lock(&arena_.mu_);
+    // Looked up again: a free or a resume may have come between the blocks.
+    if (!arena_.blocks_.Contains(base)) continue;
+    Block& b = arena_.blocks_.Get(base);
+    if (!b.paused || !b.wants_view || b.handle != 0 || b.view.mapped() ||
+        !b.backup.has_value() || b.backup->host_mapped() != nullptr || b.backup->in_file()) {
+      continue;
+    }
+    absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(b.size);
+    if (!memory.ok()) continue;  // none of its size was made: it stays as it is
+    std::memcpy(memory->data(), b.backup->data(), b.size);
+    b.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
+    MapViewAgainLocked(base, b, &views);
+    if (b.view.mapped()) bytes += b.size;
+  }
+  return bytes;
 }
 
 void ArenaPause::MapViewAgainLocked(CUdeviceptr base, Block& b, HostMappedPools* views) {

@@ -82,6 +82,8 @@ class ArenaPause final : public PausableMemory {
   // `retain`: the blocks keep their backups (PauseCoordinator::Resume).
   void ResumeCommit(const TagSelection& tag, bool retain) override;
   void ResumeAbort(const TagSelection& tag, HostMappedPools* views) override;
+  // Takes the arena's mutex block by block.
+  size_t MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) override;
 
  private:
   // Whether `b` is selected by a pause or resume of `tag` (stream-ordered

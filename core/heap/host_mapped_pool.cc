@@ -155,6 +155,32 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
   return out;
 }
 
+absl::StatusOr<HostMappedMemory> HostMappedPool::TakeKept(size_t size) {
+  MutexLock lock(&mu_);
+  auto it = kept_.find(size);
+  if (it == kept_.end()) {
+    return absl::NotFoundError(absl::StrCat("no host memory of ", size, " bytes kept"));
+  }
+  last_use_ = std::chrono::steady_clock::now();
+  kept_bytes_ -= size;
+  in_use_bytes_ += size;
+  figures_.reused_bytes += size;
+  HostMappedMemory memory = std::move(it->second);
+  kept_.erase(it);
+  return memory;
+}
+
+bool HostMappedPool::AwaitMade(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  MutexLock lock(&mu_);
+  while (!stopping_ && (making_ || !queued_.empty())) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    changed_.WaitWithTimeout(&mu_, left);
+  }
+  return stopping_ || (!making_ && queued_.empty());
+}
+
 void HostMappedPool::Give(HostMappedMemory memory) {
   if (memory.empty()) return;
   MutexLock lock(&mu_);

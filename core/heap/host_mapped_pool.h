@@ -63,6 +63,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/base/host_memory.h"
 #include "core/base/device_set.h"
 #include "core/driver/driver_api.h"
@@ -145,6 +146,15 @@ class HostMappedPool {
   // rest is queued instead (once per size missing, counting what is
   // queued already) and its entries hold kUnavailable.
   std::vector<absl::StatusOr<HostMappedMemory>> Take(const std::vector<size_t>& sizes);
+  // Kept memory of exactly `size`, taken as Take takes it; kNotFound when
+  // none is kept (nothing is made or queued for it). For contents a pause
+  // kept elsewhere while their memory was made in the background (Note
+  // [Views made late], core/heap/pause.h).
+  absl::StatusOr<HostMappedMemory> TakeKept(size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until nothing is queued or being made in the background, the pool
+  // stops (ReleaseForGood, destruction) or `timeout` passes; whether nothing
+  // more is to be made (false: the timeout passed first).
+  bool AwaitMade(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Memory Take returned, kept for the next pause within the limits above.
   void Give(HostMappedMemory memory);
 

@@ -36,6 +36,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <vector>
@@ -123,6 +124,17 @@ class PausableMemory {
   // that cannot keep it drops it.
   virtual void ResumeCommit(const TagSelection& tag, bool retain_contents) = 0;
   virtual void ResumeAbort(const TagSelection& tag, HostMappedPools* views) = 0;
+
+  // Note [Views made late] (core/heap/pause.h): each paused block (or
+  // handle) that wants a view but whose contents were kept in other host
+  // memory moves them into host VMM memory `views` keeps of its size
+  // (HostMappedPool::TakeKept; a CPU copy) and maps its view; blocks
+  // without such memory are left as they are. Stops between blocks while
+  // `waiting` is above 0 (a pause or resume waits for the coordinator).
+  // The bytes made addressable.
+  virtual size_t MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {
+    return 0;
+  }
 
  protected:
   ~PausableMemory() = default;

@@ -107,7 +107,10 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       addressable_(paused_access.addressable),
       ring_(driver),
       pool_(driver),
-      host_pools_(driver, HostPoolOptions(paused_access, copy_threads)) {}
+      host_pools_(driver, HostPoolOptions(paused_access, copy_threads)),
+      host_memory_in_background_(paused_access.host_memory_in_background) {}
+
+PauseCoordinator::~PauseCoordinator() { StopLateViews(); }
 
 void PauseCoordinator::AddParticipant(PauseParticipant* participant) {
   MutexLock lock(&mu_);
@@ -131,12 +134,15 @@ size_t PauseCoordinator::ReleaseHostMemory() {
 }
 
 size_t PauseCoordinator::ReleaseHostMemoryForGood() {
+  StopLateViews();
   size_t released = 0;
   for (HostMappedPool* pool : host_pools_.All()) released += pool->ReleaseForGood();
   return released;
 }
 
 absl::StatusOr<size_t> PauseCoordinator::ReleaseHostMemoryForCheckpoint() {
+  // No late view (Note [Views made late]) takes memory meanwhile.
+  WaitingLock lock(this);
   size_t released = 0, taken = 0;
   for (HostMappedPool* pool : host_pools_.All()) {
     const size_t scratch = pool->stats().scratch_bytes;
@@ -158,7 +164,7 @@ absl::StatusOr<size_t> PauseCoordinator::ReleaseHostMemoryForCheckpoint() {
 }
 
 size_t PauseCoordinator::UnpinPinnedPool() {
-  MutexLock lock(&mu_);
+  WaitingLock lock(this);
   return pool_.Unpin();
 }
 
@@ -197,7 +203,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   if (captures_.any()) {
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_pause_memory");
   }
-  MutexLock lock(&mu_);
+  WaitingLock lock(this);
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
   const std::vector<PausableMemory*> memories = Memories();
@@ -278,6 +284,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
   if (released.ok() && (*released > 0 || times.blocks > 0)) {
     LogTimes("vmmshim_pause_memory", tag, *released, times, PauseTimes::Since(start));
   }
+  if (keep_contents && views != nullptr) ScheduleLateViewsLocked();
   return released;
 }
 
@@ -287,7 +294,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
   if (captures_.any()) {
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_resume_memory");
   }
-  MutexLock lock(&mu_);
+  WaitingLock lock(this);
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
   // the ring readied only for a copy

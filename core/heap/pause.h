@@ -54,6 +54,17 @@
 // went (synchronize, copies, driver calls, caches released), so that a slow
 // one can be explained without a profiler.
 //
+// Note [Views made late]: under VMMSHIM_HOST_POOL_MAKE=background a pause
+// keeps contents the pools have no host VMM memory for in other host memory
+// (no view: an access faults) while the pool makes that memory in the
+// background. Once it is made, one thread of the coordinator's moves those
+// contents into it (a CPU copy, block by block, under the pause mutex) and
+// maps their views, so that the first pause of a set is addressable from a
+// few seconds after it (the making's time) rather than only from the
+// second pause. A pause or resume that arrives meanwhile goes first: the
+// thread stops between blocks and comes back after it. Blocks still
+// without host memory of their size (a limit cut it) stay as they are.
+//
 // Thread safety: pauses and resumes are serialized with each other (lock
 // order: "pause mutex", after the capture gate); allocations and frees go on
 // meanwhile in other arenas, and in the same arena wait for its prepare
@@ -62,9 +73,11 @@
 #ifndef VMMSHIM_CORE_HEAP_PAUSE_H_
 #define VMMSHIM_CORE_HEAP_PAUSE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -132,6 +145,8 @@ class PauseCoordinator : public HeapTable::Listener {
   void AddParticipant(PauseParticipant* participant) ABSL_LOCKS_EXCLUDED(mu_);
   PauseCoordinator(const PauseCoordinator&) = delete;
   PauseCoordinator& operator=(const PauseCoordinator&) = delete;
+  // Stops the thread of Note [Views made late] (joined).
+  ~PauseCoordinator();
 
   // `kind`: where kept contents go (core/heap/host_backup.h: page-locked,
   // a file in a directory; the default: pageable anonymous memory). A block
@@ -173,8 +188,8 @@ class PauseCoordinator : public HeapTable::Listener {
   // What those pools keep for the next pause, released now, with their
   // scratch (teardown); the bytes released.
   size_t ReleaseHostMemory();
-  // ReleaseHostMemory, the pools' threads stopped for good first (the
-  // process's exit, before the driver's teardown).
+  // ReleaseHostMemory, the pools' threads and the late views' stopped for
+  // good first (the process's exit, before the driver's teardown).
   size_t ReleaseHostMemoryForGood();
   // Before the driver's checkpoint (Note [The driver's checkpoint and host
   // VMM memory], core/heap/host_mapped_pool.h): what those pools keep and
@@ -193,6 +208,12 @@ class PauseCoordinator : public HeapTable::Listener {
   void AfterForkParentHostPools() { host_pools_.AfterForkParent(); }
   void AfterForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     new (&mu_) Mutex;
+    // The parent's thread is not the child's: the first late pause there
+    // starts one.
+    new (&late_thread_) std::thread();
+    new (&late_wanted_) CondVar;
+    late_pending_ = false;
+    waiting_.store(0);
     ring_.AfterForkChild();
     pool_.AfterForkChild();
     host_pools_.AfterForkChild();
@@ -208,6 +229,30 @@ class PauseCoordinator : public HeapTable::Listener {
   // memory: what each step runs over, once.
   std::vector<PausableMemory*> Memories() const;
 
+  // Note [Views made late] (pause_late_views.cc). The thread's loop.
+  void MapLateViewsWhenMade() ABSL_LOCKS_EXCLUDED(mu_);
+  // After a pause that kept contents with views, in background mode: the
+  // thread (started at the first) maps what it can once the pools are done.
+  void ScheduleLateViewsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The thread stopped for good and joined.
+  void StopLateViews() ABSL_LOCKS_EXCLUDED(mu_);
+  // mu_ for a pause or a resume, counted in `waiting_` while it waits, so
+  // that the late views' thread lets it go first.
+  class ABSL_SCOPED_LOCKABLE WaitingLock {
+   public:
+    explicit WaitingLock(PauseCoordinator* c) ABSL_EXCLUSIVE_LOCK_FUNCTION(c->mu_) : c_(c) {
+      c_->waiting_.fetch_add(1, std::memory_order_relaxed);
+      c_->mu_.Lock();
+      c_->waiting_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    ~WaitingLock() ABSL_UNLOCK_FUNCTION() { c_->mu_.Unlock(); }
+    WaitingLock(const WaitingLock&) = delete;
+    WaitingLock& operator=(const WaitingLock&) = delete;
+
+   private:
+    PauseCoordinator* const c_;
+  };
+
   const DriverApi& driver_;
   HeapTable& heaps_;
   CaptureTracker& captures_;
@@ -222,7 +267,14 @@ class PauseCoordinator : public HeapTable::Listener {
   PinnedPool pool_;
   // Host VMM memory paused memory maps (core/heap/host_mapped_pool.h).
   HostMappedPools host_pools_;
+  const bool host_memory_in_background_;
   Mutex mu_;  // lock order: "pause mutex"
+  // Note [Views made late].
+  std::atomic<int> waiting_{0};  // callers waiting for mu_ (WaitingLock)
+  CondVar late_wanted_;          // late_pending_ or late_stopping_ set
+  bool late_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool late_stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread late_thread_;  // started by the first ScheduleLateViewsLocked
 };
 
 }  // namespace vmmshim
