@@ -155,6 +155,12 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
   return out;
 }
 
+void HostMappedPool::SetQuiet(bool quiet) {
+  MutexLock lock(&mu_);
+  quiet_ = quiet;
+  changed_.SignalAll();
+}
+
 absl::StatusOr<HostMappedMemory> HostMappedPool::TakeKept(size_t size) {
   MutexLock lock(&mu_);
   auto it = kept_.find(size);
@@ -281,7 +287,7 @@ void HostMappedPool::MakeQueued() {
     std::multimap<size_t, HostMappedMemory> going;
     {
       MutexLock lock(&mu_);
-      while (!stopping_ && queued_.empty()) changed_.Wait(&mu_);
+      while (!stopping_ && (queued_.empty() || quiet_)) changed_.Wait(&mu_);
       if (stopping_) return;
       size = *queued_.begin();
       HostMemoryHeadroom headroom;
@@ -471,12 +477,21 @@ HostMappedPool* HostMappedPools::For(int device) {
   std::unique_ptr<HostMappedPool> pool;
   if (node.supported) {
     pool = std::make_unique<HostMappedPool>(driver_, device, node, options_);
+    if (quiet_) pool->SetQuiet(true);
   } else {
     Log().info("device {}: no host VMM memory (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_"
                "MANAGEMENT_SUPPORTED): its paused memory is not addressable; an access faults",
                device);
   }
   return pools_.emplace(device, std::move(pool)).first->second.get();
+}
+
+void HostMappedPools::SetQuiet(bool quiet) {
+  MutexLock lock(&mu_);
+  quiet_ = quiet;
+  for (auto& [device, pool] : pools_) {
+    if (pool != nullptr) pool->SetQuiet(quiet);
+  }
 }
 
 std::vector<HostMappedPool*> HostMappedPools::All() const {

@@ -31,6 +31,14 @@
 // granule (each call costs tens of microseconds: docs/performance.md,
 // "Paused memory stays addressable").
 //
+// Note [The maker keeps quiet]: making host memory pins it, and on an H100
+// a pause or resume that ran beside the background maker ran several times
+// slower than one without it (a 16 GiB resume: 5.0 s against 0.93 s with no
+// host memory made; docs/data/addressable-pause-h100.log), the maker's
+// cuMemCreate holding up the pause's own driver calls. So the coordinator
+// keeps the pools quiet while a pause or resume runs (HostMappedPools::
+// SetQuiet): the maker starts nothing new then, and goes on after it.
+//
 // Note [The driver's checkpoint and host VMM memory]: on driver 580 (H100,
 // docs/data/addressable-pause-h100.log) the driver's process checkpoint of a
 // process holding host VMM memory succeeds and its restore fails with
@@ -157,6 +165,9 @@ class HostMappedPool {
   bool AwaitMade(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Memory Take returned, kept for the next pause within the limits above.
   void Give(HostMappedMemory memory);
+  // Note [The maker keeps quiet]: while `quiet`, the background maker starts
+  // no new allocation (one under way finishes).
+  void SetQuiet(bool quiet) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Maps the view of paused [va, va + size): `contents` (host VMM memory of
   // exactly `size`, this pool's) whole, else the scratch (MapScratch);
@@ -264,6 +275,7 @@ class HostMappedPool {
   bool making_ ABSL_GUARDED_BY(mu_) = false;  // the maker is making one (outside the lock)
   bool background_logged_ ABSL_GUARDED_BY(mu_) = false;  // a refusal logged once
   bool keep_logged_ ABSL_GUARDED_BY(mu_) = false;  // a keep refused, logged once
+  bool quiet_ ABSL_GUARDED_BY(mu_) = false;        // SetQuiet
   // Releases of kept memory under way outside the lock (ReleaseCounted).
   int releasing_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread maker_;  // started at the first queued size
@@ -284,6 +296,8 @@ class HostMappedPools {
   HostMappedPool* For(int device) ABSL_LOCKS_EXCLUDED(mu_);
   // Every pool made so far.
   std::vector<HostMappedPool*> All() const ABSL_LOCKS_EXCLUDED(mu_);
+  // HostMappedPool::SetQuiet on every pool, and on those made while quiet.
+  void SetQuiet(bool quiet) ABSL_LOCKS_EXCLUDED(mu_);
   // fork(): every mutex here (this one, then each pool's), taken last
   // (core/sync/lock_order.h: leaves) and released in reverse in the parent.
   void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -296,6 +310,7 @@ class HostMappedPools {
   mutable Mutex mu_;
   // device -> pool (nullptr: unsupported, asked once).
   std::map<int, std::unique_ptr<HostMappedPool>> pools_ ABSL_GUARDED_BY(mu_);
+  bool quiet_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace vmmshim

@@ -92,6 +92,18 @@ class MemoriesLock {
   const std::vector<PausableMemory*>& memories_;
 };
 
+// HostMappedPools::SetQuiet for a scope.
+class QuietPools {
+ public:
+  explicit QuietPools(HostMappedPools& pools) : pools_(pools) { pools_.SetQuiet(true); }
+  ~QuietPools() { pools_.SetQuiet(false); }
+  QuietPools(const QuietPools&) = delete;
+  QuietPools& operator=(const QuietPools&) = delete;
+
+ private:
+  HostMappedPools& pools_;
+};
+
 }  // namespace
 
 PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
@@ -204,6 +216,7 @@ absl::StatusOr<size_t> PauseCoordinator::PauseSteps(const TagSelection& tag,
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_pause_memory");
   }
   WaitingLock lock(this);
+  QuietPools quiet(host_pools_);  // Note [The maker keeps quiet] (host_mapped_pool.h)
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
   const std::vector<PausableMemory*> memories = Memories();
@@ -295,6 +308,7 @@ absl::StatusOr<size_t> PauseCoordinator::ResumeSteps(const TagSelection& tag,
     return DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "vmmshim_resume_memory");
   }
   WaitingLock lock(this);
+  QuietPools quiet(host_pools_);  // Note [The maker keeps quiet] (host_mapped_pool.h)
   const auto start = std::chrono::steady_clock::now();
   PauseTimes times;
   // the ring readied only for a copy

@@ -491,6 +491,37 @@ TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
   ExpectNothingLeft();
 }
 
+// Note [The maker keeps quiet] (core/heap/host_mapped_pool.h): while the
+// pools are quiet (a pause or resume runs), what is queued waits; it is
+// made after.
+TEST_F(AddressablePauseTest, TheMakerKeepsQuietWhileAPauseOrResumeRuns) {
+  {
+    AllocatorOptions options;
+    options.host_memory_in_background = true;
+    ShimCore shim(api_, options);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());  // makes the pool
+    ASSERT_EQ(shim.pause().host_pools().size(), 1u);
+    HostMappedPool& pool = *shim.pause().host_pools()[0];
+    ASSERT_TRUE(pool.AwaitMade(absl::Seconds(5)));
+    pool.SetQuiet(true);
+    std::vector<absl::StatusOr<HostMappedMemory>> taken = pool.Take({6 * kMiB});
+    EXPECT_TRUE(absl::IsUnavailable(taken[0].status())) << taken[0].status();
+    EXPECT_FALSE(pool.AwaitMade(absl::Milliseconds(50)));
+    EXPECT_EQ(pool.stats().queued_bytes, 6 * kMiB);
+    pool.SetQuiet(false);
+    ASSERT_TRUE(pool.AwaitMade(absl::Seconds(5)));
+    absl::StatusOr<HostMappedMemory> made = pool.TakeKept(6 * kMiB);
+    ASSERT_TRUE(made.ok()) << made.status();
+    pool.Give(*std::move(made));
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_TRUE(a.Free(kv).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
 // Host memory being made in the background when a deep sleep releases the
 // pools' memory for the driver's checkpoint: the release waits for it and
 // releases it too, and nothing queued is made afterwards (Note [The
