@@ -167,8 +167,9 @@ class ForeignVmm final : public PausableMemory {
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void ResumeAbort(const TagSelection& tag, HostMappedPools* views) override
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Takes mu_ handle by handle (called without Lock).
   size_t MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) override
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The contexts of the paused handles whose mappings have views, and their
   // peers' active primary contexts.
   void ResumeCandidates(const TagSelection& tag, std::vector<CUcontext>* contexts) override

@@ -275,26 +275,51 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
 }
 
 size_t ForeignVmm::MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {
-  size_t bytes = 0;
-  for (auto& [value, h] : handles_) {
-    if (waiting.load(std::memory_order_relaxed) > 0) break;
+  // Whether paused `h` wants its contents mapped and has a mapping of the
+  // whole handle to map them at (one of part of it faults either way).
+  auto late = [&](HandleValue value, const Handle& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!h.paused || h.real != 0 || !h.wants_view || !h.backup.has_value() ||
         h.backup->host_mapped() != nullptr) {
-      continue;
+      return false;
     }
+    for (auto m : MappingsOfLocked(value)) {
+      const Mapping& mapping = m->second;
+      if (mapping.offset == 0 && mapping.size == h.size && !mapping.stale &&
+          !mapping.view.mapped()) {
+        return true;
+      }
+    }
+    return false;
+  };
+  std::vector<HandleValue> chosen;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [value, h] : handles_) {
+      if (late(value, h)) chosen.push_back(value);
+    }
+  }
+  size_t bytes = 0;
+  for (HandleValue value : chosen) {
+    MutexLock lock(&mu_);  // one handle at a time: the library's calls go on between them
+    auto it = handles_.find(value);
+    if (it == handles_.end() || !late(value, it->second)) continue;
+    Handle& h = it->second;
     HostMappedPool* pool = views.For(h.device);
     if (pool == nullptr) continue;
     absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(h.size);
     if (!memory.ok()) continue;  // none of its size was made: it stays as it is
-    std::memcpy(memory->data(), h.backup->data(), h.size);
-    // Views of scratch or nothing give way to the contents' (mapped again
-    // by MapViewsLocked where the mapping shows the whole handle).
-    absl::Status unmapped;
-    for (auto m : MappingsOfLocked(value)) unmapped.Update(UnmapPausedLocked(m->first, m->second));
+    if (!CopyUnlessWaiting(memory->data(), h.backup->data(), h.size, waiting)) {
+      pool->Give(*std::move(memory));  // a pause or resume first; back later
+      break;
+    }
     h.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
-    if (!unmapped.ok()) continue;
     MapViewsLocked(value, views);
-    bytes += h.size;
+    for (auto m : MappingsOfLocked(value)) {
+      if (m->second.view.kind == PausedView::kContents) {
+        bytes += h.size;
+        break;
+      }
+    }
   }
   return bytes;
 }

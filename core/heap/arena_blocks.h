@@ -63,6 +63,9 @@ struct Block {
   std::optional<HostBackup> backup;
   ViewMapping view;  // paused: what its address maps
   bool wants_view = false;  // paused by a pause that maps views (a failed resume maps it again)
+  // HeapArena::PausedContents gave the program an address in `backup`: it
+  // stays where it is (never moved by Note [Views made late]).
+  mutable bool contents_handed_out = false;
 
   size_t allocations() const { return slab != nullptr ? slab->allocations() : 1; }
   bool unmapped() const { return paused && handle == 0; }

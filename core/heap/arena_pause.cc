@@ -298,8 +298,8 @@ size_t ArenaPause::MapLateViews(HostMappedPools& views, const std::atomic<int>& 
     MutexLock lock(&arena_.mu_);
     for (const auto& [base, b] : arena_.blocks_.blocks()) {
       if (b->paused && b->wants_view && b->handle == 0 && !b->view.mapped() &&
-          b->backup.has_value() && b->backup->host_mapped() == nullptr &&
-          !b->backup->in_file()) {
+          !b->contents_handed_out && b->backup.has_value() &&
+          b->backup->host_mapped() == nullptr && !b->backup->in_file()) {
         late.push_back(base);
       }
     }
@@ -308,18 +308,21 @@ size_t ArenaPause::MapLateViews(HostMappedPools& views, const std::atomic<int>& 
   if (pool == nullptr) return 0;
   size_t bytes = 0;
   for (CUdeviceptr base : late) {
-    if (waiting.load(std::memory_order_relaxed) > 0) break;
     MutexLock lock(&arena_.mu_);
     // Looked up again: a free or a resume may have come between the blocks.
     if (!arena_.blocks_.Contains(base)) continue;
     Block& b = arena_.blocks_.Get(base);
     if (!b.paused || !b.wants_view || b.handle != 0 || b.view.mapped() ||
-        !b.backup.has_value() || b.backup->host_mapped() != nullptr || b.backup->in_file()) {
+        b.contents_handed_out || !b.backup.has_value() ||
+        b.backup->host_mapped() != nullptr || b.backup->in_file()) {
       continue;
     }
     absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(b.size);
     if (!memory.ok()) continue;  // none of its size was made: it stays as it is
-    std::memcpy(memory->data(), b.backup->data(), b.size);
+    if (!CopyUnlessWaiting(memory->data(), b.backup->data(), b.size, waiting)) {
+      pool->Give(*std::move(memory));  // a pause or resume first; back later
+      break;
+    }
     b.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
     MapViewAgainLocked(base, b, &views);
     if (b.view.mapped()) bytes += b.size;

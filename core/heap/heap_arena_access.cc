@@ -135,6 +135,7 @@ absl::StatusOr<const void*> HeapArena::PausedContents(CUdeviceptr ptr, size_t by
   if (!b.backup.has_value()) {
     return DriverError(CUDA_ERROR_NOT_FOUND, "vmmshim paused contents");
   }
+  b.contents_handed_out = true;
   return static_cast<const void*>(b.backup->data() + (ptr - info->range_base));
 }
 

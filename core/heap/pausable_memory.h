@@ -88,6 +88,11 @@ struct PauseTimes {
   }
 };
 
+// Copies `bytes` from `src` to `dst` in parts of
+// PausableMemory::kLateCopyBytes; false (stopped midway) once `waiting` is
+// above 0 before a part.
+bool CopyUnlessWaiting(char* dst, const char* src, size_t bytes, const std::atomic<int>& waiting);
+
 class PausableMemory {
  public:
   virtual void Lock() {}
@@ -128,10 +133,13 @@ class PausableMemory {
   // Note [Views made late] (core/heap/pause.h): each paused block (or
   // handle) that wants a view but whose contents were kept in other host
   // memory moves them into host VMM memory `views` keeps of its size
-  // (HostMappedPool::TakeKept; a CPU copy) and maps its view; blocks
-  // without such memory are left as they are. Stops between blocks while
-  // `waiting` is above 0 (a pause or resume waits for the coordinator).
-  // The bytes made addressable.
+  // (HostMappedPool::TakeKept; a CPU copy in parts of kLateCopyBytes) and
+  // maps its view; blocks without such memory are left as they are.
+  // Called without Lock: takes the memory's own lock block by block. Stops
+  // at the next part while `waiting` is above 0 (a pause, resume or fork
+  // waits for the coordinator, or a stop), the block left as it was. The
+  // bytes made addressable.
+  static constexpr size_t kLateCopyBytes = size_t{256} << 20;
   virtual size_t MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {
     return 0;
   }

@@ -122,7 +122,7 @@ PauseCoordinator::PauseCoordinator(const DriverApi& driver, HeapTable& heaps,
       host_pools_(driver, HostPoolOptions(paused_access, copy_threads)),
       host_memory_in_background_(paused_access.host_memory_in_background) {}
 
-PauseCoordinator::~PauseCoordinator() { StopLateViews(); }
+PauseCoordinator::~PauseCoordinator() { StopLateViews(/*at_exit=*/false); }
 
 void PauseCoordinator::AddParticipant(PauseParticipant* participant) {
   MutexLock lock(&mu_);
@@ -146,7 +146,7 @@ size_t PauseCoordinator::ReleaseHostMemory() {
 }
 
 size_t PauseCoordinator::ReleaseHostMemoryForGood() {
-  StopLateViews();
+  StopLateViews(/*at_exit=*/true);
   size_t released = 0;
   for (HostMappedPool* pool : host_pools_.All()) released += pool->ReleaseForGood();
   return released;

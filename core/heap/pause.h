@@ -58,12 +58,15 @@
 // keeps contents the pools have no host VMM memory for in other host memory
 // (no view: an access faults) while the pool makes that memory in the
 // background. Once it is made, one thread of the coordinator's moves those
-// contents into it (a CPU copy, block by block, under the pause mutex) and
-// maps their views, so that the first pause of a set is addressable from a
-// few seconds after it (the making's time) rather than only from the
-// second pause. A pause or resume that arrives meanwhile goes first: the
-// thread stops between blocks and comes back after it. Blocks still
-// without host memory of their size (a limit cut it) stay as they are.
+// contents into it (a CPU copy, block by block, in parts of kLateCopyBytes,
+// under the pause mutex and the block's memory's own) and maps their views,
+// so that the first pause of a set is addressable from a few seconds after
+// it (the making's time) rather than only from the second pause. A pause,
+// resume or fork that arrives meanwhile goes first: the thread stops at the
+// next part (the block stays as it was) and comes back after it. Left as
+// they are: blocks without host memory of their size (a limit cut it), and
+// blocks whose contents' address the program was given
+// (HeapArena::PausedContents: it stays valid until the resume).
 //
 // Thread safety: pauses and resumes are serialized with each other (lock
 // order: "pause mutex", after the capture gate); allocations and frees go on
@@ -192,8 +195,9 @@ class PauseCoordinator : public HeapTable::Listener {
   // good first (the process's exit, before the driver's teardown).
   size_t ReleaseHostMemoryForGood();
   // Before the driver's checkpoint (Note [The driver's checkpoint and host
-  // VMM memory], core/heap/host_mapped_pool.h): what those pools keep and
-  // their scratch, released now; the bytes released, or
+  // VMM memory], core/heap/host_mapped_pool.h), under the pause mutex (no
+  // late view takes memory meanwhile): what those pools keep and their
+  // scratch, released now; the bytes released, or
   // CUDA_ERROR_ILLEGAL_STATE naming the bytes still taken (host memory a
   // view the driver would not unmap still holds, OrphanedMemory, or a view
   // of memory the program paused: the sleep refuses such a pause up front,
@@ -201,7 +205,13 @@ class PauseCoordinator : public HeapTable::Listener {
   // release.
   absl::StatusOr<size_t> ReleaseHostMemoryForCheckpoint();
 
-  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  // Counted in waiting_, so that the late views' thread lets the fork go
+  // first (Note [Views made late]).
+  void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    mu_.Lock();
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
   void AfterForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   // The host memory pools' mutexes, leaves: taken after every other lock.
   void PrepareForkHostPools() { host_pools_.PrepareFork(); }
@@ -213,6 +223,7 @@ class PauseCoordinator : public HeapTable::Listener {
     new (&late_thread_) std::thread();
     new (&late_wanted_) CondVar;
     late_pending_ = false;
+    late_running_.store(false);
     waiting_.store(0);
     ring_.AfterForkChild();
     pool_.AfterForkChild();
@@ -234,8 +245,10 @@ class PauseCoordinator : public HeapTable::Listener {
   // After a pause that kept contents with views, in background mode: the
   // thread (started at the first) maps what it can once the pools are done.
   void ScheduleLateViewsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The thread stopped for good and joined.
-  void StopLateViews() ABSL_LOCKS_EXCLUDED(mu_);
+  // The thread stopped for good: joined (`at_exit`: waited for at most 2 s,
+  // then left to the process's end: a pause stuck in the driver holds the
+  // mutex it may wait for, and the exit must not hang on it).
+  void StopLateViews(bool at_exit) ABSL_LOCKS_EXCLUDED(mu_);
   // mu_ for a pause or a resume, counted in `waiting_` while it waits, so
   // that the late views' thread lets it go first.
   class ABSL_SCOPED_LOCKABLE WaitingLock {
@@ -271,9 +284,12 @@ class PauseCoordinator : public HeapTable::Listener {
   Mutex mu_;  // lock order: "pause mutex"
   // Note [Views made late].
   std::atomic<int> waiting_{0};  // callers waiting for mu_ (WaitingLock)
-  CondVar late_wanted_;          // late_pending_ or late_stopping_ set
+  CondVar late_wanted_;          // late_pending_ set (the thread also looks every 100 ms)
   bool late_pending_ ABSL_GUARDED_BY(mu_) = false;
-  bool late_stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set without the mutex (a stop must not wait for a pause that hangs); it
+  // also raises waiting_ for good, so that a pass stops at its next check.
+  std::atomic<bool> late_stopping_{false};
+  std::atomic<bool> late_running_{false};  // the thread has not returned yet
   std::thread late_thread_;  // started by the first ScheduleLateViewsLocked
 };
 

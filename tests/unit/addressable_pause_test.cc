@@ -491,6 +491,39 @@ TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
   ExpectNothingLeft();
 }
 
+// Note [Views made late]: contents whose address the program was given
+// (vmmshim_get_paused_contents, torch_memory_saver's get_cpu_backup) stay
+// where they are: no late view moves them, and the address keeps them.
+TEST_F(AddressablePauseTest, ContentsTheProgramHoldsAnAddressOfAreNotMovedLate) {
+  {
+    AllocatorOptions options;
+    options.host_memory_in_background = true;
+    ShimCore shim(api_, options);
+    Allocator& a = shim.allocator();
+    const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+    Fill(kv, 8 * kMiB, 1);
+    sim::HoldCalls("cuMemCreate");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(sim::WaitForHeldCall(5000));
+    absl::StatusOr<const void*> host = shim.control().PausedContents(kv, 4096);
+    ASSERT_TRUE(host.ok()) << host.status();
+    const unsigned char before = static_cast<const unsigned char*>(*host)[100];
+    sim::ReleaseHeldCalls();
+    HostMappedPool& pool = *shim.pause().host_pools()[0];
+    ASSERT_TRUE(pool.AwaitMade(absl::Seconds(5)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the thread's pass
+    char c;
+    EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // no view: not moved
+    EXPECT_EQ(pool.stats().kept_bytes, 8 * kMiB);           // made, left for the next pause
+    EXPECT_EQ(static_cast<const unsigned char*>(*host)[100], before);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    ASSERT_TRUE(a.Free(kv).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
 // Note [The maker keeps quiet] (core/heap/host_mapped_pool.h): while the
 // pools are quiet (a pause or resume runs), what is queued waits; it is
 // made after.
