@@ -76,6 +76,19 @@ class AddressablePauseTest : public SimTest {
     o.host_memory_in_background = background;
     return o;
   }
+  // VMMSHIM_HOST_POOL_MAKE=background.
+  static AllocatorOptions MadeInTheBackground() {
+    AllocatorOptions o;
+    o.host_memory_in_background = true;
+    return o;
+  }
+  // Pauses `tag` with contents while the pool's maker is held at its
+  // cuMemCreate; returns with it held (sim::ReleaseHeldCalls lets it go).
+  static void PauseWithTheMakerHeld(ShimCore& shim, const std::string& tag) {
+    sim::HoldCalls("cuMemCreate");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only(tag), true).ok());
+    ASSERT_TRUE(sim::WaitForHeldCall(5000));
+  }
   // VMMSHIM_HOST_POOL_IDLE.
   static AllocatorOptions PoolIdleAfter(double seconds) {
     AllocatorOptions o;
@@ -456,18 +469,14 @@ TEST_F(AddressablePauseTest, AFailedResumeMapsTheViewsAgain) {
 // pause of the same set takes that memory and stays addressable.
 TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
   {
-    AllocatorOptions options;
-    options.host_memory_in_background = true;
-    ShimCore shim(api_, options);
+    ShimCore shim(api_, MadeInTheBackground());
     Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
     Fill(kv, 8 * kMiB, 1);
-    sim::HoldCalls("cuMemCreate");  // the maker waits: the pause alone is seen
-    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    PauseWithTheMakerHeld(shim, "kv");  // the pause alone is seen
     char c;
     EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // no view yet
     EXPECT_EQ(PoolStats(shim, 0).made_bytes, 0u);             // nothing made on the path
-    ASSERT_TRUE(sim::WaitForHeldCall(5000));
     sim::ReleaseHeldCalls();
     // Note [Views made late]: once made, the contents move there and map.
     ASSERT_TRUE(AwaitReadable(kv));
@@ -496,15 +505,11 @@ TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
 // where they are: no late view moves them, and the address keeps them.
 TEST_F(AddressablePauseTest, ContentsTheProgramHoldsAnAddressOfAreNotMovedLate) {
   {
-    AllocatorOptions options;
-    options.host_memory_in_background = true;
-    ShimCore shim(api_, options);
+    ShimCore shim(api_, MadeInTheBackground());
     Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
     Fill(kv, 8 * kMiB, 1);
-    sim::HoldCalls("cuMemCreate");
-    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
-    ASSERT_TRUE(sim::WaitForHeldCall(5000));
+    PauseWithTheMakerHeld(shim, "kv");
     absl::StatusOr<const void*> host = shim.control().PausedContents(kv, 4096);
     ASSERT_TRUE(host.ok()) << host.status();
     const unsigned char before = static_cast<const unsigned char*>(*host)[100];
@@ -529,9 +534,7 @@ TEST_F(AddressablePauseTest, ContentsTheProgramHoldsAnAddressOfAreNotMovedLate) 
 // made after.
 TEST_F(AddressablePauseTest, TheMakerKeepsQuietWhileAPauseOrResumeRuns) {
   {
-    AllocatorOptions options;
-    options.host_memory_in_background = true;
-    ShimCore shim(api_, options);
+    ShimCore shim(api_, MadeInTheBackground());
     Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());  // makes the pool
@@ -561,9 +564,7 @@ TEST_F(AddressablePauseTest, TheMakerKeepsQuietWhileAPauseOrResumeRuns) {
 // driver's checkpoint and host VMM memory]).
 TEST_F(AddressablePauseTest, TheCheckpointsReleaseWaitsForHostMemoryBeingMade) {
   {
-    AllocatorOptions options;
-    options.host_memory_in_background = true;
-    ShimCore shim(api_, options);
+    ShimCore shim(api_, MadeInTheBackground());
     Allocator& a = shim.allocator();
     const CUdeviceptr first = Alloc(a, 8 * kMiB, "kv");
     const CUdeviceptr second = Alloc(a, 4 * kMiB, "kv");
