@@ -60,6 +60,9 @@ struct Block {
   // (handle set) until ResumeCommit. `backup`: its contents, when kept.
   bool paused = false;
   bool pausing = false;  // PausePrepare marked it (contents copied); live until PauseCommit
+  // Freed by the program while pausing: Note [A block freed while its pause
+  // is under way] (core/heap/arena_pause.h).
+  bool freed_while_pausing = false;
   std::optional<HostBackup> backup;
   ViewMapping view;  // paused: what its address maps
   bool wants_view = false;  // paused by a pause that maps views (a failed resume maps it again)

@@ -170,13 +170,34 @@ absl::StatusOr<size_t> ArenaPause::PausePrepare(const TagSelection& tag, BackupC
 
 void ArenaPause::PauseAbort(const TagSelection& tag) {
   MutexLock lock(&arena_.mu_);
+  std::vector<CUdeviceptr> freed;
   for (auto& [base, owned] : arena_.blocks_.blocks()) {
     Block& b = *owned;
     if (!Selected(b, tag) || !b.pausing) continue;
     b.pausing = false;
     b.backup.reset();
-    arena_.blocks_.Reopen(base, b);
+    if (b.freed_while_pausing) {
+      freed.push_back(base);
+    } else {
+      arena_.blocks_.Reopen(base, b);
+    }
   }
+  // Note [A block freed while its pause is under way] (arena_pause.h): the
+  // copies were waited for before the abort.
+  for (CUdeviceptr base : freed) ReleaseFreedLocked(tag, base);
+}
+
+bool ArenaPause::ReleaseFreedLocked(const TagSelection& tag, CUdeviceptr base) {
+  const size_t size = arena_.blocks_.Get(base).size;
+  if (absl::Status s = arena_.DestroyBlockLocked(base); !s.ok()) {
+    // Kept mapped and counted, as a free that cannot unmap keeps a block.
+    Log().warn("vmmshim_pause_memory({}): releasing memory at {:#x} ({} bytes) freed during the "
+               "pause: {}; retried by Trim",
+               tag.Describe(), base, size, s.ToString());
+    if (arena_.blocks_.Contains(base)) arena_.ForgetBlockLocked(base, HeapArena::Forget::kStillMapped);
+    return false;
+  }
+  return true;
 }
 
 absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCopier* copier,
@@ -204,7 +225,7 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCo
       absl::Status copied = copier->WaitCopied(*b.backup);
       waited += PauseTimes::Since(wait);
       times->CopiesDone();
-      if (!copied.ok()) {
+      if (!copied.ok() && !b.freed_while_pausing) {
         Log().error("vmmshim_pause_memory({}): copying {} bytes at {:#x} to host memory: {}; "
                     "left live",
                     tag.Describe(), b.size, base, copied.ToString());
@@ -213,6 +234,13 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCo
         first.Update(copied);
         continue;
       }
+    }
+    if (b.freed_while_pausing) {
+      // Note [A block freed while its pause is under way] (arena_pause.h).
+      const size_t size = b.size;
+      b.backup.reset();
+      if (ReleaseFreedLocked(tag, base)) released += size;
+      continue;
     }
     if (absl::Status s = arena_.mapper_.Unmap(base, b.size); !s.ok()) {
       // Still mapped and whole: it stays live (its backup goes).

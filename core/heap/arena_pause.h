@@ -52,7 +52,8 @@ class ArenaPause final : public PausableMemory {
   // synchronized by the caller): with `copier`, every selected live block's
   // contents to a host backup (all backups made before any copy), and the
   // blocks marked `pausing`: no new allocation lands in them, a free in them
-  // still works. On failure its own marks are undone. PauseAbort undoes the
+  // still works (Note [A block freed while its pause is under way], below).
+  // On failure its own marks are undone. PauseAbort undoes the
   // marks (backups dropped). PauseCommit unmaps and releases the marked
   // blocks (the VA stays theirs), each once its copy is complete (Note [A
   // pause's memory goes as its copy completes], core/heap/pausable_memory.h:
@@ -61,6 +62,18 @@ class ArenaPause final : public PausableMemory {
   // got back; a block whose copy or unmap fails stays live and the first
   // such error is returned after the rest.
   // With `views`, each paused block's address maps its view (MapViewLocked).
+  //
+  // Note [A block freed while its pause is under way]: between PausePrepare
+  // and PauseCommit the arena's mutex is free (other memories prepare
+  // meanwhile), and the block's copy may still be running on the copy
+  // engine, reading its device memory into its backup. A free then is done
+  // for the program (the pointer is unknown from then on, the live counts
+  // drop) but the block stays, marked `freed_while_pausing`, neither
+  // unmapped nor its backup given back: unmapping memory a copy is reading
+  // faults the copy (and loses the context), and host memory given back
+  // under a copy is written after its next owner got it. PauseCommit waits
+  // for its copy and then releases it (its bytes counted as released);
+  // PauseAbort, which runs after every copy was waited for, releases it too.
   absl::StatusOr<size_t> PausePrepare(const TagSelection& tag, BackupCopier* copier,
                                       PauseTimes* times) override;
   void PauseAbort(const TagSelection& tag) override;
@@ -98,6 +111,11 @@ class ArenaPause final : public PausableMemory {
   // dropped; nothing when they were kept in other host memory. A failure is
   // logged and leaves no view (an access faults).
   void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views);
+  // Releases the block at `base`, freed while its pause was under way, its
+  // copy complete: true when the driver took its memory back; otherwise it
+  // is kept aside as a failed free's block is (logged naming `tag`). The
+  // caller holds the arena's mutex.
+  bool ReleaseFreedLocked(const TagSelection& tag, CUdeviceptr base);
   // Adds the active primary context of each peer in `access` (a kernel
   // there may be reading the memory; a peer's other contexts are not seen),
   // once each.

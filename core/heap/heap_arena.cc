@@ -354,6 +354,15 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
       ++acct_.stats().frees;
       return;
     }
+    if (block.pausing) {
+      // Note [A block freed while its pause is under way] (core/heap/arena_pause.h).
+      --acct_.stats().live_allocations;
+      acct_.Live(-static_cast<int64_t>(block.requested));
+      block.requested = 0;  // unknown to Find from now on
+      block.freed_while_pausing = true;
+      ++acct_.stats().frees;
+      return;
+    }
     if (!block.has_explicit() && !block.exported && !block.paused && !block.pausing &&
         acct_.ReserveCache(block.size)) {
       // Keep it mapped, with its access set, for the next request that fits.
@@ -378,7 +387,9 @@ void HeapArena::FreeLocked(CUdeviceptr ptr, CUdeviceptr base, Block& block, size
   // A paused granule takes no allocations (its memory is released) and
   // goes when it empties, as a sealed one does.
   if (block.sealed || block.paused || block.pausing) {
-    if (block.slab->empty() && !driver_gone) {
+    if (block.pausing && block.slab->empty()) {
+      block.freed_while_pausing = true;  // Note [A block freed while its pause is under way]
+    } else if (block.slab->empty() && !driver_gone) {
       if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {
         Log().warn("keeping an empty granule on device {}: {}", options_.device, s.ToString());
       }

@@ -22,7 +22,9 @@ absl::Status HeapArena::ApplyPeerChange(int peer, bool stream_ordered) {
   const DeviceSet bit = DeviceSet::Of(peer);
   uint64_t granted = 0, denied = 0, granted_bytes = 0;
   for (const auto& [base, b] : blocks_.blocks()) {
-    if (b->cached || b->placement.stream_ordered != stream_ordered) continue;
+    if (b->cached || b->freed_while_pausing || b->placement.stream_ordered != stream_ordered) {
+      continue;
+    }
     access_.NoteDecisions(acct_, b->placement.allowed, bit, b->allocations(),
                       b->slab != nullptr ? b->slab->used_bytes() : b->requested,
                       b->placement.tag);

@@ -50,7 +50,7 @@ void HeapArena::AddSegments(std::vector<SegmentInfo>* out) const {
     if (b->slab == nullptr) {
       SegmentPart part;
       part.size = b->size;
-      if (!b->cached) {
+      if (!b->cached && !b->freed_while_pausing) {
         part.requested = b->requested;
         part.origin = b->origin;
         part.live = true;

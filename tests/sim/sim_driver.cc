@@ -330,6 +330,7 @@ struct Gate {
   std::condition_variable cv;
   std::atomic<bool> armed{false};
   std::string entry;
+  int passing = 0;  // calls of `entry` still let through before the holding starts
   int parked = 0;
   bool open = true;
 };
@@ -343,6 +344,10 @@ void PassGate(const char* entry) {
   if (!g.armed.load(std::memory_order_acquire)) return;
   std::unique_lock<std::mutex> lock(g.mu);
   if (g.open || g.entry != entry) return;
+  if (g.passing > 0) {
+    --g.passing;
+    return;
+  }
   ++g.parked;
   g.cv.notify_all();
   g.cv.wait(lock, [&] { return g.open; });
@@ -702,10 +707,11 @@ void Reset(const SimOptions& options) {
   ResetLocked(s, options);
 }
 
-void HoldCalls(const std::string& entry) {
+void HoldCalls(const std::string& entry, int nth) {
   Gate& g = TheGate();
   std::lock_guard<std::mutex> lock(g.mu);
   g.entry = entry;
+  g.passing = nth > 1 ? nth - 1 : 0;
   g.open = false;
   g.armed.store(true, std::memory_order_release);
 }

@@ -117,11 +117,12 @@ void Reset(const SimOptions& options);
 void FailCall(const std::string& entry, int nth, CUresult code);
 void ClearFailures();
 
-// Holding: from HoldCalls on, every call of `entry` (any thread) waits,
-// before taking the driver's lock, until ReleaseHeldCalls. WaitForHeldCall
-// returns once a call is waiting (false after `timeout_ms`). For tests that
-// check what other threads can do while a driver call is in progress.
-void HoldCalls(const std::string& entry);
+// Holding: from HoldCalls on, every call of `entry` (any thread) from the
+// `nth` on (1 = the next) waits, before taking the driver's lock, until
+// ReleaseHeldCalls. WaitForHeldCall returns once a call is waiting (false
+// after `timeout_ms`). For tests that check what other threads can do while
+// a driver call is in progress.
+void HoldCalls(const std::string& entry, int nth = 1);
 bool WaitForHeldCall(int timeout_ms);
 void ReleaseHeldCalls();
 
