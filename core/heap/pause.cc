@@ -70,7 +70,9 @@ absl::Status ExplainLostContext(absl::Status status, const char* call, const Tag
       " from an earlier kernel or copy; the error is sticky): ",
       resume ? "the kept contents cannot be mapped back; everything stays paused and is lost "
                "with the process"
-             : "the pause cannot complete; the process must restart to use the GPU again");
+             : "the pause cannot complete (blocks whose copies completed before the loss may "
+               "be paused, the rest stay as they were); the process must restart to use the "
+               "GPU again");
   Log().error("{}", what);
   return Reworded(status, what);
 }
