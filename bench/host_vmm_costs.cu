@@ -34,7 +34,15 @@
 //                    cuMemMap per granule) and one cuMemSetAccess
 //   scratch_write    a kernel writing every word of that range (result)
 //   unmap_scratch    the scratch mappings unmapped (one call over the range)
-// usage: host_vmm_costs [SIZE_GIB (default 4)] [CHUNK_MIB (default 512)]
+//   run_map_each     SIZE as handles of RUN_MIB (a pause of PyTorch's
+//                    expandable segments: 20 MiB handles side by side in one
+//                    reservation), each mapped and given the device's access
+//                    in turn (result: handles)
+//   run_map_span     the same handles mapped side by side, then one
+//                    cuMemSetAccess over the run (result: the call's code):
+//                    whether the access's cost is per call or per mapping
+//   run_unmap_span   that run unmapped in one call (result: the call's code)
+// usage: host_vmm_costs [SIZE_GIB (default 4)] [CHUNK_MIB (default 512)] [RUN_MIB (default 20)]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -102,6 +110,7 @@ int main(int argc, char** argv) {
   const size_t gib = size_t{1} << 30;
   const size_t bytes = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 4) * gib;
   const size_t chunk = (argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 512) << 20;
+  const size_t run_piece = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 20) << 20;
   CUcontext ctx = host_copy_setup::PrimaryContextWithResidentSet();
   CUdevice dev;
   Check(cuCtxGetDevice(&dev), "cuCtxGetDevice");
@@ -328,6 +337,46 @@ int main(int argc, char** argv) {
   Row("unmap_scratch", 0, bytes, Since(t), Name(unmapped));
   if (unmapped != CUDA_SUCCESS) {
     for (size_t off = 0; off < bytes; off += minimum) cuMemUnmap(va + off, minimum);
+  }
+  // A run of handles of RUN_MIB side by side at `va` (rounded to the
+  // granularity), given the device's access one by one or in one call over
+  // the run; each way twice, alternated, after a warm-up of each.
+  {
+    const size_t piece = (run_piece + recommended - 1) / recommended * recommended;
+    const size_t pieces = bytes / piece;
+    std::vector<CUmemGenericAllocationHandle> run(pieces);
+    for (auto& h : run) Check(cuMemCreate(&h, piece, &prop, 0), "cuMemCreate (run)");
+    const std::string count = std::to_string(pieces) + "x" + std::to_string(piece >> 20) + "MiB";
+    for (int round = 0; round < 3; ++round) {
+      for (bool span : {false, true}) {
+        const auto start = Clock::now();
+        CUresult code = CUDA_SUCCESS;
+        for (size_t k = 0; k < pieces; ++k) {
+          Check(cuMemMap(va + k * piece, piece, 0, run[k], 0), "map (run)");
+          if (!span) Check(cuMemSetAccess(va + k * piece, piece, &device_rw, 1), "access (run)");
+        }
+        if (span) code = cuMemSetAccess(va, pieces * piece, &device_rw, 1);
+        const double mapped = Since(start);
+        if (code != CUDA_SUCCESS) {  // the run one by one, as run_map_each
+          for (size_t k = 0; k < pieces; ++k) {
+            Check(cuMemSetAccess(va + k * piece, piece, &device_rw, 1), "access (run piece)");
+          }
+        }
+        if (round > 0) {  // round 0: the warm-up
+          Row(span ? "run_map_span" : "run_map_each", 0, pieces * piece, mapped,
+              span ? Name(code) : count);
+        }
+        const auto unmap_start = Clock::now();
+        CUresult unmapped_run = cuMemUnmap(va, pieces * piece);
+        const double unmapped_s = Since(unmap_start);
+        if (round > 0 && span) Row("run_unmap_span", 0, pieces * piece, unmapped_s,
+                                   Name(unmapped_run));
+        if (unmapped_run != CUDA_SUCCESS) {
+          for (size_t k = 0; k < pieces; ++k) Check(cuMemUnmap(va + k * piece, piece), "unmap (run)");
+        }
+      }
+    }
+    for (auto h : run) Check(cuMemRelease(h), "release (run)");
   }
   // The host chunks released from one thread, mapped once (threads: above).
   Check(cuMemUnmap(host_va, bytes), "unmap (host)");
