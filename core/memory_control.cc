@@ -54,6 +54,7 @@ std::vector<DeviceResidency> MemoryControl::Residency() const {
     r.device = f.device;
     r.other_vmm_by_tag = std::move(f.by_tag);
     r.other_vmm_paused_by_tag = std::move(f.paused_by_tag);
+    r.other_vmm_paused_faulting_bytes = f.paused_faulting_bytes;
     r.other_vmm_exported_bytes = f.exported_bytes;
     r.other_vmm_unmapped_bytes = f.unmapped_bytes;
     r.other_vmm_imported_bytes = f.imported_bytes;

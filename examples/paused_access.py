@@ -14,9 +14,12 @@ An access that faulted would end the process with CUDA's error.
 
 VMMSHIM_PAUSED_ACCESS=host is the default; VMMSHIM_HOST_POOL_MAKE=pause makes
 the host memory at the first pause, so that this program's one pause is
-addressable (by default it is made in the background after a set's first
-pause, for the next). Under VMMSHIM_PAUSED_ACCESS=fault the first touch kills
-the context: that is the hazard host removes.
+addressable at once. By default it is made in the background after a set's
+first pause, and the contents move into it once it is there: with
+--await-addressable SECONDS the program waits for that (residency()'s
+paused_faulting_bytes at 0, printed with the wait) before it touches
+anything, and fails if it does not come. Under VMMSHIM_PAUSED_ACCESS=fault
+the first touch kills the context: that is the hazard host removes.
 """
 import argparse
 import hashlib
@@ -93,9 +96,37 @@ def digest(model, opt, big, y):
     return h
 
 
+def faulting_bytes():
+    """Paused bytes an access would fault on now (the shim's and other
+    libraries' VMM memory, every device)."""
+    total = 0
+    for device in vmmshim.residency()["devices"]:
+        total += sum(t["paused_faulting_bytes"] for t in device["shim"]["by_tag"].values())
+        total += device["other_libraries_vmm"]["paused_faulting_bytes"]
+    return total
+
+
+def await_addressable(seconds):
+    """Waits until no paused byte would fault; the seconds it took."""
+    start = time.perf_counter()
+    first = faulting_bytes()
+    while faulting_bytes() > 0:
+        if time.perf_counter() - start > seconds:
+            sys.exit(f"paused-access: {faulting_bytes()} paused bytes still fault after "
+                     f"{seconds:g} s (--await-addressable)")
+        time.sleep(0.05)
+    waited = time.perf_counter() - start
+    print(f"paused-access: {first} paused bytes faulted right after the pause; all addressable "
+          f"after {waited:.2f} s", flush=True)
+    return waited
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=4)
+    parser.add_argument("--await-addressable", type=float, metavar="SECONDS",
+                        help="wait until no paused byte would fault before touching any "
+                             "(the default VMMSHIM_HOST_POOL_MAKE=background's first pause)")
     args = parser.parse_args()
     if not vmmshim.loaded():
         sys.exit("paused-access: run it under the shim (LD_PRELOAD=libvmmshim.so)")
@@ -115,6 +146,8 @@ def main():
     vmmshim.pause("scratch", keep_contents=False, sole_submitter=True)
     released = vmmshim.pause(sole_submitter=True)
     pause_s = time.perf_counter() - start
+    if args.await_addressable is not None:
+        await_addressable(args.await_addressable)
     paused_timings = {}
     steps(*state, paused_timings)
     start = time.perf_counter()

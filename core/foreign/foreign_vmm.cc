@@ -368,6 +368,11 @@ std::vector<ForeignDeviceFigures> ForeignVmm::Figures() const {
       if (h.mappings == 0) f.unmapped_bytes += h.size;
     }
   }
+  for (const auto& [at, m] : mappings_) {
+    auto h = handles_.find(m.handle);
+    if (h == handles_.end() || !h->second.paused || m.view.mapped()) continue;
+    by_device[h->second.device].paused_faulting_bytes += m.size;
+  }
   std::vector<ForeignDeviceFigures> out;
   for (auto& [device, f] : by_device) out.push_back(std::move(f));
   return out;

@@ -25,7 +25,9 @@ void HeapArena::AddResidency(DeviceResidency* out) const {
   MutexLock lock(&mu_);
   for (const auto& [base, b] : blocks_.blocks()) {
     if (b->unmapped()) {
-      out->tags[b->placement.tag].paused_bytes += b->size;
+      TagResidency& t = out->tags[b->placement.tag];
+      t.paused_bytes += b->size;
+      if (!b->view.mapped()) t.paused_faulting_bytes += b->size;
     } else if (b->idle()) {
       out->cached_bytes += b->size;
     } else {

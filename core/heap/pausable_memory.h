@@ -28,9 +28,9 @@
 // `tag` selects what each step covers (core/heap/tag_selection.h); `times`
 // (never null) collects where the time went. `views` (nullptr: none,
 // VMMSHIM_PAUSED_ACCESS=fault): the host memory paused memory stays
-// addressable through (core/heap/host_mapped_pool.h); memory that cannot
-// map it (other libraries' VMM memory in this version) ignores it, and an
-// access to it faults.
+// addressable through (core/heap/host_mapped_pool.h); a range that cannot
+// map it (a mapping of part of another library's handle) has no view, and
+// an access to it faults.
 #ifndef VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
 #define VMMSHIM_CORE_HEAP_PAUSABLE_MEMORY_H_
 

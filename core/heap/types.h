@@ -82,6 +82,11 @@ struct DeviceStats {
 struct TagResidency {
   uint64_t resident_bytes = 0;  // mapped for live allocations (stream-ordered ones included)
   uint64_t paused_bytes = 0;    // released by a pause, not resumed: not device memory now
+  // Of the paused bytes, those whose address maps nothing now (no view:
+  // VMMSHIM_PAUSED_ACCESS=fault, contents kept where no view reaches them,
+  // or not yet moved: Note [Views made late], core/heap/pause.h): an access
+  // faults and loses the context.
+  uint64_t paused_faulting_bytes = 0;
 };
 struct DeviceResidency {
   int device = -1;
@@ -100,6 +105,7 @@ struct DeviceResidency {
   // pause); what they mapped of imported ones; and the paused bytes by tag.
   std::map<std::string, uint64_t> other_vmm_by_tag;
   std::map<std::string, uint64_t> other_vmm_paused_by_tag;
+  uint64_t other_vmm_paused_faulting_bytes = 0;  // as TagResidency::paused_faulting_bytes
   uint64_t other_vmm_exported_bytes = 0;
   uint64_t other_vmm_unmapped_bytes = 0;
   uint64_t other_vmm_imported_bytes = 0;

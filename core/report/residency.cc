@@ -67,7 +67,9 @@ nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* d
   for (const DeviceResidency& r : control.Residency()) {
     nlohmann::json tags = nlohmann::json::object();
     for (const auto& [tag, t] : r.tags) {
-      tags[tag] = {{"resident_bytes", t.resident_bytes}, {"paused_bytes", t.paused_bytes}};
+      tags[tag] = {{"resident_bytes", t.resident_bytes},
+                   {"paused_bytes", t.paused_bytes},
+                   {"paused_faulting_bytes", t.paused_faulting_bytes}};
     }
     const uint64_t shim = r.resident_bytes();
     DriverFigures f;
@@ -99,6 +101,7 @@ nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* d
           {{"bytes", r.other_vmm_bytes()},
            {"by_tag", r.other_vmm_by_tag},
            {"paused_by_tag", r.other_vmm_paused_by_tag},
+           {"paused_faulting_bytes", r.other_vmm_paused_faulting_bytes},
            {"left_alone",
             {{"exported_bytes", r.other_vmm_exported_bytes},
              {"exported_reason", "exported to another process, which may map it"},

@@ -8,8 +8,10 @@
 //     in the device's primary context (null when it is not active, or when
 //     the driver is not asked: the exit report; the shim never creates a
 //     context to answer);
-//   shim: by_tag {tag: {resident_bytes, paused_bytes}} (packed granules
-//     whole; paused bytes are not device memory now), cached_bytes (freed
+//   shim: by_tag {tag: {resident_bytes, paused_bytes, paused_faulting_bytes}}
+//     (packed granules whole; paused bytes are not device memory now; of
+//     them, paused_faulting_bytes map nothing now, so that an access faults
+//     and loses the context: core/heap/types.h, TagResidency), cached_bytes (freed
 //     memory kept mapped for reuse), release_pending_bytes (handles whose
 //     release failed, retried), stream_ordered_cached_bytes (freed
 //     stream-ordered blocks waiting for reuse; part of their tag's resident
@@ -20,10 +22,13 @@
 //     (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT; null if unknown);
 //   driver_default_pool_bytes: the driver's own part of the default pool
 //     (its RESERVED_MEM_CURRENT without the shim's; null if unknown);
-//   other_libraries_vmm: {bytes, by_tag, exported_bytes, imported_bytes,
-//     paused}: memory other libraries made with cuMemCreate or imported and
-//     mapped themselves (core/foreign/foreign_vmm.h), by the tag at
-//     cuMemCreate; a pause leaves it alone in this version;
+//   other_libraries_vmm: {bytes, by_tag, paused_by_tag,
+//     paused_faulting_bytes, left_alone {exported_bytes, imported_bytes,
+//     unmapped_bytes, with a reason each}}: memory other libraries made with
+//     cuMemCreate or imported and mapped themselves
+//     (core/foreign/foreign_vmm.h), resident by the tag at cuMemCreate,
+//     paused by tag, of the paused mappings the bytes that map nothing now
+//     (as the shim's), and what a pause leaves alone;
 //   unattributed_bytes: device_used_bytes less everything above: the CUDA
 //     context, module images, pools the program created (null when
 //     device_used_bytes is).

@@ -126,13 +126,14 @@ def pause(tag=None, keep_contents=True, except_tags=None, sole_submitter=False):
     the resume keeps the writes), so a tag paused with contents works as
     memory offloaded to the host; without contents it reads undefined data;
     neither faults (expandable_segments:True pages included). Kept contents
-    are addressable from the next pause of the same set on, once their host
-    memory, made in the background after the first, is there (within the
-    host's memory and VMMSHIM_HOST_POOL_MAX)
-    (VMMSHIM_HOST_POOL_MAKE=pause: from the first, made by it, slower);
-    until then, and for contents kept on disk, devices without host VMM
-    memory and mappings of part of another library's handle, and under
-    VMMSHIM_PAUSED_ACCESS=fault, an access faults
+    are addressable at once from the next pause of the same set on; at the
+    first, once their host memory, made in the background after it, is there
+    and they have moved into it (within the host's memory and
+    VMMSHIM_HOST_POOL_MAX; VMMSHIM_HOST_POOL_MAKE=pause: at once, made by
+    the pause, slower). Until then, and for contents kept on disk, devices
+    without host VMM memory and mappings of part of another library's
+    handle, and under VMMSHIM_PAUSED_ACCESS=fault, an access faults:
+    residency()'s `paused_faulting_bytes` say how many bytes would
     (docs/pause-resume.md, "Touching paused memory").
     Allocations made while paused, from any thread, get memory that is not
     paused: PyTorch's and CuPy's free blocks inside paused memory are not
@@ -283,7 +284,9 @@ def statistics():
 def residency():
     """What the process holds on each device now, by category (a dict: per
     device, the device's used memory, the shim's memory by tag, resident and
-    paused, its cache, memory passed through to the driver, graph memory, the
+    paused (and of the paused, `paused_faulting_bytes`: those an access
+    would fault on now, since nothing is mapped there), its cache, other
+    libraries' VMM memory (likewise), memory passed through to the driver, graph memory, the
     driver's default-pool part, and what is unattributed: the context and
     runtime; and the host memory pauses hold: the pinned pool and the host
     memory kept for addressable pauses, `host_memory_for_pauses`); bytes.

@@ -9,7 +9,15 @@
  * program's handle values keep working; resume maps new memory at the same
  * addresses with the contents back, and cuMemRetainAllocationHandle still
  * answers with the program's value. After the program releases it, the
- * report says 0 again. */
+ * report says 0 again.
+ *
+ * argv[1] says what an access to paused memory does (VMMSHIM_PAUSED_ACCESS):
+ *   fault   it fails;
+ *   host    it reads the contents, and a write made while paused is there
+ *           after the resume (host memory made at the pause);
+ *   either  the default's first pause: it fails until the host memory made in
+ *           the background holds the contents (views made late), then reads
+ *           them; which one a run sees depends on timing. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -65,8 +73,8 @@ static void MapOwn(PFN_cuMemCreate_v10020 create, size_t size, CUdeviceptr* va,
 
 /* With the shim: pauses everything with contents and resumes it, checking
  * that the program's own memory went and came back. */
-static void PauseAndResume(CUdeviceptr a, CUmemGenericAllocationHandle ha, CUdeviceptr b,
-                           CUmemGenericAllocationHandle hb) {
+static void PauseAndResume(const char* access, CUdeviceptr a, CUmemGenericAllocationHandle ha,
+                           CUdeviceptr b, CUmemGenericAllocationHandle hb) {
   vmmshim_pause_memory_fn pause =
       (vmmshim_pause_memory_fn)dlsym(RTLD_DEFAULT, "vmmshim_pause_memory");
   vmmshim_resume_memory_fn resume =
@@ -82,10 +90,32 @@ static void PauseAndResume(CUdeviceptr a, CUmemGenericAllocationHandle ha, CUdev
   if (doc != NULL) {
     EXPECT_EQ(NumberAfter(doc, "other_libraries_vmm", "bytes"), 0);
     EXPECT_EQ(NumberAfter(doc, "paused_by_tag", "segments"), 24 * MIB);
+    /* What an access would fault on now: all of it, or none of it. */
+    if (strcmp(access, "fault") == 0) {
+      EXPECT_EQ(NumberAfter(doc, "other_libraries_vmm", "paused_faulting_bytes"), 24 * MIB);
+      EXPECT_EQ(NumberAfter(doc, "\"shim\"", "paused_faulting_bytes"), 4 * MIB);
+    } else if (strcmp(access, "host") == 0) {
+      EXPECT_EQ(NumberAfter(doc, "other_libraries_vmm", "paused_faulting_bytes"), 0);
+      EXPECT_EQ(NumberAfter(doc, "\"shim\"", "paused_faulting_bytes"), 0);
+    }
     free(doc);
   }
-  /* Paused: an access fails, the handle answers from the record. */
-  EXPECT_EQ(cuMemcpyDtoH(back, b + 6 * MIB, sizeof back) != CUDA_SUCCESS, 1);
+  /* Paused: an access fails or reads the contents (argv[1]); the handle
+   * answers from the record. */
+  CUresult paused_read = cuMemcpyDtoH(back, b + 6 * MIB, sizeof back);
+  if (strcmp(access, "fault") == 0) {
+    EXPECT_EQ(paused_read != CUDA_SUCCESS, 1);
+  } else if (strcmp(access, "host") == 0) {
+    EXPECT_EQ(paused_read, CUDA_SUCCESS);
+  }
+  if (paused_read == CUDA_SUCCESS) {
+    EXPECT_EQ(memcmp(back, pattern, sizeof back), 0);
+  }
+  if (strcmp(access, "host") == 0) {
+    /* A write while paused goes to the host copy and comes back with it. */
+    pattern[0] ^= 0xff;
+    EXPECT_EQ(cuMemcpyHtoD(b + 6 * MIB, pattern, 1), CUDA_SUCCESS);
+  }
   CUmemAllocationProp prop;
   EXPECT_EQ(cuMemGetAllocationPropertiesFromHandle(&prop, ha), CUDA_SUCCESS);
   EXPECT_EQ(prop.location.id, 0);
@@ -113,7 +143,13 @@ static void PauseAndResume(CUdeviceptr a, CUmemGenericAllocationHandle ha, CUdev
   EXPECT_EQ(cuMemRelease(retained), CUDA_SUCCESS);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+  const char* access = argc > 1 ? argv[1] : "either";
+  if (strcmp(access, "fault") != 0 && strcmp(access, "host") != 0 &&
+      strcmp(access, "either") != 0) {
+    fprintf(stderr, "usage: %s [fault|host|either]\n", argv[0]);
+    return 2;
+  }
   CUdevice dev;
   CUcontext ctx;
   EXPECT_EQ(cuInit(0), CUDA_SUCCESS);
@@ -146,7 +182,7 @@ int main(void) {
     EXPECT_EQ(NumberAfter(doc, "\"shim\"", "resident_bytes"), 4 * MIB);
     free(doc);
   }
-  PauseAndResume(a, ha, b, hb);
+  PauseAndResume(access, a, ha, b, hb);
   EXPECT_EQ(cuMemUnmap(a, 8 * MIB), CUDA_SUCCESS);
   EXPECT_EQ(cuMemRelease(ha), CUDA_SUCCESS);
   EXPECT_EQ(cuMemAddressFree(a, 8 * MIB), CUDA_SUCCESS);

@@ -69,6 +69,12 @@ class AddressablePauseTest : public SimTest {
     }
     return HostMappedPool::Stats();
   }
+  // The residency report's paused bytes of `tag` on device 0 whose address
+  // maps nothing now (TagResidency::paused_faulting_bytes).
+  static uint64_t FaultingBytes(ShimCore& shim, const std::string& tag) {
+    const nlohmann::json r = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
+    return r.at("devices").at(0).at("shim").at("by_tag").at(tag).at("paused_faulting_bytes").get<uint64_t>();
+  }
   // VMMSHIM_HOST_POOL_MAX and VMMSHIM_HOST_POOL_MAKE.
   static AllocatorOptions PoolCappedAt(size_t max_bytes, bool background) {
     AllocatorOptions o;
@@ -476,11 +482,13 @@ TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
     PauseWithTheMakerHeld(shim, "kv");  // the pause alone is seen
     char c;
     EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // no view yet
+    EXPECT_EQ(FaultingBytes(shim, "kv"), 8 * kMiB);           // and the report says so
     EXPECT_EQ(PoolStats(shim, 0).made_bytes, 0u);             // nothing made on the path
     sim::ReleaseHeldCalls();
     // Note [Views made late]: once made, the contents move there and map.
     ASSERT_TRUE(AwaitReadable(kv));
     EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    EXPECT_EQ(FaultingBytes(shim, "kv"), 0u);
     EXPECT_EQ(PoolStats(shim, 0).in_use_bytes, 8 * kMiB);
     EXPECT_EQ(PoolStats(shim, 0).background_bytes, 8 * kMiB);
     EXPECT_EQ(PoolStats(shim, 0).queued_bytes, 0u);
@@ -519,6 +527,7 @@ TEST_F(AddressablePauseTest, ContentsTheProgramHoldsAnAddressOfAreNotMovedLate) 
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the thread's pass
     char c;
     EXPECT_NE(sim::DeviceRead(0, &c, kv, 1), CUDA_SUCCESS);  // no view: not moved
+    EXPECT_EQ(FaultingBytes(shim, "kv"), 8 * kMiB);
     EXPECT_EQ(pool.stats().kept_bytes, 8 * kMiB);           // made, left for the next pause
     EXPECT_EQ(static_cast<const unsigned char*>(*host)[100], before);
     ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());

@@ -188,6 +188,7 @@ TEST_F(ForeignVmmTest, PauseReleasesItAndResumeMapsItBackWithAccessAndContents) 
     EXPECT_EQ(On(figures, 0)->bytes(), 0u);
     EXPECT_EQ(On(figures, 0)->paused_by_tag.at("kv"), 8 * kMiB);
     EXPECT_EQ(On(figures, 0)->paused_by_tag.at("weights"), 4 * kMiB);
+    EXPECT_EQ(On(figures, 0)->paused_faulting_bytes, 0u);  // every mapping has its view
 
     // While paused, the library's handles keep working.
     CUmemAllocationProp prop = {};
@@ -513,6 +514,7 @@ TEST_F(ForeignVmmTest, ExceptSelectionExportsAndUnmappedHandlesAreLeftAlone) {
     EXPECT_EQ(other["bytes"], 8 * kMiB);  // weights, the export, the unmapped handle
     EXPECT_EQ(other["by_tag"]["weights"], 4 * kMiB);
     EXPECT_EQ(other["paused_by_tag"]["kv"], 8 * kMiB);
+    EXPECT_EQ(other["paused_faulting_bytes"], 0u);
     EXPECT_EQ(other["left_alone"]["exported_bytes"], 2 * kMiB);
     EXPECT_EQ(other["left_alone"]["unmapped_bytes"], 2 * kMiB);
     EXPECT_TRUE(other["left_alone"]["exported_reason"].is_string());
