@@ -129,6 +129,8 @@ namespace vmmshim {
   X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph_ptsz",              \
     PFN_cuStreamBeginCaptureToGraph_v12030_ptsz, false)                                \
   X(cuStreamEndCapture, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, false)    \
+  X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode",            \
+    PFN_cuThreadExchangeStreamCaptureMode_v10010, false)                               \
   X(cuStreamEndCapture_ptsz, "cuStreamEndCapture_ptsz", PFN_cuStreamEndCapture_v10000_ptsz, \
     false)                                                                             \
   X(cuStreamSynchronize, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, false)  \

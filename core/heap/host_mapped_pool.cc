@@ -11,6 +11,7 @@
 #include "core/base/log.h"
 #include "core/driver/cu_status.h"
 #include "core/driver/vmm_mapping.h"
+#include "core/sync/capture.h"
 
 namespace vmmshim {
 
@@ -112,7 +113,10 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
       }
       if (!maker_.joinable() && !stopping_ && !in_fork_child_) {
         try {
-          maker_ = std::thread([this] { MakeQueued(); });
+          maker_ = std::thread([this] {
+            RelaxCaptureModeOfThisThread(driver_);  // Note [The shim's own threads and captures]
+            MakeQueued();
+          });
         } catch (const std::system_error&) {
           queued_.clear();  // no thread: as before, nothing is made
         }
@@ -225,7 +229,10 @@ void HostMappedPool::KeepLocked(HostMappedMemory memory) {
   kept_.emplace(size, std::move(memory));
   if (options_.idle_seconds > 0 && !stopping_ && !trimmer_.joinable()) {
     try {
-      trimmer_ = std::thread([this] { TrimWhenIdle(); });
+      trimmer_ = std::thread([this] {
+        RelaxCaptureModeOfThisThread(driver_);  // Note [The shim's own threads and captures]
+        TrimWhenIdle();
+      });
     } catch (const std::system_error&) {
       // No thread: the pool keeps its memory until exit or Trim.
     }

@@ -9,6 +9,7 @@
 
 #include "core/base/log.h"
 #include "core/heap/pause.h"
+#include "core/sync/capture.h"
 
 namespace vmmshim {
 
@@ -27,6 +28,7 @@ void PauseCoordinator::ScheduleLateViewsLocked() {
     try {
       late_running_.store(true);
       late_thread_ = std::thread([this] {
+        RelaxCaptureModeOfThisThread(driver_);  // Note [The shim's own threads and captures]
         MapLateViewsWhenMade();
         late_running_.store(false);
       });

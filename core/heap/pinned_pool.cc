@@ -15,6 +15,7 @@
 #include "core/driver/context.h"
 #include "core/driver/cu_status.h"
 #include "core/driver/host_registration.h"
+#include "core/sync/capture.h"
 
 namespace vmmshim {
 namespace {
@@ -79,8 +80,10 @@ void PinnedPool::Start(size_t bytes, CUcontext context, int threads, size_t chun
   bytes = RoundUp(bytes, kAlignment);
   chunk_bytes = RoundUp(std::max<size_t>(chunk_bytes, 1), kAlignment);
   try {
-    filler_ = std::thread(
-        [this, bytes, context, threads, chunk_bytes] { Fill(bytes, context, threads, chunk_bytes); });
+    filler_ = std::thread([this, bytes, context, threads, chunk_bytes] {
+      RelaxCaptureModeOfThisThread(driver_);  // Note [The shim's own threads and captures]
+      Fill(bytes, context, threads, chunk_bytes);
+    });
   } catch (const std::system_error& e) {
     Log().warn("pinned pool of {} bytes: no thread to make it ({}); pauses copy without it",
                bytes, e.what());

@@ -14,6 +14,12 @@ bool IsThreadRelative(CUstream stream, bool per_thread) {
 
 }  // namespace
 
+void RelaxCaptureModeOfThisThread(const DriverApi& driver) {
+  if (driver.cuThreadExchangeStreamCaptureMode == nullptr) return;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  driver.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 void CaptureTracker::Began(CUstream stream, bool per_thread) {
   MutexLock lock(&mu_);
   captures_.push_back(Capture{stream, per_thread, std::this_thread::get_id()});

@@ -32,6 +32,19 @@
 //      untouched; the capture gate, held shared from that check to the end,
 //      keeps a capture from beginning meanwhile.
 //
+// Note [The shim's own threads and captures]: in global mode a capture
+// prohibits potentially unsafe calls from every thread whose own capture
+// interaction mode is not RELAXED (cuThreadExchangeStreamCaptureMode), and
+// such a call invalidates the program's capture. The shim's background
+// threads (the host pools' maker and trimmer, the views made late, the
+// pinned pool's filler) make VMM and page-locking calls whenever their work
+// is there, whatever the program captures; which of those calls the driver
+// counts as unsafe is not measured. So each such thread sets its own mode to
+// RELAXED when it starts (RelaxCaptureModeOfThisThread): its calls neither
+// fail nor invalidate anything, and the program's captures are untouched.
+// Those threads never synchronize or query the program's streams, which no
+// mode allows during a capture.
+//
 // Thread safety: all methods may be called from any thread. Lock order: the
 // gate first (before any allocator lock), then the tracker's own mutex.
 #ifndef VMMSHIM_CORE_SYNC_CAPTURE_H_
@@ -51,6 +64,12 @@
 #include "core/sync/shared_gate.h"
 
 namespace vmmshim {
+
+// Note [The shim's own threads and captures]: the calling thread's capture
+// interaction mode becomes CU_STREAM_CAPTURE_MODE_RELAXED, for the rest of
+// its life. A driver without cuThreadExchangeStreamCaptureMode (before CUDA
+// 10.1) leaves it as it was. Call it first thing on a thread of the shim's.
+void RelaxCaptureModeOfThisThread(const DriverApi& driver);
 
 class CaptureTracker {
  public:

@@ -374,7 +374,9 @@ void WaitForHostFunctions() {
 // (measured on H200, core/sync/capture.h): prohibited while a global-mode capture
 // runs in any thread or a thread-local one in this thread; the call returns
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures.
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 CUresult CheckUnsafeCallLocked(State& s) {
+  if (t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
   bool prohibited = false;
   for (auto& [stream, c] : s.captures) {
     if (c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
@@ -384,6 +386,11 @@ CUresult CheckUnsafeCallLocked(State& s) {
     }
   }
   return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+// SimOptions::vmm_calls_unsafe_during_capture.
+CUresult CheckUnsafeVmmCallLocked(State& s) {
+  return s.options.vmm_calls_unsafe_during_capture ? CheckUnsafeCallLocked(s) : CUDA_SUCCESS;
 }
 
 // Synchronizing work that includes a capturing stream is illegal in every
@@ -1285,6 +1292,13 @@ CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  SIM_ENTER("cuThreadExchangeStreamCaptureMode");
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::swap(*mode, t_capture_mode);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
   return vmmshim::sim::cuStreamEndCapture(stream, graph);
 }
@@ -1773,6 +1787,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                      const CUmemAllocationProp* prop, unsigned long long flags) {
   SIM_ENTER("cuMemCreate");
+  if (CUresult r = CheckUnsafeVmmCallLocked(s); r != CUDA_SUCCESS) return r;
   if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = CheckProp(s, prop); r != CUDA_SUCCESS) return r;
   if (size == 0 || !Aligned(size, s.options.granularity)) return CUDA_ERROR_INVALID_VALUE;
@@ -1892,6 +1907,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   CUmemGenericAllocationHandle handle, unsigned long long flags) {
   SIM_ENTER("cuMemMap");
+  if (CUresult r = CheckUnsafeVmmCallLocked(s); r != CUDA_SUCCESS) return r;
   const size_t g = s.options.granularity;
   auto hit = s.handles.find(handle);
   if (hit == s.handles.end() || hit->second.released()) return CUDA_ERROR_INVALID_HANDLE;
@@ -1958,6 +1974,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                         size_t count) {
   SIM_ENTER("cuMemSetAccess");
+  if (CUresult r = CheckUnsafeVmmCallLocked(s); r != CUDA_SUCCESS) return r;
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
   bool cpu = false;
   for (size_t i = 0; i < count; ++i) {
@@ -2113,6 +2130,7 @@ CUresult cuMemFreeHost(void* p) {
 
 CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
   SIM_ENTER("cuMemHostRegister_v2");
+  if (CUresult r = CheckUnsafeVmmCallLocked(s); r != CUDA_SUCCESS) return r;
   if (p == nullptr || bytes == 0 || (flags & ~0xfu) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CurrentDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
   const char* begin = static_cast<char*>(p);
@@ -2261,6 +2279,7 @@ constexpr ProcEntry kProcTable[] = {
     {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
     {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
     {"cuStreamEndCapture", 10000, "cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
+    {"cuThreadExchangeStreamCaptureMode", 10010, "cuThreadExchangeStreamCaptureMode", nullptr},
     {"cuStreamCreate", 2000, "cuStreamCreate", nullptr},
     {"cuStreamDestroy", 4000, "cuStreamDestroy_v2", nullptr},
     {"cuEventCreate", 2000, "cuEventCreate", nullptr},

@@ -67,12 +67,19 @@ struct SimOptions {
   // The host memory such handles may hold (CUDA_ERROR_OUT_OF_MEMORY past it;
   // SIMCUDA_HOST_MEMORY_MIB).
   size_t host_memory = size_t{64} << 30;
+  // cuMemCreate, cuMemMap, cuMemSetAccess and cuMemHostRegister_v2 count as
+  // "potentially unsafe" during a capture, as cuMemAlloc does (whether the
+  // real driver counts them so is not measured): for tests that the shim's
+  // own threads never invalidate a program's capture
+  // (Note [The shim's own threads and captures], core/sync/capture.h).
+  bool vmm_calls_unsafe_during_capture = false;
 };
 
 // Streams: any non-null CUstream value names a stream (cuStreamCreate makes
 // one too). cuStreamBeginCapture_v2 / cuStreamEndCapture keep the driver's
 // capture rules (modes, unsafe calls, invalidation) as measured on H200
-// (core/sync/capture.h), without recording a graph. Stream-ordered memory:
+// (core/sync/capture.h), without recording a graph; a thread whose
+// cuThreadExchangeStreamCaptureMode set RELAXED makes unsafe calls freely. Stream-ordered memory:
 // default and created pools, cuMemAllocAsync / cuMemFreeAsync with the
 // driver's reuse rule (a block freed on a stream is reused on it at once, on
 // another stream only once the work queued before the free is done), pool
@@ -292,6 +299,7 @@ void WaitWhileCheckpointLocked();
   X(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode)) \
   X(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode), (stream, mode)) \
   X(cuStreamEndCapture, (CUstream stream, CUgraph * graph), (stream, graph))          \
+  X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode), (mode))          \
   X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph * graph), (stream, graph))     \
   X(cuStreamSynchronize, (CUstream stream), (stream))                                \
   X(cuStreamCreate, (CUstream * stream, unsigned int flags), (stream, flags))         \

@@ -2,7 +2,9 @@
 // H200 with examples/parity_probe.cu): what Allocate, Free and FreeAsync
 // return during captures of each mode, what becomes of the capture, and that
 // memory freed while a capture prevents synchronizing is neither reused nor
-// unmapped before a later synchronize.
+// unmapped before a later synchronize; and that the shim's own threads never
+// invalidate a capture.
+#include <chrono>
 #include <thread>
 
 #include "core/allocator.h"
@@ -184,6 +186,47 @@ TEST_F(CaptureTest, NoCaptureMeansNoProbe) {
   const CUdeviceptr p = MustAllocate(a, 256);
   EXPECT_TRUE(a.Free(p).ok());
   EXPECT_EQ(sim::CallCount("cuMemFree_v2"), 0u);
+}
+
+// Note [The shim's own threads and captures] (core/sync/capture.h): with
+// VMM calls counted as unsafe during a capture, the first pause's host
+// memory is made in the background, and the contents move there and map
+// (Note [Views made late]), while the program holds a global-mode capture
+// open: the capture stays valid and the contents become addressable.
+TEST_F(CaptureTest, TheShimsOwnThreadsLeaveAGlobalCaptureValid) {
+  sim::SimOptions o;
+  o.vmm_calls_unsafe_during_capture = true;
+  sim::Reset(o);
+  ASSERT_EQ(sim::cuInit(0), CUDA_SUCCESS);
+  api_ = sim::Api();
+  MakeCurrent(0);
+  AllocatorOptions options;
+  options.host_memory_in_background = true;
+  {
+    ShimCore shim(api_, options);
+    Allocator& a = shim.allocator();
+    absl::StatusOr<Allocator::Allocation> kv = a.Allocate(8 * kMiB, "kv");
+    ASSERT_TRUE(kv.ok() && kv->served) << kv.status();
+    Fill(kv->ptr, 8 * kMiB, 4);
+    sim::HoldCalls("cuMemCreate");  // the maker's, until the capture is open
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(sim::WaitForHeldCall(5000));
+    Begin(shim, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    sim::ReleaseHeldCalls();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    char c;
+    while (sim::DeviceRead(0, &c, kv->ptr, 1) != CUDA_SUCCESS &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(Holds(kv->ptr, 8 * kMiB, 4));  // through the view made late
+    EXPECT_EQ(Status(), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    EXPECT_EQ(End(a), CUDA_SUCCESS);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv->ptr, 8 * kMiB, 4));
+    ASSERT_TRUE(a.Free(kv->ptr).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
 }
 
 }  // namespace
