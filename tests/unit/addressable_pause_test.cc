@@ -120,14 +120,6 @@ class AddressablePauseTest : public SimTest {
     }
     return true;
   }
-  // Nothing left behind: no device or host handle, mapping or reservation.
-  static void ExpectNothingLeft() {
-    const sim::Usage u = sim::GetUsage();
-    EXPECT_EQ(u.handles, 0u);
-    EXPECT_EQ(u.host_handles, 0u);
-    EXPECT_EQ(u.mappings, 0u);
-    EXPECT_EQ(u.reservations, 0u);
-  }
 };
 
 TEST_F(AddressablePauseTest, AKernelReadsAndWritesKeptContentsWhilePausedAndTheResumeKeepsTheWrites) {

@@ -91,14 +91,6 @@ class ForeignVmmTest : public SimTest {
     EXPECT_EQ(f.Release(b.handle), CUDA_SUCCESS);
     EXPECT_EQ(api_.cuMemAddressFree(b.va, b.size), CUDA_SUCCESS);
   }
-  static void ExpectNothingLeft() {
-    const sim::Usage u = sim::GetUsage();
-    EXPECT_EQ(u.handles, 0u);
-    EXPECT_EQ(u.host_handles, 0u);
-    EXPECT_EQ(u.mappings, 0u);
-    EXPECT_EQ(u.reservations, 0u);
-    EXPECT_EQ(sim::LiveHostAllocations(), 0u);
-  }
 };
 
 TEST_F(ForeignVmmTest, AHandleIsHeldUntilItsLastReferenceAndMappingGo) {

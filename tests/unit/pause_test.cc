@@ -243,11 +243,7 @@ TEST_F(PauseTest, FreeingPausedMemoryWorksAndLeaksNothing) {
   ASSERT_TRUE(a.Free(s2).ok());
   ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());  // nothing left but cached memory
   ASSERT_TRUE(shim.ReleaseAll().ok());
-  const sim::Usage u = sim::GetUsage();
-  EXPECT_EQ(u.handles, 0u);
-  EXPECT_EQ(u.host_handles, 0u);
-  EXPECT_EQ(u.mappings, 0u);
-  EXPECT_EQ(u.reservations, 0u);
+  ExpectNothingLeft();
 }
 
 TEST_F(PauseTest, ExportedMemoryIsRefusedAndNothingIsPaused) {

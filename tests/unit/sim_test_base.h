@@ -71,6 +71,16 @@ class SimTest : public ::testing::Test {
     o.paused_memory_addressable = false;
     return o;
   }
+  // Nothing left behind in the simulated driver: no device or host handle,
+  // mapping, reservation or page-locked host allocation.
+  static void ExpectNothingLeft() {
+    const sim::Usage u = sim::GetUsage();
+    EXPECT_EQ(u.handles, 0u);
+    EXPECT_EQ(u.host_handles, 0u);
+    EXPECT_EQ(u.mappings, 0u);
+    EXPECT_EQ(u.reservations, 0u);
+    EXPECT_EQ(sim::LiveHostAllocations(), 0u);
+  }
   // An allocation that must be served from VMM.
   static CUdeviceptr MustAllocate(Allocator& a, size_t bytes) {
     absl::StatusOr<Allocator::Allocation> r = a.Allocate(bytes);
