@@ -128,6 +128,8 @@ def main():
                         help="wait until no paused byte would fault before touching any "
                              "(the default VMMSHIM_HOST_POOL_MAKE=background's first pause)")
     args = parser.parse_args()
+    if args.await_addressable is not None and not 0 <= args.await_addressable < float("inf"):
+        parser.error("--await-addressable takes a number of seconds, 0 or more")
     if not vmmshim.loaded():
         sys.exit("paused-access: run it under the shim (LD_PRELOAD=libvmmshim.so)")
     torch.use_deterministic_algorithms(True)

@@ -370,7 +370,8 @@ std::vector<ForeignDeviceFigures> ForeignVmm::Figures() const {
   }
   for (const auto& [at, m] : mappings_) {
     auto h = handles_.find(m.handle);
-    if (h == handles_.end() || !h->second.paused || m.view.mapped()) continue;
+    // A stale mapping still maps the memory of a failed resume: not faulting.
+    if (h == handles_.end() || !h->second.paused || m.view.mapped() || m.stale) continue;
     by_device[h->second.device].paused_faulting_bytes += m.size;
   }
   std::vector<ForeignDeviceFigures> out;

@@ -100,8 +100,9 @@ struct ForeignDeviceFigures {
   int device = -1;
   std::map<std::string, uint64_t> by_tag;  // resident bytes of handles made here, by tag
   std::map<std::string, uint64_t> paused_by_tag;  // paused bytes of them, by tag
-  // Of their mappings, the paused bytes that map no view now
-  // (TagResidency::paused_faulting_bytes, core/heap/types.h).
+  // The bytes of paused handles' mappings that map nothing now
+  // (TagResidency::paused_faulting_bytes, core/heap/types.h); a handle
+  // mapped twice counts twice, so this may exceed its paused bytes.
   uint64_t paused_faulting_bytes = 0;
   uint64_t exported_bytes = 0;  // resident, exported (cuMemExportToShareableHandle)
   uint64_t unmapped_bytes = 0;  // resident, mapped nowhere

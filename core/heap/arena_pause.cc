@@ -189,15 +189,18 @@ void ArenaPause::PauseAbort(const TagSelection& tag) {
 
 bool ArenaPause::ReleaseFreedLocked(const TagSelection& tag, CUdeviceptr base) {
   const size_t size = arena_.blocks_.Get(base).size;
+  const size_t orphaned = arena_.orphans_.bytes();
   if (absl::Status s = arena_.DestroyBlockLocked(base); !s.ok()) {
     // Kept mapped and counted, as a free that cannot unmap keeps a block.
     Log().warn("vmmshim_pause_memory({}): releasing memory at {:#x} ({} bytes) freed during the "
                "pause: {}; retried by Trim",
                tag.Describe(), base, size, s.ToString());
-    if (arena_.blocks_.Contains(base)) arena_.ForgetBlockLocked(base, HeapArena::Forget::kStillMapped);
+    if (arena_.blocks_.Contains(base)) {
+      arena_.ForgetBlockLocked(base, HeapArena::Forget::kStillMapped);
+    }
     return false;
   }
-  return true;
+  return arena_.orphans_.bytes() == orphaned;  // else its handle is kept, retried by Trim
 }
 
 absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCopier* copier,

@@ -113,8 +113,9 @@ class ArenaPause final : public PausableMemory {
   void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views);
   // Releases the block at `base`, freed while its pause was under way, its
   // copy complete: true when the driver took its memory back; otherwise it
-  // is kept aside as a failed free's block is (logged naming `tag`). The
-  // caller holds the arena's mutex.
+  // (or its handle) is kept aside as a failed free's is, retried by Trim
+  // (an unmap that fails is logged naming `tag`). The caller holds the
+  // arena's mutex.
   bool ReleaseFreedLocked(const TagSelection& tag, CUdeviceptr base);
   // Adds the active primary context of each peer in `access` (a kernel
   // there may be reading the memory; a peer's other contexts are not seen),

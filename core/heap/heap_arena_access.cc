@@ -151,9 +151,9 @@ absl::StatusOr<std::pair<PointerInfo, ExportToken>> HeapArena::Export(CUdevicept
     // with cuMemPoolExportPointer, which the shim does not serve).
     return DriverError(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle");
   }
-  if (block.paused) {
-    Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} is paused "
-               "(vmmshim_pause_memory)",
+  if (block.paused || block.pausing) {
+    Log().warn("cuIpcGetMemHandle: the allocation at {:#x} on device {} is paused or being "
+               "paused (vmmshim_pause_memory)",
                info->allocation_base, options_.device);
     return DriverError(CUDA_ERROR_NOT_PERMITTED, "cuIpcGetMemHandle");
   }

@@ -89,9 +89,13 @@ void HeapArena::TrimLocked() {
     for (const auto& [key, block] : bins.cached_large) bases.push_back(key.second);
     for (CUdeviceptr base : bins.empty_granules) bases.push_back(base);
   }
-  // Sealed granules that emptied but could not be unmapped then.
+  // Sealed granules that emptied but could not be unmapped then; not one
+  // whose pause is under way (Note [A block freed while its pause is under
+  // way], core/heap/arena_pause.h: its copy may be reading it).
   for (const auto& [base, block] : blocks_.blocks()) {
-    if (block->slab != nullptr && block->sealed && block->slab->empty()) bases.push_back(base);
+    if (block->slab != nullptr && block->sealed && block->slab->empty() && !block->pausing) {
+      bases.push_back(base);
+    }
   }
   for (CUdeviceptr base : bases) {
     if (absl::Status s = DestroyBlockLocked(base); !s.ok()) {

@@ -28,7 +28,7 @@ void HeapArena::AddResidency(DeviceResidency* out) const {
       TagResidency& t = out->tags[b->placement.tag];
       t.paused_bytes += b->size;
       if (!b->view.mapped()) t.paused_faulting_bytes += b->size;
-    } else if (b->idle()) {
+    } else if (b->idle() && !b->pausing) {  // a pausing one is device memory until its commit
       out->cached_bytes += b->size;
     } else {
       out->tags[b->placement.tag].resident_bytes += b->size;

@@ -85,7 +85,9 @@ struct TagResidency {
   // Of the paused bytes, those whose address maps nothing now (no view:
   // VMMSHIM_PAUSED_ACCESS=fault, contents kept where no view reaches them,
   // or not yet moved: Note [Views made late], core/heap/pause.h): an access
-  // faults and loses the context.
+  // faults and loses the context. A view mapped for the owner alone (the
+  // driver refused a peer's access) counts as mapped: the peer's access
+  // faults.
   uint64_t paused_faulting_bytes = 0;
 };
 struct DeviceResidency {
@@ -105,7 +107,9 @@ struct DeviceResidency {
   // pause); what they mapped of imported ones; and the paused bytes by tag.
   std::map<std::string, uint64_t> other_vmm_by_tag;
   std::map<std::string, uint64_t> other_vmm_paused_by_tag;
-  uint64_t other_vmm_paused_faulting_bytes = 0;  // as TagResidency::paused_faulting_bytes
+  // As TagResidency::paused_faulting_bytes, over the paused handles'
+  // mappings (a handle mapped twice counts twice).
+  uint64_t other_vmm_paused_faulting_bytes = 0;
   uint64_t other_vmm_exported_bytes = 0;
   uint64_t other_vmm_unmapped_bytes = 0;
   uint64_t other_vmm_imported_bytes = 0;

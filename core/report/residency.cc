@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/report/residency_devices.h"
+#include "core/sync/capture.h"
 #include "nlohmann/json.hpp"
 
 namespace vmmshim {
@@ -73,7 +74,11 @@ nlohmann::json ResidencyDevices(const MemoryControl& control, const DriverApi* d
     }
     const uint64_t shim = r.resident_bytes();
     DriverFigures f;
-    if (driver != nullptr) f = AskDriver(*driver, r.device);
+    if (driver != nullptr) {
+      // Note [The shim's own threads and captures] (core/sync/capture.h).
+      ScopedRelaxedCaptureMode relaxed(*driver);
+      f = AskDriver(*driver, r.device);
+    }
     std::optional<uint64_t> used, rest;
     if (f.total && f.free) {
       used = *f.total - *f.free;

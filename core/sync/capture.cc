@@ -20,6 +20,15 @@ void RelaxCaptureModeOfThisThread(const DriverApi& driver) {
   driver.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
+ScopedRelaxedCaptureMode::ScopedRelaxedCaptureMode(const DriverApi& driver) : driver_(driver) {
+  if (driver_.cuThreadExchangeStreamCaptureMode == nullptr) return;
+  exchanged_ = driver_.cuThreadExchangeStreamCaptureMode(&previous_) == CUDA_SUCCESS;
+}
+
+ScopedRelaxedCaptureMode::~ScopedRelaxedCaptureMode() {
+  if (exchanged_) driver_.cuThreadExchangeStreamCaptureMode(&previous_);
+}
+
 void CaptureTracker::Began(CUstream stream, bool per_thread) {
   MutexLock lock(&mu_);
   captures_.push_back(Capture{stream, per_thread, std::this_thread::get_id()});

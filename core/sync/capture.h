@@ -42,6 +42,8 @@
 // counts as unsafe is not measured. So each such thread sets its own mode to
 // RELAXED when it starts (RelaxCaptureModeOfThisThread): its calls neither
 // fail nor invalidate anything, and the program's captures are untouched.
+// The residency report's driver queries (a `vmmshim ps` during a capture)
+// run relaxed for their length (ScopedRelaxedCaptureMode).
 // Those threads never synchronize or query the program's streams, which no
 // mode allows during a capture.
 //
@@ -70,6 +72,23 @@ namespace vmmshim {
 // its life. A driver without cuThreadExchangeStreamCaptureMode (before CUDA
 // 10.1) leaves it as it was. Call it first thing on a thread of the shim's.
 void RelaxCaptureModeOfThisThread(const DriverApi& driver);
+
+// The same for a scope, on any thread (the program's included): the
+// thread's mode is relaxed from construction and given back at
+// destruction. For driver queries the shim makes on a thread it does not
+// own (the residency report's, from the control socket or the program).
+class ScopedRelaxedCaptureMode {
+ public:
+  explicit ScopedRelaxedCaptureMode(const DriverApi& driver);
+  ~ScopedRelaxedCaptureMode();
+  ScopedRelaxedCaptureMode(const ScopedRelaxedCaptureMode&) = delete;
+  ScopedRelaxedCaptureMode& operator=(const ScopedRelaxedCaptureMode&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
+};
 
 class CaptureTracker {
  public:

@@ -32,15 +32,16 @@ class PauseConcurrentCallsTest : public SimTest {
     EXPECT_TRUE(r.ok() && r->served) << r.status();
     return r.ok() ? r->ptr : 0;
   }
-  // Device 0's blocks (a large one and a packed granule) and device 1's,
-  // all tagged "kv"; device 1's filled with kOtherByte.
+  // Device 0's blocks (a large one and a packed granule, the small one's
+  // tagged `small_tag`) and device 1's, tagged "kv"; device 1's filled with
+  // kOtherByte.
   struct KvOnTwoDevices {
     CUdeviceptr large = 0, small = 0, other = 0;
   };
-  KvOnTwoDevices AllocKv(Allocator& a) {
+  KvOnTwoDevices AllocKv(Allocator& a, const std::string& small_tag = "kv") {
     KvOnTwoDevices kv;
     kv.large = Alloc(a, 4 * kMiB, "kv");
-    kv.small = Alloc(a, 4096, "kv");
+    kv.small = Alloc(a, 4096, small_tag);
     MakeCurrent(1);
     kv.other = Alloc(a, 4 * kMiB, "kv");
     const std::vector<unsigned char> bytes(4 * kMiB, kOtherByte);
@@ -48,21 +49,24 @@ class PauseConcurrentCallsTest : public SimTest {
     MakeCurrent(0);
     return kv;
   }
-  // Pauses "kv" with contents on another thread, holding it at device 1's
-  // copy (the third: device 0's two come first; into host VMM memory, a
-  // device-to-device copy) so that device 0's blocks
-  // are marked and their copies started; then frees device 0's two
-  // allocations, which must succeed at once and unmap nothing.
+  // Pauses `selection` with contents on another thread, holding it at
+  // device 1's copy (the third: device 0's two come first; into host VMM
+  // memory, a device-to-device copy) so that device 0's blocks are marked
+  // and their copies started; then frees device 0's two allocations (and,
+  // with `trim`, trims device 0), which must succeed at once and unmap
+  // nothing.
   void FreeDeviceZerosWhileThePauseIsUnderWay(ShimCore& shim, const KvOnTwoDevices& kv,
-                                              absl::StatusOr<size_t>* paused) {
+                                              absl::StatusOr<size_t>* paused,
+                                              const TagSelection& selection, bool trim = false) {
     Allocator& a = shim.allocator();
     sim::ResetCallCounts();
     sim::HoldCalls("cuMemcpyDtoDAsync_v2", 3);
-    std::thread pause([&] { *paused = shim.pause().Pause(TagSelection::Only("kv"), true); });
+    std::thread pause([&] { *paused = shim.pause().Pause(selection, true); });
     ASSERT_TRUE(sim::WaitForHeldCall(10000));
     EXPECT_EQ(sim::CallCount("cuMemcpyDtoDAsync_v2"), 2u);
     EXPECT_TRUE(a.Free(kv.large).ok());
     EXPECT_TRUE(a.Free(kv.small).ok());
+    if (trim) shim.control().Trim(0);
     EXPECT_EQ(sim::CallCount("cuMemUnmap"), 0u);  // a copy may be reading it
     EXPECT_FALSE(a.Find(kv.large).ok());
     EXPECT_FALSE(a.Find(kv.small).ok());
@@ -78,13 +82,6 @@ class PauseConcurrentCallsTest : public SimTest {
            std::all_of(back.begin(), back.end(), [](unsigned char c) { return c == kOtherByte; });
   }
   static constexpr unsigned char kOtherByte = 0x5a;
-  static void ExpectNothingLeft() {
-    const sim::Usage u = sim::GetUsage();
-    EXPECT_EQ(u.handles, 0u);
-    EXPECT_EQ(u.host_handles, 0u);
-    EXPECT_EQ(u.mappings, 0u);
-    EXPECT_EQ(u.reservations, 0u);
-  }
 };
 
 // Pauses and resumes of one tag while other threads allocate, write, read
@@ -135,7 +132,7 @@ TEST_F(PauseConcurrentCallsTest, MemoryFreedWhileItsPauseIsUnderWayGoesAfterItsC
     Allocator& a = shim.allocator();
     const KvOnTwoDevices kv = AllocKv(a);
     absl::StatusOr<size_t> paused;
-    FreeDeviceZerosWhileThePauseIsUnderWay(shim, kv, &paused);
+    FreeDeviceZerosWhileThePauseIsUnderWay(shim, kv, &paused, TagSelection::Only("kv"));
     ASSERT_TRUE(paused.ok()) << paused.status();
     EXPECT_EQ(*paused, 10 * kMiB);  // device 0's 4 MiB and 2 MiB granule, device 1's 4 MiB
     EXPECT_EQ(sim::GetUsage().handles, 0u);
@@ -159,11 +156,33 @@ TEST_F(PauseConcurrentCallsTest, MemoryFreedWhileAFailingPauseIsUnderWayGoesAtTh
     const KvOnTwoDevices kv = AllocKv(a);
     sim::FailCall("cuMemcpyDtoDAsync_v2", 3, CUDA_ERROR_UNKNOWN);
     absl::StatusOr<size_t> paused;
-    FreeDeviceZerosWhileThePauseIsUnderWay(shim, kv, &paused);
+    FreeDeviceZerosWhileThePauseIsUnderWay(shim, kv, &paused, TagSelection::Only("kv"));
     sim::ClearFailures();
     EXPECT_EQ(ToCuResult(paused.status()), CUDA_ERROR_UNKNOWN);
     EXPECT_EQ(sim::GetUsage().handles, 1u);  // device 1's, live
     EXPECT_EQ(shim.control().GetStats().paused_bytes, 0u);
+    EXPECT_TRUE(OtherHoldsItsBytes(kv.other));
+    ASSERT_TRUE(a.Free(kv.other).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// An untagged granule with explicit peer access is sealed, and a trim
+// releases sealed granules that empty: not one whose pause is under way,
+// whose copy may still be reading it.
+TEST_F(PauseConcurrentCallsTest, ATrimLeavesAGranuleFreedWhileItsPauseIsUnderWay) {
+  {
+    ShimCore shim(api_);
+    Allocator& a = shim.allocator();
+    const KvOnTwoDevices kv = AllocKv(a, /*small_tag=*/"");
+    ASSERT_TRUE(shim.peers().SetPeerAccess(kv.small, 1, /*grant=*/true).ok());  // seals it
+    absl::StatusOr<size_t> paused;
+    FreeDeviceZerosWhileThePauseIsUnderWay(shim, kv, &paused, TagSelection::All(), /*trim=*/true);
+    ASSERT_TRUE(paused.ok()) << paused.status();
+    EXPECT_EQ(*paused, 10 * kMiB);
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::All()).ok());
     EXPECT_TRUE(OtherHoldsItsBytes(kv.other));
     ASSERT_TRUE(a.Free(kv.other).ok());
     ASSERT_TRUE(shim.ReleaseAll().ok());
