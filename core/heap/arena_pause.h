@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/heap/arena_blocks.h"
@@ -115,8 +116,10 @@ class ArenaPause final : public PausableMemory {
   // copy complete: true when the driver took its memory back; otherwise it
   // (or its handle) is kept aside as a failed free's is, retried by Trim
   // (an unmap that fails is logged naming `tag`). The caller holds the
-  // arena's mutex.
-  bool ReleaseFreedLocked(const TagSelection& tag, CUdeviceptr base);
+  // arena's mutex (HeapArena is incomplete here, so the analysis cannot
+  // name it: the contract is the caller's, as MapViewAgainLocked's).
+  bool ReleaseFreedLocked(const TagSelection& tag, CUdeviceptr base)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Adds the active primary context of each peer in `access` (a kernel
   // there may be reading the memory; a peer's other contexts are not seen),
   // once each.
