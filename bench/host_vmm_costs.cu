@@ -372,7 +372,9 @@ int main(int argc, char** argv) {
         if (round > 0 && span) Row("run_unmap_span", 0, pieces * piece, unmapped_s,
                                    Name(unmapped_run));
         if (unmapped_run != CUDA_SUCCESS) {
-          for (size_t k = 0; k < pieces; ++k) Check(cuMemUnmap(va + k * piece, piece), "unmap (run)");
+          for (size_t k = 0; k < pieces; ++k) {
+            Check(cuMemUnmap(va + k * piece, piece), "unmap (run)");
+          }
         }
       }
     }

@@ -73,7 +73,8 @@ class AddressablePauseTest : public SimTest {
   // maps nothing now (TagResidency::paused_faulting_bytes).
   static uint64_t FaultingBytes(ShimCore& shim, const std::string& tag) {
     const nlohmann::json r = nlohmann::json::parse(ResidencyJson(shim.control(), nullptr));
-    return r.at("devices").at(0).at("shim").at("by_tag").at(tag).at("paused_faulting_bytes").get<uint64_t>();
+    const nlohmann::json& by_tag = r.at("devices").at(0).at("shim").at("by_tag");
+    return by_tag.at(tag).at("paused_faulting_bytes").get<uint64_t>();
   }
   // VMMSHIM_HOST_POOL_MAX and VMMSHIM_HOST_POOL_MAKE.
   static AllocatorOptions PoolCappedAt(size_t max_bytes, bool background) {
