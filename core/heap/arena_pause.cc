@@ -1,4 +1,5 @@
-// ArenaPause (core/heap/arena_pause.h): a heap arena's pause and resume.
+// ArenaPause (core/heap/arena_pause.h): a heap arena's pause and resume; the
+// views of paused blocks are in arena_pause_views.cc.
 #include <unistd.h>
 
 #include <algorithm>
@@ -240,8 +241,7 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCo
     }
     if (b.freed_while_pausing) {
       // Note [A block freed while its pause is under way] (arena_pause.h).
-      const size_t size = b.size;
-      b.backup.reset();
+      const size_t size = b.size;  // the block and its backup go with it
       if (ReleaseFreedLocked(tag, base)) released += size;
       continue;
     }
@@ -303,70 +303,6 @@ void ArenaPause::ResumeCandidates(const TagSelection& tag, std::vector<CUcontext
     peers |= arena_.access_.Target(*b);
   }
   AddPeerContexts(peers, contexts);
-}
-
-void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
-                               HostMappedPools& views) {
-  if (b.view.mapped()) return;  // mapped already (a view the resume kept)
-  const int device = arena_.options_.device;
-  const HostMappedMemory* contents = b.backup.has_value() ? b.backup->host_mapped() : nullptr;
-  if (b.backup.has_value() && contents == nullptr) return;  // kept elsewhere: faults
-  HostMappedPool* pool = views.For(device);
-  if (pool == nullptr) return;  // no host VMM memory here
-  absl::StatusOr<ViewMapping> view = pool->MapView(base, b.size, contents, access);
-  if (!view.ok()) {
-    Log().warn("device {}: paused memory at {:#x} ({} bytes) is not addressable: {}; an access "
-               "to it faults",
-               device, base, b.size, view.status().ToString());
-    return;
-  }
-  b.view = *view;
-}
-
-size_t ArenaPause::MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {
-  std::vector<CUdeviceptr> late;
-  {
-    MutexLock lock(&arena_.mu_);
-    for (const auto& [base, b] : arena_.blocks_.blocks()) {
-      if (b->paused && b->wants_view && b->handle == 0 && !b->view.mapped() &&
-          !b->contents_handed_out && b->backup.has_value() &&
-          b->backup->host_mapped() == nullptr && !b->backup->in_file()) {
-        late.push_back(base);
-      }
-    }
-  }
-  HostMappedPool* pool = late.empty() ? nullptr : views.For(arena_.options_.device);
-  if (pool == nullptr) return 0;
-  size_t bytes = 0;
-  for (CUdeviceptr base : late) {
-    MutexLock lock(&arena_.mu_);
-    // Looked up again: a free or a resume may have come between the blocks.
-    if (!arena_.blocks_.Contains(base)) continue;
-    Block& b = arena_.blocks_.Get(base);
-    if (!b.paused || !b.wants_view || b.handle != 0 || b.view.mapped() ||
-        b.contents_handed_out || !b.backup.has_value() ||
-        b.backup->host_mapped() != nullptr || b.backup->in_file()) {
-      continue;
-    }
-    absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(b.size);
-    if (!memory.ok()) continue;  // none of its size was made: it stays as it is
-    if (!CopyUnlessWaiting(memory->data(), b.backup->data(), b.size, waiting)) {
-      pool->Give(*std::move(memory));  // a pause or resume first; back later
-      break;
-    }
-    b.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
-    MapViewAgainLocked(base, b, &views);
-    if (b.view.mapped()) bytes += b.size;
-  }
-  return bytes;
-}
-
-void ArenaPause::MapViewAgainLocked(CUdeviceptr base, Block& b, HostMappedPools* views) {
-  // Fault mode, a block paused without a view (a deep sleep's), or device
-  // memory still mapped.
-  if (views == nullptr || !b.wants_view || b.handle != 0) return;
-  MapViewLocked(base, b, arena_.access_.Target(b) | DeviceSet::Of(arena_.options_.device),
-                *views);
 }
 
 absl::StatusOr<size_t> ArenaPause::ResumePrepare(const TagSelection& tag, BackupCopier& copier,
