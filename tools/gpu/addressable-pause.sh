@@ -18,7 +18,11 @@
 #   5. a deep sleep after host-mode pauses (tests/gpu/sleep_after_paused_access.py: a
 #      tag paused with contents is refused; the scratch a dropped pause kept is released
 #      and the process wakes; no pause before).
-# STEPS=1,2,3,4,5 picks steps. usage: tools/gpu/addressable-pause.sh [ROUNDS]
+#   6. with BASELINE_SHIM (another build's libvmmshim.so): bench/pause_bandwidth.py's
+#      BASELINE_WORKLOADS (default mixed-expandable) under the defaults, this bundle's
+#      library and BASELINE_SHIM alternated, ROUNDS rounds each.
+# STEPS=1,2,3,4,5 picks steps (6 runs when BASELINE_SHIM is set).
+# usage: tools/gpu/addressable-pause.sh [ROUNDS]
 set -uo pipefail
 source "$(dirname "$0")/host-env.sh"
 rounds=${1:-2} steps=${STEPS:-1,2,3,4,5}
@@ -60,6 +64,16 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
         python3 "$root/tests/gpu/sleep_after_paused_access.py" $mode 2>&1 |
         grep -E "^sleep-after|for the checkpoint|rror"
       echo "rc=${PIPESTATUS[0]}"
+    done
+  fi
+  if [ -n "${BASELINE_SHIM:-}" ]; then
+    for ((r = 1; r <= rounds; ++r)); do
+      for lib in "$shim" "$BASELINE_SHIM"; do
+        echo "== bench/pause_bandwidth.py --shim $lib --rounds 1 (round $r)"
+        timeout 300 python3 "$root/bench/pause_bandwidth.py" --shim "$lib" --rounds 1 \
+          --cycles 3 --gib "${GIB:-16}" --workloads "${BASELINE_WORKLOADS:-mixed-expandable}" \
+          --configs default 2>&1; echo "rc=$?"
+      done
     done
   fi
 } 2>&1 | tee "$log"
