@@ -83,6 +83,10 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
                     (options_.make_in_background ? 0 : kept_bytes_);
       std::map<size_t, size_t> counted;  // per size, queued entries this pause may count on
       for (size_t q : queued_) ++counted[q];
+      for (const auto& [size, claimed] : claimed_) {
+        size_t& n = counted[size];
+        n -= std::min(n, claimed);
+      }
       std::vector<size_t> within;
       for (size_t i : missing) {
         if (size_t& n = counted[sizes[i]]; n > 0) {
@@ -100,13 +104,21 @@ std::vector<absl::StatusOr<HostMappedMemory>> HostMappedPool::Take(
       missing = std::move(within);
     }
     if (options_.make_in_background && !missing.empty()) {
-      // Queued once per size missing: what is queued already counts. A
-      // fork's child has no maker: nothing is queued there.
+      // Queued once per size missing: what is queued already counts, but
+      // not what another memory's Take of this pause counted on (Note [A
+      // pause's memories share the queue]). A fork's child has no maker:
+      // nothing is queued there.
       std::map<size_t, size_t> wanted;
       for (size_t i : missing) ++wanted[sizes[i]];
       for (const auto& [size, n] : wanted) {
-        for (size_t q = queued_.count(size); q < n && !in_fork_child_; ++q) queued_.insert(size);
+        size_t& claimed = claimed_[size];
+        const size_t queued = queued_.count(size);
+        for (size_t q = queued - std::min(queued, claimed); q < n && !in_fork_child_; ++q) {
+          queued_.insert(size);
+        }
+        claimed += n;
       }
+      if (!quiet_) claimed_.clear();  // a Take outside a pause counts alone
       for (size_t i : missing) {
         out[i] = absl::UnavailableError("host memory for paused contents is being made in the "
                                         "background, for the next pause");

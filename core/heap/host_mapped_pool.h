@@ -39,6 +39,17 @@
 // keeps the pools quiet while a pause or resume runs (HostMappedPools::
 // SetQuiet): the maker starts nothing new then, and goes on after it.
 //
+// Note [A pause's memories share the queue]: in the background (Options::
+// make_in_background) a pause asks the pool once per memory that pauses on
+// the device (each heap arena, other libraries' VMM memory), and what is
+// queued already counts, so that a pause that comes before the maker is done
+// with an earlier one's queue queues nothing twice. Within one pause (a quiet
+// period), though, entries one memory counted on are its own: the next one
+// that needs the same size queues its own. Else one of them waits for
+// memory that is never made, its contents faulting until the resume (on an
+// H100, 50 MiB of the defaults' first pause in examples/paused_access.py
+// still faulted after 120 s).
+//
 // Note [The driver's checkpoint and host VMM memory]: on driver 580 (H100,
 // docs/data/addressable-pause-h100.log) the driver's process checkpoint of a
 // process holding host VMM memory succeeds and its restore fails with
@@ -276,6 +287,10 @@ class HostMappedPool {
   bool in_fork_child_ ABSL_GUARDED_BY(mu_) = false;
   std::thread trimmer_;  // started at the first Give when idle_seconds > 0
   std::multiset<size_t> queued_ ABSL_GUARDED_BY(mu_);  // sizes to make in the background
+  // Note [A pause's memories share the queue]: per size, the queued entries
+  // a Take of this quiet period (one pause or resume: SetQuiet) counted on
+  // already, which the next Take of the same period may not count on again.
+  std::map<size_t, size_t> claimed_ ABSL_GUARDED_BY(mu_);
   bool making_ ABSL_GUARDED_BY(mu_) = false;  // the maker is making one (outside the lock)
   bool background_logged_ ABSL_GUARDED_BY(mu_) = false;  // a refusal logged once
   bool keep_logged_ ABSL_GUARDED_BY(mu_) = false;  // a keep refused, logged once

@@ -18,6 +18,7 @@ namespace vmmshim {
 void HostMappedPool::SetQuiet(bool quiet) {
   MutexLock lock(&mu_);
   quiet_ = quiet;
+  claimed_.clear();  // Note [A pause's memories share the queue]: a period starts or ends
   changed_.SignalAll();
 }
 

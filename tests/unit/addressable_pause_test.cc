@@ -17,6 +17,7 @@
 #include "core/allocator.h"
 #include "core/base/host_memory.h"
 #include "core/driver/cu_status.h"
+#include "core/foreign/foreign_vmm.h"
 #include "core/report/residency.h"
 #include "core/shim_core.h"
 #include "gtest/gtest.h"
@@ -495,6 +496,54 @@ TEST_F(AddressablePauseTest, HostMemoryMadeInTheBackgroundServesTheNextPause) {
     EXPECT_EQ(PoolStats(shim, 0).made_bytes, 0u);
     ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     EXPECT_TRUE(Holds(kv, 8 * kMiB, 2));
+    ASSERT_TRUE(a.Free(kv).ok());
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// Note [A pause's memories share the queue] (core/heap/host_mapped_pool.h):
+// the shim's block and another library's handle, both of 8 MiB, pause
+// together under the background maker; each gets host memory of its own
+// and a late view, none waits for memory that is never made.
+TEST_F(AddressablePauseTest, TwoMemoriesOfOnePauseEachGetTheirHostMemoryMadeLate) {
+  {
+    ShimCore shim(api_, MadeInTheBackground());
+    Allocator& a = shim.allocator();
+    const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
+    CUdeviceptr other = 0;
+    ASSERT_EQ(api_.cuMemAddressReserve(&other, 8 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemGenericAllocationHandle handle = 0;
+    ASSERT_EQ(shim.foreign().Create(&handle, 8 * kMiB, &prop, 0, "kv"), CUDA_SUCCESS);
+    ASSERT_EQ(shim.foreign().Map(other, 8 * kMiB, 0, handle, 0), CUDA_SUCCESS);
+    CUmemAccessDesc desc = {};
+    desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ASSERT_EQ(shim.foreign().SetAccess(other, 8 * kMiB, &desc, 1), CUDA_SUCCESS);
+    Fill(kv, 8 * kMiB, 1);
+    Fill(other, 8 * kMiB, 2);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    ASSERT_TRUE(AwaitReadable(kv));
+    ASSERT_TRUE(AwaitReadable(other));
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    EXPECT_TRUE(Holds(other, 8 * kMiB, 2));
+    EXPECT_EQ(PoolStats(shim, 0).background_bytes, 2 * 8 * kMiB);
+    EXPECT_EQ(PoolStats(shim, 0).queued_bytes, 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    EXPECT_TRUE(Holds(other, 8 * kMiB, 2));
+    // The next pause, before anything more is made, finds both kept.
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_TRUE(Holds(kv, 8 * kMiB, 1));
+    EXPECT_TRUE(Holds(other, 8 * kMiB, 2));
+    EXPECT_EQ(PoolStats(shim, 0).queued_bytes, 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_EQ(shim.foreign().Unmap(other, 8 * kMiB), CUDA_SUCCESS);
+    ASSERT_EQ(shim.foreign().Release(handle), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuMemAddressFree(other, 8 * kMiB), CUDA_SUCCESS);
     ASSERT_TRUE(a.Free(kv).ok());
     ASSERT_TRUE(shim.ReleaseAll().ok());
   }

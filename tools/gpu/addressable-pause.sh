@@ -14,7 +14,7 @@
 #   4. bench/pause_bandwidth.py: a trainer's 16 GiB (GIB) in PyTorch's three allocator
 #      modes, the defaults (addressable, its host memory made in the background after the
 #      first pause) and host made by the first pause, against fault (CONFIGS),
-#      ROUNDS rounds of 3 cycles each (the first cycle apart);
+#      ROUNDS rounds of 3 cycles each (the first cycle apart); WORKLOADS picks some;
 #   5. a deep sleep after host-mode pauses (tests/gpu/sleep_after_paused_access.py: a
 #      tag paused with contents is refused; the scratch a dropped pause kept is released
 #      and the process wakes; no pause before).
@@ -51,9 +51,10 @@ step() { [[ ",$steps," == *",$1,"* ]]; }
       --ways none,register,vmm_host 2>&1; echo "rc=$?"
   fi
   if step 4; then
-    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --configs ${CONFIGS:-default,host,fault}"
+    workloads=${WORKLOADS:-mixed,mixed-async,mixed-expandable}
+    echo "== bench/pause_bandwidth.py --gib ${GIB:-16} --rounds $rounds --workloads $workloads --configs ${CONFIGS:-default,host,fault}"
     timeout 560 python3 "$root/bench/pause_bandwidth.py" --shim "$shim" --rounds "$rounds" \
-      --cycles 3 --gib "${GIB:-16}" --workloads mixed,mixed-async,mixed-expandable \
+      --cycles 3 --gib "${GIB:-16}" --workloads "$workloads" \
       --configs ${CONFIGS:-default,host,fault} 2>&1; echo "rc=$?"
   fi
   if step 5; then
