@@ -91,7 +91,6 @@
 #include "core/heap/backup_copier.h"
 #include "core/heap/host_mapped_pool.h"
 #include "core/heap/pausable_memory.h"
-#include "core/heap/view_access_batch.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
@@ -254,15 +253,8 @@ class ForeignVmm final : public PausableMemory {
   // mapping shows the whole handle from offset 0 and they are in host VMM
   // memory (cuMemMap takes a handle from offset 0 only), scratch where none
   // were kept, else nothing (an access faults). A failure is logged and
-  // leaves that mapping without a view. With `batch`, the access to kept
-  // contents that only read-write devices reach is left to
-  // GiveViewsAccessLocked (Note [A run of views gets its access once],
-  // core/heap/view_access_batch.h).
-  void MapViewsLocked(HandleValue value, HostMappedPools& views,
-                      ViewAccessBatch* batch = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The access `batch` holds back, given (ViewAccessBatch::Flush); a view
-  // the driver refused is logged and forgotten; the time is the views'.
-  void GiveViewsAccessLocked(ViewAccessBatch& batch, PauseTimes* times)
+  // leaves that mapping without a view.
+  void MapViewsLocked(HandleValue value, HostMappedPools& views)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empties the paused mapping at `at` in the driver: its stale mapping
   // (Mapping::stale) and its view, if any; on failure what is left stays

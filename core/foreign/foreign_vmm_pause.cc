@@ -240,13 +240,10 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, BackupCo
   size_t released = 0;
   double waited = 0;  // for copies: counted as theirs, not the release's
   absl::Status first;
-  ViewAccessBatch batch(driver_);
   for (HandleValue value : marked) {
     Handle& h = handles_.at(value);
     h.pausing = false;
     if (copier != nullptr && h.backup.has_value()) {
-      // Note [A run of views gets its access once] (core/heap/view_access_batch.h).
-      if (!batch.empty() && copier->CopyUnderWay(*h.backup)) GiveViewsAccessLocked(batch, times);
       // Note [A pause's memory goes as its copy completes]
       // (core/heap/pausable_memory.h).
       const auto wait = std::chrono::steady_clock::now();
@@ -312,11 +309,10 @@ absl::StatusOr<size_t> ForeignVmm::PauseCommit(const TagSelection& tag, BackupCo
     ++times->blocks;
     if (views != nullptr) {
       const auto step = std::chrono::steady_clock::now();
-      MapViewsLocked(value, *views, &batch);
+      MapViewsLocked(value, *views);
       times->views += PauseTimes::Since(step);
     }
   }
-  GiveViewsAccessLocked(batch, times);
   times->copy += waited;
   times->release += PauseTimes::Since(start) - waited;
   if (!first.ok()) return first;

@@ -27,8 +27,7 @@ DeviceSet ForeignVmm::DevicesOf(const Mapping& m, CUmemAccess_flags flags) {
   return out;
 }
 
-void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views,
-                                ViewAccessBatch* batch) {
+void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
   Handle& h = handles_.at(value);
   const HostMappedMemory* contents = h.backup ? h.backup->host_mapped() : nullptr;
   if (h.backup && contents == nullptr) return;  // kept elsewhere: faults
@@ -39,12 +38,8 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views,
     if (mapping.view.mapped() || mapping.stale) continue;
     const bool whole = mapping.offset == 0 && mapping.size == h.size;
     if (contents != nullptr && !whole) continue;  // part of the handle: faults
-    const DeviceSet reader_set =
-        DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READ) - DeviceSet::Of(h.device);
-    absl::StatusOr<ViewMapping> view =
-        pool->MapView(m->first, mapping.size, contents,
-                      DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
-                      reader_set.empty() ? batch : nullptr);
+    absl::StatusOr<ViewMapping> view = pool->MapView(
+        m->first, mapping.size, contents, DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     if (!view.ok()) {
       Log().warn("device {}: another library's paused memory at {:#x} ({} bytes) is not "
                  "addressable: {}; an access to it faults",
@@ -55,7 +50,7 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views,
     // Peers the library let read only read only here too (a refusal leaves
     // them without access).
     std::vector<CUmemAccessDesc> readers;
-    for (int reader : reader_set) {
+    for (int reader : DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READ) - DeviceSet::Of(h.device)) {
       CUmemAccessDesc d = {};
       d.location = {CU_MEM_LOCATION_TYPE_DEVICE, reader};
       d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
@@ -68,21 +63,6 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views,
                  m->first);
     }
   }
-}
-
-void ForeignVmm::GiveViewsAccessLocked(ViewAccessBatch& batch, PauseTimes* times) {
-  if (batch.empty()) return;
-  const auto start = std::chrono::steady_clock::now();
-  for (const ViewAccessBatch::Refused& r : batch.Flush()) {
-    Log().warn("another library's paused memory at {:#x} ({} bytes) is not addressable: {}; an "
-               "access to it faults",
-               r.va, r.size, r.status.ToString());
-    // Left mapped (its unmap failed too), the view stays, for the resume
-    // to unmap.
-    auto m = mappings_.find(r.va);
-    if (r.unmapped && m != mappings_.end()) m->second.view = ViewMapping();
-  }
-  times->views += PauseTimes::Since(start);
 }
 
 size_t ForeignVmm::MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {

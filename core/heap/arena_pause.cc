@@ -220,13 +220,10 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCo
   size_t released = 0;
   double waited = 0;  // for copies: counted as theirs, not the release's
   absl::Status first;
-  ViewAccessBatch batch(arena_.driver_);
   for (CUdeviceptr base : marked) {
     Block& b = arena_.blocks_.Get(base);
     b.pausing = false;
     if (copier != nullptr && b.backup.has_value()) {
-      // Note [A run of views gets its access once] (view_access_batch.h).
-      if (!batch.empty() && copier->CopyUnderWay(*b.backup)) GiveViewsAccessLocked(batch, times);
       // Note [A pause's memory goes as its copy completes].
       const auto wait = std::chrono::steady_clock::now();
       absl::Status copied = copier->WaitCopied(*b.backup);
@@ -277,11 +274,10 @@ absl::StatusOr<size_t> ArenaPause::PauseCommit(const TagSelection& tag, BackupCo
     b.wants_view = views != nullptr;
     if (views != nullptr) {
       const auto step = std::chrono::steady_clock::now();
-      MapViewLocked(base, b, had_access, *views, &batch);
+      MapViewLocked(base, b, had_access, *views);
       times->views += PauseTimes::Since(step);
     }
   }
-  GiveViewsAccessLocked(batch, times);
   // The tag's freed memory goes too: it is memory the program gave up.
   for (CUdeviceptr base : cached) {
     const size_t size = arena_.blocks_.Get(base).size;

@@ -24,7 +24,6 @@
 #include "core/heap/backup_copier.h"
 #include "core/heap/pausable_memory.h"
 #include "core/heap/tag_selection.h"
-#include "core/heap/view_access_batch.h"
 
 namespace vmmshim {
 
@@ -111,16 +110,8 @@ class ArenaPause final : public PausableMemory {
   // for `access` (or the owner's alone where a peer's is refused): its
   // backup's host VMM memory, or `views`' scratch when its contents were
   // dropped; nothing when they were kept in other host memory. A failure is
-  // logged and leaves no view (an access faults). With `batch`, the access
-  // to kept contents is left to GiveViewsAccessLocked (Note [A run of views
-  // gets its access once], core/heap/view_access_batch.h).
-  void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views,
-                     ViewAccessBatch* batch = nullptr);
-  // The access `batch` holds back, given (ViewAccessBatch::Flush); a view
-  // the driver refused is logged and forgotten; the time is the views'. The
-  // caller holds the arena's mutex (as MapViewAgainLocked's contract).
-  void GiveViewsAccessLocked(ViewAccessBatch& batch, PauseTimes* times)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // logged and leaves no view (an access faults).
+  void MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access, HostMappedPools& views);
   // Releases the block at `base`, freed while its pause was under way, its
   // copy complete: true when the driver took its memory back; otherwise it
   // (or its handle) is kept aside as a failed free's is, retried by Trim

@@ -3,7 +3,6 @@
 // after a failed resume, and late (Note [Views made late], core/heap/pause.h);
 // the pause and resume themselves are in arena_pause.cc.
 #include <atomic>
-#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -26,14 +25,14 @@ bool WantsLateView(const Block& b) {
 }  // namespace
 
 void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
-                               HostMappedPools& views, ViewAccessBatch* batch) {
+                               HostMappedPools& views) {
   if (b.view.mapped()) return;  // mapped already (a view the resume kept)
   const int device = arena_.options_.device;
   const HostMappedMemory* contents = b.backup.has_value() ? b.backup->host_mapped() : nullptr;
   if (b.backup.has_value() && contents == nullptr) return;  // kept elsewhere: faults
   HostMappedPool* pool = views.For(device);
   if (pool == nullptr) return;  // no host VMM memory here
-  absl::StatusOr<ViewMapping> view = pool->MapView(base, b.size, contents, access, batch);
+  absl::StatusOr<ViewMapping> view = pool->MapView(base, b.size, contents, access);
   if (!view.ok()) {
     Log().warn("device {}: paused memory at {:#x} ({} bytes) is not addressable: {}; an access "
                "to it faults",
@@ -41,20 +40,6 @@ void ArenaPause::MapViewLocked(CUdeviceptr base, Block& b, DeviceSet access,
     return;
   }
   b.view = *view;
-}
-
-void ArenaPause::GiveViewsAccessLocked(ViewAccessBatch& batch, PauseTimes* times) {
-  if (batch.empty()) return;
-  const auto start = std::chrono::steady_clock::now();
-  for (const ViewAccessBatch::Refused& r : batch.Flush()) {
-    Log().warn("device {}: paused memory at {:#x} ({} bytes) is not addressable: {}; an access "
-               "to it faults",
-               arena_.options_.device, r.va, r.size, r.status.ToString());
-    // Left mapped (its unmap failed too), the view stays, for the resume
-    // to unmap.
-    if (r.unmapped) arena_.blocks_.Get(r.va).view = ViewMapping();
-  }
-  times->views += PauseTimes::Since(start);
 }
 
 size_t ArenaPause::MapLateViews(HostMappedPools& views, const std::atomic<int>& waiting) {

@@ -259,18 +259,6 @@ absl::Status BackupCopier::WaitCopied(const HostBackup& backup) {
   return DriverError(driver_.cuEventSynchronize(mark.event), "cuEventSynchronize (pause copy)");
 }
 
-bool BackupCopier::CopyUnderWay(const HostBackup& backup) const {
-  auto it = marks_.find(CopyKey(backup));
-  if (it == marks_.end()) return false;
-  const CopyMark& mark = it->second;
-  if (mark.stream != nullptr) {
-    return driver_.cuStreamQuery != nullptr &&
-           driver_.cuStreamQuery(mark.stream) == CUDA_ERROR_NOT_READY;
-  }
-  return driver_.cuEventQuery != nullptr &&
-         driver_.cuEventQuery(mark.event) == CUDA_ERROR_NOT_READY;
-}
-
 absl::Status BackupCopier::Finish() {
   absl::Status first;
   for (auto& [key, mark] : marks_) {

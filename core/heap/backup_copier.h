@@ -128,10 +128,6 @@ class BackupCopier {
   // (a pause's commit: PausableMemory::PauseCommit); OK at once for a copy
   // that was complete at return, or none. The copy's error, or the wait's.
   absl::Status WaitCopied(const HostBackup& backup);
-  // Whether the copy WaitCopied would wait for is still running (the
-  // driver says so: cuEventQuery, cuStreamQuery); false for one complete,
-  // failed or never started. Waits for nothing.
-  bool CopyUnderWay(const HostBackup& backup) const;
   // Waits for every copy started and releases the copier's streams; the
   // first error of a copy or of the wait. Before device memory that was
   // copied from is unmapped (or WaitCopied), and before resumed memory is

@@ -88,7 +88,6 @@
 #include "core/driver/driver_api.h"
 #include "core/driver/vmm_mapping.h"
 #include "core/heap/host_mapped_memory.h"
-#include "core/heap/view_access_batch.h"
 #include "core/sync/mutex.h"
 
 namespace vmmshim {
@@ -185,12 +184,9 @@ class HostMappedPool {
   // exactly `size`, this pool's) whole, else the scratch (MapScratch);
   // read-write for `access` and this pool's device, or for the device alone
   // where the driver refuses a peer's. The view, or the driver's error
-  // (nothing mapped). With `batch`, contents are mapped at once and their
-  // access is left to the batch (Note [A run of views gets its access once],
-  // core/heap/view_access_batch.h); the scratch is mapped with its access.
+  // (nothing mapped).
   absl::StatusOr<ViewMapping> MapView(CUdeviceptr va, size_t size,
-                                      const HostMappedMemory* contents, DeviceSet access,
-                                      ViewAccessBatch* batch = nullptr);
+                                      const HostMappedMemory* contents, DeviceSet access);
 
   // Every kept allocation released now, and nothing more made in the
   // background for what was queued; the bytes released.

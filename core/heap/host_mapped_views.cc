@@ -68,14 +68,8 @@ absl::Status ViewMapping::Unmap(const VmmMapper& mapper, CUdeviceptr va, size_t 
 
 absl::StatusOr<ViewMapping> HostMappedPool::MapView(CUdeviceptr va, size_t size,
                                                     const HostMappedMemory* contents,
-                                                    DeviceSet access,
-                                                    ViewAccessBatch* batch) {
+                                                    DeviceSet access) {
   const DeviceSet owner = DeviceSet::Of(device_);
-  if (batch != nullptr && contents != nullptr) {
-    absl::Status mapped = batch->Map(va, size, contents->handle(), access | owner, device_);
-    if (!mapped.ok()) return mapped;
-    return ViewMapping{PausedView::kContents, size, 0, 0, 0, nullptr};
-  }
   absl::Status status;
   for (DeviceSet grant : {access | owner, owner}) {
     if (contents != nullptr) {
