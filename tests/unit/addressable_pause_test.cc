@@ -77,6 +77,25 @@ class AddressablePauseTest : public SimTest {
     const nlohmann::json& by_tag = r.at("devices").at(0).at("shim").at("by_tag");
     return by_tag.at(tag).at("paused_faulting_bytes").get<uint64_t>();
   }
+  // Another library's handle of `size` tagged `tag`, mapped read-write for
+  // device 0 in a reservation of its own at *va (as PyTorch's expandable
+  // segments or NCCL map theirs, through the shim's hooks).
+  static CUmemGenericAllocationHandle MapForeignHandle(ShimCore& shim, const DriverApi& api,
+                                                       CUdeviceptr* va, size_t size,
+                                                       const char* tag) {
+    EXPECT_EQ(api.cuMemAddressReserve(va, size, 0, 0, 0), CUDA_SUCCESS);
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemGenericAllocationHandle h = 0;
+    EXPECT_EQ(shim.foreign().Create(&h, size, &prop, 0, tag), CUDA_SUCCESS);
+    EXPECT_EQ(shim.foreign().Map(*va, size, 0, h, 0), CUDA_SUCCESS);
+    CUmemAccessDesc desc = {};
+    desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    EXPECT_EQ(shim.foreign().SetAccess(*va, size, &desc, 1), CUDA_SUCCESS);
+    return h;
+  }
   // VMMSHIM_HOST_POOL_MAX and VMMSHIM_HOST_POOL_MAKE.
   static AllocatorOptions PoolCappedAt(size_t max_bytes, bool background) {
     AllocatorOptions o;
@@ -512,17 +531,8 @@ TEST_F(AddressablePauseTest, TwoMemoriesOfOnePauseEachGetTheirHostMemoryMadeLate
     Allocator& a = shim.allocator();
     const CUdeviceptr kv = Alloc(a, 8 * kMiB, "kv");
     CUdeviceptr other = 0;
-    ASSERT_EQ(api_.cuMemAddressReserve(&other, 8 * kMiB, 0, 0, 0), CUDA_SUCCESS);
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    CUmemGenericAllocationHandle handle = 0;
-    ASSERT_EQ(shim.foreign().Create(&handle, 8 * kMiB, &prop, 0, "kv"), CUDA_SUCCESS);
-    ASSERT_EQ(shim.foreign().Map(other, 8 * kMiB, 0, handle, 0), CUDA_SUCCESS);
-    CUmemAccessDesc desc = {};
-    desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    ASSERT_EQ(shim.foreign().SetAccess(other, 8 * kMiB, &desc, 1), CUDA_SUCCESS);
+    const CUmemGenericAllocationHandle handle =
+        MapForeignHandle(shim, api_, &other, 8 * kMiB, "kv");
     Fill(kv, 8 * kMiB, 1);
     Fill(other, 8 * kMiB, 2);
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
@@ -803,17 +813,7 @@ TEST_F(AddressablePauseTest, TeardownWithOtherLibrariesMemoryPausedLeavesNoHostM
   CUdeviceptr va = 0;
   {
     ShimCore shim(api_);
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    CUmemGenericAllocationHandle h = 0;
-    ASSERT_EQ(api_.cuMemAddressReserve(&va, 8 * kMiB, 0, 0, 0), CUDA_SUCCESS);
-    ASSERT_EQ(shim.foreign().Create(&h, 8 * kMiB, &prop, 0, "nccl"), CUDA_SUCCESS);
-    ASSERT_EQ(shim.foreign().Map(va, 8 * kMiB, 0, h, 0), CUDA_SUCCESS);
-    CUmemAccessDesc desc = {};
-    desc.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    ASSERT_EQ(shim.foreign().SetAccess(va, 8 * kMiB, &desc, 1), CUDA_SUCCESS);
+    MapForeignHandle(shim, api_, &va, 8 * kMiB, "nccl");
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("nccl"), true).ok());
     EXPECT_EQ(sim::GetUsage().host_handle_bytes, 8 * kMiB);
   }
