@@ -97,13 +97,9 @@ size_t ForeignVmm::MapLateViews(HostMappedPools& views, const std::atomic<int>& 
     Handle& h = it->second;
     HostMappedPool* pool = views.For(h.device);
     if (pool == nullptr) continue;
-    absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(h.size);
-    if (!memory.ok()) continue;  // none of its size was made: it stays as it is
-    if (!CopyUnlessWaiting(memory->data(), h.backup->data(), h.size, waiting)) {
-      pool->Give(*std::move(memory));  // a pause or resume first; back later
-      break;
-    }
-    h.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
+    const LateMove moved = MoveIntoMadeHostMemory(*pool, &h.backup, h.size, waiting);
+    if (moved == LateMove::kStopped) break;  // a pause or resume first
+    if (moved == LateMove::kNoneMade) continue;  // it stays as it is
     MapViewsLocked(value, views);
     for (auto m : MappingsOfLocked(value)) {
       if (m->second.view.kind == PausedView::kContents) {

@@ -59,13 +59,9 @@ size_t ArenaPause::MapLateViews(HostMappedPools& views, const std::atomic<int>& 
     if (!arena_.blocks_.Contains(base)) continue;
     Block& b = arena_.blocks_.Get(base);
     if (!WantsLateView(b)) continue;
-    absl::StatusOr<HostMappedMemory> memory = pool->TakeKept(b.size);
-    if (!memory.ok()) continue;  // none of its size was made: it stays as it is
-    if (!CopyUnlessWaiting(memory->data(), b.backup->data(), b.size, waiting)) {
-      pool->Give(*std::move(memory));  // a pause or resume first; back later
-      break;
-    }
-    b.backup = HostBackup::FromHostMapped(*std::move(memory), *pool);
+    const LateMove moved = MoveIntoMadeHostMemory(*pool, &b.backup, b.size, waiting);
+    if (moved == LateMove::kStopped) break;  // a pause or resume first
+    if (moved == LateMove::kNoneMade) continue;  // it stays as it is
     MapViewAgainLocked(base, b, &views);
     if (b.view.mapped()) bytes += b.size;
   }

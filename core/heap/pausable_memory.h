@@ -39,6 +39,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,10 +89,17 @@ struct PauseTimes {
   }
 };
 
-// Copies `bytes` from `src` to `dst` in parts of
-// PausableMemory::kLateCopyBytes; false (stopped midway) once `waiting` is
-// above 0 before a part.
-bool CopyUnlessWaiting(char* dst, const char* src, size_t bytes, const std::atomic<int>& waiting);
+// Note [Views made late] (core/heap/pause.h), one memory's step: kept
+// contents of `bytes` in `*backup` (host memory that is not host VMM
+// memory) moved into host memory `pool` made for them (TakeKept), by the
+// CPU in parts of PausableMemory::kLateCopyBytes. kMoved: `*backup` is that
+// memory now (its view is the caller's to map). kNoneMade: none of that
+// size is kept; kStopped: `waiting` rose above 0 before a part (a pause or
+// resume goes first; the memory went back to the pool). Either way `*backup`
+// is as it was. The caller holds the lock that guards `*backup`.
+enum class LateMove { kMoved, kNoneMade, kStopped };
+LateMove MoveIntoMadeHostMemory(HostMappedPool& pool, std::optional<HostBackup>* backup,
+                                size_t bytes, const std::atomic<int>& waiting);
 
 class PausableMemory {
  public:

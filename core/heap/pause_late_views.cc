@@ -6,6 +6,7 @@
 #include <cstring>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "core/base/log.h"
 #include "core/heap/pause.h"
@@ -13,12 +14,20 @@
 
 namespace vmmshim {
 
-bool CopyUnlessWaiting(char* dst, const char* src, size_t bytes, const std::atomic<int>& waiting) {
+LateMove MoveIntoMadeHostMemory(HostMappedPool& pool, std::optional<HostBackup>* backup,
+                                size_t bytes, const std::atomic<int>& waiting) {
+  absl::StatusOr<HostMappedMemory> memory = pool.TakeKept(bytes);
+  if (!memory.ok()) return LateMove::kNoneMade;
   for (size_t off = 0; off < bytes; off += PausableMemory::kLateCopyBytes) {
-    if (waiting.load(std::memory_order_relaxed) > 0) return false;
-    std::memcpy(dst + off, src + off, std::min(PausableMemory::kLateCopyBytes, bytes - off));
+    if (waiting.load(std::memory_order_relaxed) > 0) {
+      pool.Give(*std::move(memory));  // back later
+      return LateMove::kStopped;
+    }
+    std::memcpy(memory->data() + off, (*backup)->data() + off,
+                std::min(PausableMemory::kLateCopyBytes, bytes - off));
   }
-  return true;
+  *backup = HostBackup::FromHostMapped(*std::move(memory), pool);
+  return LateMove::kMoved;
 }
 
 void PauseCoordinator::ScheduleLateViewsLocked() {
