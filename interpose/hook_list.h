@@ -84,6 +84,8 @@
   X(cuMemGetAllocationPropertiesFromHandle,                                       \
     PFN_cuMemGetAllocationPropertiesFromHandle_v10020)                            \
   X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)        \
-  X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020)
+  X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020)     \
+  X(cuMemAddressReserve, PFN_cuMemAddressReserve_v10020)                          \
+  X(cuMemAddressFree, PFN_cuMemAddressFree_v10020)
 
 #endif  // VMMSHIM_INTERPOSE_HOOK_LIST_H_

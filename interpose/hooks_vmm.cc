@@ -1,5 +1,5 @@
 // Other libraries' own VMM calls (cuMemCreate, cuMemMap, cuMemSetAccess,
-// ...: PyTorch's expandable segments, vLLM's CuMemAllocator, NCCL), handed
+// cuMemAddressReserve, ...: PyTorch's expandable segments, vLLM's CuMemAllocator, NCCL), handed
 // to core/foreign/foreign_vmm.h, which makes each in the driver with the
 // caller's arguments, records what succeeded (for the residency report and
 // pause), and answers for memory it paused. When the shim does not serve
@@ -100,4 +100,19 @@ VMMSHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHan
   if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Import(handle, os_handle, type);
   if (rt->driver.cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   return rt->driver.cuMemImportFromShareableHandle(handle, os_handle, type);
+}
+
+VMMSHIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                            CUdeviceptr addr, unsigned long long flags) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Reserve(ptr, size, alignment, addr, flags);
+  return rt->driver.cuMemAddressReserve(ptr, size, alignment, addr, flags);
+}
+
+VMMSHIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  const Runtime* rt = GetRuntime();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (vmmshim::ForeignVmm* f = Registry(*rt)) return f->Free(ptr, size);
+  return rt->driver.cuMemAddressFree(ptr, size);
 }

@@ -261,7 +261,13 @@ CUresult ForeignVmm::Unmap(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
   }
   // Paused mappings have nothing of the library's in the driver to unmap
-  // (their views go): the live ones, one by one.
+  // (their views go): the live ones, one by one. A run's view over them
+  // comes apart first (Note [Adjacent handles share one view]).
+  for (CUdeviceptr at : inside) {
+    const Handle* h = PausedLocked(mappings_.at(at).handle);
+    if (h == nullptr || h->group == 0) continue;
+    if (absl::Status s = DissolveGroupLocked(h->group); !s.ok()) return ToCuResult(s);
+  }
   CUresult first = CUDA_SUCCESS;
   for (CUdeviceptr at : inside) {
     auto m = mappings_.find(at);
@@ -299,6 +305,11 @@ CUresult ForeignVmm::SetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
   // would check them (a descriptor it refuses would make the resume fail);
   // the live ones get them now, each over its part of the range.
   if (CUresult r = CheckAccess(desc, count); r != CUDA_SUCCESS) return r;
+  for (CUdeviceptr at : overlap) {  // as in Unmap
+    const Handle* h = PausedLocked(mappings_.at(at).handle);
+    if (h == nullptr || h->group == 0) continue;
+    if (absl::Status s = DissolveGroupLocked(h->group); !s.ok()) return ToCuResult(s);
+  }
   CUresult first = CUDA_SUCCESS;
   for (CUdeviceptr at : overlap) {
     Mapping& mapping = mappings_.at(at);
@@ -371,7 +382,7 @@ std::vector<ForeignDeviceFigures> ForeignVmm::Figures() const {
   for (const auto& [at, m] : mappings_) {
     auto h = handles_.find(m.handle);
     // A stale mapping still maps the memory of a failed resume: not faulting.
-    if (h == handles_.end() || !h->second.paused || m.view.mapped() || m.stale) continue;
+    if (h == handles_.end() || !h->second.paused || ShownLocked(h->second, m) || m.stale) continue;
     by_device[h->second.device].paused_faulting_bytes += m.size;
   }
   std::vector<ForeignDeviceFigures> out;

@@ -49,6 +49,28 @@
 // contents gets none (an access faults). The resume unmaps them first, and
 // a failed resume maps them again.
 //
+// Note [Adjacent handles share one view]: a pause that maps views of kept
+// contents (BackupKind::addressable) copies a run of handles that lie side
+// by side (PyTorch's expandable segments: 20 MiB handles in one
+// reservation) into one host allocation of the run's size, and maps it
+// over the run in one cuMemMap once the last of them is released. The
+// host mappings a pause makes beside its copies cost per call as well as
+// per byte: on an H100, 4 GiB of 20 MiB handles paused at 32-35 GiB/s with
+// a view per handle and at 45 GiB/s with one per 240 MiB
+// (bench/host_view_groups; docs/performance.md, "the expandable pause's
+// host mappings"). A run: handles of one device, context and tag, each
+// mapped once, whole, from offset 0, readable by its device, with the same
+// access, adjacent, kViewGroupBytes at most, two or more. Each is resumed
+// as any other (its part of the run's copy copied back). A cuMemUnmap or
+// cuMemSetAccess of the library's over one of them while paused takes the
+// run apart first (DissolveGroupLocked): each handle gets host memory of
+// its own (the pool's kept memory of its size, else made then, else
+// pageable memory and no view), its contents copied there by the CPU while
+// the run's view still shows them, then the run's view goes and each maps
+// its own. Meanwhile a kernel's access to them faults, and its writes
+// during that copy may be lost: the library is changing that memory's
+// mappings while it runs.
+//
 // While paused: cuMemUnmap of its mappings (their views unmapped) and
 // cuMemRelease of its references are recorded and return CUDA_SUCCESS;
 // cuMemRetainAllocationHandle of a paused address returns its value;
@@ -142,6 +164,12 @@ class ForeignVmm final : public PausableMemory {
       ABSL_LOCKS_EXCLUDED(mu_);
   CUresult Import(CUmemGenericAllocationHandle* handle, void* os_handle,
                   CUmemAllocationHandleType type) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reservations are recorded only so that a run of Note [Adjacent handles
+  // share one view] never crosses from one into another (the driver maps
+  // within one reservation).
+  CUresult Reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                   unsigned long long flags) ABSL_LOCKS_EXCLUDED(mu_);
+  CUresult Free(CUdeviceptr ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Per device with anything held, in device order.
   std::vector<ForeignDeviceFigures> Figures() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -210,7 +238,22 @@ class ForeignVmm final : public PausableMemory {
     bool paused = false;   // released; `real` is 0 unless a resume is prepared
     bool wants_view = false;  // paused by a pause that maps views (MapViewsLocked)
     std::optional<HostBackup> backup;
+    // Note [Adjacent handles share one view]: the start of the run it is
+    // part of (groups_; its contents are there, `backup` empty), else 0,
+    // and where in the run it lies.
+    CUdeviceptr group = 0;
+    size_t group_offset = 0;
   };
+  // A run of Note [Adjacent handles share one view].
+  struct ViewGroup {
+    int device = -1;
+    size_t bytes = 0;
+    std::vector<HandleValue> members;  // by address, side by side from the start
+    std::optional<HostBackup> backup;  // their contents, in that order
+    ViewMapping view;                  // over the whole run
+    HostMappedPool* pool = nullptr;    // the device's, once its view was asked for
+  };
+  static constexpr size_t kViewGroupBytes = size_t{256} << 20;
   struct Mapping {
     size_t size = 0;
     size_t offset = 0;
@@ -256,6 +299,46 @@ class ForeignVmm final : public PausableMemory {
   // leaves that mapping without a view.
   void MapViewsLocked(HandleValue value, HostMappedPools& views)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same with `pool` (its device's; nullptr: none maps); a handle of a
+  // run maps the run's view (MapGroupViewLocked).
+  void MapViewsLocked(HandleValue value, HostMappedPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Peers the library let read only read the view at `at` only (a refusal
+  // leaves them without access, logged).
+  void GrantReadersLocked(CUdeviceptr at, size_t size, const Mapping& m, int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Note [Adjacent handles share one view] (foreign_vmm_groups.cc).
+  // Forms the runs among `chosen` (being paused, not yet marked), setting
+  // their members' Handle::group; the runs' starts.
+  std::vector<CUdeviceptr> FormGroupsLocked(const std::vector<HandleValue>& chosen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the run at `start` (its members' Handle::group cleared, its
+  // memory given back).
+  void EraseGroupLocked(CUdeviceptr start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps the run's view over it when every member is paused with a view
+  // wanted, none stale, and its contents are in host VMM memory; else, or
+  // when the driver refuses (logged), nothing (an access faults).
+  void MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps the run's view, if mapped (a failure logged and returned).
+  absl::Status UnmapGroupViewLocked(CUdeviceptr start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the run at `start` apart (see the Note); on an error (host memory,
+  // or its view would not unmap) it stays as it was.
+  absl::Status DissolveGroupLocked(CUdeviceptr start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The start of the library's reservation that holds [at, at + size), else 0.
+  CUdeviceptr ReservationOfLocked(CUdeviceptr at, size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether paused `h`'s mapping `m` shows something now (its view, or its
+  // run's).
+  bool ShownLocked(const Handle& h, const Mapping& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The runs late views may map (MapLateViews): contents kept outside host
+  // VMM memory, every member paused and wanting a view.
+  bool LateGroupLocked(const ViewGroup& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pause's release of handle `value` (its copy waited for): unmapped
+  // everywhere and every driver reference released, marked paused; false
+  // (left live, the error in `first`) when an unmap fails.
+  bool ReleaseForPauseLocked(HandleValue value, const TagSelection& tag, PauseTimes* times,
+                             bool views, absl::Status* first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empties the paused mapping at `at` in the driver: its stale mapping
   // (Mapping::stale) and its view, if any; on failure what is left stays
   // recorded.
@@ -295,6 +378,9 @@ class ForeignVmm final : public PausableMemory {
   // Driver value -> the library's, where they differ.
   absl::flat_hash_map<HandleValue, HandleValue> names_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<CUdeviceptr, Mapping> mappings_ ABSL_GUARDED_BY(mu_);  // by mapped address
+  absl::btree_map<CUdeviceptr, ViewGroup> groups_ ABSL_GUARDED_BY(mu_);  // by start
+  // The library's reservations (Reserve): start -> size.
+  absl::btree_map<CUdeviceptr, size_t> reservations_ ABSL_GUARDED_BY(mu_);
   std::vector<HandleValue> orphans_ ABSL_GUARDED_BY(mu_);  // driver handles to release
   HandleValue next_name_ ABSL_GUARDED_BY(mu_) = ~HandleValue{0};
 };

@@ -28,10 +28,17 @@ DeviceSet ForeignVmm::DevicesOf(const Mapping& m, CUmemAccess_flags flags) {
 }
 
 void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
+  MapViewsLocked(value, views.For(handles_.at(value).device));
+}
+
+void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPool* pool) {
   Handle& h = handles_.at(value);
+  if (h.group != 0) {
+    MapGroupViewLocked(h.group, pool);
+    return;
+  }
   const HostMappedMemory* contents = h.backup ? h.backup->host_mapped() : nullptr;
   if (h.backup && contents == nullptr) return;  // kept elsewhere: faults
-  HostMappedPool* pool = views.For(h.device);
   if (pool == nullptr) return;  // no host VMM memory here
   for (auto m : MappingsOfLocked(value)) {
     Mapping& mapping = m->second;
@@ -47,21 +54,23 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPools& views) {
       continue;
     }
     mapping.view = *view;
-    // Peers the library let read only read only here too (a refusal leaves
-    // them without access).
-    std::vector<CUmemAccessDesc> readers;
-    for (int reader : DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READ) - DeviceSet::Of(h.device)) {
-      CUmemAccessDesc d = {};
-      d.location = {CU_MEM_LOCATION_TYPE_DEVICE, reader};
-      d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
-      readers.push_back(d);
-    }
-    if (!readers.empty() && driver_.cuMemSetAccess(m->first, mapping.size, readers.data(),
-                                                   readers.size()) != CUDA_SUCCESS) {
-      Log().info("another library's paused memory at {:#x}: its read-only peers do not reach "
-                 "its view",
-                 m->first);
-    }
+    GrantReadersLocked(m->first, mapping.size, mapping, h.device);
+  }
+}
+
+void ForeignVmm::GrantReadersLocked(CUdeviceptr at, size_t size, const Mapping& m, int device) {
+  std::vector<CUmemAccessDesc> readers;
+  for (int reader : DevicesOf(m, CU_MEM_ACCESS_FLAGS_PROT_READ) - DeviceSet::Of(device)) {
+    CUmemAccessDesc d = {};
+    d.location = {CU_MEM_LOCATION_TYPE_DEVICE, reader};
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+    readers.push_back(d);
+  }
+  if (!readers.empty() &&
+      driver_.cuMemSetAccess(at, size, readers.data(), readers.size()) != CUDA_SUCCESS) {
+    Log().info("another library's paused memory at {:#x}: its read-only peers do not reach "
+               "its view",
+               at);
   }
 }
 
@@ -83,13 +92,30 @@ size_t ForeignVmm::MapLateViews(HostMappedPools& views, const std::atomic<int>& 
     return false;
   };
   std::vector<HandleValue> chosen;
+  std::vector<CUdeviceptr> runs;  // Note [Adjacent handles share one view]
   {
     MutexLock lock(&mu_);
     for (const auto& [value, h] : handles_) {
       if (late(value, h)) chosen.push_back(value);
     }
+    for (const auto& [at, g] : groups_) {
+      if (LateGroupLocked(g)) runs.push_back(at);
+    }
   }
   size_t bytes = 0;
+  for (CUdeviceptr at : runs) {
+    MutexLock lock(&mu_);
+    auto it = groups_.find(at);
+    if (it == groups_.end() || !LateGroupLocked(it->second)) continue;
+    ViewGroup& g = it->second;
+    HostMappedPool* pool = views.For(g.device);
+    if (pool == nullptr) continue;
+    const LateMove moved = MoveIntoMadeHostMemory(*pool, &g.backup, g.bytes, waiting);
+    if (moved == LateMove::kStopped) return bytes;  // a pause or resume first
+    if (moved == LateMove::kNoneMade) continue;     // it stays as it is
+    MapGroupViewLocked(at, pool);
+    if (g.view.mapped()) bytes += g.bytes;
+  }
   for (HandleValue value : chosen) {
     MutexLock lock(&mu_);  // one handle at a time: the library's calls go on between them
     auto it = handles_.find(value);

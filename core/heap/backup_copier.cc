@@ -315,11 +315,16 @@ absl::Status BackupCopier::ToHost(HostBackup& dst, CUdeviceptr src) {
 }
 
 absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const HostBackup& src) {
+  return ToDevice(dst, src, 0, src.size());
+}
+
+absl::Status BackupCopier::ToDevice(CUdeviceptr dst, const HostBackup& src, size_t offset,
+                                    size_t bytes) {
   if (const HostMappedMemory* m = src.host_mapped()) {
-    return CopyDeviceToDevice(dst, m->address(), src.size());
+    return CopyDeviceToDevice(dst, m->address() + offset, bytes);
   }
-  if (!src.page_locked()) return ToDevice(dst, src.data(), src.size());
-  return CopyPageLocked(src.data(), dst, src.size(), false, src.from_pool());
+  if (!src.page_locked()) return ToDevice(dst, src.data() + offset, bytes);
+  return CopyPageLocked(src.data() + offset, dst, bytes, false, src.from_pool());
 }
 
 absl::Status BackupCopier::ToHost(char* dst, CUdeviceptr src, size_t bytes) {

@@ -119,6 +119,11 @@ class BackupCopier {
   absl::Status ToHost(HostBackup& dst, CUdeviceptr src);
   // `src` -> device memory [dst, dst + src.size()), likewise.
   absl::Status ToDevice(CUdeviceptr dst, const HostBackup& src);
+  // Bytes [offset, offset + bytes) of `src` -> device memory [dst, dst +
+  // bytes), likewise (a backup that holds several handles' contents side by
+  // side: Note [Adjacent handles share one view], core/foreign/foreign_vmm.h).
+  // offset + bytes <= src.size().
+  absl::Status ToDevice(CUdeviceptr dst, const HostBackup& src, size_t offset, size_t bytes);
   // Device memory [src, src + bytes) -> host `dst`, through the staging ring.
   absl::Status ToHost(char* dst, CUdeviceptr src, size_t bytes);
   // Host `src` -> device memory [dst, dst + bytes), through the staging ring.
