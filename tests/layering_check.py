@@ -29,7 +29,7 @@ ALLOWED_CALLBACKS = {
         "tests hand it a slow one",
     ("core/foreign/foreign_vmm.h", "fn"):
         "a visitor within the room (ForEachMappingOf), not stored",
-    ("core/foreign/foreign_vmm_pause.cc", "fn"):
+    ("core/foreign/foreign_vmm_views.cc", "fn"):
         "the definition of the visitor above",
     ("core/heap/slab.h", "fn"):
         "a visitor within the room (Slab::ForEach), not stored",

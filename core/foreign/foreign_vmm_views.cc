@@ -1,7 +1,8 @@
 // What other libraries' paused handles map while paused (ForeignVmm's part
 // of Paused memory stays addressable, core/heap/host_mapped_pool.h): their
 // views, made at the pause, made late (Note [Views made late],
-// core/heap/pause.h) and taken away at the resume or a free.
+// core/heap/pause.h) and taken away at the resume or a free; and how a
+// handle is mapped for its copies and mapped back at the resume.
 #include "core/foreign/foreign_vmm.h"
 #include <algorithm>
 #include <chrono>
@@ -135,6 +136,83 @@ size_t ForeignVmm::MapLateViews(HostMappedPools& views, const std::atomic<int>& 
     }
   }
   return bytes;
+}
+
+absl::Status ForeignVmm::MapAllLocked(HandleValue value, HandleValue real) {
+  std::vector<std::pair<CUdeviceptr, size_t>> mapped;
+  absl::Status status;
+  for (auto m : MappingsOfLocked(value)) {
+    const Mapping& mapping = m->second;
+    CUresult r = driver_.cuMemMap(m->first, mapping.size, mapping.offset, real, 0);
+    if (r != CUDA_SUCCESS) {
+      status = DriverError(r, "cuMemMap");
+      break;
+    }
+    mapped.emplace_back(m->first, mapping.size);
+    if (mapping.access.empty()) continue;
+    r = driver_.cuMemSetAccess(m->first, mapping.size, mapping.access.data(),
+                               mapping.access.size());
+    if (r == CUDA_SUCCESS) continue;
+    // One at a time: a peer the driver refuses now (its access was
+    // disabled meanwhile) loses its access, logged; the owner's must hold.
+    for (const CUmemAccessDesc& d : mapping.access) {
+      r = driver_.cuMemSetAccess(m->first, mapping.size, &d, 1);
+      if (r == CUDA_SUCCESS) continue;
+      if (d.location.id == handles_.at(value).device) break;
+      Log().warn("vmmshim_resume_memory: access of device {} to {:#x} ({} bytes, another "
+                 "library's VMM memory) not set again: {}",
+                 d.location.id, m->first, mapping.size, CuResultName(r));
+      r = CUDA_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS) {
+      status = DriverError(r, "cuMemSetAccess");
+      break;
+    }
+  }
+  if (!status.ok()) {
+    for (const auto& [at, size] : mapped) driver_.cuMemUnmap(at, size);
+  }
+  return status;
+}
+
+absl::Status ForeignVmm::WithWholeHandleLocked(
+    HandleValue value, HandleValue real,
+    const std::function<absl::Status(CUdeviceptr, bool)>& fn) {
+  const Handle& h = handles_.at(value);
+  for (auto m : MappingsOfLocked(value)) {
+    const bool readable = std::any_of(
+        m->second.access.begin(), m->second.access.end(), [&](const CUmemAccessDesc& d) {
+          return d.location.id == h.device && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        });
+    if (m->second.offset == 0 && m->second.size == h.size && readable) {
+      return fn(m->first, /*temporary=*/false);
+    }
+  }
+  // No mapping shows it whole: a reservation of the shim's for the call,
+  // accessible to the handle's device (CUDA Programming Guide 4.16).
+  CUdeviceptr va = 0;
+  if (CUresult r = driver_.cuMemAddressReserve(&va, h.size, 0, 0, 0); r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemAddressReserve");
+  }
+  absl::Status status;
+  CUresult r = driver_.cuMemMap(va, h.size, 0, real, 0);
+  if (r != CUDA_SUCCESS) {
+    status = DriverError(r, "cuMemMap");
+  } else {
+    CUmemAccessDesc owner = {};
+    owner.location = {CU_MEM_LOCATION_TYPE_DEVICE, h.device};
+    owner.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = driver_.cuMemSetAccess(va, h.size, &owner, 1);
+    status = r == CUDA_SUCCESS ? fn(va, /*temporary=*/true) : DriverError(r, "cuMemSetAccess");
+    if (CUresult u = driver_.cuMemUnmap(va, h.size); u != CUDA_SUCCESS) {
+      // Still mapped: the reservation stays with it (its handle's memory
+      // lives on through the mapping); reported with the copy's status.
+      status.Update(DriverError(u, "cuMemUnmap"));
+      return status;
+    }
+  }
+  driver_.cuMemAddressFree(va, h.size);
+  return status;
 }
 
 absl::Status ForeignVmm::UnmapPausedLocked(CUdeviceptr at, Mapping& m) {

@@ -220,6 +220,32 @@ TEST_F(ForeignViewGroupsTest, AMemberLeftLiveAtThePauseTakesTheRunApart) {
   ExpectNothingLeft();
 }
 
+// A resume that fails midway (the driver fails the second handle's cuMemCreate) leaves
+// the run paused and shown by its view again, its writes kept.
+TEST_F(ForeignViewGroupsTest, AFailedResumeMapsTheRunsViewAgain) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    const Run run = MakeRun(f, 3, 4 * kMiB, "kv");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    Fill(run.at(1), run.size, 21);
+    sim::FailCall("cuMemCreate", 2, CUDA_ERROR_UNKNOWN);
+    EXPECT_FALSE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    sim::ClearFailures();
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    EXPECT_EQ(Faulting(f), 0u);
+    EXPECT_TRUE(Holds(run.at(0), run.size, 10));
+    EXPECT_TRUE(Holds(run.at(1), run.size, 21));
+    EXPECT_TRUE(Holds(run.at(2), run.size, 12));
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(run.at(1), run.size, 21));
+    EXPECT_TRUE(Holds(run.at(2), run.size, 12));
+    Drop(f, run);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
 // VMMSHIM_HOST_POOL_MAKE=background: the run's host memory is made after
 // the first pause and its view mapped then (Note [Views made late]); the
 // next pause finds it kept.
