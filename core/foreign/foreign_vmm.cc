@@ -103,6 +103,12 @@ void ForeignVmm::MaybeForgetLocked(HandleMap::iterator it) {
       names_.erase(n);
     }
   }
+  // Gone from its run (its range stays in the run's view: Note [Adjacent
+  // handles share one view]).
+  if (auto g = groups_.find(it->second.group); it->second.group != 0 && g != groups_.end()) {
+    std::vector<HandleValue>& members = g->second.members;
+    members.erase(std::remove(members.begin(), members.end(), it->first), members.end());
+  }
   handles_.erase(it);
 }
 
@@ -224,6 +230,11 @@ CUresult ForeignVmm::Map(CUdeviceptr ptr, size_t size, size_t offset,
   if (PausedOverlapLocked(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   auto it = handles_.find(value);
   if (it != handles_.end() && it->second.real == 0) return PausedHandleError("cuMemMap", value);
+  // Into a run's view where the library unmapped one of it: the run comes
+  // apart first (Note [Adjacent handles share one view]).
+  for (CUdeviceptr run : GroupsOverlappingLocked(ptr, size)) {
+    if (absl::Status s = DissolveGroupLocked(run); !s.ok()) return ToCuResult(s);
+  }
   const CUresult r =
       driver_.cuMemMap(ptr, size, offset, it != handles_.end() ? it->second.real : value, flags);
   if (r != CUDA_SUCCESS) return r;
@@ -261,13 +272,8 @@ CUresult ForeignVmm::Unmap(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
   }
   // Paused mappings have nothing of the library's in the driver to unmap
-  // (their views go): the live ones, one by one. A run's view over them
-  // comes apart first (Note [Adjacent handles share one view]).
-  for (CUdeviceptr at : inside) {
-    const Handle* h = PausedLocked(mappings_.at(at).handle);
-    if (h == nullptr || h->group == 0) continue;
-    if (absl::Status s = DissolveGroupLocked(h->group); !s.ok()) return ToCuResult(s);
-  }
+  // (their views go; a run's view stays: Note [Adjacent handles share one
+  // view]): the live ones, one by one.
   CUresult first = CUDA_SUCCESS;
   for (CUdeviceptr at : inside) {
     auto m = mappings_.find(at);

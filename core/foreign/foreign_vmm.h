@@ -61,15 +61,21 @@
 // host mappings"). A run: handles of one device, context and tag, each
 // mapped once, whole, from offset 0, readable by its device, with the same
 // access, adjacent, kViewGroupBytes at most, two or more. Each is resumed
-// as any other (its part of the run's copy copied back). A cuMemUnmap or
-// cuMemSetAccess of the library's over one of them while paused takes the
-// run apart first (DissolveGroupLocked): each handle gets host memory of
-// its own (the pool's kept memory of its size, else made then, else
-// pageable memory and no view), its contents copied there by the CPU while
-// the run's view still shows them, then the run's view goes and each maps
-// its own. Meanwhile a kernel's access to them faults, and its writes
-// during that copy may be lost: the library is changing that memory's
-// mappings while it runs.
+// as any other (its part of the run's copy copied back). The library's
+// cuMemUnmap of one of them while paused (PyTorch's empty_cache) leaves
+// the run's view as it is: that range keeps showing host memory until the
+// resume, where natively it would fault. A cuMemMap into the run's range,
+// a cuMemAddressFree of it, or a cuMemSetAccess over one of them takes the
+// run apart first (DissolveGroupLocked), as does a member that stays live
+// at the pause: each paused member gets host memory of its own (the pool's
+// kept memory of its size, else made then, else pageable memory and no
+// view), its contents copied there by the CPU while the run's view still
+// shows them, then the run's view goes and each maps its own. Meanwhile a
+// kernel's access to them faults, and its writes during that copy may be
+// lost: the library is changing that memory's mappings while it runs. With
+// no host memory at all, the run stays whole with no view (faults until
+// the resume). cuMemGetAddressRange of a member while paused answers with
+// the run's range.
 //
 // While paused: cuMemUnmap of its mappings (their views unmapped) and
 // cuMemRelease of its references are recorded and return CUDA_SUCCESS;
@@ -252,6 +258,10 @@ class ForeignVmm final : public PausableMemory {
     std::optional<HostBackup> backup;  // their contents, in that order
     ViewMapping view;                  // over the whole run
     HostMappedPool* pool = nullptr;    // the device's, once its view was asked for
+    DeviceSet writers, readers;        // the members' access (the same for all)
+    // Never shown again as a whole: a member stayed live at the pause, or
+    // taking it apart found no host memory (its members fault until resumed).
+    bool broken = false;
   };
   static constexpr size_t kViewGroupBytes = size_t{256} << 20;
   struct Mapping {
@@ -304,7 +314,7 @@ class ForeignVmm final : public PausableMemory {
   void MapViewsLocked(HandleValue value, HostMappedPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Peers the library let read only read the view at `at` only (a refusal
   // leaves them without access, logged).
-  void GrantReadersLocked(CUdeviceptr at, size_t size, const Mapping& m, int device)
+  void GrantReadersLocked(CUdeviceptr at, size_t size, DeviceSet readers, int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Note [Adjacent handles share one view] (foreign_vmm_groups.cc).
@@ -320,10 +330,13 @@ class ForeignVmm final : public PausableMemory {
   // when the driver refuses (logged), nothing (an access faults).
   void MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The runs whose ranges overlap [ptr, ptr + size).
+  std::vector<CUdeviceptr> GroupsOverlappingLocked(CUdeviceptr ptr, size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps the run's view, if mapped (a failure logged and returned).
   absl::Status UnmapGroupViewLocked(CUdeviceptr start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the run at `start` apart (see the Note); on an error (host memory,
-  // or its view would not unmap) it stays as it was.
+  // Takes the run at `start` apart (see the Note); when its view will not
+  // unmap, the error, and it stays as it was.
   absl::Status DissolveGroupLocked(CUdeviceptr start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The start of the library's reservation that holds [at, at + size), else 0.
   CUdeviceptr ReservationOfLocked(CUdeviceptr at, size_t size) const

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/base/log.h"
+#include "core/driver/cu_status.h"
 #include "core/driver/vmm_mapping.h"
 #include "core/foreign/foreign_vmm.h"
 
@@ -35,11 +36,15 @@ std::vector<CUdeviceptr> ForeignVmm::FormGroupsLocked(const std::vector<HandleVa
   std::vector<std::pair<CUdeviceptr, HandleValue>> run;
   size_t run_bytes = 0;
   auto close = [&] {
-    if (run.size() >= 2) {
+    // Never over a run left without a view (ViewGroup::broken) at that start.
+    if (run.size() >= 2 && !groups_.contains(run.front().first)) {
       const CUdeviceptr start = run.front().first;
       ViewGroup& g = groups_[start];
       g.device = handles_.at(run.front().second).device;
       g.bytes = run_bytes;
+      const Mapping& m = mappings_.at(start);
+      g.writers = DevicesOf(m, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+      g.readers = DevicesOf(m, CU_MEM_ACCESS_FLAGS_PROT_READ);
       for (const auto& [at, value] : run) {
         Handle& h = handles_.at(value);
         h.group = start;
@@ -79,6 +84,9 @@ std::vector<CUdeviceptr> ForeignVmm::FormGroupsLocked(const std::vector<HandleVa
 void ForeignVmm::EraseGroupLocked(CUdeviceptr start) {
   auto it = groups_.find(start);
   if (it == groups_.end()) return;
+  // Its view, where it is still mapped (the library unmapped and released
+  // every member), goes first; one that will not unmap keeps its memory.
+  if (!UnmapGroupViewLocked(start).ok() && it->second.backup) it->second.backup->Abandon();
   for (HandleValue value : it->second.members) {
     auto h = handles_.find(value);
     if (h == handles_.end() || h->second.group != start) continue;
@@ -89,11 +97,28 @@ void ForeignVmm::EraseGroupLocked(CUdeviceptr start) {
 }
 
 bool ForeignVmm::LateGroupLocked(const ViewGroup& g) const {
-  if (!g.backup.has_value() || g.backup->host_mapped() != nullptr || g.view.mapped()) return false;
+  if (g.broken || !g.backup.has_value() || g.backup->host_mapped() != nullptr ||
+      g.view.mapped()) {
+    return false;
+  }
   return std::all_of(g.members.begin(), g.members.end(), [&](HandleValue value) {
     const Handle& h = handles_.at(value);
-    return h.paused && h.real == 0 && h.wants_view;
+    if (!h.paused || h.real != 0 || !h.wants_view) return false;
+    for (const auto& [at, m] : mappings_) {
+      if (m.handle == value && m.stale) return false;
+    }
+    return true;
   });
+}
+
+std::vector<CUdeviceptr> ForeignVmm::GroupsOverlappingLocked(CUdeviceptr ptr, size_t size) const {
+  std::vector<CUdeviceptr> out;
+  auto g = groups_.upper_bound(ptr);
+  if (g != groups_.begin()) --g;
+  for (; g != groups_.end() && g->first < ptr + size; ++g) {
+    if (g->first + g->second.bytes > ptr) out.push_back(g->first);
+  }
+  return out;
 }
 
 void ForeignVmm::MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool) {
@@ -101,7 +126,10 @@ void ForeignVmm::MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool) {
   if (it == groups_.end() || pool == nullptr) return;
   ViewGroup& g = it->second;
   g.pool = pool;
-  if (g.view.mapped() || !g.backup.has_value() || g.backup->host_mapped() == nullptr) return;
+  if (g.broken || g.view.mapped() || !g.backup.has_value() ||
+      g.backup->host_mapped() == nullptr) {
+    return;
+  }
   for (HandleValue value : g.members) {
     const Handle& h = handles_.at(value);
     if (!h.paused || h.real != 0 || !h.wants_view) return;  // a resume under way, or no views
@@ -109,10 +137,8 @@ void ForeignVmm::MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool) {
       if (m->second.stale) return;  // still mapped to a failed resume's memory
     }
   }
-  const Mapping& first = mappings_.at(start);
   absl::StatusOr<ViewMapping> view =
-      pool->MapView(start, g.bytes, g.backup->host_mapped(),
-                    DevicesOf(first, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+      pool->MapView(start, g.bytes, g.backup->host_mapped(), g.writers);
   if (!view.ok()) {
     Log().warn("device {}: other libraries' paused memory at {:#x} ({} bytes, {} handles) is "
                "not addressable: {}; an access to it faults",
@@ -120,7 +146,7 @@ void ForeignVmm::MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool) {
     return;
   }
   g.view = *view;
-  GrantReadersLocked(start, g.bytes, first, g.device);
+  GrantReadersLocked(start, g.bytes, g.readers, g.device);
 }
 
 absl::Status ForeignVmm::UnmapGroupViewLocked(CUdeviceptr start) {
@@ -152,7 +178,16 @@ absl::Status ForeignVmm::DissolveGroupLocked(CUdeviceptr start) {
     }
     if (backup.data() == nullptr) {
       absl::StatusOr<HostBackup> pageable = HostBackup::Create(h.size);
-      if (!pageable.ok()) return pageable.status();  // `own` goes back; the run stays
+      if (!pageable.ok()) {
+        // No host memory for them: the contents stay in the run, shown by
+        // nothing (an access faults) until the resume.
+        if (absl::Status s = UnmapGroupViewLocked(start); !s.ok()) return s;
+        g.broken = true;
+        Log().warn("device {}: other libraries' paused memory at {:#x} ({} bytes): {}; an "
+                   "access to it faults until its resume",
+                   g.device, start, g.bytes, pageable.status().ToString());
+        return absl::OkStatus();
+      }
       backup = *std::move(pageable);
     }
     std::memcpy(backup.data(), g.backup->data() + h.group_offset, h.size);
@@ -187,6 +222,11 @@ CUresult ForeignVmm::Reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
 
 CUresult ForeignVmm::Free(CUdeviceptr ptr, size_t size) {
   MutexLock lock(&mu_);
+  // A run's view in it goes first (its members, if any, get views of their
+  // own, which the driver then finds mapped there, as natively).
+  for (CUdeviceptr run : GroupsOverlappingLocked(ptr, size)) {
+    if (absl::Status s = DissolveGroupLocked(run); !s.ok()) return ToCuResult(s);
+  }
   const CUresult r = driver_.cuMemAddressFree(ptr, size);
   if (r == CUDA_SUCCESS) reservations_.erase(ptr);
   return r;

@@ -55,13 +55,15 @@ void ForeignVmm::MapViewsLocked(HandleValue value, HostMappedPool* pool) {
       continue;
     }
     mapping.view = *view;
-    GrantReadersLocked(m->first, mapping.size, mapping, h.device);
+    GrantReadersLocked(m->first, mapping.size, DevicesOf(mapping, CU_MEM_ACCESS_FLAGS_PROT_READ),
+                       h.device);
   }
 }
 
-void ForeignVmm::GrantReadersLocked(CUdeviceptr at, size_t size, const Mapping& m, int device) {
+void ForeignVmm::GrantReadersLocked(CUdeviceptr at, size_t size, DeviceSet readers_of,
+                                    int device) {
   std::vector<CUmemAccessDesc> readers;
-  for (int reader : DevicesOf(m, CU_MEM_ACCESS_FLAGS_PROT_READ) - DeviceSet::Of(device)) {
+  for (int reader : readers_of - DeviceSet::Of(device)) {
     CUmemAccessDesc d = {};
     d.location = {CU_MEM_LOCATION_TYPE_DEVICE, reader};
     d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;

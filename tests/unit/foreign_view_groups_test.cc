@@ -160,35 +160,98 @@ TEST_F(ForeignViewGroupsTest, ARunNeverCrossesAReservationOrATag) {
 }
 
 // The library unmaps and releases one handle of a paused run (PyTorch's
-// empty_cache): the others keep their contents, each at a view of its own
-// (nothing faults), and resume with them; the one it gave back is gone.
-TEST_F(ForeignViewGroupsTest, TheLibrarysUnmapOfOneHandleTakesTheRunApart) {
+// empty_cache): the run's view stays, the others keep their contents; a
+// new handle mapped into that range (the segment growing again) takes the
+// run apart first, each member then at a view of its own; all resume.
+TEST_F(ForeignViewGroupsTest, TheLibrarysUnmapLeavesTheRunAndItsMapIntoTheRunTakesItApart) {
   {
     ShimCore shim(api_);
     ForeignVmm& f = shim.foreign();
     const Run run = MakeRun(f, 4, 4 * kMiB, "kv");
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
-    Fill(run.at(2), run.size, 22);  // written while paused, before the split
+    Fill(run.at(2), run.size, 22);  // written while paused
+    sim::ResetCallCounts();
     ASSERT_EQ(f.Unmap(run.at(1), run.size), CUDA_SUCCESS);
     ASSERT_EQ(f.Release(run.handles[1]), CUDA_SUCCESS);
-    char c;
-    EXPECT_NE(sim::DeviceRead(0, &c, run.at(1), 1), CUDA_SUCCESS);  // as natively
+    EXPECT_EQ(sim::CallCount("cuMemUnmap") + sim::CallCount("cuMemMap"), 0u);
     EXPECT_TRUE(Holds(run.at(0), run.size, 10));
     EXPECT_TRUE(Holds(run.at(2), run.size, 22));
     EXPECT_TRUE(Holds(run.at(3), run.size, 13));
     EXPECT_EQ(Faulting(f), 0u);
-    // Access changed over another one while paused follows it to its view.
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemGenericAllocationHandle grown = 0;
+    ASSERT_EQ(f.Create(&grown, run.size, &prop, 0, "kv"), CUDA_SUCCESS);
+    ASSERT_EQ(f.Map(run.at(1), run.size, 0, grown, 0), CUDA_SUCCESS);
     CUmemAccessDesc rw = {};
     rw.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
     rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    ASSERT_EQ(f.SetAccess(run.at(3), run.size, &rw, 1), CUDA_SUCCESS);
-    Fill(run.at(3), run.size, 33);
-    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    ASSERT_EQ(f.SetAccess(run.at(1), run.size, &rw, 1), CUDA_SUCCESS);
+    Fill(run.at(1), run.size, 41);
     EXPECT_TRUE(Holds(run.at(0), run.size, 10));
     EXPECT_TRUE(Holds(run.at(2), run.size, 22));
+    EXPECT_TRUE(Holds(run.at(3), run.size, 13));
+    EXPECT_EQ(Faulting(f), 0u);
+    Fill(run.at(3), run.size, 33);  // at its own view now
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(run.at(0), run.size, 10));
+    EXPECT_TRUE(Holds(run.at(1), run.size, 41));
+    EXPECT_TRUE(Holds(run.at(2), run.size, 22));
     EXPECT_TRUE(Holds(run.at(3), run.size, 33));
-    EXPECT_EQ(sim::GetUsage().handles, 3u);
+    EXPECT_EQ(sim::GetUsage().handles, 4u);
+    EXPECT_EQ(f.Unmap(run.at(1), run.size), CUDA_SUCCESS);
+    EXPECT_EQ(f.Release(grown), CUDA_SUCCESS);
     Drop(f, run, /*gone=*/1);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// An access change over one member while paused takes the run apart: the
+// change reaches that member's own view, the others keep theirs.
+TEST_F(ForeignViewGroupsTest, AnAccessChangeOverOneMemberTakesTheRunApart) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    const Run run = MakeRun(f, 3, 4 * kMiB, "kv");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    Fill(run.at(0), run.size, 20);
+    CUmemAccessDesc descs[2] = {};
+    descs[0].location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    descs[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    descs[1].location = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+    descs[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ASSERT_EQ(f.SetAccess(run.at(2), run.size, descs, 2), CUDA_SUCCESS);
+    EXPECT_TRUE(Holds(run.at(0), run.size, 20));
+    EXPECT_TRUE(Holds(run.at(1), run.size, 11));
+    EXPECT_TRUE(Holds(run.at(2), run.size, 12));
+    char c;
+    EXPECT_EQ(sim::DeviceRead(1, &c, run.at(2), 1), CUDA_SUCCESS);  // the peer reaches it
+    EXPECT_EQ(Faulting(f), 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(Holds(run.at(0), run.size, 20));
+    EXPECT_TRUE(Holds(run.at(2), run.size, 12));
+    EXPECT_EQ(sim::DeviceRead(1, &c, run.at(2), 1), CUDA_SUCCESS);
+    Drop(f, run);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// The library gives back every handle of a paused run and its
+// reservation: the run's view goes with the reservation, nothing is left.
+TEST_F(ForeignViewGroupsTest, ARunTheLibraryFreesWhilePausedGoesWithItsReservation) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    const Run run = MakeRun(f, 3, 4 * kMiB, "kv");
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    Drop(f, run);
+    char c;
+    EXPECT_NE(sim::DeviceRead(0, &c, run.at(0), 1), CUDA_SUCCESS);  // the range is gone
+    EXPECT_EQ(Faulting(f), 0u);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   ExpectNothingLeft();
