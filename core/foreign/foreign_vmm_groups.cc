@@ -35,7 +35,7 @@ std::vector<CUdeviceptr> ForeignVmm::FormGroupsLocked(const std::vector<HandleVa
   std::vector<CUdeviceptr> formed;
   std::vector<std::pair<CUdeviceptr, HandleValue>> run;
   size_t run_bytes = 0;
-  auto close = [&] {
+  auto close = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Never over a run left without a view (ViewGroup::broken) at that start.
     if (run.size() >= 2 && !groups_.contains(run.front().first)) {
       const CUdeviceptr start = run.front().first;
@@ -101,7 +101,8 @@ bool ForeignVmm::LateGroupLocked(const ViewGroup& g) const {
       g.view.mapped()) {
     return false;
   }
-  return std::all_of(g.members.begin(), g.members.end(), [&](HandleValue value) {
+  return std::all_of(g.members.begin(), g.members.end(),
+                     [&](HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Handle& h = handles_.at(value);
     if (!h.paused || h.real != 0 || !h.wants_view) return false;
     for (const auto& [at, m] : mappings_) {

@@ -102,7 +102,7 @@ absl::StatusOr<size_t> ForeignVmm::PausePrepare(const TagSelection& tag, BackupC
       units.push_back({value, h.group, g.bytes});
     }
   }
-  auto fail = [&](absl::Status status) {
+  auto fail = [&](absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (CUdeviceptr at : formed) EraseGroupLocked(at);
     return status;
   };
@@ -399,7 +399,8 @@ void ForeignVmm::ResumeCommit(const TagSelection&, bool /*retain_contents*/) {
   // Runs whose members are all resumed go, their memory with them.
   std::vector<CUdeviceptr> resumed;
   for (const auto& [at, g] : groups_) {
-    if (std::all_of(g.members.begin(), g.members.end(), [&](HandleValue value) {
+    if (std::all_of(g.members.begin(), g.members.end(),
+                    [&](HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           const Handle& h = handles_.at(value);
           return h.paused && h.real != 0;
         })) {
