@@ -39,21 +39,31 @@ class ForeignViewGroupsTest : public SimTest {
     Run run;
     run.size = size;
     EXPECT_EQ(f.Reserve(&run.va, count * size, 0, 0, 0), CUDA_SUCCESS);
+    for (size_t i = 0; i < count; ++i) {
+      run.handles.push_back(MapNew(f, run.at(i), size, tag));
+      Fill(run.at(i), size, 10 + static_cast<int>(i));
+    }
+    return run;
+  }
+  static CUmemAccessDesc ReadWrite(int device) {
+    CUmemAccessDesc rw = {};
+    rw.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+    rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return rw;
+  }
+  // A new handle of `size` on device 0 made and mapped at `at` by the
+  // library, read-write for device 0.
+  static CUmemGenericAllocationHandle MapNew(ForeignVmm& f, CUdeviceptr at, size_t size,
+                                             const char* tag) {
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    CUmemAccessDesc rw = {};
-    rw.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    for (size_t i = 0; i < count; ++i) {
-      CUmemGenericAllocationHandle h = 0;
-      EXPECT_EQ(f.Create(&h, size, &prop, 0, tag), CUDA_SUCCESS);
-      EXPECT_EQ(f.Map(run.at(i), size, 0, h, 0), CUDA_SUCCESS);
-      EXPECT_EQ(f.SetAccess(run.at(i), size, &rw, 1), CUDA_SUCCESS);
-      Fill(run.at(i), size, 10 + static_cast<int>(i));
-      run.handles.push_back(h);
-    }
-    return run;
+    const CUmemAccessDesc rw = ReadWrite(0);
+    CUmemGenericAllocationHandle h = 0;
+    EXPECT_EQ(f.Create(&h, size, &prop, 0, tag), CUDA_SUCCESS);
+    EXPECT_EQ(f.Map(at, size, 0, h, 0), CUDA_SUCCESS);
+    EXPECT_EQ(f.SetAccess(at, size, &rw, 1), CUDA_SUCCESS);
+    return h;
   }
   bool HoldsAll(const Run& run) {
     for (size_t i = 0; i < run.handles.size(); ++i) {
@@ -123,16 +133,7 @@ TEST_F(ForeignViewGroupsTest, ARunNeverCrossesAReservationOrATag) {
     const Run mixed = MakeRun(f, 2, 4 * kMiB, "kv");
     ASSERT_EQ(f.Unmap(mixed.at(1), mixed.size), CUDA_SUCCESS);  // remade with another tag
     ASSERT_EQ(f.Release(mixed.handles[1]), CUDA_SUCCESS);
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    CUmemGenericAllocationHandle weights = 0;
-    ASSERT_EQ(f.Create(&weights, mixed.size, &prop, 0, "weights"), CUDA_SUCCESS);
-    ASSERT_EQ(f.Map(mixed.at(1), mixed.size, 0, weights, 0), CUDA_SUCCESS);
-    CUmemAccessDesc rw = {};
-    rw.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    ASSERT_EQ(f.SetAccess(mixed.at(1), mixed.size, &rw, 1), CUDA_SUCCESS);
+    const CUmemGenericAllocationHandle weights = MapNew(f, mixed.at(1), mixed.size, "weights");
     Fill(mixed.at(1), mixed.size, 5);
     sim::ResetCallCounts();
     ASSERT_TRUE(shim.pause().Pause(TagSelection::All(), true).ok());
@@ -178,16 +179,7 @@ TEST_F(ForeignViewGroupsTest, TheLibrarysUnmapLeavesTheRunAndItsMapIntoTheRunTak
     EXPECT_TRUE(Holds(run.at(2), run.size, 22));
     EXPECT_TRUE(Holds(run.at(3), run.size, 13));
     EXPECT_EQ(Faulting(f), 0u);
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    CUmemGenericAllocationHandle grown = 0;
-    ASSERT_EQ(f.Create(&grown, run.size, &prop, 0, "kv"), CUDA_SUCCESS);
-    ASSERT_EQ(f.Map(run.at(1), run.size, 0, grown, 0), CUDA_SUCCESS);
-    CUmemAccessDesc rw = {};
-    rw.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    ASSERT_EQ(f.SetAccess(run.at(1), run.size, &rw, 1), CUDA_SUCCESS);
+    const CUmemGenericAllocationHandle grown = MapNew(f, run.at(1), run.size, "kv");
     Fill(run.at(1), run.size, 41);
     EXPECT_TRUE(Holds(run.at(0), run.size, 10));
     EXPECT_TRUE(Holds(run.at(2), run.size, 22));
@@ -217,11 +209,7 @@ TEST_F(ForeignViewGroupsTest, AnAccessChangeOverOneMemberTakesTheRunApart) {
     const Run run = MakeRun(f, 3, 4 * kMiB, "kv");
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
     Fill(run.at(0), run.size, 20);
-    CUmemAccessDesc descs[2] = {};
-    descs[0].location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    descs[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    descs[1].location = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
-    descs[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUmemAccessDesc descs[2] = {ReadWrite(0), ReadWrite(1)};
     ASSERT_EQ(f.SetAccess(run.at(2), run.size, descs, 2), CUDA_SUCCESS);
     EXPECT_TRUE(Holds(run.at(0), run.size, 20));
     EXPECT_TRUE(Holds(run.at(1), run.size, 11));
@@ -234,6 +222,37 @@ TEST_F(ForeignViewGroupsTest, AnAccessChangeOverOneMemberTakesTheRunApart) {
     EXPECT_TRUE(Holds(run.at(2), run.size, 12));
     EXPECT_EQ(sim::DeviceRead(1, &c, run.at(2), 1), CUDA_SUCCESS);
     Drop(f, run);
+    ASSERT_TRUE(shim.ReleaseAll().ok());
+  }
+  ExpectNothingLeft();
+}
+
+// The access the library gave a peer reaches the run's view: read-write,
+// and read-only where it let the peer only read (a write faults there).
+TEST_F(ForeignViewGroupsTest, APeersAccessReachesTheRunsView) {
+  {
+    ShimCore shim(api_);
+    ForeignVmm& f = shim.foreign();
+    const Run writers = MakeRun(f, 2, 4 * kMiB, "kv");
+    const Run readers = MakeRun(f, 2, 4 * kMiB, "kv");
+    const CUmemAccessDesc both[2] = {ReadWrite(0), ReadWrite(1)};
+    ASSERT_EQ(f.SetAccess(writers.va, 2 * writers.size, both, 2), CUDA_SUCCESS);
+    CUmemAccessDesc read_only[2] = {ReadWrite(0), ReadWrite(1)};
+    read_only[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+    ASSERT_EQ(f.SetAccess(readers.va, 2 * readers.size, read_only, 2), CUDA_SUCCESS);
+    ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_EQ(sim::GetUsage().handles, 0u);
+    char c = 0;
+    EXPECT_EQ(sim::DeviceRead(1, &c, writers.at(1) + 5, 1), CUDA_SUCCESS);
+    EXPECT_EQ(sim::DeviceWrite(1, writers.at(1) + 5, &c, 1), CUDA_SUCCESS);
+    EXPECT_EQ(sim::DeviceRead(1, &c, readers.at(1) + 5, 1), CUDA_SUCCESS);
+    EXPECT_NE(sim::DeviceWrite(1, readers.at(1) + 5, &c, 1), CUDA_SUCCESS);
+    ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
+    EXPECT_TRUE(HoldsAll(writers));
+    EXPECT_TRUE(HoldsAll(readers));
+    EXPECT_EQ(sim::DeviceRead(1, &c, readers.at(0), 1), CUDA_SUCCESS);
+    Drop(f, writers);
+    Drop(f, readers);
     ASSERT_TRUE(shim.ReleaseAll().ok());
   }
   ExpectNothingLeft();
