@@ -344,8 +344,11 @@ class ForeignVmm final : public PausableMemory {
   // Whether paused `h`'s mapping `m` shows something now (its view, or its
   // run's).
   bool ShownLocked(const Handle& h, const Mapping& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every member of `g` is paused, wants a view and has no stale
+  // mapping (what its view needs, whenever it is mapped).
+  bool MembersViewableLocked(const ViewGroup& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runs late views may map (MapLateViews): contents kept outside host
-  // VMM memory, every member paused and wanting a view.
+  // VMM memory, MembersViewableLocked.
   bool LateGroupLocked(const ViewGroup& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The pause's release of handle `value` (its copy waited for): unmapped
   // everywhere and every driver reference released, marked paused; false

@@ -96,20 +96,22 @@ void ForeignVmm::EraseGroupLocked(CUdeviceptr start) {
   groups_.erase(it);
 }
 
-bool ForeignVmm::LateGroupLocked(const ViewGroup& g) const {
-  if (g.broken || !g.backup.has_value() || g.backup->host_mapped() != nullptr ||
-      g.view.mapped()) {
-    return false;
-  }
+bool ForeignVmm::MembersViewableLocked(const ViewGroup& g) const {
   return std::all_of(g.members.begin(), g.members.end(),
                      [&](HandleValue value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Handle& h = handles_.at(value);
+    // A resume under way, or a pause without views.
     if (!h.paused || h.real != 0 || !h.wants_view) return false;
     for (const auto& [at, m] : mappings_) {
-      if (m.handle == value && m.stale) return false;
+      if (m.handle == value && m.stale) return false;  // still mapped to a failed resume's memory
     }
     return true;
   });
+}
+
+bool ForeignVmm::LateGroupLocked(const ViewGroup& g) const {
+  return !g.broken && g.backup.has_value() && g.backup->host_mapped() == nullptr &&
+         !g.view.mapped() && MembersViewableLocked(g);
 }
 
 std::vector<CUdeviceptr> ForeignVmm::GroupsOverlappingLocked(CUdeviceptr ptr, size_t size) const {
@@ -128,15 +130,8 @@ void ForeignVmm::MapGroupViewLocked(CUdeviceptr start, HostMappedPool* pool) {
   ViewGroup& g = it->second;
   g.pool = pool;
   if (g.broken || g.view.mapped() || !g.backup.has_value() ||
-      g.backup->host_mapped() == nullptr) {
+      g.backup->host_mapped() == nullptr || !MembersViewableLocked(g)) {
     return;
-  }
-  for (HandleValue value : g.members) {
-    const Handle& h = handles_.at(value);
-    if (!h.paused || h.real != 0 || !h.wants_view) return;  // a resume under way, or no views
-    for (auto m : MappingsOfLocked(value)) {
-      if (m->second.stale) return;  // still mapped to a failed resume's memory
-    }
   }
   absl::StatusOr<ViewMapping> view =
       pool->MapView(start, g.bytes, g.backup->host_mapped(), g.writers);

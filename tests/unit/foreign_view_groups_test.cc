@@ -240,7 +240,9 @@ TEST_F(ForeignViewGroupsTest, APeersAccessReachesTheRunsView) {
     CUmemAccessDesc read_only[2] = {ReadWrite(0), ReadWrite(1)};
     read_only[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
     ASSERT_EQ(f.SetAccess(readers.va, 2 * readers.size, read_only, 2), CUDA_SUCCESS);
+    sim::ResetCallCounts();
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
+    EXPECT_EQ(sim::CallCount("cuMemMap"), 2u * 2);  // per run: its view, its memory's CPU mapping
     EXPECT_EQ(sim::GetUsage().handles, 0u);
     char c = 0;
     EXPECT_EQ(sim::DeviceRead(1, &c, writers.at(1) + 5, 1), CUDA_SUCCESS);
@@ -350,6 +352,7 @@ TEST_F(ForeignViewGroupsTest, ARunsMemoryIsMadeLateAndKeptForTheNextPause) {
     ASSERT_TRUE(shim.pause().Pause(TagSelection::Only("kv"), true).ok());
     EXPECT_EQ(Faulting(f), 0u);
     EXPECT_EQ(sim::CallCount("cuMemCreate"), 0u);
+    EXPECT_EQ(sim::CallCount("cuMemMap"), 1u);  // the run's one view
     EXPECT_TRUE(HoldsAll(run));
     ASSERT_TRUE(shim.pause().Resume(TagSelection::Only("kv")).ok());
     EXPECT_TRUE(HoldsAll(run));
